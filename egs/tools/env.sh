@@ -1,0 +1,38 @@
+# Sourced by every recipe and by tests/run.sh: makes `python` one that has speakerlab and its
+# requirements, installing them on first use. It never touches a Python you did not choose:
+#   1. an active virtualenv / conda env ($VIRTUAL_ENV / $CONDA_PREFIX) is used as it is, with the
+#      missing requirements installed into it (your CUDA build of torch is kept);
+#   2. otherwise <repo>/.venv is created. torch==2.13.0 is pinned there because a bare `torch`
+#      requirement would pull the newest build with several GB of CUDA packages.
+# Re-installs only when requirements.txt or pyproject.toml change (a stamp file records them).
+
+SPEAKERLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export SPEAKERLAB_ROOT
+
+_sl_log() { echo "[$(date '+%H:%M:%S')] env: $*" >&2; }
+
+if [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then
+  _sl_python="$(command -v python)"
+  _sl_stamp_dir="${VIRTUAL_ENV:-${CONDA_PREFIX}}"
+else
+  if [ ! -x "$SPEAKERLAB_ROOT/.venv/bin/python" ]; then
+    _sl_log "creating $SPEAKERLAB_ROOT/.venv"
+    python3 -m venv "$SPEAKERLAB_ROOT/.venv"
+  fi
+  _sl_python="$SPEAKERLAB_ROOT/.venv/bin/python"
+  _sl_stamp_dir="$SPEAKERLAB_ROOT/.venv"
+  export PATH="$SPEAKERLAB_ROOT/.venv/bin:$PATH"
+fi
+
+_sl_want="$(cat "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" | cksum | cut -d' ' -f1)"
+_sl_stamp="$_sl_stamp_dir/.speakerlab-installed"
+if [ "$(cat "$_sl_stamp" 2>/dev/null)" != "$_sl_want" ] || ! "$_sl_python" -c "import speakerlab, torch" 2>/dev/null; then
+  if ! "$_sl_python" -c "import torch" 2>/dev/null; then
+    _sl_log "installing torch==2.13.0"
+    "$_sl_python" -m pip install -q "torch==2.13.0"
+  fi
+  _sl_log "installing requirements and speakerlab (editable)"
+  "$_sl_python" -m pip install -q -r "$SPEAKERLAB_ROOT/requirements.txt" -e "$SPEAKERLAB_ROOT"
+  echo "$_sl_want" > "$_sl_stamp"
+fi
+unset _sl_python _sl_stamp_dir _sl_want _sl_stamp

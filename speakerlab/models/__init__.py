@@ -1,0 +1,11 @@
+"""Speaker-embedding models, one file per family, registered by builder name.
+
+    from speakerlab.models import build_model, list_models
+    model = build_model("campplus", feat_dim=80, embedding_size=192)   # (B, T, 80) -> (B, 192)
+"""
+from speakerlab.models.registry import build_model, list_models, register
+
+# Importing a family module registers its builders.
+from speakerlab.models import campplus, ecapa_tdnn, eres2net, eres2netv2, resnet  # noqa: F401,E402
+
+__all__ = ["build_model", "list_models", "register"]

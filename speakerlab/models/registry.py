@@ -1,0 +1,47 @@
+"""Model registry: builders register under their own function name.
+
+    @register
+    def campplus(feat_dim=80, embedding_size=512, **kw) -> nn.Module: ...
+
+    build_model("campplus", embedding_size=192)
+
+Every model maps fbank features `(B, T, F)` to embeddings `(B, D)`.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Dict
+
+import torch.nn as nn
+
+_BUILDERS: Dict[str, Callable[..., nn.Module]] = {}
+
+
+def register(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """Register `builder` under `builder.__name__` (the registry key is the builder's name)."""
+    name = builder.__name__
+    if name in _BUILDERS and _BUILDERS[name] is not builder:
+        raise ValueError(f"model name {name!r} is registered twice")
+    _BUILDERS[name] = builder
+    return builder
+
+
+def list_models() -> list:
+    """Sorted names of every registered model."""
+    return sorted(_BUILDERS)
+
+
+def build_model(name: str, **kwargs) -> nn.Module:
+    """Build a registered model by name; unknown names or arguments raise a ValueError naming them.
+
+    The returned module maps `(B, T, feat_dim)` fbank to `(B, embedding_size)` embeddings.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; registered: {', '.join(list_models())}")
+    builder = _BUILDERS[name]
+    params = inspect.signature(builder).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            raise ValueError(f"model {name!r} has no argument(s) {unknown}; it takes {sorted(params)}")
+    return builder(**kwargs)
