@@ -1,0 +1,24 @@
+# Helpers shared by egs/*/run.sh (sourced after parse_options.sh and env.sh).
+
+log() { echo "[$(date '+%Y-%m-%d %H:%M:%S')] $*" >&2; }
+
+# stage_on N: true when stage N is within --stage .. --stop_stage.
+stage_on() { [ "$stage" -le "$1" ] && [ "$stop_stage" -ge "$1" ]; }
+
+# launch MODULE ARGS...: `python -m MODULE` for one process, torchrun for several.
+# Uses the recipe's gpus ("0 1 2 3" -> CUDA_VISIBLE_DEVICES and one process each), nproc (processes
+# per node when gpus is empty, e.g. CPU DDP), nnodes, node_rank, master_addr, master_port.
+launch() {
+  local n="${nproc:-1}"
+  if [ -n "${gpus:-}" ]; then
+    export CUDA_VISIBLE_DEVICES="$(echo $gpus | tr ' ' ',')"
+    n=$(echo $gpus | wc -w)
+  fi
+  if [ "$n" -gt 1 ] || [ "${nnodes:-1}" -gt 1 ]; then
+    python -m torch.distributed.run --nnodes="${nnodes:-1}" --node_rank="${node_rank:-0}" \
+      --nproc_per_node="$n" --master_addr="${master_addr:-127.0.0.1}" --master_port="${master_port:-29500}" \
+      -m "$@"
+  else
+    python -m "$@"
+  fi
+}

@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from speakerlab.engine.batch_plan import find_max_batch, plan_batches
+from speakerlab.engine.precision import device_type, resolve_precision
+
+
+@pytest.mark.parametrize("device,want", [("cuda:3", "cuda"), ("cuda", "cuda"), ("cpu", "cpu"),
+                                          (torch.device("cuda", 1), "cuda"), ("cpu:0", "cpu"), ("mps", "mps")])
+def test_device_type_normalisation(device, want):
+    assert device_type(device) == want
+
+
+def test_device_type_rejects_garbage():
+    with pytest.raises((ValueError, RuntimeError)):
+        device_type("")
+    with pytest.raises((ValueError, RuntimeError)):
+        device_type("gpu0")
+
+
+def test_precision_gets_device_type_from_any_device_string():
+    """autocast/GradScaler need 'cuda'/'cpu', never 'cuda:0': Precision stores the normalised type."""
+    p = resolve_precision("bf16", "cpu:0")
+    assert p.device_type == "cpu"
+    with p.autocast():
+        assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert p.grad_scaler()._device == "cpu"
+
+
+def test_precision_resolution_on_cpu():
+    assert resolve_precision("auto", "cpu").name == "fp32"
+    p = resolve_precision("bf16", "cpu")
+    assert p.dtype == torch.bfloat16 and p.device_type == "cpu" and not p.use_scaler
+    with p.autocast():
+        assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        resolve_precision("fp16", "cpu")
+    scaler = resolve_precision("fp32", "cpu").grad_scaler()
+    assert not scaler.is_enabled()
+
+
+@pytest.mark.parametrize("world,maxb,want", [(1, 128, (128, 2)), (4, 64, (64, 1)), (1, 48, (32, 8)),
+                                              (2, 16, (16, 8)), (4, 128, (64, 1))])
+def test_plan_batches(world, maxb, want):
+    plan = plan_batches(256, world, maxb)
+    assert (plan.per_device, plan.accumulation) == want
+    assert plan.per_device * plan.accumulation * world == 256
+
+
+def test_plan_uneven_split_is_a_clear_error():
+    with pytest.raises(ValueError, match="256 is not divisible by 3 processes; use 255 or 258"):
+        plan_batches(256, 3, 64)
+
+
+def test_auto_batch_with_fake_memory_limit():
+    """Fake card: 10 GiB usable, 1 GiB fixed + 150 MiB per sample; the search must pick 48."""
+    gib = 2**30
+    tried = []
+
+    def fits(batch):
+        tried.append(batch)
+        return 1 * gib + batch * 150 * 2**20 <= 10 * gib
+
+    best = find_max_batch(fits)
+    assert best == 48 and tried[0] == 128
+    plan = plan_batches(256, 2, best)
+    assert (plan.per_device, plan.accumulation) == (32, 4)
+    assert plan.describe() == "global 256 = 2 device(s) x 32 x accum 4"
+    assert find_max_batch(lambda b: False) is None

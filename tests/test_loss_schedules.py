@@ -1,0 +1,70 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speakerlab.loss import AAMSoftmax
+from speakerlab.schedules import lr_at, margin_at
+
+
+def test_aam_logits_apply_margin_to_target_only():
+    torch.manual_seed(0)
+    head = AAMSoftmax(8, 5, scale=10.0, margin=0.3)
+    emb, labels = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    loss, cos = head(emb, labels)
+    want_cos = F.normalize(emb) @ F.normalize(head.weight).T
+    torch.testing.assert_close(cos, want_cos)
+    theta = torch.acos(want_cos.clamp(-1, 1))
+    logits = 10.0 * want_cos.clone()
+    idx = torch.arange(4)
+    tgt = theta[idx, labels] + 0.3
+    logits[idx, labels] = 10.0 * torch.where(tgt < math.pi, torch.cos(tgt),
+                                             want_cos[idx, labels] - 0.3 * math.sin(0.3))
+    torch.testing.assert_close(loss, F.cross_entropy(logits, labels), rtol=1e-5, atol=1e-5)
+
+
+def test_margin_raises_loss_and_is_settable():
+    torch.manual_seed(1)
+    head = AAMSoftmax(8, 5, margin=0.0)
+    emb, labels = torch.randn(16, 8), torch.randint(0, 5, (16,))
+    l0, _ = head(emb, labels)
+    head.set_margin(0.2)
+    l1, _ = head(emb, labels)
+    assert l1 > l0
+    assert head.state_dict()["margin"].item() == pytest.approx(0.2)
+
+
+def test_aam_is_fp32_under_bf16_autocast():
+    head = AAMSoftmax(8, 5, margin=0.2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, cos = head(torch.randn(4, 8, dtype=torch.bfloat16), torch.tensor([0, 1, 2, 3]))
+    assert loss.dtype == torch.float32 and cos.dtype == torch.float32
+
+
+def test_lr_schedule_shape():
+    total, warm, peak, low = 100, 10, 1.0, 0.01
+    lrs = [lr_at(s, total, warm, peak, low) for s in range(total + 1)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))          # warmup rises
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))            # cosine falls
+    assert lrs[total] == pytest.approx(low)
+    assert lrs[55] == pytest.approx(low + 0.5 * (peak - low))         # half way through the decay
+
+
+def test_margin_schedule():
+    assert margin_at(0, 10, 0.2, start_epoch=1, warmup_epochs=2) == 0.0
+    assert margin_at(9, 10, 0.2, 1, 2) == 0.0
+    assert margin_at(20, 10, 0.2, 1, 2) == pytest.approx(0.1)
+    assert margin_at(30, 10, 0.2, 1, 2) == pytest.approx(0.2)
+    assert margin_at(99, 10, 0.2, 1, 2) == pytest.approx(0.2)
+    assert margin_at(0, 10, 0.3, 0, 0) == pytest.approx(0.3)
+
+
+def test_schedules_depend_on_global_step_only():
+    """Same global batch on 1 GPU or 4: same steps per epoch, so the same LR and margin per step."""
+    from speakerlab.batches import GlobalBatchSampler
+    one = GlobalBatchSampler(1000, 64, 64, 1, 0, 1)
+    four = GlobalBatchSampler(1000, 64, 16, 1, 2, 4)
+    acc = GlobalBatchSampler(1000, 64, 16, 4, 0, 1)
+    assert one.steps_per_epoch == four.steps_per_epoch == acc.steps_per_epoch == 15

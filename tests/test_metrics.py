@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from speakerlab.lists import read_trials
+from speakerlab.metrics import compute_eer, compute_min_dcf
+from speakerlab.score import cosine_scores
+
+
+def brute_force(scores, labels, p_target=0.01):
+    """Every candidate threshold, one at a time (the definition, no cleverness)."""
+    tar, non = scores[labels], scores[~labels]
+    best_gap, eer, dcf = None, None, np.inf
+    for thr in np.concatenate([np.unique(scores), [np.inf]]):
+        p_miss = np.mean(tar < thr)
+        p_fa = np.mean(non >= thr)
+        dcf = min(dcf, (p_miss * p_target + p_fa * (1 - p_target)) / min(p_target, 1 - p_target))
+        if best_gap is None or abs(p_miss - p_fa) < best_gap:
+            best_gap, eer = abs(p_miss - p_fa), (p_miss + p_fa) / 2
+    return eer, dcf, best_gap
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_eer_and_min_dcf_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 400))
+    labels = rng.random(n) < 0.3
+    scores = rng.normal(labels * 1.5, 1.0)
+    if seed % 2:  # ties, as with quantised scores
+        scores = np.round(scores, 1)
+    eer_bf, dcf_bf, gap = brute_force(scores, labels)
+    # Our EER interpolates at the crossing; it lies within the brute-force gap of the nearest point.
+    assert abs(compute_eer(scores, labels) - eer_bf) <= gap / 2 + 1e-12
+    assert compute_min_dcf(scores, labels) == pytest.approx(dcf_bf, abs=1e-12)
+
+
+def test_eer_known_values():
+    assert compute_eer([0.9, 0.8, 0.2, 0.1], [1, 1, 0, 0]) == 0.0
+    assert compute_eer([0.1, 0.2, 0.8, 0.9], [1, 1, 0, 0]) == 1.0
+    # One target below one nontarget out of 2+2: p_miss and p_fa cross at 0.5.
+    assert compute_eer([0.9, 0.3, 0.5, 0.1], [1, 1, 0, 0]) == pytest.approx(0.5)
+
+
+def test_metrics_need_both_classes():
+    with pytest.raises(ValueError, match="need target and nontarget"):
+        compute_eer([0.1, 0.2], [1, 1])
+
+
+def test_cosine_scores_vectorised_equals_loop(tmp_path):
+    rng = np.random.default_rng(0)
+    ids = [f"u{i}" for i in range(20)]
+    emb = rng.standard_normal((20, 8)).astype(np.float32)
+    p = tmp_path / "trials"
+    pairs = [(int(a), int(b)) for a, b in rng.integers(0, 20, (50, 2))]
+    p.write_text("".join(f"u{a} u{b} {'target' if a % 2 == b % 2 else 'nontarget'}\n" for a, b in pairs))
+    got = cosine_scores(ids, emb, read_trials(p))
+    want = [float(emb[a] @ emb[b] / np.linalg.norm(emb[a]) / np.linalg.norm(emb[b])) for a, b in pairs]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
