@@ -136,13 +136,13 @@ def set_schedules(run: Run, total_steps: int) -> tuple:
     return lr, margin
 
 
-def train_epoch(run: Run, start: int, max_steps: Optional[int]) -> bool:
-    """One epoch from step `start` within it; returns False when `max_steps` stopped it early."""
+def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
+    """One epoch from step `start` within it; returns False when global step `stop_at` ended it early."""
     cfg, accum = run.cfg, run.plan.accumulation
     total_steps = cfg.train.epochs * run.steps_per_epoch
     run.sampler.set_epoch(run.epoch, start)
     run.net.train()
-    meter, step_in_epoch, stop_at = Meter(), start, (run.step + max_steps) if max_steps else None
+    meter, step_in_epoch = Meter(), start
     params = [p for p in run.raw.parameters() if p.requires_grad]
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.epoch + 1}/{cfg.train.epochs}")
     t_log = t_ready = time.perf_counter()
@@ -201,15 +201,21 @@ def log_step(run: Run, meter: Meter, lr: float, margin: float, wait: float, elap
     values = dist_utils.all_reduce_mean({**values, "data_wait_fraction": wait / max(elapsed, 1e-9)}, run.info, run.device)
     values.update(lr=lr, margin=margin, skipped_steps=run.guard.total,
                   samples_per_s=max(steps, 1) * run.plan.global_batch / max(elapsed, 1e-9))
-    if run.precision.use_scaler:
-        values["loss_scale"] = run.scaler.get_scale()
-    if run.device.type == "cuda":
-        values["peak_memory_gb"] = torch.cuda.max_memory_allocated(run.device) / 2**30
+    values["loss_scale"] = run.scaler.get_scale() if run.precision.use_scaler else 1.0
+    values["peak_memory_gb"] = peak_memory_gb(run.device)
     run.monitor.scalars(values, run.step)
     run.monitor.metrics(values, run.step, epoch=run.epoch)
     if run.info.is_main:
         shown = " ".join(f"{k} {v:.4g}" for k, v in values.items())
         run.monitor.log(f"epoch {run.epoch + 1} step {run.step}: {shown}")
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated by tensors; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def main(argv=None) -> int:
@@ -239,8 +245,9 @@ def main(argv=None) -> int:
         start = resume(run)
         run.monitor.resume_at(run.step)
         val_fbank = make_fbank(cfg, run.device, dither=0.0)
+        stop_at = run.step + args.max_steps if args.max_steps else None
         while run.epoch < cfg.train.epochs:
-            if not train_epoch(run, start, args.max_steps):
+            if not train_epoch(run, start, stop_at):
                 run.monitor.log(f"stopped after --max-steps at step {run.step}; re-run to continue")
                 return 0
             start, run.epoch = 0, run.epoch + 1

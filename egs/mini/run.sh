@@ -14,8 +14,7 @@ data=data                          # corpus and Kaldi data dirs
 exp=exp/campplus
 config=../../conf/mini_campplus.yaml
 hardware=cpu                       # profile in conf/hardware/
-num_train_speakers=""              # corpus size overrides ("" = the generator's defaults)
-utts_per_speaker=""
+corpus_opts=""                     # extra generator options, e.g. "--num-train-speakers 50"
 seed=1234
 jobs=2                             # corpus generation processes
 gpus=""                            # e.g. "0 1": one training process per GPU
@@ -32,9 +31,7 @@ train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
 
 if stage_on 1; then
   log "stage 1: synthetic corpus -> $data"
-  python -m speakerlab.synth --out "$data" --seed "$seed" --jobs "$jobs" \
-    ${num_train_speakers:+--num-train-speakers "$num_train_speakers"} \
-    ${utts_per_speaker:+--utts-per-speaker "$utts_per_speaker"}
+  python -m speakerlab.synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts
 fi
 
 if stage_on 2; then

@@ -1,0 +1,157 @@
+"""Training engine end to end on a tiny model and corpus (CPU, seconds per run)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.checkpoint import load_checkpoint, rebuild_model
+from speakerlab.train import main as train_main
+from tests.helpers import make_data_dir, write_wav
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = """
+model:
+  name: campplus
+  args: {embedding_size: 32, growth_rate: 8, bn_size: 2, init_channels: 16, m_channels: 8,
+         num_layers: [1, 1, 1]}
+"""
+
+
+def tiny_config(tmp_path, val=True, extra=""):
+    utts = {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(4)}
+    train = make_data_dir(tmp_path / "train", utts, seconds=0.6)
+    trials = "".join(f"s{a}-0 s{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(4) for b in range(4))
+    valdir = make_data_dir(tmp_path / "val", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(2)},
+                           seconds=0.7, seed=1, trials=trials)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_MODEL + f"""
+data: {{train: {train}, val: {valdir if val else 'null'}, crop_seconds: 0.5}}
+loss: {{margin: 0.2, margin_start_epoch: 0, margin_warmup_epochs: 1}}
+optim: {{lr: 0.05, warmup_epochs: 0.5}}
+train: {{epochs: 2, global_batch_size: 8, log_every_steps: 1, save_every_steps: 1, max_consecutive_skips: 2}}
+hardware: {{device: cpu, precision: fp32, per_device_batch: 4, num_workers: 0, pin_memory: false}}
+{extra}""")
+    return cfg, train
+
+
+def losses(exp):
+    return {r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r}
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
+    # Interrupted after 3 of 4 steps (mid-epoch 2), then the same command again.
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "3"]) == 0
+    assert sorted(losses(tmp_path / "b")) == [1, 2, 3]
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b")]) == 0
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
+    wa = load_checkpoint(tmp_path / "a" / "checkpoints" / "epoch_002.pt")
+    wb = load_checkpoint(tmp_path / "b" / "checkpoints" / "epoch_002.pt")
+    for k in wa["model"]:
+        torch.testing.assert_close(wa["model"][k], wb["model"][k], rtol=1e-5, atol=1e-6)
+    assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
+
+
+def test_checkpoint_alone_rebuilds_model(tmp_path):
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "e"), "train.epochs=1"]) == 0
+    ck = load_checkpoint(tmp_path / "e" / "checkpoints" / "epoch_001.pt")
+    assert {"model_name", "model_args", "model", "classifier", "optimizer", "scaler", "step", "epoch",
+            "speakers", "config", "rng_cpu"} <= set(ck)
+    assert ck["speakers"] == ["s0", "s1", "s2", "s3"] and ck["config"]["train"]["epochs"] == 1
+    model = rebuild_model(ck)
+    assert not model.training
+    assert model(torch.randn(2, 60, 80)).shape == (2, 32)
+    assert (tmp_path / "e" / "config.yaml").exists()
+
+
+def test_nan_wav_is_skipped_and_named(tmp_path):
+    cfg, train = tiny_config(tmp_path, val=False)
+    bad = train / "wav" / "s2-1.wav"
+    x = np.full(int(0.6 * 16000), np.nan, dtype=np.float32)
+    write_wav(bad, x, subtype="FLOAT")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "n")]) == 0
+    log = (tmp_path / "n" / "train.log").read_text()
+    assert "skipped" in log and str(bad) in log
+    assert "training done: 2 epochs, 4 steps, 2 skipped" in log  # one NaN batch per epoch
+
+
+def test_consecutive_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
+    cfg, train = tiny_config(tmp_path, val=False)
+    exp = tmp_path / "x"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "train.epochs=1"]) == 0
+    good = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
+    for wav in (train / "wav").glob("*.wav"):
+        write_wav(wav, np.full(int(0.6 * 16000), np.inf, dtype=np.float32), subtype="FLOAT")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "train.epochs=2", "train.save_every_steps=0"]) == 3
+    log = (exp / "train.log").read_text()
+    assert "2 consecutive steps had a non-finite loss or gradient" in log
+    after = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
+    assert after["step"] == good["step"]
+    assert all(torch.isfinite(v).all() for v in after["model"].values() if v.is_floating_point())
+    assert not (exp / "checkpoints" / "latest.pt").exists()
+
+
+def test_missing_wav_stops_before_training(tmp_path, capsys):
+    cfg, train = tiny_config(tmp_path, val=False)
+    lines = (train / "wav.scp").read_text().splitlines()
+    lines[5] = lines[5].split()[0] + " /no/such/file.wav"
+    (train / "wav.scp").write_text("\n".join(lines) + "\n")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert f"{train / 'wav.scp'}:6: /no/such/file.wav" in err
+    assert not (tmp_path / "m" / "checkpoints").exists()
+
+
+def test_bad_config_key_is_reported(tmp_path, capsys):
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "c"), "train.epocs=1"]) == 2
+    assert "unknown config key 'train.epocs'" in capsys.readouterr().err
+
+
+def test_tensorboard_has_every_scalar(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    cfg, _ = tiny_config(tmp_path, val=True)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "t"), "train.epochs=1"]) == 0
+    acc = EventAccumulator(str(tmp_path / "t" / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    want = {f"train/{k}" for k in ("loss", "accuracy", "lr", "margin", "grad_norm", "loss_scale",
+                                   "samples_per_s", "data_wait_fraction", "peak_memory_gb", "skipped_steps")}
+    assert want | {"val/eer"} <= tags
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes(tmp_path):
+    cfg, _ = tiny_config(tmp_path, val=True)
+    exp = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+           "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(exp)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (exp / "train.log").read_text()
+    assert "global 8 = 2 device(s) x 4 x accum 1" in log
+    assert "training done: 2 epochs, 4 steps" in log
+    assert sorted(losses(exp)) == [1, 2, 3, 4]
+    ck = load_checkpoint(exp / "checkpoints" / "epoch_002.pt")
+    assert ck["step"] == 4
+    # Interrupted DDP run resumes too: stop after 1 step, then the same command.
+    exp2 = tmp_path / "ddp2"
+    r = subprocess.run(cmd[:-1] + [str(exp2), "--max-steps", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run(cmd[:-1] + [str(exp2)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(exp), losses(exp2)
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)
