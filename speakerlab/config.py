@@ -75,6 +75,8 @@ class TrainSettings:
     keep_checkpoints: int = 5            # epoch checkpoints kept (for averaging the last N)
     log_every_steps: int = 10
     val_every: int = 1                   # epochs between validation EERs (needs data.val)
+    init_from: Optional[str] = None      # start from this checkpoint's model + classifier weights
+                                         # (fine-tuning); ignored once the run has its own checkpoint
 
 
 @dataclass
@@ -224,16 +226,22 @@ def parse_overrides(items: List[str]) -> List[tuple]:
     return out
 
 
-def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[List[str]] = None,
+def load_config(path: Optional[Union[str, Path, List]] = None, overrides: Optional[List[str]] = None,
                 hardware: Optional[Union[str, Path]] = None, raw: Optional[Dict[str, Any]] = None) -> Config:
     """Load a YAML config, apply a hardware profile and dotted overrides, and validate.
+
+    `path` may be a list: later files are overlays deep-merged onto earlier ones (e.g. a base
+    recipe config, then conf/finetune_lm.yaml).
 
     `hardware` is a profile name under conf/hardware/ or a YAML path; its keys fill the `hardware`
     section (the experiment file's own `hardware` keys, then overrides, win over the profile).
     Errors name the key and, for YAML problems, the file and line.
     """
+    paths = [] if path is None else ([path] if isinstance(path, (str, Path)) else list(path))
     if raw is None:
-        raw = _read_yaml(Path(path)) if path is not None else {}
+        raw = {}
+        for p in paths:
+            raw = _merge(raw, _read_yaml(Path(p)))
     raw = _deep_copy(raw)
     if hardware:
         profile = _read_yaml(resolve_hardware(hardware))
@@ -242,7 +250,7 @@ def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[Lis
         raw["hardware"] = merged
     for key, value in parse_overrides(overrides or []):
         _set_dotted(raw, key, value)
-    where = f" in {path}" if path is not None else ""
+    where = f" in {', '.join(map(str, paths))}" if paths else ""
     try:
         cfg = _build(Config, raw, "")
         _validate(cfg)
@@ -288,6 +296,14 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     return data
+
+
+def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else in `over` replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
 
 
 def _deep_copy(d):

@@ -106,10 +106,22 @@ def save(run: Run, name: str, step_in_epoch: int) -> None:
         save_checkpoint(run.ckpt_dir / name, checkpoint_state(run, step_in_epoch))
 
 
+def init_from(run: Run, path: str) -> None:
+    """Fine-tuning start: model and classifier weights of another run (same model, same speakers)."""
+    ck = load_checkpoint(path, map_location=run.device)
+    if ck["model_name"] != run.cfg.model.name or ck["speakers"] != run.speakers:
+        raise RuntimeError(f"train.init_from {path}: trained with another model or speaker list")
+    run.raw.model.load_state_dict(ck["model"])
+    run.raw.classifier.load_state_dict(ck["classifier"])
+    run.monitor.log(f"initialised from {path} (epoch {ck['epoch']}, step {ck['step']})")
+
+
 def resume(run: Run) -> int:
     """Restore the latest checkpoint, if any; return the step within its epoch to continue from."""
     path = latest_checkpoint(run.ckpt_dir)
     if path is None:
+        if run.cfg.train.init_from:
+            init_from(run, run.cfg.train.init_from)
         return 0
     ck = load_checkpoint(path, map_location=run.device)
     if ck["model_name"] != run.cfg.model.name or ck["speakers"] != run.speakers:
@@ -220,7 +232,8 @@ def peak_memory_gb(device: torch.device) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.train", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", required=True, action="append",
+                    help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)")
     ap.add_argument("--exp-dir", required=True)
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
     ap.add_argument("--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps of "

@@ -63,7 +63,10 @@ def test_every_shipped_config_and_profile_loads():
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent / "conf"
     for p in sorted(root.glob("*.yaml")):
-        load_config(p)
+        if "finetune" in p.name:  # overlays: valid on top of a recipe config
+            load_config([root / "mini_campplus.yaml", p])
+        else:
+            load_config(p)
     for p in sorted((root / "hardware").glob("*.yaml")):
         load_config(root / "mini_campplus.yaml", hardware=p.stem)
 
@@ -73,3 +76,16 @@ def test_round_trip(tmp_path):
     save_config(cfg, tmp_path / "out.yaml")
     assert load_config(tmp_path / "out.yaml") == cfg
     assert config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_overlay_deep_merges(tmp_path):
+    base = write(tmp_path, BASE + "train:\n  epochs: 9\n  seed: 3\nmodel:\n  name: campplus\n  args: {a: 1, b: 2}\n")
+    over = tmp_path / "over.yaml"
+    over.write_text("train:\n  epochs: 2\nmodel:\n  args: {b: 5}\n")
+    cfg = load_config([base, over], ["train.seed=4"])
+    assert (cfg.train.epochs, cfg.train.seed) == (2, 4)
+    assert cfg.model.args == {"a": 1, "b": 5}
+    over.write_text("train:\n  epoch: 2\n")
+    with pytest.raises(ConfigError, match="unknown config key 'train.epoch'") as e:
+        load_config([base, over])
+    assert str(e.value).endswith(f" in {base}, {over}")

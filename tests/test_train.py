@@ -155,3 +155,28 @@ def test_torchrun_two_processes(tmp_path):
     a, b = losses(exp), losses(exp2)
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)
+
+
+def test_average_then_large_margin_finetune(tmp_path):
+    from speakerlab.average import main as average_main
+    cfg, _ = tiny_config(tmp_path, val=False)
+    exp = tmp_path / "base"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "train.keep_checkpoints=2"]) == 0
+    assert average_main(["--exp-dir", str(exp), "--last", "2"]) == 0
+    avg = load_checkpoint(exp / "checkpoints" / "avg.pt")
+    e1 = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
+    e2 = load_checkpoint(exp / "checkpoints" / "epoch_002.pt")
+    key = next(k for k, v in avg["model"].items() if v.is_floating_point() and v.ndim > 1)
+    torch.testing.assert_close(avg["model"][key], (e1["model"][key] + e2["model"][key]) / 2)
+    assert "optimizer" not in avg and avg["averaged_from"]
+    lm = tmp_path / "lm"
+    overlay = ROOT / "conf" / "mini_finetune_lm.yaml"
+    assert train_main(["--config", str(cfg), "--config", str(overlay), "--exp-dir", str(lm),
+                       f"train.init_from={exp / 'checkpoints' / 'avg.pt'}", "data.crop_seconds=0.55"]) == 0
+    log = (lm / "train.log").read_text()
+    assert f"initialised from {exp / 'checkpoints' / 'avg.pt'}" in log
+    rows = [json.loads(r) for r in (lm / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["margin"] == pytest.approx(0.4) for r in rows)
+    saved = load_checkpoint(lm / "checkpoints" / "epoch_001.pt")
+    assert saved["config"]["loss"]["margin"] == pytest.approx(0.4)
+    assert saved["config"]["data"]["crop_seconds"] == pytest.approx(0.55)

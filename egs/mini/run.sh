@@ -2,7 +2,9 @@
 # egs/mini: the whole speaker-verification recipe on a synthetic corpus, CPU-only, in minutes.
 #   bash egs/mini/run.sh                       # all stages
 #   bash egs/mini/run.sh --stage 3 --stop_stage 3 --config conf/mini_campplus.yaml
-# Stages: 1 corpus, 2 prepare lists, 3 train, 4 extract, 5 score, 6 no-training baseline.
+# Stages: 1 corpus, 2 prepare lists, 3 train, 4 extract, 5 score, 6 no-training baseline;
+# optional: 7 average the last checkpoints, 8 large-margin fine-tuning from the average, then
+#   bash egs/mini/run.sh --stage 4 --stop_stage 5 --exp exp/campplus_lm
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,6 +16,9 @@ data=data                          # corpus and Kaldi data dirs
 exp=exp/campplus
 config=../../conf/mini_campplus.yaml
 hardware=cpu                       # profile in conf/hardware/
+checkpoint=""                      # stage 4 model ("" = the latest checkpoint of $exp)
+average_last=3                     # stage 7: epoch checkpoints averaged
+lm_config=../../conf/mini_finetune_lm.yaml
 corpus_opts=""                     # extra generator options, e.g. "--num-train-speakers 50"
 seed=1234
 jobs=2                             # corpus generation processes
@@ -47,7 +52,8 @@ fi
 
 if stage_on 4; then
   log "stage 4: extract test embeddings"
-  python -m speakerlab.extract --checkpoint "$exp" --data "$data/test" --out "$exp/embeddings/test.npz"
+  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" \
+    --out "$exp/embeddings/test.npz"
 fi
 
 if stage_on 5; then
@@ -59,5 +65,15 @@ fi
 if stage_on 6; then
   log "stage 6: no-training baseline (cosine of mean log-mel)"
   python -m speakerlab.baseline --data "$data/test" --out "$exp/scores/test_baseline"
+fi
+if stage_on 7; then
+  log "stage 7: average the last $average_last epoch checkpoints of $exp"
+  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+fi
+
+if stage_on 8; then
+  log "stage 8: large-margin fine-tuning -> ${exp}_lm"
+  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+    data.train="$data/train" data.val="$data/val" train.init_from="$exp/checkpoints/avg.pt" $train_overrides
 fi
 log "done"
