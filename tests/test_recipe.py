@@ -1,0 +1,54 @@
+"""Smoke run of the whole egs/mini recipe on a tiny corpus, through run.sh as a user runs it."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "egs" / "mini" / "run.sh"
+
+
+def run_recipe(tmp_path, *args, check=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    r = subprocess.run(["bash", str(RUN), "--data", str(tmp_path / "data"), "--exp", str(tmp_path / "exp"), *args],
+                       env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return r
+
+
+@pytest.mark.slow
+def test_mini_recipe_end_to_end(tmp_path):
+    corpus = ("--num-train-speakers 6 --num-val-speakers 3 --num-test-speakers 3 --utts-per-speaker 6 "
+              "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5")
+    train = ("train.epochs=2 train.global_batch_size=12 hardware.per_device_batch=6 data.crop_seconds=1.0 "
+             "model.args.num_layers=[1,1,1]")
+    r = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stop_stage", "8",
+                   "--average_last", "2", "--lm_config", str(ROOT / "conf" / "mini_finetune_lm.yaml"))
+    out = r.stdout + r.stderr
+    for n in range(1, 9):
+        assert f"stage {n}:" in out
+    m = re.search(r"EER (\d+\.\d+)%", r.stdout)
+    assert m, r.stdout
+    assert 0.0 <= float(m.group(1)) <= 100.0
+    assert "mean log-mel baseline" in r.stdout
+    exp = tmp_path / "exp"
+    assert (exp / "scores" / "test.scores").exists() and (exp / "scores" / "test.result").exists()
+    assert (exp / "checkpoints" / "avg.pt").exists()
+    assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
+    # Re-running a finished stage range is safe: training resumes, finds nothing to do.
+    r2 = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stage", "2", "--stop_stage", "5")
+    assert "training done: 2 epochs" in r2.stderr
+    assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
+
+
+def test_recipe_rejects_unknown_option(tmp_path):
+    r = run_recipe(tmp_path, "--stag", "3", check=False)
+    assert r.returncode != 0 and "unknown option --stag" in r.stderr
+
+
+def test_recipe_help_lists_options():
+    r = subprocess.run(["bash", str(RUN), "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--stop_stage" in r.stdout and "--hardware cpu" in r.stdout
