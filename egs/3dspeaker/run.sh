@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# egs/3dspeaker: train on the 3D-Speaker training set, evaluate on its cross-device,
+# cross-distance and cross-dialect trial lists.
+#   bash egs/3dspeaker/run.sh --gpus "0 1 2 3" --hardware a100-80g
+#   bash egs/3dspeaker/run.sh --archive_dir /corpora/3dspeaker --stage 1 --stop_stage 4   # archives on disk
+#   bash egs/3dspeaker/run.sh --stage 5 --config ../../conf/3dspeaker_campplus.yaml --exp exp/campplus
+# Stages: 1 download, 2 extract, 3 Kaldi lists (+ MUSAN/RIRS lists), 4 index (check audio, lengths),
+#         5 train, 6 embeddings, 7 score every trial list.
+# Every stage can be re-run: finished downloads/extractions are skipped and training resumes from
+# its latest checkpoint. See README.md here.
+set -euo pipefail
+cd "$(dirname "$0")"
+help_message="Usage: bash egs/3dspeaker/run.sh [--stage N] [--stop_stage N] [--option value ...]"
+
+stage=1
+stop_stage=7
+data=data                          # Kaldi data dirs
+download_dir=data/download         # archives are downloaded (or joined) here
+archive_dir=""                     # folder already holding the archives: nothing is downloaded
+raw_dir=data/raw                   # archives are unpacked here
+mirror=""                          # base URL replacing the official hosts (<mirror>/<file name>)
+download_opts=""                   # more download-step options, e.g. "--user NAME --skip-md5 --keep-parts"
+musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES and write their lists
+jobs=8                             # parallel downloads / index threads
+prepare_opts=""                    # e.g. "--keep-device09"
+train_set=3dspeaker_train
+val_set=""                         # a data dir with `trials`, scored during training (data.val)
+eval_set=3dspeaker_test
+trials="cross_device cross_distance cross_dialect"   # $data/$eval_set/trials_<name>
+exp=exp/eres2net_base
+config=../../conf/3dspeaker_eres2net_base.yaml
+hardware=auto                      # profile in conf/hardware/
+gpus=""                            # e.g. "0 1 2 3": one training process per GPU
+nproc=1                            # training processes when gpus is empty
+nnodes=1
+node_rank=0
+master_addr=127.0.0.1
+master_port=29500
+train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
+
+. ../tools/parse_options.sh
+. ../tools/env.sh
+. ../tools/common.sh
+
+fetch_opts=(--download-dir "$download_dir" --archive-dir="$archive_dir")
+
+if stage_on 1; then
+  log "stage 1: download 3D-Speaker (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $download_dir"
+  python -m speakerlab.datasets.threedspeaker download "${fetch_opts[@]}" --mirror="$mirror" \
+    --jobs "$jobs" $download_opts
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs download "${fetch_opts[@]}" --mirror="$mirror" \
+      --jobs "$jobs" $download_opts
+  fi
+fi
+
+if stage_on 2; then
+  log "stage 2: extract archives -> $raw_dir"
+  python -m speakerlab.datasets.threedspeaker extract "${fetch_opts[@]}" --raw-dir "$raw_dir"
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs extract "${fetch_opts[@]}" --raw-dir "$raw_dir"
+  fi
+fi
+
+if stage_on 3; then
+  log "stage 3: Kaldi lists and trial lists -> $data"
+  python -m speakerlab.datasets.threedspeaker prepare --raw-dir "$raw_dir" --data "$data" $prepare_opts
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
+  fi
+fi
+
+if stage_on 4; then
+  log "stage 4: validate lists, check audio, index lengths"
+  python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+fi
+
+if stage_on 5; then
+  log "stage 5: train $config -> $exp"
+  val=${val_set:+data.val=$data/$val_set}
+  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
+    data.train="$data/$train_set" $val $train_overrides
+fi
+
+if stage_on 6; then
+  log "stage 6: embeddings of $eval_set"
+  python -m speakerlab.extract --checkpoint "$exp" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
+fi
+
+if stage_on 7; then
+  log "stage 7: score $trials"
+  for t in $trials; do
+    python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/trials_$t" \
+      --out "$exp/scores/$t"
+  done
+fi
+log "done"

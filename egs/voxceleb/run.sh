@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# egs/voxceleb: train on VoxCeleb2 dev, evaluate on Vox1-O / Vox1-E / Vox1-H (cleaned lists).
+#   bash egs/voxceleb/run.sh --gpus "0 1 2 3" --hardware a100-80g
+#   bash egs/voxceleb/run.sh --archive_dir /corpora/voxceleb --stage 1 --stop_stage 5   # archives on disk
+#   bash egs/voxceleb/run.sh --stage 6 --config ../../conf/voxceleb_eres2net_base.yaml --exp exp/eres2net_base
+#   bash egs/voxceleb/run.sh --parts vox1 --train_set vox1_dev --eval_set vox1_test --trials vox1_o_clean
+# Stages: 1 download, 2 extract, 3 VoxCeleb2 m4a -> wav (ffmpeg), 4 Kaldi lists (+ MUSAN/RIRS lists),
+#         5 index (check audio, lengths), 6 train, 7 embeddings, 8 score every trial list.
+# Every stage can be re-run: finished downloads/extractions/conversions are skipped and training
+# resumes from its latest checkpoint. See README.md here for disk space and hosts.
+set -euo pipefail
+cd "$(dirname "$0")"
+help_message="Usage: bash egs/voxceleb/run.sh [--stage N] [--stop_stage N] [--option value ...]"
+
+stage=1
+stop_stage=8
+data=data                          # Kaldi data dirs
+download_dir=data/download         # archives are downloaded (or joined) here
+archive_dir=""                     # folder already holding the archives: nothing is downloaded
+raw_dir=data/raw                   # archives are unpacked here
+mirror=""                          # base URL replacing the official hosts (<mirror>/<file name>)
+download_opts=""                   # more download-step options, e.g. "--user NAME --skip-md5 --keep-parts"
+musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES and write their lists
+parts="vox1 vox2"                  # corpora to fetch and prepare ("vox1": VoxCeleb1 only, no ffmpeg)
+jobs=8                             # parallel downloads / ffmpeg processes
+train_set=vox2_dev
+val_set=""                         # e.g. vox1_test: its EER is logged during training (data.val)
+eval_set=vox1                      # all of VoxCeleb1: Vox1-E/H use dev speakers too
+trials="vox1_o_clean vox1_e_clean vox1_h_clean"   # $data/$eval_set/trials_<name>
+exp=exp/campplus
+config=../../conf/voxceleb_campplus.yaml
+hardware=auto                      # profile in conf/hardware/
+gpus=""                            # e.g. "0 1 2 3": one training process per GPU
+nproc=1                            # training processes when gpus is empty
+nnodes=1
+node_rank=0
+master_addr=127.0.0.1
+master_port=29500
+train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
+
+. ../tools/parse_options.sh
+. ../tools/env.sh
+. ../tools/common.sh
+
+fetch_opts=(--download-dir "$download_dir" --archive-dir="$archive_dir")
+
+if stage_on 1; then
+  log "stage 1: download VoxCeleb1, VoxCeleb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $download_dir"
+  python -m speakerlab.datasets.voxceleb download --parts $parts "${fetch_opts[@]}" --mirror="$mirror" \
+    --jobs "$jobs" $download_opts
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs download "${fetch_opts[@]}" --mirror="$mirror" \
+      --jobs "$jobs" $download_opts
+  fi
+fi
+
+if stage_on 2; then
+  log "stage 2: extract archives -> $raw_dir"
+  python -m speakerlab.datasets.voxceleb extract --parts $parts "${fetch_opts[@]}" --raw-dir "$raw_dir"
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs extract "${fetch_opts[@]}" --raw-dir "$raw_dir"
+  fi
+fi
+
+if stage_on 3 && [[ " $parts " == *" vox2 "* ]]; then
+  log "stage 3: VoxCeleb2 m4a -> 16 kHz wav with ffmpeg ($jobs processes)"
+  python -m speakerlab.datasets.voxceleb convert --raw-dir "$raw_dir" --jobs "$jobs"
+fi
+
+if stage_on 4; then
+  log "stage 4: Kaldi lists and trial lists -> $data"
+  python -m speakerlab.datasets.voxceleb prepare --parts $parts --raw-dir "$raw_dir" --data "$data"
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
+  fi
+fi
+
+if stage_on 5; then
+  log "stage 5: validate lists, check audio, index lengths"
+  python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+fi
+
+if stage_on 6; then
+  log "stage 6: train $config -> $exp"
+  val=${val_set:+data.val=$data/$val_set}
+  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
+    data.train="$data/$train_set" $val $train_overrides
+fi
+
+if stage_on 7; then
+  log "stage 7: embeddings of $eval_set"
+  python -m speakerlab.extract --checkpoint "$exp" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
+fi
+
+if stage_on 8; then
+  log "stage 8: score $trials"
+  for t in $trials; do
+    python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/trials_$t" \
+      --out "$exp/scores/$t"
+  done
+fi
+log "done"

@@ -1,0 +1,13 @@
+"""Real corpora: download, extraction and Kaldi data-dir preparation, one module per corpus.
+
+    python -m speakerlab.datasets.voxceleb     download | extract | convert | prepare
+    python -m speakerlab.datasets.threedspeaker download | extract | prepare
+    python -m speakerlab.datasets.cnceleb      download | extract | prepare
+    python -m speakerlab.datasets.musan_rirs   download | extract | prepare
+
+`download` fetches (or, with `--archive-dir`, only verifies) the published archives, `extract`
+unpacks them under `--raw-dir`, `prepare` writes Kaldi data dirs (`wav.scp` with absolute paths,
+`utt2spk`, `spk2utt`, `trials` as `enrol test target|nontarget`) under `--data`. The mechanisms
+(resumable download, md5, joining split archives, safe extraction) live once, in `download.py`;
+list writing and the shared command-line options live in `common.py`.
+"""

@@ -1,0 +1,211 @@
+"""Shared pieces of the corpus modules: Kaldi data-dir writing, count checks and the CLI skeleton.
+
+Every corpus CLI has the same `download` and `extract` subcommands (built by `make_parser`) over
+its own table of `Archive`s, grouped in named parts (`vox1`, `vox2`, ...), plus its own `prepare`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+
+from speakerlab.datasets.download import (Archive, DownloadError, fetch_archives, install, locate, log,
+                                          make_opener)
+from speakerlab.lists import ListError, write_table
+
+PASSWORD_ENV = "SPEAKERLAB_DOWNLOAD_PASSWORD"
+
+
+class DatasetError(RuntimeError):
+    """The extracted corpus is not what the prepare step expects; the message names the path."""
+
+
+def require_dir(path, hint: str = "") -> Path:
+    """`path` as a Path, or DatasetError naming it (with `hint`: what to run to create it)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DatasetError(f"expected folder {path} does not exist" + (f": {hint}" if hint else ""))
+    return path
+
+
+def require_file(path, hint: str = "") -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"expected file {path} does not exist" + (f": {hint}" if hint else ""))
+    return path
+
+
+def check_count(what: str, have: int, published: Optional[int]) -> None:
+    """Warn (not fail) when a count differs from the published corpus: subsets are legitimate."""
+    if published is not None and have != published:
+        log(f"warning: {what}: found {have}, the published corpus has {published} "
+            f"(incomplete download/extraction, a different release, or a deliberate subset)")
+
+
+def iter_list(path, min_fields: int = 1) -> Iterator[Tuple[int, List[str]]]:
+    """Non-empty lines of a corpus list file as (line number, fields), streamed (trial lists run to
+    millions of lines); a line with fewer than `min_fields` fields raises naming file:line."""
+    with open(require_file(path), encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) < min_fields:
+                raise DatasetError(f"{path}:{lineno}: expected at least {min_fields} fields, got {line.strip()!r}")
+            yield lineno, fields
+
+
+def write_data_dir(root, wav: Dict[str, str], utt2spk: Dict[str, str]) -> str:
+    """Write `root/{wav.scp,utt2spk,spk2utt}` (sorted, absolute paths); returns a summary line.
+
+    Expects the same utterance ids in both maps, each starting with its speaker id (so sorting
+    by utterance keeps speakers together, as Kaldi tools assume). A stale `utt2num_samples`
+    (the index of an earlier run) is removed: the index stage rebuilds it.
+    """
+    root = Path(root)
+    if set(wav) != set(utt2spk):
+        odd = sorted(set(wav) ^ set(utt2spk))[0]
+        raise DatasetError(f"{root}: utterance '{odd}' has audio but no speaker, or the reverse")
+    if not wav:
+        raise DatasetError(f"{root}: no utterances found")
+    for utt, spk in utt2spk.items():
+        if not utt.startswith(spk) or any(c.isspace() for c in utt + spk):
+            raise DatasetError(f"{root}: utterance id '{utt}' must start with its speaker id '{spk}' "
+                               f"and contain no whitespace")
+        if any(c.isspace() for c in wav[utt]):
+            raise DatasetError(f"{root}: audio path of '{utt}' contains whitespace: {wav[utt]!r}")
+    root.mkdir(parents=True, exist_ok=True)
+    utts = sorted(wav)
+    write_table(root / "wav.scp", ((u, os.path.abspath(wav[u])) for u in utts))
+    write_table(root / "utt2spk", ((u, utt2spk[u]) for u in utts))
+    spk2utt: Dict[str, List[str]] = defaultdict(list)
+    for u in utts:
+        spk2utt[utt2spk[u]].append(u)
+    write_table(root / "spk2utt", sorted(spk2utt.items()))
+    (root / "utt2num_samples").unlink(missing_ok=True)
+    summary = f"{root}: {len(utts)} utterances, {len(spk2utt)} speakers"
+    log(summary)
+    return summary
+
+
+_LABELS = {"1": True, "target": True, "0": False, "nontarget": False}
+
+
+def parse_label(token: str, where: str) -> bool:
+    """`1`/`target` -> True, `0`/`nontarget` -> False; anything else raises naming `where` (file:line)."""
+    if token not in _LABELS:
+        raise DatasetError(f"{where}: trial label must be 1, 0, target or nontarget, got {token!r}")
+    return _LABELS[token]
+
+
+def write_trials(path, rows: Iterable[Tuple[str, str, bool, int]], utts: Set[str], source) -> int:
+    """Write `enrol test target|nontarget` lines, in the official order; returns how many.
+
+    `rows` are (enrol, test, is_target, line number in `source`), streamed straight to disk. An id
+    not in `utts` (the data dir's utterances) raises, after the whole list was read, naming the
+    first such line of `source` and how many ids are affected; nothing is left at `path` then.
+    """
+    path = Path(path)
+    stats = {"n": 0, "target": 0, "bad": 0, "first": None}
+
+    def lines():
+        for enrol, test, target, lineno in rows:
+            for u in (enrol, test):
+                if u not in utts:
+                    stats["bad"] += 1
+                    stats["first"] = stats["first"] or (lineno, u)
+            stats["n"] += 1
+            stats["target"] += bool(target)
+            yield enrol, (test, "target" if target else "nontarget")
+
+    try:
+        write_table(path, lines())
+    except BaseException:
+        path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+        raise
+    if stats["bad"] or not stats["n"]:
+        path.unlink()
+        if not stats["n"]:
+            raise DatasetError(f"{source}: no trials")
+        lineno, u = stats["first"]
+        raise DatasetError(f"{source}:{lineno}: '{u}' is not an utterance of {path.parent / 'wav.scp'} "
+                           f"({stats['bad']} trial id(s) affected; is the corpus fully extracted?)")
+    log(f"{path}: {stats['n']} trials ({stats['target']} target)")
+    return stats["n"]
+
+
+# ---------------------------------------------------------------- command line
+
+def _none_if_empty(text: str) -> Optional[str]:
+    return text or None
+
+
+def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
+    """Parser with the shared `download` and `extract` subcommands; returns (parser, subparsers).
+
+    `parts` names groups of archives the user can pick with `--parts` (default: all of them).
+    """
+    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="step", required=True)
+    for step, text in (("download", "fetch the archives (or verify those in --archive-dir)"),
+                       ("extract", "unpack the archives into --raw-dir")):
+        p = sub.add_parser(step, help=text, description=text)
+        p.add_argument("--parts", nargs="+", choices=sorted(parts), default=list(parts),
+                       help=f"which archives (default: all of {' '.join(parts)})")
+        p.add_argument("--download-dir", default="data/download", help="where archives are downloaded/joined")
+        p.add_argument("--archive-dir", type=_none_if_empty, default=None,
+                       help="folder already holding the archives (or their parts): nothing is downloaded")
+        if step == "download":
+            p.add_argument("--mirror", type=_none_if_empty, default=None,
+                           help="base URL replacing the official hosts: every file from <mirror>/<file name>")
+            p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
+                           help="URL of one file (repeatable), e.g. vox1_test_wav.zip=https://...")
+            p.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
+            p.add_argument("--retries", type=int, default=5)
+            p.add_argument("--skip-md5", action="store_true", help="accept files whose md5 differs")
+            p.add_argument("--keep-parts", action="store_true", help="keep split-archive parts after joining")
+            p.add_argument("--user", default=None,
+                           help=f"HTTP basic-auth user (password from ${PASSWORD_ENV})")
+        else:
+            p.add_argument("--raw-dir", default="data/raw", help="where the corpus is unpacked")
+    return ap, sub
+
+
+def _selected(parts: Dict[str, Sequence[Archive]], names: Sequence[str]) -> List[Archive]:
+    return [a for name in names for a in parts[name]]
+
+
+def download_step(args, parts: Dict[str, Sequence[Archive]], opener=None) -> None:
+    """The `download` subcommand: every selected archive ends up as one verified file."""
+    urls = {}
+    for item in args.url:
+        if "=" not in item:
+            raise DownloadError(f"--url {item!r} must look like NAME=URL")
+        name, url = item.split("=", 1)
+        urls[name] = url
+    opener = opener or make_opener(args.user, os.environ.get(PASSWORD_ENV))
+    paths = fetch_archives(_selected(parts, args.parts), args.download_dir, archive_dir=args.archive_dir,
+                           mirror=args.mirror, urls=urls, check_md5=not args.skip_md5, keep_parts=args.keep_parts,
+                           jobs=args.jobs, opener=opener, retries=args.retries)
+    for p in paths:
+        log(f"ready: {p}")
+
+
+def extract_step(args, parts: Dict[str, Sequence[Archive]]) -> None:
+    """The `extract` subcommand: unpack (or copy) every selected archive under --raw-dir."""
+    for a in _selected(parts, args.parts):
+        install(a, locate(a, args.download_dir, args.archive_dir), args.raw_dir)
+
+
+def run(ap: argparse.ArgumentParser, argv, handlers: Dict[str, Callable]) -> int:
+    """Parse `argv`, call `handlers[step](args)`; known failures print `error: ...` and return 2."""
+    args = ap.parse_args(argv)
+    try:
+        handlers[args.step](args)
+    except (DatasetError, DownloadError, ListError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

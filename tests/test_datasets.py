@@ -1,0 +1,544 @@
+"""speakerlab.datasets: download / md5 / resume / join / safe extraction, and each corpus's prepare step
+on small fake archives laid out like the published ones. No network: "downloads" come from a fake
+opener or from file:// URLs."""
+import dataclasses
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from urllib.error import HTTPError
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
+from speakerlab.datasets.common import DatasetError
+from speakerlab.datasets.download import (Archive, ChecksumError, DownloadError, Part, UnsafeArchiveError,
+                                          download, extract, fetch_archives, join_parts)
+from speakerlab.lists import load_data_dir, read_trials
+from speakerlab.prepare import prepare as index_data_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def audio_bytes(fmt: str = "WAV", seconds: float = 0.2, seed: int = 0) -> bytes:
+    buf = io.BytesIO()
+    x = 0.1 * np.random.default_rng(seed).standard_normal(int(16000 * seconds))
+    sf.write(buf, x, 16000, format=fmt, subtype="PCM_16")
+    return buf.getvalue()
+
+
+def zip_bytes(members: dict) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def tgz_bytes(members: dict) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def split(data: bytes, n: int) -> list:
+    step = -(-len(data) // n)
+    return [data[i * step:(i + 1) * step] for i in range(n)]
+
+
+def with_md5(parts: dict, blobs: dict) -> dict:
+    """A corpus PARTS table with the md5s of our fake files instead of the published ones."""
+    def fix(a):
+        return dataclasses.replace(a, md5=md5(blobs[a.name]) if a.md5 else None,
+                                   parts=tuple(dataclasses.replace(p, md5=md5(blobs[p.name]) if p.md5 else None)
+                                               for p in a.parts))
+    return {k: tuple(fix(a) for a in v) for k, v in parts.items()}
+
+
+def serve(folder: Path, blobs: dict) -> str:
+    """Write `blobs` into `folder`; returns the file:// mirror URL of that folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in blobs.items():
+        (folder / name).write_bytes(data)
+    return folder.as_uri()
+
+
+def check_data_dir(root: Path, trials=()):
+    """The lists agree with each other and with the audio; every trial id is an utterance."""
+    d = load_data_dir(root)
+    assert d.utts == sorted(d.wav) and all(os.path.isabs(p) and os.path.isfile(p) for p in d.wav.values())
+    assert all(u.startswith(s) for u, s in d.utt2spk.items())
+    for t in trials:
+        for trial in read_trials(root / t):
+            assert trial.enrol in d.wav and trial.test in d.wav
+    index_data_dir(root, jobs=1)  # the recipe's index stage accepts it (audio readable, 16 kHz mono)
+    return d
+
+
+# ---------------------------------------------------------------- download mechanics
+
+class FakeResponse(io.BytesIO):
+    def __init__(self, body, status, headers, break_after=None):
+        super().__init__(body)
+        self.status, self.headers, self._break, self._sent = status, headers, break_after, 0
+
+    def read(self, n=-1):
+        if self._break is not None:
+            if self._sent >= self._break:
+                raise ConnectionResetError("connection reset by peer")
+            n = min(n if n > 0 else 1 << 30, self._break - self._sent)
+        chunk = super().read(n)
+        self._sent += len(chunk)
+        return chunk
+
+
+class FakeOpener:
+    """Serves `files` (url -> bytes) like an HTTP server; `breaks` cuts the first transfer of a URL."""
+
+    def __init__(self, files, honor_range=True, breaks=None, break_every=None):
+        self.files, self.honor_range, self.breaks = files, honor_range, dict(breaks or {})
+        self.break_every = break_every
+        self.requests = []
+
+    def open(self, req, timeout=None):
+        url, rng = req.full_url, req.get_header("Range")
+        self.requests.append((url, rng))
+        if url not in self.files:
+            raise HTTPError(url, 404, "Not Found", {}, None)
+        data, start, status = self.files[url], 0, 200
+        if rng and self.honor_range:
+            start, status = int(rng[len("bytes="):-1]), 206
+        headers = {"Content-Length": str(len(data) - start)}
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        brk = self.break_every if self.break_every is not None else self.breaks.pop(url, None)
+        return FakeResponse(data[start:], status, headers, brk)
+
+
+DATA = bytes(range(256)) * 40   # 10 KiB
+URL = "https://example.org/corpus/file.zip"
+
+
+def test_download_verifies_and_skips_a_verified_file(tmp_path):
+    dest = download(URL, tmp_path / "file.zip", md5(DATA), opener=FakeOpener({URL: DATA}))
+    assert dest.read_bytes() == DATA and (tmp_path / "file.zip.md5ok").exists()
+    opener = FakeOpener({})
+    download(URL, dest, md5(DATA), opener=opener)
+    assert opener.requests == []
+
+
+def test_md5_mismatch_is_an_error_naming_the_file(tmp_path):
+    with pytest.raises(ChecksumError, match=r"file\.zip: md5 .* does not match the published 0+"):
+        download(URL, tmp_path / "file.zip", "0" * 32, opener=FakeOpener({URL: DATA}))
+    assert not (tmp_path / "file.zip").exists() and not (tmp_path / "file.zip.part").exists()
+
+
+def test_broken_transfer_resumes_with_a_range_request(tmp_path):
+    opener, waits = FakeOpener({URL: DATA}, breaks={URL: 3000}), []
+    dest = download(URL, tmp_path / "file.zip", md5(DATA), opener=opener, retries=2, sleep=waits.append)
+    assert dest.read_bytes() == DATA
+    assert opener.requests == [(URL, None), (URL, "bytes=3000-")] and waits == [2.0]
+
+
+def test_partial_file_of_an_earlier_run_is_resumed(tmp_path):
+    (tmp_path / "file.zip.part").write_bytes(DATA[:5000])
+    opener = FakeOpener({URL: DATA})
+    assert download(URL, tmp_path / "file.zip", md5(DATA), opener=opener).read_bytes() == DATA
+    assert opener.requests == [(URL, "bytes=5000-")]
+
+
+def test_server_ignoring_range_restarts_the_file(tmp_path):
+    (tmp_path / "file.zip.part").write_bytes(b"x" * 5000)
+    dest = download(URL, tmp_path / "file.zip", md5(DATA), opener=FakeOpener({URL: DATA}, honor_range=False))
+    assert dest.read_bytes() == DATA
+
+
+def test_progress_resets_retries_and_a_dead_link_gives_up(tmp_path):
+    opener, waits = FakeOpener({URL: DATA}, break_every=1000), []   # 1000 bytes per connection
+    dest = download(URL, tmp_path / "a.zip", md5(DATA), opener=opener, retries=2, sleep=waits.append)
+    assert dest.read_bytes() == DATA
+    assert len(opener.requests) == 11 and set(waits) == {2.0}
+    (tmp_path / "b.zip.part").write_bytes(DATA[:10])
+    waits = []
+    with pytest.raises(DownloadError, match=r"failed 3 times in a row .*b\.zip\.part is kept, re-run to resume"):
+        download(URL, tmp_path / "b.zip", opener=FakeOpener({URL: DATA}, break_every=0), retries=2, sleep=waits.append)
+    assert waits == [2.0, 4.0] and (tmp_path / "b.zip.part").read_bytes() == DATA[:10]
+
+
+def test_missing_file_is_not_retried(tmp_path):
+    waits = []
+    with pytest.raises(DownloadError, match="HTTP Error 404"):
+        download(URL, tmp_path / "file.zip", opener=FakeOpener({}), sleep=waits.append)
+    assert waits == []
+
+
+def test_mirror_and_url_overrides_and_part_joining(tmp_path):
+    parts = split(DATA, 3)
+    archive = Archive("big.zip", md5(DATA), "https://official.example/x",
+                      parts=tuple(Part(f"big.zip.p{i}") for i in range(3)))
+    files = {f"https://mirror.example/big.zip.p{i}": parts[i] for i in range(2)}
+    files["https://elsewhere.example/p2"] = parts[2]
+    opener = FakeOpener(files)
+    [path] = fetch_archives([archive], tmp_path, mirror="https://mirror.example/", opener=opener,
+                            urls={"big.zip.p2": "https://elsewhere.example/p2"})
+    assert path.read_bytes() == DATA and sorted(p.name for p in tmp_path.iterdir()) == ["big.zip", "big.zip.md5ok"]
+    with pytest.raises(ChecksumError, match="joined.zip: md5 .* of the joined parts"):
+        (tmp_path / "a").write_bytes(b"1")
+        join_parts([tmp_path / "a"], tmp_path / "joined.zip", md5(b"2"))
+
+
+def test_archive_dir_is_used_without_downloading(tmp_path):
+    a = Archive("whole.tar.gz", md5(DATA), "https://nowhere.example")
+    (tmp_path / "have").mkdir()
+    (tmp_path / "have" / "whole.tar.gz").write_bytes(DATA)
+    opener = FakeOpener({})
+    assert fetch_archives([a], tmp_path / "dl", archive_dir=tmp_path / "have", opener=opener) == [
+        tmp_path / "have" / "whole.tar.gz"]
+    assert opener.requests == []
+    with pytest.raises(DownloadError, match="other.zip: not found in --archive-dir"):
+        fetch_archives([Archive("other.zip", None, "x")], tmp_path / "dl", archive_dir=tmp_path / "have")
+
+
+# ---------------------------------------------------------------- extraction
+
+def test_extract_refuses_zip_path_traversal(tmp_path):
+    (tmp_path / "bad.zip").write_bytes(zip_bytes({"ok.txt": b"1", "../evil.txt": b"2"}))
+    with pytest.raises(UnsafeArchiveError, match=r"refusing member '\.\./evil\.txt'"):
+        extract(tmp_path / "bad.zip", tmp_path / "out")
+    assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "out" / "ok.txt").exists()
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink"])
+def test_extract_refuses_tar_members_escaping(tmp_path, kind):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo({"dotdot": "a/../../evil", "absolute": str(tmp_path / "evil"),
+                                "symlink": "link"}[kind])
+        if kind == "symlink":
+            info.type, info.linkname = tarfile.SYMTYPE, "../../outside"
+            tf.addfile(info)
+        else:
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    (tmp_path / "bad.tar.gz").write_bytes(buf.getvalue())
+    with pytest.raises(UnsafeArchiveError, match="refusing"):
+        extract(tmp_path / "bad.tar.gz", tmp_path / "out")
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "out" / "link").exists()
+
+
+def test_extract_tar_and_skip_when_done(tmp_path):
+    (tmp_path / "a.tar.gz").write_bytes(tgz_bytes({"top/x.txt": b"1"}))
+    extract(tmp_path / "a.tar.gz", tmp_path / "out")
+    assert (tmp_path / "out/top/x.txt").read_bytes() == b"1"
+    (tmp_path / "out/top/x.txt").unlink()
+    extract(tmp_path / "a.tar.gz", tmp_path / "out")   # marker: not unpacked again
+    assert not (tmp_path / "out/top/x.txt").exists()
+
+
+# ---------------------------------------------------------------- VoxCeleb
+
+VOX1_DEV = ["id10001/1zcIwhmdeo4/00001", "id10001/1zcIwhmdeo4/00002", "id10001/7w0IBEWc9Qw/00001",
+            "id10002/0_laIeN-Q44/00001", "id10002/0_laIeN-Q44/00002"]
+VOX1_TEST = ["id10270/x6uYqmx31kE/00001", "id10270/8jEAjG6SegY/00008", "id10271/1gtz-CUIygI/00001"]
+VOX2_DEV = ["id00012/21Uxsk56VDQ/00001", "id00012/21Uxsk56VDQ/00002", "id00015/0fijmz4vTVU/00001"]
+
+
+def vox_blobs() -> dict:
+    """The published VoxCeleb files in miniature: split zips with the real member layout, trial lists."""
+    dev = zip_bytes({f"wav/{u}.wav": audio_bytes(seed=i) for i, u in enumerate(VOX1_DEV)})
+    test = zip_bytes({f"wav/{u}.wav": audio_bytes(seed=10 + i) for i, u in enumerate(VOX1_TEST)})
+    vox2 = zip_bytes({f"dev/aac/{u}.m4a": b"not really aac" for u in VOX2_DEV})
+    o = "1 id10270/x6uYqmx31kE/00001.wav id10270/8jEAjG6SegY/00008.wav\n" \
+        "0 id10270/x6uYqmx31kE/00001.wav id10271/1gtz-CUIygI/00001.wav\n"
+    e = "1 id10001/1zcIwhmdeo4/00001.wav id10001/7w0IBEWc9Qw/00001.wav\n" \
+        "0 id10001/1zcIwhmdeo4/00002.wav id10002/0_laIeN-Q44/00001.wav\n" + o
+    blobs = {"vox1_dev_wav.zip": dev, "vox1_test_wav.zip": test, "vox2_aac.zip": vox2,
+             "veri_test2.txt": o.encode(), "list_test_all2.txt": e.encode(), "list_test_hard2.txt": e.encode()}
+    blobs.update({f"vox1_dev_wav_parta{c}": b for c, b in zip("abcd", split(dev, 4))})
+    blobs.update({f"vox2_dev_aac_parta{c}": b for c, b in zip("abcdefgh", split(vox2, 8))})
+    return blobs
+
+
+FAKE_FFMPEG = """#!{python}
+import sys
+import numpy as np, soundfile as sf
+args = sys.argv[1:]
+src, dst = args[args.index("-i") + 1], args[-1]
+assert src.endswith(".m4a") and "-ar" in args and args[args.index("-ar") + 1] == "16000"
+sf.write(dst, np.zeros(3200), 16000, format="WAV", subtype="PCM_16")
+"""
+
+
+def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys):
+    blobs = vox_blobs()
+    joined = ("vox1_dev_wav.zip", "vox2_aac.zip")   # published only as parts
+    mirror = serve(tmp_path / "server", {k: v for k, v in blobs.items() if k not in joined})
+    dl, raw, data = str(tmp_path / "dl"), str(tmp_path / "raw"), tmp_path / "data"
+    # the published md5s cannot match fake archives: an error naming the file
+    assert voxceleb.main(["download", "--parts", "vox1", "--download-dir", dl, "--mirror", mirror, "--jobs", "1"]) == 2
+    assert "vox1_test_wav.zip: md5" in capsys.readouterr().err
+    monkeypatch.setattr(voxceleb, "PARTS", with_md5(voxceleb.PARTS, blobs))
+    assert voxceleb.main(["download", "--download-dir", dl, "--mirror", mirror]) == 0
+    assert sorted(p.name for p in Path(dl).iterdir() if not p.name.endswith(".md5ok")) == sorted(
+        ["vox1_dev_wav.zip", "vox1_test_wav.zip", "vox2_aac.zip", "veri_test2.txt", "list_test_all2.txt",
+         "list_test_hard2.txt"])   # parts were joined, verified and removed
+    assert voxceleb.main(["extract", "--download-dir", dl, "--raw-dir", raw]) == 0
+    assert (tmp_path / "raw/voxceleb2/dev/aac/id00012/21Uxsk56VDQ/00001.m4a").is_file()
+
+    assert voxceleb.main(["prepare", "--raw-dir", raw, "--data", str(data), "--parts", "vox1"]) == 0
+    dev, test = check_data_dir(data / "vox1_dev"), check_data_dir(data / "vox1_test", ["trials"])
+    assert dev.utts[0] == "id10001-1zcIwhmdeo4-00001" and dev.utt2spk["id10002-0_laIeN-Q44-00002"] == "id10002"
+    assert len(test.utts) == 3 and set(dev.speakers) == {"id10001", "id10002"}
+    full = check_data_dir(data / "vox1", [f"trials_{n}" for n in voxceleb.TRIALS])
+    assert len(full.utts) == 8
+    assert (data / "vox1_test/trials").read_text() == (
+        "id10270-x6uYqmx31kE-00001 id10270-8jEAjG6SegY-00008 target\n"
+        "id10270-x6uYqmx31kE-00001 id10271-1gtz-CUIygI-00001 nontarget\n")
+    assert (data / "vox1/trials_vox1_e_clean").read_text().splitlines()[1] == \
+        "id10001-1zcIwhmdeo4-00002 id10002-0_laIeN-Q44-00001 nontarget"
+
+    # VoxCeleb2: without ffmpeg the error says how to install it; a stand-in ffmpeg checks the plumbing
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(tmp_path / "empty"))
+        assert voxceleb.main(["convert", "--raw-dir", raw]) == 2
+    assert "apt-get install ffmpeg" in capsys.readouterr().err
+    fake = tmp_path / "bin" / "ffmpeg"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_FFMPEG.format(python=sys.executable))
+    fake.chmod(0o755)
+    assert voxceleb.main(["convert", "--raw-dir", raw, "--jobs", "2", "--ffmpeg", str(fake)]) == 0
+    assert voxceleb.main(["prepare", "--raw-dir", raw, "--data", str(data), "--parts", "vox2"]) == 0
+    vox2 = check_data_dir(data / "vox2_dev")
+    assert vox2.utts == ["id00012-21Uxsk56VDQ-00001", "id00012-21Uxsk56VDQ-00002", "id00015-0fijmz4vTVU-00001"]
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed")
+def test_voxceleb_convert_with_real_ffmpeg(tmp_path):
+    src = tmp_path / "raw/voxceleb2/dev/aac/id00012/21Uxsk56VDQ/00001.m4a"
+    src.parent.mkdir(parents=True)
+    subprocess.run(["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "sine=frequency=440:duration=0.3:sample_rate=44100",
+                    "-c:a", "aac", str(src)], check=True)
+    assert voxceleb.convert(tmp_path / "raw", jobs=1) == 1
+    info = sf.info(str(tmp_path / "raw/voxceleb2/dev/wav/id00012/21Uxsk56VDQ/00001.wav"))
+    assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
+
+
+def test_voxceleb_missing_folder_is_named(tmp_path, capsys):
+    assert voxceleb.main(["prepare", "--raw-dir", str(tmp_path), "--data", str(tmp_path / "d"), "--parts", "vox1"]) == 2
+    assert f"expected folder {tmp_path}/voxceleb1/dev/wav does not exist" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- 3D-Speaker
+
+def threedspeaker_blobs() -> dict:
+    # Speaker 1's ids already start with the speaker id, speaker 2's do not (they get a prefix);
+    # one utterance per split comes from Device09, which the recipes leave out.
+    train = {"S001": ["S001_Device01_001", "S001_Device02_001", "S001_Device09_001"],
+             "S002": ["D01_Dis02_002", "D03_Dis01_002"]}
+    test = {"S101": ["S101_Device01_001", "S101_Device03_002", "S101_Device09_003"],
+            "S102": ["D01_Dis01_101", "D02_Dis03_102"]}
+    members, files = {}, {}
+    for split_name, spk_utts in (("train", train), ("test", test)):
+        scp, u2s = [], []
+        for spk, utts in spk_utts.items():
+            for i, u in enumerate(utts):
+                rel = f"{split_name}/{spk}/{u}.wav"
+                members.setdefault(split_name, {})[rel] = audio_bytes(seed=i)
+                scp.append(f"{u} {rel}\n")
+                u2s.append(f"{u} {spk}\n")
+        files[f"files/{split_name}_wav.scp"] = "".join(scp).encode()
+        files[f"files/{split_name}_utt2spk"] = "".join(u2s).encode()
+        files[f"files/{split_name}_utt2info.csv"] = b"utt,info\n"
+    files["files/trials_cross_device"] = b"S101_Device01_001 S101_Device03_002 1\nS101_Device01_001 D01_Dis01_101 0\n"
+    files["files/trials_cross_distance"] = (b"D01_Dis01_101 D02_Dis03_102 target\n"
+                                            b"D01_Dis01_101 S101_Device03_002 nontarget\n")
+    files["files/trials_cross_dialect"] = b"1 D01_Dis01_101 D02_Dis03_102\n0 S101_Device01_001 D02_Dis03_102\n"
+    train_tgz = tgz_bytes(members["train"])
+    blobs = {"train.tar.gz": train_tgz, "test.tar.gz": tgz_bytes(members["test"]),
+             "3dspeaker_files.tar.gz": tgz_bytes(files)}
+    blobs.update({f"train.tar.gz-part-{c}": b for c, b in zip("abcdef", split(train_tgz, 6))})
+    return blobs
+
+
+def test_threedspeaker_from_archive_dir(tmp_path, monkeypatch):
+    blobs = threedspeaker_blobs()
+    have = tmp_path / "have"   # the user's own copies: the six parts, not the joined train.tar.gz
+    serve(have, {k: v for k, v in blobs.items() if k != "train.tar.gz"})
+    monkeypatch.setattr(threedspeaker, "PARTS", with_md5(threedspeaker.PARTS, blobs))
+    dl, raw, data = str(tmp_path / "dl"), str(tmp_path / "raw"), tmp_path / "data"
+    args = ["--download-dir", dl, "--archive-dir", str(have)]
+    assert threedspeaker.main(["download", "--mirror", "https://unreachable.invalid", *args]) == 0
+    assert sorted(os.listdir(have)) == sorted(k for k in blobs if k != "train.tar.gz")   # left untouched
+    assert [n for n in sorted(os.listdir(dl)) if not n.endswith(".md5ok")] == ["train.tar.gz"]   # joined
+    assert threedspeaker.main(["extract", *args, "--raw-dir", raw]) == 0
+    assert threedspeaker.main(["prepare", "--raw-dir", raw, "--data", str(data)]) == 0
+    train = check_data_dir(data / "3dspeaker_train")
+    assert train.utts == ["S001_Device01_001", "S001_Device02_001", "S002-D01_Dis02_002", "S002-D03_Dis01_002"]
+    names = [f"trials_{n}" for n in threedspeaker.TRIAL_LISTS]
+    test = check_data_dir(data / "3dspeaker_test", names)
+    assert not any("Device09" in u for u in test.utts) and len(test.utts) == 4
+    assert (data / "3dspeaker_test/trials_cross_dialect").read_text() == (
+        "S102-D01_Dis01_101 S102-D02_Dis03_102 target\nS101_Device01_001 S102-D02_Dis03_102 nontarget\n")
+    assert (data / "3dspeaker_test/trials_cross_device").read_text().split("\n")[1] == \
+        "S101_Device01_001 S102-D01_Dis01_101 nontarget"
+
+
+def test_threedspeaker_trial_on_left_out_device(tmp_path):
+    root = tmp_path / "raw/3dspeaker"
+    (root / "files").mkdir(parents=True)
+    (root / "files/trials_x").write_text("A_Device01 A_Device09 1\n")
+    with pytest.raises(DatasetError, match="Device09, which is left out; pass --keep-device09"):
+        threedspeaker.convert_trials(root / "files/trials_x", tmp_path / "t", {"A_Device01": "A_Device01"}, False)
+    assert not (tmp_path / "t").exists()
+
+
+# ---------------------------------------------------------------- CN-Celeb
+
+def cnceleb_blobs() -> dict:
+    flac = lambda seed: audio_bytes("FLAC", seed=seed)  # noqa: E731
+    c1 = {"CN-Celeb_flac/data/id00000/singing-01-001.flac": flac(1),
+          "CN-Celeb_flac/data/id00000/speech-01-002.flac": flac(2),
+          "CN-Celeb_flac/data/id00001/interview-01-001.flac": flac(3),
+          "CN-Celeb_flac/data/id00800/singing-01-001.flac": flac(4),      # an evaluation speaker
+          "CN-Celeb_flac/dev/dev.lst": b"id00000\nid00001\n",
+          "CN-Celeb_flac/eval/enroll/id00800-enroll.flac": flac(5),
+          "CN-Celeb_flac/eval/enroll/id00801-enroll.flac": flac(6),
+          "CN-Celeb_flac/eval/test/id00800-singing-01-005.flac": flac(7),
+          "CN-Celeb_flac/eval/test/id00800-speech-02-003.flac": flac(8),
+          "CN-Celeb_flac/eval/test/id00801-vlog-01-001.flac": flac(9),
+          "CN-Celeb_flac/eval/lists/enroll.lst":
+              b"id00800-enroll enroll/id00800-enroll.wav\nid00801-enroll enroll/id00801-enroll.wav\n",
+          "CN-Celeb_flac/eval/lists/enroll.map": b"id00800-enroll id00800/singing-01-001.wav\n",
+          "CN-Celeb_flac/eval/lists/test.lst":
+              b"test/id00800-singing-01-005.wav\ntest/id00800-speech-02-003.wav\ntest/id00801-vlog-01-001.wav\n"}
+    tests = ["id00800-singing-01-005", "id00800-speech-02-003", "id00801-vlog-01-001"]
+    c1["CN-Celeb_flac/eval/lists/trials.lst"] = "".join(
+        f"{e}-enroll test/{t}.wav {int(t.startswith(e))}\n" for e in ("id00800", "id00801") for t in tests).encode()
+    c2 = {"CN-Celeb2_flac/data/id10000/recitation-01-001.flac": flac(10),
+          "CN-Celeb2_flac/data/id10001/vlog-02-004.flac": flac(11),
+          "CN-Celeb2_flac/spk.lst": b"id10000\nid10001\n"}
+    c2_tgz = tgz_bytes(c2)
+    blobs = {"cn-celeb_v2.tar.gz": tgz_bytes(c1), "cn-celeb2_v2.tar.gz": c2_tgz}
+    blobs.update({f"cn-celeb2_v2.tar.gza{c}": b for c, b in zip("abc", split(c2_tgz, 3))})
+    return blobs
+
+
+def test_cnceleb_download_extract_prepare(tmp_path, monkeypatch):
+    blobs = cnceleb_blobs()
+    mirror = serve(tmp_path / "server", {k: v for k, v in blobs.items() if k != "cn-celeb2_v2.tar.gz"})
+    monkeypatch.setattr(cnceleb, "PARTS", with_md5(cnceleb.PARTS, blobs))
+    dl, raw, data = str(tmp_path / "dl"), str(tmp_path / "raw"), tmp_path / "data"
+    assert cnceleb.main(["download", "--download-dir", dl, "--mirror", mirror]) == 0
+    assert cnceleb.main(["extract", "--download-dir", dl, "--raw-dir", raw]) == 0
+    assert cnceleb.main(["prepare", "--raw-dir", raw, "--data", str(data)]) == 0
+    train = check_data_dir(data / "cnceleb_train")
+    assert train.speakers == ["id00000", "id00001", "id10000", "id10001"]   # dev.lst + CN-Celeb2, not id00800
+    assert "id00000-singing-01-001" in train.utts and all(p.endswith(".flac") for p in train.wav.values())
+    ev = check_data_dir(data / "cnceleb_eval", ["trials"])
+    assert ev.utt2spk["id00800-enroll"] == "id00800"
+    assert ev.wav["id00800-enroll"].endswith("eval/enroll/id00800-enroll.flac")
+    lines = (data / "cnceleb_eval/trials").read_text().splitlines()
+    assert len(lines) == 6 and lines[0] == "id00800-enroll id00800-singing-01-005 target"
+    assert lines[2] == "id00800-enroll id00801-vlog-01-001 nontarget"
+
+
+def test_cnceleb_missing_speaker_folder_is_named(tmp_path):
+    (tmp_path / "CN-Celeb_flac/dev").mkdir(parents=True)
+    (tmp_path / "CN-Celeb_flac/dev/dev.lst").write_text("id00000\n")
+    with pytest.raises(DatasetError, match=r"CN-Celeb_flac/data/id00000 does not exist: speaker listed at .*dev.lst:1"):
+        cnceleb.prepare(tmp_path, tmp_path / "data", ["cnceleb1"])
+
+
+# ---------------------------------------------------------------- MUSAN / RIRS_NOISES
+
+@pytest.fixture(scope="module")
+def synth_corpus(tmp_path_factory):
+    """A tiny corpus of egs/mini's generator: its musan/ and RIRS_NOISES/ trees mimic the archives."""
+    corpus = tmp_path_factory.mktemp("synth")
+    subprocess.run([sys.executable, "-m", "speakerlab.synth", "--out", str(corpus), "--num-train-speakers", "2",
+                    "--num-val-speakers", "2", "--num-test-speakers", "2", "--utts-per-speaker", "2",
+                    "--eval-utts-per-speaker", "2", "--min-dur", "1", "--max-dur", "1.2"],
+                   check=True, capture_output=True, cwd=REPO)
+    return corpus
+
+
+def test_musan_rirs_prepare_on_the_synthetic_corpus(synth_corpus, tmp_path):
+    corpus = tmp_path / "synth"
+    shutil.copytree(synth_corpus, corpus)
+    out = tmp_path / "lists"
+    assert musan_rirs.main(["prepare", "--raw-dir", str(corpus), "--out", str(out)]) == 0
+    for name, category in musan_rirs.MUSAN_LISTS.items():
+        lines = [line.split() for line in (out / name).read_text().splitlines()]
+        expected = sorted(p.stem for p in (corpus / "musan" / category).rglob("*.wav"))
+        assert [u for u, _ in lines] == expected and all(os.path.isfile(p) and os.path.isabs(p) for _, p in lines)
+    rirs = dict(line.split() for line in (out / "rirs.scp").read_text().splitlines())
+    listed = [line.split()[1] for size in musan_rirs.ROOMS
+              for line in (corpus / "RIRS_NOISES/simulated_rirs" / size / "rir_list").read_text().splitlines()]
+    assert sorted(rirs) == sorted(listed) and all(os.path.isfile(p) for p in rirs.values())
+    assert "smallroom-Room001-00001" in rirs and "real" not in " ".join(rirs.values())
+    shutil.rmtree(corpus / "musan" / "music")
+    with pytest.raises(DatasetError, match=f"expected folder {corpus}/musan/music does not exist"):
+        musan_rirs.prepare(corpus, out)
+
+
+# ---------------------------------------------------------------- recipes
+
+@pytest.mark.parametrize("recipe", ["voxceleb", "3dspeaker", "cnceleb"])
+def test_recipe_parses_and_prints_help(recipe):
+    script = REPO / "egs" / recipe / "run.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    r = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--stage" in r.stdout and "--gpus" in r.stdout and "--archive_dir" in r.stdout
+
+
+def _env_ready() -> bool:
+    """egs/tools/env.sh would install packages unless this interpreter's stamp is current."""
+    stamp = Path(sys.prefix) / ".speakerlab-installed"
+    want = subprocess.run("cat requirements.txt pyproject.toml | cksum", shell=True, cwd=REPO, capture_output=True,
+                          text=True).stdout.split()[0]
+    return stamp.is_file() and stamp.read_text().strip() == want
+
+
+@pytest.mark.skipif(not _env_ready(), reason="egs/tools/env.sh would install packages for this interpreter")
+def test_cnceleb_recipe_stages_1_to_4_on_fake_archives(synth_corpus, tmp_path):
+    """The shell plumbing of a real recipe: --archive_dir, download/extract/lists/index stages."""
+    blobs = {k: v for k, v in cnceleb_blobs().items() if k != "cn-celeb2_v2.tar.gz"}   # parts only
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        tf.add(synth_corpus / "musan", arcname="musan")
+    blobs["musan.tar.gz"] = buf.getvalue()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for path in sorted((synth_corpus / "RIRS_NOISES").rglob("*")):
+            zf.write(path, path.relative_to(synth_corpus).as_posix())
+    blobs["rirs_noises.zip"] = buf.getvalue()
+    have = tmp_path / "have"
+    serve(have, blobs)
+    env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("CONDA_PREFIX", None)
+    r = subprocess.run(["bash", str(REPO / "egs/cnceleb/run.sh"), "--stage", "1", "--stop_stage", "4",
+                        "--archive_dir", str(have), "--download_opts", "--skip-md5 --jobs 1",
+                        "--download_dir", str(tmp_path / "dl"), "--raw_dir", str(tmp_path / "raw"),
+                        "--data", str(tmp_path / "data"), "--jobs", "1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path / "dl")) == ["cn-celeb2_v2.tar.gz"]   # joined from the user's parts
+    for name in ("cnceleb_train", "cnceleb_eval"):
+        assert (tmp_path / "data" / name / "utt2num_samples").is_file()    # the index stage ran
+    assert len((tmp_path / "data/musan_rirs/rirs.scp").read_text().splitlines()) == 18
