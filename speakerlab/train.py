@@ -273,6 +273,9 @@ def main(argv=None) -> int:
                     run.monitor.scalars({"eer": eer * 100}, run.step, prefix="val")
                     run.monitor.log(f"epoch {run.epoch}: validation EER {eer * 100:.2f}%")
             dist_utils.barrier(run.info)
+            if stop_at is not None and run.step >= stop_at and run.epoch < cfg.train.epochs:
+                run.monitor.log(f"stopped after --max-steps at step {run.step}; re-run to continue")
+                return 0
         run.monitor.log(f"training done: {run.epoch} epochs, {run.step} steps, {run.guard.total} skipped")
         return 0
     except TrainingStopped as e:
