@@ -47,8 +47,10 @@ def losses(exp):
 def test_resume_equals_uninterrupted(tmp_path):
     cfg, _ = tiny_config(tmp_path, val=False)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
-    # Interrupted after 3 of 4 steps (mid-epoch 2), then the same command again.
-    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "3"]) == 0
+    # Interrupted at the end of epoch 1 (step 2), then mid-epoch 2 (step 3), then run to the end.
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "2"]) == 0
+    assert sorted(losses(tmp_path / "b")) == [1, 2]
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "1"]) == 0
     assert sorted(losses(tmp_path / "b")) == [1, 2, 3]
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b")]) == 0
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")

@@ -16,3 +16,29 @@ class TSTP(nn.Module):
         mean = x.mean(dim=-1).flatten(start_dim=1)
         std = torch.sqrt(torch.var(x, dim=-1, unbiased=True) + 1e-8).flatten(start_dim=1)
         return torch.cat([mean, std], dim=1)
+
+
+class StatsPool(nn.Module):
+    """Statistics pooling for 1-D (TDNN) trunks, as in CAM++.
+
+    `(B, C, T) -> (B, 2 * C)`: per-channel mean and unbiased std over time, concatenated.
+    The statistics are taken in float32 so that a bfloat16 trunk (autocast) does not lose the
+    small variances; with float32 input no copy is made. Needs T >= 2 (unbiased std).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        std, mean = torch.std_mean(x, dim=-1, unbiased=True)
+        return torch.cat([mean, std], dim=1)
+
+
+def weighted_mean_std(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-12):
+    """Mean and std of `x` (B, C, T) under time weights `w` (B, C or 1, T) that sum to 1 over T.
+
+    Returns two `(B, C)` tensors. The variance is taken around the weighted mean (two passes)
+    rather than as E[x^2] - E[x]^2, which cancels badly for large, low-variance channels; it is
+    clamped at `eps` before the root so the gradient stays finite for constant channels.
+    """
+    mean = (w * x).sum(dim=-1)
+    var = (w * (x - mean.unsqueeze(-1)).square()).sum(dim=-1)
+    return mean, var.clamp(min=eps).sqrt()
