@@ -1,0 +1,102 @@
+"""Export an embedding model to TorchScript or ONNX, with a dynamic batch and time axis.
+
+    python -m speakerlab.export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
+    python -m speakerlab.export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript --out m.pt
+
+Both formats take fbank features `(B, T, 80)` (input name `feats`) and return embeddings `(B, D)`
+(output name `embedding`); feature extraction stays outside, as in every deployment runtime that
+has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
+input lengths.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+def export_torchscript(model: nn.Module, path, feat_dim: int = 80) -> None:
+    """Script the model (trace as a fallback for models that script cannot compile) and save it."""
+    model = model.eval()
+    try:
+        scripted = torch.jit.script(model)
+    except Exception:  # some layers (e.g. checkpointing wrappers) only trace
+        with torch.no_grad():
+            scripted = torch.jit.trace(model, torch.randn(2, 200, feat_dim))
+    scripted.save(str(path))
+
+
+def export_onnx(model: nn.Module, path, feat_dim: int = 80, opset: int = 18) -> None:
+    """ONNX through torch.export, batch and frame axes dynamic (any length >= 16 frames)."""
+    model = model.eval()
+    example = (torch.randn(2, 200, feat_dim),)
+    batch, frames = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("frames", min=16, max=100000)
+    arg = next(iter(_forward_arg_names(model)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, example, input_names=["feats"], output_names=["embedding"],
+                                    dynamic_shapes={arg: {0: batch, 1: frames}}, opset_version=opset,
+                                    dynamo=True, external_data=False)
+    program.save(str(path))
+
+
+def _forward_arg_names(model: nn.Module):
+    import inspect
+    return [p for p in inspect.signature(model.forward).parameters]
+
+
+def check_export(model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim: int = 80, atol: float = 1e-4) -> float:
+    """Largest |exported - PyTorch| over two input lengths; raises when above `atol`."""
+    worst = 0.0
+    for frames in lengths:
+        x = torch.randn(3, frames, feat_dim, generator=torch.Generator().manual_seed(frames))
+        with torch.no_grad():
+            ref = model.eval()(x).numpy()
+        if fmt == "onnx":
+            import onnxruntime as ort
+            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            got = sess.run(None, {"feats": x.numpy()})[0]
+        else:
+            with torch.no_grad():
+                got = torch.jit.load(str(path))(x).numpy()
+        if got.shape != ref.shape:
+            raise RuntimeError(f"{path}: output shape {got.shape} != {ref.shape} at {frames} frames")
+        worst = max(worst, float(np.abs(got - ref).max()))
+    if worst > atol:
+        raise RuntimeError(f"{path}: exported model differs from PyTorch by {worst:.2e} (> {atol})")
+    return worst
+
+
+def main(argv=None) -> int:
+    from speakerlab.checkpoint import load_checkpoint, rebuild_model
+    from speakerlab.extract import resolve_checkpoint
+
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.export", description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="speakerlab checkpoint (or exp dir)")
+    src.add_argument("--3dspeaker", dest="threedspeaker", metavar="NAME", help="model name of a 3D-Speaker state dict")
+    ap.add_argument("--weights", help="3D-Speaker state dict file, with --3dspeaker")
+    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.checkpoint:
+        model = rebuild_model(load_checkpoint(resolve_checkpoint(args.checkpoint)))
+    else:
+        if not args.weights:
+            ap.error("--3dspeaker needs --weights")
+        from speakerlab.models import load_3dspeaker
+        model = load_3dspeaker(args.threedspeaker, args.weights)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out)
+    err = check_export(model, args.out, args.format)
+    print(f"export: {args.out} ({args.format}); max |diff| vs PyTorch at 2 lengths: {err:.2e}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Every registered model exports to TorchScript and ONNX (dynamic time axis), checked against PyTorch."""
+import pytest
+import torch
+
+from speakerlab.export import check_export, export_onnx, export_torchscript
+from speakerlab.models import build_model, list_models
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_export_matches_pytorch_at_two_lengths(name, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(name).eval()
+    export_torchscript(model, tmp_path / "m.pt")
+    assert check_export(model, tmp_path / "m.pt", "torchscript", lengths=(200, 317)) <= 1e-4
+    export_onnx(model, tmp_path / "m.onnx")
+    assert check_export(model, tmp_path / "m.onnx", "onnx", lengths=(200, 317), atol=1e-4) <= 1e-4
+
+
+def test_check_export_catches_a_wrong_file(tmp_path):
+    a = build_model("resnet34").eval()
+    export_torchscript(a, tmp_path / "a.pt")
+    torch.manual_seed(1)
+    b = build_model("resnet34").eval()
+    with pytest.raises(RuntimeError, match="differs from PyTorch"):
+        check_export(b, tmp_path / "a.pt", "torchscript")

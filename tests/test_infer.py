@@ -1,0 +1,41 @@
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.checkpoint import save_checkpoint
+from speakerlab.config import load_config
+from speakerlab.infer import main as infer_main
+from speakerlab.models import build_model
+from tests.helpers import write_wav
+
+TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
+        "num_layers": [1, 1, 1]}
+
+
+@pytest.fixture
+def wavs(tmp_path):
+    rng = np.random.default_rng(0)
+    return [str(write_wav(tmp_path / f"{i}.wav", (0.1 * rng.standard_normal(16000 + 3000 * i)).astype(np.float32)))
+            for i in range(2)]
+
+
+def test_infer_from_our_checkpoint(tmp_path, wavs, capsys):
+    cfg = load_config(raw={"model": {"name": "campplus", "args": TINY}, "data": {"train": "x"}})
+    model = build_model("campplus", **TINY)
+    save_checkpoint(tmp_path / "c.pt", {"model_name": "campplus", "model_args": TINY, "model": model.state_dict(),
+                                        "config": cfg.to_dict(), "speakers": ["a"], "step": 0, "epoch": 0})
+    assert infer_main(["--checkpoint", str(tmp_path / "c.pt"), *wavs]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == wavs and all(len(ln.split()) == 17 for ln in lines)
+    assert infer_main(["--checkpoint", str(tmp_path / "c.pt"), "--score", wavs[0], wavs[0]]) == 0
+    assert float(capsys.readouterr().out) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_infer_from_3dspeaker_state_dict(tmp_path, wavs, capsys):
+    torch.save(build_model("resnet34").state_dict(), tmp_path / "pretrained.bin")
+    assert infer_main(["--3dspeaker", "resnet34", "--weights", str(tmp_path / "pretrained.bin"),
+                       "--out", str(tmp_path / "e.npz"), *wavs]) == 0
+    with np.load(tmp_path / "e.npz") as z:
+        assert z["embeddings"].shape == (2, 192) and np.isfinite(z["embeddings"]).all()
+    assert infer_main(["--3dspeaker", "resnet34", "--weights", str(tmp_path / "pretrained.bin"), "--score", *wavs]) == 0
+    assert -1.0 <= float(capsys.readouterr().out) <= 1.0
