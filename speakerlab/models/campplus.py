@@ -127,7 +127,8 @@ def segment_mean(x: torch.Tensor, seg_len: int) -> torch.Tensor:
     n_seg = (length + seg_len - 1) // seg_len
     pad = (0, n_seg * seg_len - length)
     sums = F.pad(x, pad).unflatten(-1, (n_seg, seg_len)).sum(-1)
-    # Real frames per segment, from a padded row of ones (shape arithmetic stays in the graph).
+    # Real frames per segment, from a padded row of ones: counts built from an arange instead got
+    # a static shape in the ONNX export and failed at lengths with another segment count.
     counts = F.pad(torch.ones_like(x[:1, :1]), pad).unflatten(-1, (n_seg, seg_len)).sum(-1)
     return sums / counts
 

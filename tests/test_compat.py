@@ -1,0 +1,129 @@
+"""Published-architecture compatibility with the 3D-Speaker model zoo.
+
+Each fixture in tests/data/3dspeaker_compat/ lists a released checkpoint's keys and shapes, the
+published parameter count, and the reference model's embeddings for a synthetic state dict
+(deterministic fill rule + BatchNorm calibration) and a synthetic input; see fill_state_dict,
+calibrate and make_input below.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.models import build_model, load_3dspeaker
+
+DATA = Path(__file__).parent / "data" / "3dspeaker_compat"
+ARCHITECTURES = ["campplus", "eres2net_base", "eres2net_large", "eres2netv2", "ecapa_tdnn_c1024", "resnet34"]
+
+# Reference constructor arguments that have a different name in our builders; arguments not
+# listed (e.g. channel widths) are implied by the builder's name and not passed on.
+_KWARG_NAMES = {"feat_dim": "feat_dim", "input_size": "feat_dim",
+                "embedding_size": "embedding_size", "lin_neurons": "embedding_size"}
+
+
+def load_fixture(arch: str) -> dict:
+    with open(DATA / f"{arch}.json") as f:
+        return json.load(f)
+
+
+def builder_kwargs(fixture: dict) -> dict:
+    """Our builder's arguments for the fixture's reference constructor arguments."""
+    ref = fixture["reference_kwargs"]
+    return {ours: ref[theirs] for theirs, ours in _KWARG_NAMES.items() if theirs in ref}
+
+
+def fill_state_dict(keys_and_shapes) -> dict:
+    """The fixture README's fill rule: a deterministic state dict from names and shapes alone."""
+    state = {}
+    for name, shape in keys_and_shapes:
+        if name.endswith("num_batches_tracked"):
+            state[name] = torch.zeros(shape, dtype=torch.long)
+            continue
+        n = int(np.prod(shape)) if shape else 1
+        noise = np.random.RandomState(zlib.crc32(name.encode())).standard_normal(n).reshape(shape)
+        if name.endswith("running_var"):
+            value = np.ones(shape)
+        elif name.endswith("running_mean"):
+            value = np.zeros(shape)
+        elif len(shape) == 1:
+            value = 1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise
+        else:
+            value = noise * np.sqrt(2.0 / (n // shape[0]))
+        state[name] = torch.from_numpy(np.asarray(value, dtype=np.float64)).float()
+    return state
+
+
+def make_input(batch: int, frames: int, dims: int) -> torch.Tensor:
+    """x[b, t, f] = sin(0.01 (t+1)(f+1) + b) + 0.3 cos(0.05 t (b+1)), computed in float64."""
+    b = np.arange(batch)[:, None, None]
+    t = np.arange(frames)[None, :, None]
+    f = np.arange(dims)[None, None, :]
+    x = np.sin(0.01 * (t + 1) * (f + 1) + b) + 0.3 * np.cos(0.05 * t * (b + 1))
+    return torch.from_numpy(x).float()
+
+
+def calibrate(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Set every BatchNorm's running statistics to those of one training-mode pass over `x`."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average: after one batch, exactly that batch's stats
+    model.train()
+    with torch.no_grad():
+        model(x)
+    model.eval()
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_parameter_count(arch):
+    fixture = load_fixture(arch)
+    model = build_model(arch, **builder_kwargs(fixture))
+    assert sum(p.numel() for p in model.parameters()) == fixture["num_parameters"]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_state_dict_layout(arch):
+    """Same keys, in the same order, with the same shapes as the released checkpoint."""
+    fixture = load_fixture(arch)
+    model = build_model(arch, **builder_kwargs(fixture))
+    ours = [[k, list(v.shape)] for k, v in model.state_dict().items()]
+    assert ours == fixture["state_dict"]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_reference_embedding(arch, tmp_path):
+    fixture = load_fixture(arch)
+    path = tmp_path / f"{arch}.bin"
+    torch.save(fill_state_dict(fixture["state_dict"]), path)
+    model = load_3dspeaker(arch, str(path), **builder_kwargs(fixture))
+    assert not model.training
+
+    inp = fixture["input"]
+    x = make_input(inp["batch"], inp["frames"], inp["dims"])
+    calibrate(model, x)
+    with torch.no_grad():
+        emb = model(x)
+    expected = torch.tensor(fixture["embedding"], dtype=torch.float32)
+    assert emb.shape == expected.shape
+    torch.testing.assert_close(emb, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_load_3dspeaker_rejects_mismatched_keys():
+    fixture = load_fixture("campplus")
+    state = fill_state_dict(fixture["state_dict"])
+    state.pop(next(iter(state)))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        load_3dspeaker("campplus", state, **builder_kwargs(fixture))
+
+
+def test_load_3dspeaker_unwraps_container():
+    fixture = load_fixture("campplus")
+    state = fill_state_dict(fixture["state_dict"])
+    wrapped = {"state_dict": {f"module.{k}": v for k, v in state.items()}}
+    model = load_3dspeaker("campplus", wrapped, **builder_kwargs(fixture))
+    torch.testing.assert_close(model.state_dict()["head.conv1.weight"], state["head.conv1.weight"])
