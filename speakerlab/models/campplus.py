@@ -119,18 +119,11 @@ class TDNNLayer(nn.Module):
 def segment_mean(x: torch.Tensor, seg_len: int) -> torch.Tensor:
     """Mean of each run of `seg_len` frames: `(B, C, T) -> (B, C, ceil(T / seg_len))`.
 
-    The last segment may be short; it is averaged over its real frames only (the same as
-    `avg_pool1d(..., ceil_mode=True)`). Written with pad/reshape/sum so that any T works and an
-    ONNX export keeps the time axis dynamic.
+    The last segment may be short; it is averaged over its real frames only (a ceil-mode average
+    pool divides an overhanging window by the frames it covers). A pool rather than pad+reshape:
+    the reshape made torch.export specialise the time axis, breaking dynamic-length ONNX export.
     """
-    length = x.shape[-1]
-    n_seg = (length + seg_len - 1) // seg_len
-    pad = (0, n_seg * seg_len - length)
-    sums = F.pad(x, pad).unflatten(-1, (n_seg, seg_len)).sum(-1)
-    # Real frames per segment, from a padded row of ones: counts built from an arange instead got
-    # a static shape in the ONNX export and failed at lengths with another segment count.
-    counts = F.pad(torch.ones_like(x[:1, :1]), pad).unflatten(-1, (n_seg, seg_len)).sum(-1)
-    return sums / counts
+    return F.avg_pool1d(x, kernel_size=seg_len, stride=seg_len, ceil_mode=True)
 
 
 class CAMLayer(nn.Module):
@@ -157,8 +150,10 @@ class CAMLayer(nn.Module):
         # (B, n_seg, C) rows: the 1x1 convs are plain matmuls, cheaper as such on a few columns.
         hidden = F.relu(F.linear(context, self.linear1.weight.squeeze(-1), self.linear1.bias))
         mask = torch.sigmoid(F.linear(hidden, self.linear2.weight.squeeze(-1), self.linear2.bias))
-        mask = mask.transpose(1, 2).unsqueeze(-1).expand(-1, -1, -1, self.seg_len).flatten(2)
-        return y * mask[..., : y.shape[-1]]
+        # Frame t takes its segment's mask. An index_select rather than expand-and-slice: the slice
+        # would need torch.export to prove T <= ceil(T / seg_len) * seg_len, which it cannot.
+        segment = torch.arange(y.shape[-1], device=y.device) // self.seg_len
+        return y * mask.transpose(1, 2).index_select(-1, segment)
 
 
 class CAMDenseTDNNLayer(nn.Module):
