@@ -56,10 +56,11 @@ class LossSettings:
 
 @dataclass
 class OptimSettings:
+    name: str = "sgd"                    # sgd (the published recipes) | adam | adamw (short CPU runs)
     lr: float = 0.1                      # peak LR for the global batch in train.global_batch_size
     min_lr: float = 1e-4
-    momentum: float = 0.9
-    nesterov: bool = True
+    momentum: float = 0.9                # sgd only
+    nesterov: bool = True                # sgd only
     weight_decay: float = 1e-4
     warmup_epochs: float = 1.0
 
@@ -110,6 +111,7 @@ _CHOICES = {
     "hardware.device": ("auto", "cpu", "cuda"),
     "hardware.precision": ("auto", "bf16", "fp16", "fp32"),
     "features.window_type": ("povey", "hamming", "hanning", "rectangular"),
+    "optim.name": ("sgd", "adam", "adamw"),
 }
 
 

@@ -80,3 +80,23 @@ def test_bfloat16_autocast(model):
             out = model(x)
     assert out.shape == ref.shape
     assert torch.isfinite(out.float()).all()
+
+
+def _is_2d_conv(model) -> bool:
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def test_channels_last_matches(model):
+    """2-D conv models give the same embeddings with channels_last weights (eval mode: the CPU
+    channels_last batch-norm kernel differs slightly in training statistics)."""
+    if not _is_2d_conv(model):
+        pytest.skip("no 2-D convolutions")
+    x = _fbank(2, 200)
+    with torch.no_grad():
+        ref = model(x)
+        model.to(memory_format=torch.channels_last)
+        try:
+            out = model(x)
+        finally:
+            model.to(memory_format=torch.contiguous_format)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

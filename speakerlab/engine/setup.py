@@ -101,9 +101,12 @@ def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
         if p.requires_grad:
             (no_decay if p.ndim <= 1 else decay).append(p)
     o = cfg.optim
-    return torch.optim.SGD([{"params": decay, "weight_decay": o.weight_decay},
-                            {"params": no_decay, "weight_decay": 0.0}],
-                           lr=o.lr, momentum=o.momentum, nesterov=o.nesterov)
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if o.name == "adam":
+        return torch.optim.Adam(groups, lr=o.lr)
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups, lr=o.lr)
+    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov)
 
 
 def make_loader(cfg: Config, data: DataDir, spk2idx: Dict[str, int], plan: BatchPlan, info: DistInfo,
