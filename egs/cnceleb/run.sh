@@ -6,6 +6,8 @@
 #         5 train, 6 embeddings, 7 score.
 # Enrolment follows the official protocol: one embedding of eval/enroll/<spk>-enroll.flac, the
 # release's concatenation of each speaker's enrolment utterances (see README.md here).
+# Optional: 8 average checkpoints, 9 large-margin fine-tuning; then extract/score the
+# fine-tuned model with --exp ${exp}_lm.
 # Every stage can be re-run: finished downloads/extractions are skipped and training resumes from
 # its latest checkpoint.
 set -euo pipefail
@@ -35,6 +37,9 @@ node_rank=0
 master_addr=127.0.0.1
 master_port=29500
 train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
+checkpoint=""                      # extraction model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
+average_last=10                    # stage 8: epoch checkpoints averaged into $exp/checkpoints/avg.pt
+lm_config=../../conf/finetune_lm.yaml   # stage 9: large-margin fine-tuning overlay -> ${exp}_lm
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -81,12 +86,23 @@ fi
 
 if stage_on 6; then
   log "stage 6: embeddings of $eval_set"
-  python -m speakerlab.extract --checkpoint "$exp" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
+  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
 fi
 
 if stage_on 7; then
   log "stage 7: score the CN-Celeb evaluation trials"
   python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/trials" \
     --out "$exp/scores/cnceleb_eval"
+fi
+if stage_on 8; then
+  log "stage 8: average the last $average_last epoch checkpoints of $exp"
+  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+fi
+
+if stage_on 9; then
+  log "stage 9: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
+  val=${val_set:+data.val=$data/$val_set}
+  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+    data.train="$data/$train_set" $val train.init_from="$exp/checkpoints/avg.pt" $train_overrides
 fi
 log "done"

@@ -6,6 +6,8 @@
 #   bash egs/voxceleb/run.sh --parts vox1 --train_set vox1_dev --eval_set vox1_test --trials vox1_o_clean
 # Stages: 1 download, 2 extract, 3 VoxCeleb2 m4a -> wav (ffmpeg), 4 Kaldi lists (+ MUSAN/RIRS lists),
 #         5 index (check audio, lengths), 6 train, 7 embeddings, 8 score every trial list.
+# Optional: 9 average checkpoints, 10 large-margin fine-tuning; then extract/score the
+# fine-tuned model with --exp ${exp}_lm.
 # Every stage can be re-run: finished downloads/extractions/conversions are skipped and training
 # resumes from its latest checkpoint. See README.md here for disk space and hosts.
 set -euo pipefail
@@ -37,6 +39,9 @@ node_rank=0
 master_addr=127.0.0.1
 master_port=29500
 train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
+checkpoint=""                      # extraction model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
+average_last=10                    # stage 9: epoch checkpoints averaged into $exp/checkpoints/avg.pt
+lm_config=../../conf/finetune_lm.yaml   # stage 10: large-margin fine-tuning overlay -> ${exp}_lm
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -89,7 +94,7 @@ fi
 
 if stage_on 7; then
   log "stage 7: embeddings of $eval_set"
-  python -m speakerlab.extract --checkpoint "$exp" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
+  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
 fi
 
 if stage_on 8; then
@@ -98,5 +103,16 @@ if stage_on 8; then
     python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/trials_$t" \
       --out "$exp/scores/$t"
   done
+fi
+if stage_on 9; then
+  log "stage 9: average the last $average_last epoch checkpoints of $exp"
+  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+fi
+
+if stage_on 10; then
+  log "stage 10: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
+  val=${val_set:+data.val=$data/$val_set}
+  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+    data.train="$data/$train_set" $val train.init_from="$exp/checkpoints/avg.pt" $train_overrides
 fi
 log "done"
