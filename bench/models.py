@@ -91,6 +91,8 @@ def reference_model(name, root):
     sys.path.insert(0, str(root))
     try:
         return getattr(importlib.import_module(mod), cls)(**kwargs)
+    except ImportError:  # this architecture is not in the given reference checkout
+        return None
     finally:
         sys.path.remove(str(root))
         for k in [k for k in sys.modules if k == "speakerlab" or k.startswith("speakerlab.")]:
