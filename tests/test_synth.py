@@ -105,7 +105,7 @@ def test_noise_and_rir_layout(corpora):
             assert (opt1, opt2) == ("--rir-id", "--room-id") and rir_id.startswith(room_id)
             assert os.path.isfile(os.path.join(out, rel))  # paths relative to the corpus dir
         h, sr = sf.read(os.path.join(out, lines[0][-1]))
-        assert sr == 16000 and np.argmax(np.abs(h)) < 0.02 * sr  # direct path first, then decay
+        assert sr == 16000 and np.argmax(np.abs(h)) < 0.07 * sr  # direct path or early part first
     real = os.path.join(out, "RIRS_NOISES", "real_rirs_isotropic_noises")
     for lst in ("rir_list", "noise_list"):
         for line in _read(os.path.join(real, lst)):
@@ -121,11 +121,12 @@ def test_speakers_have_distinct_traits():
     assert not np.allclose(speaker_traits(8, 0).vector(), vectors[0])  # the seed matters
 
 
-def test_utterance_shape_and_level():
+@pytest.mark.parametrize("num_samples", [12345, 1600])  # 1600: shorter than the lead-in silence
+def test_utterance_shape_and_level(num_samples):
     traits = speaker_traits(7, 0)
     rng = np.random.default_rng(0)
-    x = voice.synth_utterance(traits, 12345, rng, voice.draw_session(rng))
-    assert x.shape == (12345,) and x.dtype == np.float32
+    x = voice.synth_utterance(traits, num_samples, rng, voice.draw_session(rng))
+    assert x.shape == (num_samples,) and x.dtype == np.float32
     assert np.all(np.isfinite(x)) and np.abs(x).max() <= 0.99 and np.abs(x).max() > 0.01
 
 

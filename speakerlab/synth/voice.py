@@ -6,10 +6,11 @@ multiplied frame by frame by a spectral envelope (formant resonances / fricative
 channel), and overlap-added back. That is a time-varying filter without a per-sample recursion,
 so one 3 s utterance costs a few milliseconds of numpy.
 
-Identity lives in things a mean-normalised log-mel keeps: F0 and its harmonics, jitter/shimmer,
-breathiness, vocal-tract scaling of each phone's formants plus a speaker-specific per-phone
-offset (idiolect), nasality and speaking rate. The session (channel EQ, noise, level) is what an
-un-normalised long-term spectrum mostly sees.
+Identity lives in things a mean-normalised log-mel keeps: F0 and its harmonics, the vocal-tract
+scaling of each phone's formants plus a speaker-specific per-phone offset (idiolect), a fixed
+extra resonance and nasal anti-resonance in voiced frames, formant bandwidths, voice quality
+(glottal pulse shape, tilt, breathiness, jitter, shimmer) and speaking rate. The session (channel
+EQ, coloured noise, level) is what an un-normalised long-term spectrum mostly sees.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def draw_speaker(rng: np.random.Generator) -> SpeakerTraits:
     f0_centre, vtl_centre = {"male": (115.0, 1.0), "female": (205.0, 1.16), "child": (270.0, 1.3)}[group]
     return SpeakerTraits(
         group=str(group),
-        f0_mean=float(f0_centre * np.exp(rng.normal(0.0, 0.22))),
-        f0_range=float(rng.uniform(0.8, 2.5)),
-        vtl=float(vtl_centre * np.exp(rng.normal(0.0, 0.08))),
+        f0_mean=float(f0_centre * np.exp(rng.normal(0.0, 0.25))),
+        f0_range=float(rng.uniform(0.6, 2.0)),
+        vtl=float(vtl_centre * np.exp(rng.normal(0.0, 0.10))),
         open_quotient=float(rng.uniform(0.4, 0.8)),
         speed_quotient=float(rng.uniform(1.2, 4.0)),
         tilt=float(rng.uniform(-9.0, 3.0)),
@@ -125,7 +126,7 @@ def draw_speaker(rng: np.random.Generator) -> SpeakerTraits:
         rate=float(np.exp(rng.normal(0.0, 0.12))),
         # Idiolect: a speaker-specific accent on each phone, so identity shows in how the
         # formants move between phones and not only in their long-term average.
-        idiolect=rng.normal(0.0, 0.08, size=(len(PHONES), 4)) * np.array([1.0, 1.0, 0.7, 0.4]),
+        idiolect=rng.normal(0.0, 0.10, size=(len(PHONES), 4)) * np.array([1.0, 1.0, 0.7, 0.4]),
     )
 
 
@@ -150,7 +151,7 @@ def _phone_track(traits: SpeakerTraits, num_frames: int, rng: np.random.Generato
     segments = []  # (phone index or -1 for silence, frames, part) with part in {"", "closure", "burst"}
     total = int(rng.integers(int(80 / ms_per_frame), int(300 / ms_per_frame)))
     segments.append((-1, total, ""))
-    while total < num_frames:
+    while True:  # at least one syllable, so that even a very short utterance has formants
         syllable = []
         if rng.random() < 0.75:
             syllable.append(int(rng.choice(_CONSONANTS, p=_CONSONANT_P)))
@@ -170,6 +171,8 @@ def _phone_track(traits: SpeakerTraits, num_frames: int, rng: np.random.Generato
             n = int(rng.integers(int(60 / ms_per_frame), int(250 / ms_per_frame)))
             segments.append((-1, n, ""))
             total += n
+        if total >= num_frames:
+            break
 
     formants = np.full((total + 1, 4), np.nan)
     vamp = np.zeros(total + 1)
