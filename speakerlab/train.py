@@ -158,21 +158,22 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     params = [p for p in run.raw.parameters() if p.requires_grad]
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.epoch + 1}/{cfg.train.epochs}")
     t_log = t_ready = time.perf_counter()
-    wait, loss_sum, correct, seen, bad_ids = 0.0, 0.0, 0.0, 0, []
+    wait, pending = 0.0, []
+    # Loss and hits accumulate on the device; the host reads them once per optimizer step.
+    stats, seen = torch.zeros(2, device=run.device), 0
     for micro, (waves, labels, index) in enumerate(run.loader):
         wait += time.perf_counter() - t_ready
         if micro % accum == 0:
             lr, margin = set_schedules(run, total_steps)
         waves, labels = waves.to(run.device, non_blocking=True), labels.to(run.device, non_blocking=True)
         feats = compute_features(run.fbank, waves, cfg.features.mean_norm)
-        bad_ids += run.guard.nonfinite_inputs(feats, index, run.loader.dataset)
+        pending.append((index, run.guard.nonfinite_rows(feats)))
         last = (micro + 1) % accum == 0
         sync = contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync()
         with sync:
             loss, cos = run.net(feats, labels)
             run.scaler.scale(loss / accum).backward()
-        loss_sum += loss.item() / accum
-        correct += (cos.argmax(1) == labels).sum().item()
+        stats += torch.stack([loss.detach().float() / accum, (cos.argmax(1) == labels).sum().float()])
         seen += labels.numel()
         if not last:
             t_ready = time.perf_counter()
@@ -180,7 +181,8 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         run.scaler.unscale_(run.optimizer)
         max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-        ok = run.guard.check(run, loss_sum, grad_norm, bad_ids)  # consistent across ranks
+        loss_sum, correct = stats.tolist()
+        ok = run.guard.check(run, loss_sum, grad_norm, pending)  # consistent across ranks
         if ok:
             run.scaler.step(run.optimizer)
         run.scaler.update()
@@ -189,7 +191,8 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         step_in_epoch += 1
         if ok:
             meter.add(loss=loss_sum, accuracy=correct / seen, grad_norm=grad_norm)
-        loss_sum, correct, seen, bad_ids = 0.0, 0.0, 0, []
+        stats.zero_()
+        seen, pending = 0, []
         if bar is not None:
             bar.update(1)
         if run.step % cfg.train.log_every_steps == 0 or step_in_epoch == run.steps_per_epoch:

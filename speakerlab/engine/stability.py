@@ -8,7 +8,7 @@ checkpoint is written, so the last good checkpoint is intact.
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,27 +25,32 @@ class NonFiniteGuard:
         self.total = 0
 
     @staticmethod
-    def nonfinite_inputs(feats: torch.Tensor, index: torch.Tensor, dataset) -> List[str]:
-        """Files of the batch whose `(B, T, F)` features hold NaN/inf (one reduction per batch)."""
-        bad = ~torch.isfinite(feats).flatten(1).all(dim=1)
-        if not bool(bad.any()):
-            return []
-        return [dataset.paths[int(i)] for i in index[bad.cpu()].tolist()]
+    def nonfinite_rows(feats: torch.Tensor) -> torch.Tensor:
+        """`(B, T, F)` features -> `(B,)` bool mask of rows holding NaN/inf. Stays on the device (no
+        host sync in the training step); it is read only when a step turns out non-finite."""
+        return ~torch.isfinite(feats).flatten(1).all(dim=1)
 
-    def check(self, run, loss: float, grad_norm: float, bad_files: List[str]) -> bool:
-        """True when the step may update the weights. The same answer on every rank: the flag is
-        all-reduced, so one rank's NaN batch skips the step everywhere."""
+    @staticmethod
+    def _files(pending: List[Tuple[torch.Tensor, torch.Tensor]], dataset) -> List[str]:
+        return [dataset.paths[int(i)] for index, bad in pending for i in index[bad.cpu()].tolist()]
+
+    def check(self, run, loss: float, grad_norm: float, pending: List[Tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """True when the step may update the weights. `pending` holds each micro-batch's
+        (utterance indices, `nonfinite_rows` mask). The answer is the same on every rank: the flag
+        is all-reduced, so one rank's NaN batch skips the step everywhere."""
         local_bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
         fp16_overflow = run.precision.use_scaler and math.isfinite(loss) and run.scaler.get_scale() >= 1.0
         flag = torch.tensor([float(local_bad)], device=run.device)
         if run.info.enabled:
             dist.all_reduce(flag)
-            gathered = [None] * run.info.world_size
-            dist.all_gather_object(gathered, bad_files if flag.item() else [])
-            bad_files = [f for part in gathered for f in part]
         if not flag.item():
             self.consecutive = 0
             return True
+        bad_files = self._files(pending, run.loader.dataset)
+        if run.info.enabled:  # every rank is here (the flag is shared): gather the culprits once
+            gathered = [None] * run.info.world_size
+            dist.all_gather_object(gathered, bad_files)
+            bad_files = [f for part in gathered for f in part]
         if fp16_overflow and not bad_files:
             # fp16 gradients overflowing at a large loss scale is the GradScaler's business: it halves
             # the scale and the step is skipped, without counting toward the stop limit.
