@@ -83,8 +83,7 @@ fi
 if stage_on 5; then
   log "stage 5: train $config -> $exp"
   val=${val_set:+data.val=$data/$val_set}
-  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
-    data.train="$data/$train_set" $val $train_overrides
+  train_stage data.train="$data/$train_set" $val
 fi
 
 if stage_on 6; then
@@ -101,13 +100,12 @@ if stage_on 7; then
 fi
 if stage_on 8; then
   log "stage 8: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  average_stage
 fi
 
 if stage_on 9; then
   log "stage 9: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   val=${val_set:+data.val=$data/$val_set}
-  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    data.train="$data/$train_set" $val train.init_from="$exp/checkpoints/avg.pt" $train_overrides
+  finetune_stage data.train="$data/$train_set" $val
 fi
 log "done"

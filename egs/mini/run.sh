@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # egs/mini: the whole speaker-verification recipe on a synthetic corpus, CPU-only, in minutes.
 #   bash egs/mini/run.sh                       # all stages
-#   bash egs/mini/run.sh --stage 3 --stop_stage 3 --config conf/mini_campplus.yaml
+#   bash egs/mini/run.sh --stage 3 --stop_stage 3 --train_overrides "train.epochs=2"
 # Stages: 1 corpus, 2 prepare lists, 3 train, 4 extract, 5 score, 6 no-training baseline;
 # optional: 7 average the last checkpoints, 8 large-margin fine-tuning from the average, then
 #   bash egs/mini/run.sh --stage 4 --stop_stage 5 --exp exp/campplus_lm
@@ -46,8 +46,7 @@ fi
 
 if stage_on 3; then
   log "stage 3: train $config -> $exp"
-  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
-    data.train="$data/train" data.val="$data/val" $train_overrides
+  train_stage data.train="$data/train" data.val="$data/val"
 fi
 
 if stage_on 4; then
@@ -68,12 +67,11 @@ if stage_on 6; then
 fi
 if stage_on 7; then
   log "stage 7: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  average_stage
 fi
 
 if stage_on 8; then
   log "stage 8: large-margin fine-tuning -> ${exp}_lm"
-  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    data.train="$data/train" data.val="$data/val" train.init_from="$exp/checkpoints/avg.pt" $train_overrides
+  finetune_stage data.train="$data/train" data.val="$data/val"
 fi
 log "done"

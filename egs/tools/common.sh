@@ -22,3 +22,21 @@ launch() {
     python -m "$@"
   fi
 }
+
+# train_stage OVERRIDES...: train $config into $exp on $hardware (one process or torchrun), with the
+# recipe's data overrides and then $train_overrides. Re-running resumes.
+train_stage() {
+  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" "$@" $train_overrides
+}
+
+# average_stage: average the last $average_last epoch checkpoints of $exp into $exp/checkpoints/avg.pt.
+average_stage() {
+  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+}
+
+# finetune_stage OVERRIDES...: large-margin fine-tuning ($lm_config overlaid on $config) from
+# $exp/checkpoints/avg.pt into ${exp}_lm.
+finetune_stage() {
+  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+    train.init_from="$exp/checkpoints/avg.pt" "$@" $train_overrides
+}

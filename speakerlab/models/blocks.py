@@ -7,6 +7,7 @@ parameter names follow the 3D-Speaker checkpoints (`conv1`, `bns.0`, `fuse_model
 from __future__ import annotations
 
 import math
+from typing import Callable, List, Sequence
 
 import torch
 import torch.nn as nn
@@ -148,3 +149,24 @@ class EmbeddingHead(nn.Module):
         if self.two_emb_layer:  # fixed at construction: no data-dependent control flow
             embed = self.seg_2(self.seg_bn_1(F.relu(embed)))
         return embed
+
+
+def resnet_stages(m_channels: int, num_blocks: Sequence[int], expansion: int,
+                  make_block: Callable[[int, int, int, int], nn.Module]) -> List[nn.Sequential]:
+    """The four residual stages shared by ResNet, ERes2Net and ERes2NetV2.
+
+    Stage k has `num_blocks[k]` blocks of width `m_channels * 2**k`; its first block has stride
+    (1, 2, 2, 2)[k]. `make_block(in_planes, planes, stride, k)` builds one block, whose output has
+    `planes * expansion` channels.
+    """
+    if len(num_blocks) != 4:
+        raise ValueError(f"num_blocks must give 4 stages, got {list(num_blocks)}")
+    in_planes, stages = m_channels, []
+    for k, (n, stride) in enumerate(zip(num_blocks, (1, 2, 2, 2))):
+        planes = m_channels * 2 ** k
+        blocks = []
+        for s in [stride] + [1] * (n - 1):
+            blocks.append(make_block(in_planes, planes, s, k))
+            in_planes = planes * expansion
+        stages.append(nn.Sequential(*blocks))
+    return stages

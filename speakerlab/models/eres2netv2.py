@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speakerlab.models.blocks import AFF, EmbeddingHead, Res2NetBlock, conv3x3, downsampled_size, to_image
+from speakerlab.models.blocks import (AFF, EmbeddingHead, Res2NetBlock, conv3x3, downsampled_size, resnet_stages,
+                                     to_image)
 from speakerlab.models.pooling import TSTP
 from speakerlab.models.registry import register
 
@@ -41,23 +42,14 @@ class ERes2NetV2(EmbeddingHead):
                  num_blocks: Sequence[int] = (3, 4, 6, 3), base_width: int = 26, scale: int = 2,
                  expansion: int = 2, two_emb_layer: bool = False):
         super().__init__()
-        if len(num_blocks) != 4:
-            raise ValueError(f"num_blocks must give 4 stages, got {list(num_blocks)}")
         self.feat_dim = feat_dim
         self.embedding_size = embedding_size
 
         self.conv1 = conv3x3(1, m_channels)
         self.bn1 = nn.BatchNorm2d(m_channels)
-        in_planes = m_channels
-        stages = []
-        for k, (n, stride) in enumerate(zip(num_blocks, (1, 2, 2, 2))):
-            planes = m_channels * 2 ** k
-            blocks = []
-            for s in [stride] + [1] * (n - 1):
-                blocks.append(Res2NetBlock(in_planes, planes, s, base_width, scale, expansion, fuse=k >= 2))
-                in_planes = planes * expansion
-            stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.layer1, self.layer2, self.layer3, self.layer4 = resnet_stages(
+            m_channels, num_blocks, expansion,
+            lambda i, p, s, k: Res2NetBlock(i, p, s, base_width, scale, expansion, fuse=k >= 2))
 
         c3, c4 = m_channels * 4 * expansion, m_channels * 8 * expansion
         self.layer3_ds = conv3x3(c3, c4, stride=2)

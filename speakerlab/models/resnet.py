@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speakerlab.models.blocks import EmbeddingHead, conv3x3, downsampled_size, projection_shortcut, to_image
+from speakerlab.models.blocks import (EmbeddingHead, conv3x3, downsampled_size, projection_shortcut, resnet_stages,
+                                     to_image)
 from speakerlab.models.pooling import TSTP
 from speakerlab.models.registry import register
 
@@ -56,27 +57,17 @@ class ResNet(EmbeddingHead):
     def __init__(self, feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 32,
                  num_blocks: Sequence[int] = (3, 4, 6, 3), two_emb_layer: bool = True):
         super().__init__()
-        if len(num_blocks) != 4:
-            raise ValueError(f"num_blocks must give 4 stages, got {list(num_blocks)}")
         self.feat_dim = feat_dim
         self.embedding_size = embedding_size
 
         self.conv1 = conv3x3(1, m_channels)
         self.bn1 = nn.BatchNorm2d(m_channels)
-        in_planes = m_channels
-        stages = []
-        for k, (n, stride) in enumerate(zip(num_blocks, (1, 2, 2, 2))):
-            planes = m_channels * 2 ** k
-            blocks = []
-            for s in [stride] + [1] * (n - 1):
-                blocks.append(BasicBlock(in_planes, planes, s))
-                in_planes = planes
-            stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.layer1, self.layer2, self.layer3, self.layer4 = resnet_stages(
+            m_channels, num_blocks, 1, lambda i, p, s, k: BasicBlock(i, p, s))
 
         self.pool = TSTP()
         # 3D-Speaker: int(feat_dim / 8) * 8 * m_channels (equal for multiples of 8).
-        stats_dim = 2 * in_planes * downsampled_size(feat_dim, 3)
+        stats_dim = 2 * m_channels * 8 * downsampled_size(feat_dim, 3)  # stage 4 width x pooled bins
         self._build_head(stats_dim, embedding_size, two_emb_layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
