@@ -19,8 +19,9 @@ import soundfile as sf
 
 from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
 from speakerlab.datasets.common import DatasetError
+from speakerlab.datasets.archives import extract
 from speakerlab.datasets.download import (Archive, ChecksumError, DownloadError, Part, UnsafeArchiveError,
-                                          download, extract, fetch_archives, join_parts)
+                                          download, fetch_archives, join_parts)
 from speakerlab.lists import load_data_dir, read_trials
 from speakerlab.prepare import prepare as index_data_dir
 

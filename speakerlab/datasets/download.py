@@ -5,13 +5,11 @@
                  backoff, and the md5 is checked before the file is renamed into place;
 * `verify_md5`   chunked md5 with a `<file>.md5ok` marker, so a verified file is never hashed again;
 * `join_parts`   concatenation of split archives (`vox2_dev_aac_parta*`, `train.tar.gz-part-*`);
-* `extract`      .zip / .tar / .tar.gz into a folder; a member that would land outside it (absolute
-                 path, `..`, link pointing out, device file) is refused before anything is written
-                 for it;
 * `fetch_archives` / `locate`: the download step of the corpus CLIs. A file's URL is
                  `<base URL>/<name>` unless a mirror (`<mirror>/<name>`) or a per-file URL is given;
                  with an archive dir nothing is downloaded: whole archives or their parts are taken
                  from there (parts are joined into the download dir).
+Unpacking is in `archives.py`.
 """
 from __future__ import annotations
 
@@ -19,14 +17,11 @@ import errno
 import hashlib
 import http.client
 import os
-import shutil
 import sys
-import tarfile
 import time
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.error import HTTPError, URLError
 from urllib.request import HTTPBasicAuthHandler, HTTPPasswordMgrWithDefaultRealm, Request, build_opener
@@ -345,69 +340,3 @@ def locate(archive: Archive, download_dir, archive_dir=None) -> Path:
             return Path(d) / archive.name
     where = " or ".join(str(d) for d in ([archive_dir] if archive_dir is not None else []) + [download_dir])
     raise DownloadError(f"{archive.name}: not found in {where}; run the download step first")
-
-
-# ---------------------------------------------------------------- extraction
-
-def _inside(root: Path, rel: str) -> bool:
-    target = os.path.realpath(os.path.join(root, rel))
-    return target == str(root) or target.startswith(str(root) + os.sep)
-
-
-def _check_name(archive: Path, root: Path, name: str) -> None:
-    pure = PurePosixPath(name.replace("\\", "/"))
-    if pure.is_absolute() or ".." in pure.parts or (len(name) > 1 and name[1] == ":") or not _inside(root, name):
-        raise UnsafeArchiveError(f"{archive}: refusing member '{name}': it would be written outside {root}")
-
-
-def _check_tar_member(archive: Path, root: Path, m: tarfile.TarInfo) -> None:
-    _check_name(archive, root, m.name)
-    if m.isdev() or m.isfifo():
-        raise UnsafeArchiveError(f"{archive}: refusing member '{m.name}': device or fifo")
-    target = os.path.join(os.path.dirname(m.name), m.linkname)
-    if m.issym() and (os.path.isabs(m.linkname) or not _inside(root, target)):
-        raise UnsafeArchiveError(f"{archive}: refusing symlink '{m.name}' -> '{m.linkname}' pointing outside {root}")
-    if m.islnk():
-        _check_name(archive, root, m.linkname)
-
-
-def extract(archive, dest_dir) -> Path:
-    """Unpack a .zip / .tar / .tar.gz into `dest_dir` (created); returns `dest_dir`.
-
-    A `.<archive name>.extracted` marker in `dest_dir` makes a re-run skip it. Tar archives are
-    streamed (one decompression pass, which matters for 30+ GB files), each member checked before
-    it is written; zip members are all checked first.
-    """
-    archive, dest = Path(archive), Path(dest_dir)
-    marker = dest / f".{archive.name}.extracted"
-    if marker.exists():
-        log(f"{archive.name}: already extracted into {dest}")
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    root = Path(os.path.realpath(dest))
-    log(f"extracting {archive} -> {dest}")
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            for info in zf.infolist():
-                _check_name(archive, root, info.filename)
-            zf.extractall(root)
-    elif tarfile.is_tarfile(archive):
-        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        with tarfile.open(archive, "r|*") as tf:
-            for m in tf:
-                _check_tar_member(archive, root, m)
-                tf.extract(m, root, **extra)
-    else:
-        raise DownloadError(f"{archive}: neither a zip nor a tar archive")
-    marker.write_text(f"{archive}\n")
-    return dest
-
-
-def install(archive: Archive, path, raw_dir) -> Path:
-    """Extract step for one Archive: unpack it, or copy a plain file, into `raw_dir/archive.dest`."""
-    dest = Path(raw_dir) / archive.dest
-    if archive.is_archive:
-        return extract(path, dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, dest / archive.name)
-    return dest
