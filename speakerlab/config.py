@@ -27,7 +27,7 @@ class DataSettings:
     val: Optional[str] = None            # data dir with trials, scored every `train.val_every` epochs
     sample_rate: int = 16000
     crop_seconds: float = 2.0            # random training crop; shorter utterances are repeated
-    check_audio: bool = True             # open every listed file before training starts
+    check_audio: bool = False            # re-read every header at start even when utt2num_samples exists
 
 
 @dataclass

@@ -14,9 +14,27 @@ import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Dict
 
 from speakerlab.audio import AudioError, audio_info
-from speakerlab.lists import ListError, load_data_dir, read_trials, write_table
+from speakerlab.lists import DataDir, ListError, load_data_dir, read_trials, write_table
+
+
+def index_lengths(data: DataDir, sample_rate: int = 16000, jobs: int = 4) -> Dict[str, int]:
+    """Read every file's header: {utt: samples}. All unusable files (wrong rate or channels,
+    unreadable) are reported in one ListError naming wav.scp and the line of each."""
+    def info(utt):
+        try:
+            return utt, audio_info(data.wav[utt], sample_rate), None
+        except AudioError as e:
+            return utt, 0, f"  {data.root / 'wav.scp'}:{data.wav_line[utt]}: {e}"
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # header reads are I/O-bound
+        results = list(pool.map(info, data.utts))
+    problems = [p for _, _, p in results if p]
+    if problems:
+        raise ListError(f"{len(problems)} unusable audio file(s) in {data.root}:\n" + "\n".join(problems[:50]))
+    return {u: n for u, n, _ in results}
 
 
 def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
@@ -24,30 +42,19 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
     root = Path(data_dir)
     data = load_data_dir(root, need_speakers=(root / "utt2spk").exists())
     data.check_audio_exists()
-
-    def info(utt):
-        try:
-            return utt, audio_info(data.wav[utt], sample_rate), None
-        except AudioError as e:
-            return utt, 0, f"  {root / 'wav.scp'}:{data.wav_line[utt]}: {e}"
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # header reads are I/O-bound
-        results = list(pool.map(info, data.utts))
-    problems = [p for _, _, p in results if p]
-    if problems:
-        raise ListError(f"{len(problems)} unusable audio file(s) in {root}:\n" + "\n".join(problems[:50]))
+    lengths = index_lengths(data, sample_rate, jobs)
     if (root / "trials").exists():
         for t in read_trials(root / "trials"):
             for u in (t.enrol, t.test):
                 if u not in data.wav:
                     raise ListError(f"{root / 'trials'}:{t.line}: '{u}' is not in {root / 'wav.scp'}")
-    write_table(root / "utt2num_samples", [(u, n) for u, n, _ in results])
+    write_table(root / "utt2num_samples", sorted(lengths.items()))
     if data.utt2spk and not (root / "spk2utt").exists():
         spk2utt = defaultdict(list)
         for u in data.utts:
             spk2utt[data.utt2spk[u]].append(u)
         write_table(root / "spk2utt", sorted(spk2utt.items()))
-    hours = sum(n for _, n, _ in results) / sample_rate / 3600
+    hours = sum(lengths.values()) / sample_rate / 3600
     return f"{root}: {len(data.utts)} utterances, {len(data.speakers)} speakers, {hours:.2f} h"
 
 
