@@ -5,11 +5,12 @@ positions [k*G, (k+1)*G) of it (G = global batch), split into world_size x accum
 Each item's crop offset is drawn from (seed, epoch, position). So the samples seen by every
 optimizer step, and their crops, are the same on 1 or 8 GPUs, with any accumulation and any
 number of loader workers; and a run resumed at step k continues with exactly the batches it
-would have seen.
+would have seen. Augmentation (speakerlab.augment) draws from the same per-item generator, right
+after the crop, so augmented samples keep that guarantee.
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -18,17 +19,20 @@ from torch.utils.data import Dataset, Sampler
 from speakerlab.audio import read_crop
 
 Item = Tuple[int, int]  # (utterance index, crop seed)
+Augment = Callable[[np.ndarray, np.random.Generator], np.ndarray]  # (crop,) float32 -> (crop,) float32
 
 
 class CropDataset(Dataset):
-    """Indexed by `(utterance index, crop seed)`; returns `(wave (crop,), label, utterance index)`."""
+    """Indexed by `(utterance index, crop seed)`; returns `(wave (crop,), label, utterance index)`.
+
+    `augment` (e.g. a `speakerlab.augment.Augmenter`) transforms each crop with the item's generator."""
 
     def __init__(self, paths: Sequence[str], labels: Sequence[int], lengths: Sequence[int],
-                 crop_samples: int, sample_rate: int = 16000):
+                 crop_samples: int, sample_rate: int = 16000, augment: Optional[Augment] = None):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
         self.paths, self.labels, self.lengths = list(paths), list(labels), list(lengths)
-        self.crop_samples, self.sample_rate = crop_samples, sample_rate
+        self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -37,6 +41,8 @@ class CropDataset(Dataset):
         index, crop_seed = item
         rng = np.random.default_rng(crop_seed)
         wave = read_crop(self.paths[index], self.crop_samples, self.lengths[index], rng, self.sample_rate)
+        if self.augment is not None:
+            wave = self.augment(wave, rng)
         return torch.from_numpy(np.ascontiguousarray(wave)), self.labels[index], index
 
 

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
+from speakerlab.augment import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR, KINDS as AUGMENT_KINDS
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key (and file)."""
@@ -28,6 +30,17 @@ class DataSettings:
     sample_rate: int = 16000
     crop_seconds: float = 2.0            # random training crop; shorter utterances are repeated
     check_audio: bool = False            # re-read every header at start even when utt2num_samples exists
+
+
+@dataclass
+class AugmentSettings:
+    lists: Optional[str] = None          # folder of noise/music/babble/rirs.scp (musan_rirs prepare); null: off
+    prob: float = 0.6                    # chance a training crop gets one augmentation (of `kinds`, uniformly)
+    kinds: List[str] = field(default_factory=lambda: list(AUGMENT_KINDS))
+    noise_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["noise"]))   # [0, 15] dB, uniform
+    music_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["music"]))   # [5, 15] dB
+    babble_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["babble"]))  # [13, 20] dB
+    babble_speakers: List[int] = field(default_factory=lambda: list(DEFAULT_BABBLE_SPEAKERS))  # [3, 7] files summed
 
 
 @dataclass
@@ -96,6 +109,7 @@ class HardwareSettings:
 @dataclass
 class Config:
     data: DataSettings = field(default_factory=DataSettings)
+    augment: AugmentSettings = field(default_factory=AugmentSettings)
     features: FeatureSettings = field(default_factory=FeatureSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     loss: LossSettings = field(default_factory=LossSettings)
@@ -141,7 +155,8 @@ def _check_value(key: str, value: Any, tp) -> Any:
     if origin in (list, List):
         if not isinstance(value, list):
             raise ConfigError(f"config key '{key}' must be a list, got {type(value).__name__}")
-        return list(value)
+        args = typing.get_args(tp)
+        return [_check_value(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
     if tp is Any:
         return value
     if tp is bool:
@@ -202,6 +217,22 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
     if cfg.data.crop_seconds <= 0:
         raise ConfigError("config key 'data.crop_seconds' must be > 0")
+    _validate_augment(cfg.augment)
+
+
+def _validate_augment(a: AugmentSettings) -> None:
+    if not 0.0 <= a.prob <= 1.0:
+        raise ConfigError(f"config key 'augment.prob' must be in [0, 1], got {a.prob}")
+    bad = [k for k in a.kinds if k not in AUGMENT_KINDS]
+    if bad or not a.kinds or len(set(a.kinds)) != len(a.kinds):
+        raise ConfigError(f"config key 'augment.kinds' must list distinct kinds among {', '.join(AUGMENT_KINDS)}, "
+                          f"got {a.kinds}")
+    for name in ("noise_snr", "music_snr", "babble_snr", "babble_speakers"):
+        pair = getattr(a, name)
+        if len(pair) != 2 or pair[0] > pair[1]:
+            raise ConfigError(f"config key 'augment.{name}' must be [lo, hi] with lo <= hi, got {pair}")
+    if a.babble_speakers[0] < 1:
+        raise ConfigError(f"config key 'augment.babble_speakers' must start at >= 1, got {a.babble_speakers}")
 
 
 def _set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:

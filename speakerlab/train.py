@@ -23,8 +23,8 @@ from speakerlab.config import Config, ConfigError, load_config, save_config
 from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.monitor import Meter, Monitor
 from speakerlab.engine.precision import resolve_device, resolve_precision
-from speakerlab.engine.setup import (build_net, build_optimizer, choose_plan, compute_features, cuda_probe,
-                                     load_train_data, make_fbank, make_loader, seed_everything)
+from speakerlab.engine.setup import (build_augmenter, build_net, build_optimizer, choose_plan, compute_features,
+                                     cuda_probe, load_train_data, make_fbank, make_loader, seed_everything)
 from speakerlab.engine.stability import NonFiniteGuard, TrainingStopped
 from speakerlab.engine.validation import validation_eer
 from speakerlab.features import num_frames
@@ -68,7 +68,9 @@ def setup(cfg: Config, exp_dir: Path) -> Run:
     precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
     seed_everything(cfg.train.seed)
     with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
-        data = load_train_data(cfg, monitor.log if info.is_main else (lambda m: None))
+        log = monitor.log if info.is_main else (lambda m: None)
+        data = load_train_data(cfg, log)
+        augmenter = build_augmenter(cfg, log)
     speakers = data.speakers
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
     fbank = make_fbank(cfg, device)
@@ -77,7 +79,7 @@ def setup(cfg: Config, exp_dir: Path) -> Run:
                        cfg.hardware.memory_margin) if device.type == "cuda" else None
     plan = choose_plan(cfg, info, device, probe, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
-    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(speakers)}, plan, info, pin)
+    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(speakers)}, plan, info, pin, augmenter)
     dist_utils.check_shared_memory(cfg.hardware.num_workers, plan.per_device * loader.dataset.crop_samples * 4,
                                    cfg.hardware.prefetch_factor, max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size,
                                    monitor.log)

@@ -22,7 +22,8 @@ archive_dir=""                     # folder already holding the archives: nothin
 raw_dir=data/raw                   # archives are unpacked here
 mirror=""                          # base URL replacing the official hosts (<mirror>/<file name>)
 download_opts=""                   # more download-step options, e.g. "--user NAME --skip-md5 --keep-parts"
-musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES and write their lists
+musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES, write their lists, augment with
+                                   # them in training (false: augment.lists=null, no augmentation)
 jobs=8                             # parallel downloads / index threads
 train_set=cnceleb_train
 val_set=""                         # a data dir with `trials`, scored during training (data.val)
@@ -46,6 +47,8 @@ lm_config=../../conf/finetune_lm.yaml   # stage 9: large-margin fine-tuning over
 . ../tools/common.sh
 
 fetch_opts=(--download-dir "$download_dir" --archive-dir="$archive_dir")
+# Training reads the augmentation lists where the lists stage wrote them (as data.train follows --data).
+if [ "$musan_rirs" = true ]; then aug="augment.lists=$data/musan_rirs"; else aug="augment.lists=null"; fi
 
 if stage_on 1; then
   log "stage 1: download CN-Celeb1, CN-Celeb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $download_dir"
@@ -80,7 +83,7 @@ fi
 if stage_on 5; then
   log "stage 5: train $config -> $exp"
   val=${val_set:+data.val=$data/$val_set}
-  train_stage data.train="$data/$train_set" $val
+  train_stage data.train="$data/$train_set" $val "$aug"
 fi
 
 if stage_on 6; then
@@ -101,6 +104,6 @@ fi
 if stage_on 9; then
   log "stage 9: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   val=${val_set:+data.val=$data/$val_set}
-  finetune_stage data.train="$data/$train_set" $val
+  finetune_stage data.train="$data/$train_set" $val "$aug"
 fi
 log "done"

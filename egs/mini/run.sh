@@ -40,8 +40,11 @@ if stage_on 1; then
 fi
 
 if stage_on 2; then
-  log "stage 2: validate lists, check audio, index lengths"
+  log "stage 2: validate lists, check audio, index lengths; augmentation lists -> $data/musan_rirs"
   python -m speakerlab.prepare --data "$data/train" --data "$data/val" --data "$data/test"
+  # The corpus has MUSAN/RIRS_NOISES-shaped noise (fewer files than the real sets: count warnings are
+  # expected). Training augments with them only when asked: --train_overrides "augment.lists=$data/musan_rirs".
+  python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$data" --out "$data/musan_rirs"
 fi
 
 if stage_on 3; then

@@ -22,7 +22,8 @@ archive_dir=""                     # folder already holding the archives: nothin
 raw_dir=data/raw                   # archives are unpacked here
 mirror=""                          # base URL replacing the official hosts (<mirror>/<file name>)
 download_opts=""                   # more download-step options, e.g. "--user NAME --skip-md5 --keep-parts"
-musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES and write their lists
+musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES, write their lists, augment with
+                                   # them in training (false: augment.lists=null, no augmentation)
 parts="vox1 vox2"                  # corpora to fetch and prepare ("vox1": VoxCeleb1 only, no ffmpeg)
 jobs=8                             # parallel downloads / ffmpeg processes
 train_set=vox2_dev
@@ -48,6 +49,8 @@ lm_config=../../conf/finetune_lm.yaml   # stage 10: large-margin fine-tuning ove
 . ../tools/common.sh
 
 fetch_opts=(--download-dir "$download_dir" --archive-dir="$archive_dir")
+# Training reads the augmentation lists where the lists stage wrote them (as data.train follows --data).
+if [ "$musan_rirs" = true ]; then aug="augment.lists=$data/musan_rirs"; else aug="augment.lists=null"; fi
 
 if stage_on 1; then
   log "stage 1: download VoxCeleb1, VoxCeleb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $download_dir"
@@ -88,7 +91,7 @@ fi
 if stage_on 6; then
   log "stage 6: train $config -> $exp"
   val=${val_set:+data.val=$data/$val_set}
-  train_stage data.train="$data/$train_set" $val
+  train_stage data.train="$data/$train_set" $val "$aug"
 fi
 
 if stage_on 7; then
@@ -111,6 +114,6 @@ fi
 if stage_on 10; then
   log "stage 10: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   val=${val_set:+data.val=$data/$val_set}
-  finetune_stage data.train="$data/$train_set" $val
+  finetune_stage data.train="$data/$train_set" $val "$aug"
 fi
 log "done"

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from speakerlab.augment import Augmenter
 from speakerlab.batches import CropDataset, GlobalBatchSampler
 from speakerlab.config import Config
 from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
@@ -63,6 +64,19 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
     return data
 
 
+def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augmenter]:
+    """The training augmenter of `cfg.augment` (its lists checked now, every problem reported at
+    once), or None when `augment.lists` is not set. Validation and extraction never augment."""
+    a = cfg.augment
+    if not a.lists:
+        log("augmentation off (augment.lists not set)")
+        return None
+    aug = Augmenter(a.lists, a.prob, a.kinds, {"noise": a.noise_snr, "music": a.music_snr, "babble": a.babble_snr},
+                    a.babble_speakers, cfg.data.sample_rate)
+    log(aug.describe())
+    return aug
+
+
 def make_fbank(cfg: Config, device: torch.device, dither: Optional[float] = None) -> Fbank:
     f = cfg.features
     fb = FbankConfig(sample_rate=cfg.data.sample_rate, num_mel_bins=f.num_mel_bins,
@@ -102,10 +116,10 @@ def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
 
 
 def make_loader(cfg: Config, data: DataDir, spk2idx: Dict[str, int], plan: BatchPlan, info: DistInfo,
-                pin_memory: bool):
+                pin_memory: bool, augmenter: Optional[Augmenter] = None):
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     dataset = CropDataset([data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts],
-                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate)
+                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter)
     sampler = GlobalBatchSampler(len(dataset), plan.global_batch, plan.per_device, plan.accumulation,
                                  info.rank, info.world_size, cfg.train.seed)
     hw = cfg.hardware
