@@ -473,7 +473,8 @@ def synth_corpus(tmp_path_factory):
     corpus = tmp_path_factory.mktemp("synth")
     subprocess.run([sys.executable, "-m", "speakerlab.synth", "--out", str(corpus), "--num-train-speakers", "2",
                     "--num-val-speakers", "2", "--num-test-speakers", "2", "--utts-per-speaker", "2",
-                    "--eval-utts-per-speaker", "2", "--min-dur", "1", "--max-dur", "1.2"],
+                    "--eval-utts-per-speaker", "2", "--min-dur", "1", "--max-dur", "1.2",
+                    "--eval-min-dur", "1", "--eval-max-dur", "1.2"],
                    check=True, capture_output=True, cwd=REPO)
     return corpus
 

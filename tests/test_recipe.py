@@ -22,7 +22,7 @@ def run_recipe(tmp_path, *args, check=True):
 @pytest.mark.slow
 def test_mini_recipe_end_to_end(tmp_path):
     corpus = ("--num-train-speakers 6 --num-val-speakers 3 --num-test-speakers 3 --utts-per-speaker 6 "
-              "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5")
+              "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0")
     train = ("train.epochs=2 train.global_batch_size=12 hardware.per_device_batch=6 data.crop_seconds=1.0 "
              "model.args.num_layers=[1,1,1]")
     r = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stop_stage", "8",

@@ -9,10 +9,12 @@ import soundfile as sf
 from speakerlab.synth import voice
 from speakerlab.synth.__main__ import main, parse_args, speaker_traits
 
-MIN_DUR, MAX_DUR = 0.5, 1.0
+MIN_DUR, MAX_DUR = 0.5, 1.0  # train utterances
+EVAL_MIN_DUR, EVAL_MAX_DUR = 1.1, 1.4  # val / test utterances
 TINY = ["--num-train-speakers", "4", "--num-val-speakers", "2", "--num-test-speakers", "3",
         "--utts-per-speaker", "3", "--eval-utts-per-speaker", "3",
-        "--min-dur", str(MIN_DUR), "--max-dur", str(MAX_DUR), "--seed", "7"]
+        "--min-dur", str(MIN_DUR), "--max-dur", str(MAX_DUR),
+        "--eval-min-dur", str(EVAL_MIN_DUR), "--eval-max-dur", str(EVAL_MAX_DUR), "--seed", "7"]
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +71,11 @@ def test_lists_are_consistent(corpora):
 
 def test_audio_format_and_duration(corpora):
     for name in ("train", "val", "test"):
+        lo, hi = (MIN_DUR, MAX_DUR) if name == "train" else (EVAL_MIN_DUR, EVAL_MAX_DUR)
         for _, path in _read(os.path.join(corpora[0], name, "wav.scp")):
             info = sf.info(path)
             assert (info.samplerate, info.channels, info.subtype, info.format) == (16000, 1, "PCM_16", "WAV")
-            assert MIN_DUR <= info.frames / 16000 <= MAX_DUR
+            assert lo <= info.frames / 16000 <= hi
     x, _ = sf.read(path, dtype="int16")
     assert np.abs(x).max() > 100  # not silence
 
@@ -133,7 +136,8 @@ def test_utterance_shape_and_level(num_samples):
 def test_rerun_is_skipped_and_changed_options_rewrite(tmp_path):
     out = str(tmp_path / "c")
     small = ["--num-train-speakers", "1", "--num-val-speakers", "2", "--num-test-speakers", "2",
-             "--utts-per-speaker", "2", "--eval-utts-per-speaker", "2", "--min-dur", "0.3", "--max-dur", "0.3"]
+             "--utts-per-speaker", "2", "--eval-utts-per-speaker", "2", "--min-dur", "0.3", "--max-dur", "0.3",
+             "--eval-min-dur", "0.3", "--eval-max-dur", "0.3"]
     assert main(["--out", out, *small]) == 0
     scp = os.path.join(out, "train", "wav.scp")
     stamp = os.stat(scp).st_mtime_ns
@@ -145,7 +149,8 @@ def test_rerun_is_skipped_and_changed_options_rewrite(tmp_path):
     assert not os.path.exists(os.path.join(out, "wav", "train", "spk0000", "spk0000-0001.wav"))
 
 
-@pytest.mark.parametrize("bad", [["--min-dur", "3", "--max-dur", "2"], ["--num-test-speakers", "1"],
+@pytest.mark.parametrize("bad", [["--min-dur", "3", "--max-dur", "2"], ["--eval-min-dur", "9"],
+                                 ["--num-test-speakers", "1"],
                                  ["--jobs", "0"]])
 def test_bad_options_are_refused(bad, tmp_path):
     with pytest.raises(SystemExit):

@@ -241,14 +241,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-test-speakers", type=int, default=40)
     p.add_argument("--utts-per-speaker", type=int, default=12, help="per train speaker")
     p.add_argument("--eval-utts-per-speaker", type=int, default=10, help="per val / test speaker")
-    p.add_argument("--min-dur", type=float, default=2.0, help="seconds")
-    p.add_argument("--max-dur", type=float, default=4.0, help="seconds")
+    p.add_argument("--min-dur", type=float, default=2.0, help="seconds, train utterances")
+    p.add_argument("--max-dur", type=float, default=4.0, help="seconds, train utterances")
+    # Evaluation utterances are longer than training ones, as in VoxCeleb1 (test utterances average
+    # about 8 s): a 2-4 s test utterance holds a dozen phones, too few to show a voice reliably.
+    p.add_argument("--eval-min-dur", type=float, default=4.0, help="seconds, val / test utterances")
+    p.add_argument("--eval-max-dur", type=float, default=8.0, help="seconds, val / test utterances")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (output does not depend on it)")
     p.add_argument("--force", action="store_true", help="regenerate even if a matching corpus exists")
     args = p.parse_args(argv)
     problems = []
-    if not 0.1 <= args.min_dur <= args.max_dur:
-        problems.append(f"need 0.1 <= --min-dur <= --max-dur, got {args.min_dur}, {args.max_dur}")
+    for lo, hi, name in ((args.min_dur, args.max_dur, ""), (args.eval_min_dur, args.eval_max_dur, "eval-")):
+        if not 0.1 <= lo <= hi:
+            problems.append(f"need 0.1 <= --{name}min-dur <= --{name}max-dur, got {lo}, {hi}")
     if args.num_train_speakers < 1 or args.utts_per_speaker < 1:
         problems.append("need at least one train speaker with one utterance")
     if min(args.num_val_speakers, args.num_test_speakers) < 2 or args.eval_utts_per_speaker < 2:
@@ -293,7 +298,8 @@ def main(argv=None) -> int:
         _tune_malloc()
     try:
         for name in SETS:
-            tasks = [(_utterance_task, (args.seed, gi, u, args.min_dur, args.max_dur,
+            dur = (args.min_dur, args.max_dur) if name == "train" else (args.eval_min_dur, args.eval_max_dur)
+            tasks = [(_utterance_task, (args.seed, gi, u, *dur,
                                         os.path.join(out, "wav", name, spk, f"{utt}.wav")))
                      for spk, gi, utts in plan[name] for u, utt in enumerate(utts)]
             t0 = time.time()
