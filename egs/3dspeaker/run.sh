@@ -12,18 +12,14 @@
 # its latest checkpoint. See README.md here.
 set -euo pipefail
 cd "$(dirname "$0")"
+. ../tools/common.sh               # stage helpers, shared option defaults
 help_message="Usage: bash egs/3dspeaker/run.sh [--stage N] [--stop_stage N] [--option value ...]"
 
 stage=1
 stop_stage=7
 data=data                          # Kaldi data dirs
-download_dir=data/download         # archives are downloaded (or joined) here
-archive_dir=""                     # folder already holding the archives: nothing is downloaded
-raw_dir=data/raw                   # archives are unpacked here
-mirror=""                          # base URL replacing the official hosts (<mirror>/<file name>)
-download_opts=""                   # more download-step options, e.g. "--user NAME --skip-md5 --keep-parts"
-musan_rirs=true                    # also fetch MUSAN + RIRS_NOISES, write their lists, augment with
-                                   # them in training (false: augment.lists=null, no augmentation)
+fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts
+                                   # --musan_rirs (defaults and meaning in ../tools/common.sh)
 jobs=8                             # parallel downloads / index threads
 prepare_opts=""                    # e.g. "--keep-device09"
 train_set=3dspeaker_train
@@ -33,12 +29,8 @@ trials="cross_device cross_distance cross_dialect"   # $data/$eval_set/trials_<n
 exp=exp/eres2net_base
 config=../../conf/3dspeaker_eres2net_base.yaml
 hardware=auto                      # profile in conf/hardware/
-gpus=""                            # e.g. "0 1 2 3": one training process per GPU
-nproc=1                            # training processes when gpus is empty
-nnodes=1
-node_rank=0
-master_addr=127.0.0.1
-master_port=29500
+launch_options                     # --gpus (e.g. "0 1 2 3": one training process per GPU) --nproc
+                                   # --nnodes --node_rank --master_addr --master_port (../tools/common.sh)
 train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
 checkpoint=""                      # extraction model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
 average_last=10                    # stage 8: epoch checkpoints averaged into $exp/checkpoints/avg.pt
@@ -46,61 +38,44 @@ lm_config=../../conf/finetune_lm.yaml   # stage 9: large-margin fine-tuning over
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
-. ../tools/common.sh
-
-fetch_opts=(--download-dir "$download_dir" --archive-dir="$archive_dir")
-# Training reads the augmentation lists where the lists stage wrote them (as data.train follows --data).
-if [ "$musan_rirs" = true ]; then aug="augment.lists=$data/musan_rirs"; else aug="augment.lists=null"; fi
 
 if stage_on 1; then
   log "stage 1: download 3D-Speaker (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $download_dir"
-  python -m speakerlab.datasets.threedspeaker download "${fetch_opts[@]}" --mirror="$mirror" \
-    --jobs "$jobs" $download_opts
-  if [ "$musan_rirs" = true ]; then
-    python -m speakerlab.datasets.musan_rirs download "${fetch_opts[@]}" --mirror="$mirror" \
-      --jobs "$jobs" $download_opts
-  fi
+  download_stage threedspeaker
 fi
 
 if stage_on 2; then
   log "stage 2: extract archives -> $raw_dir"
-  python -m speakerlab.datasets.threedspeaker extract "${fetch_opts[@]}" --raw-dir "$raw_dir"
-  if [ "$musan_rirs" = true ]; then
-    python -m speakerlab.datasets.musan_rirs extract "${fetch_opts[@]}" --raw-dir "$raw_dir"
-  fi
+  extract_stage threedspeaker
 fi
 
 if stage_on 3; then
   log "stage 3: Kaldi lists and trial lists -> $data"
-  python -m speakerlab.datasets.threedspeaker prepare --raw-dir "$raw_dir" --data "$data" $prepare_opts
-  if [ "$musan_rirs" = true ]; then
-    python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
-  fi
+  lists_stage threedspeaker $prepare_opts
 fi
 
 if stage_on 4; then
   log "stage 4: validate lists, check audio, index lengths"
-  python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+  index_stage
 fi
 
 if stage_on 5; then
   log "stage 5: train $config -> $exp"
-  val=${val_set:+data.val=$data/$val_set}
-  train_stage data.train="$data/$train_set" $val "$aug"
+  corpus_train_stage
 fi
 
 if stage_on 6; then
   log "stage 6: embeddings of $eval_set"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" --out "$exp/embeddings/$eval_set.npz"
+  embeddings_stage "$eval_set"
 fi
 
 if stage_on 7; then
   log "stage 7: score $trials"
   for t in $trials; do
-    python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/trials_$t" \
-      --out "$exp/scores/$t"
+    score_stage "$eval_set" "trials_$t" "$t"
   done
 fi
+
 if stage_on 8; then
   log "stage 8: average the last $average_last epoch checkpoints of $exp"
   average_stage
@@ -108,7 +83,6 @@ fi
 
 if stage_on 9; then
   log "stage 9: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
-  val=${val_set:+data.val=$data/$val_set}
-  finetune_stage data.train="$data/$train_set" $val "$aug"
+  corpus_finetune_stage
 fi
 log "done"

@@ -54,14 +54,12 @@ fi
 
 if stage_on 4; then
   log "stage 4: extract test embeddings"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" \
-    --out "$exp/embeddings/test.npz"
+  embeddings_stage test
 fi
 
 if stage_on 5; then
   log "stage 5: score test trials"
-  python -m speakerlab.score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
-    --out "$exp/scores/test"
+  score_stage test trials test
 fi
 
 if stage_on 6; then
