@@ -238,7 +238,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20240607)
     p.add_argument("--num-train-speakers", type=int, default=400)
     p.add_argument("--num-val-speakers", type=int, default=20)
-    p.add_argument("--num-test-speakers", type=int, default=40)
+    p.add_argument("--num-test-speakers", type=int, default=60)
     p.add_argument("--utts-per-speaker", type=int, default=12, help="per train speaker")
     p.add_argument("--eval-utts-per-speaker", type=int, default=10, help="per val / test speaker")
     p.add_argument("--min-dur", type=float, default=2.0, help="seconds, train utterances")
