@@ -12,6 +12,7 @@ shift || true
 clone="$work/speakerlab"
 [ -e "$clone" ] && { echo "error: $clone exists; give an empty WORK_DIR" >&2; exit 2; }
 git clone -q "$repo" "$clone"
+rev=$(git -C "$clone" rev-parse --short HEAD)
 log="$work/mini.log"
 start=$(date +%s)
 # Every log line of the recipe carries a time stamp; the stamps alone give the stage times.
@@ -28,7 +29,7 @@ if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 
-echo "command: (in a fresh clone of $(git -C "$repo" rev-parse --short HEAD)) bash egs/mini/run.sh $*"
+echo "command: (in a fresh clone of $rev) bash egs/mini/run.sh $*"
 echo "machine: $(nproc) CPU cores, $(uname -m), python $("$clone/.venv/bin/python" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo '?')"
 # Steps begin at the recipe's "stage N:" lines; set-up is everything before the first one.
 awk -v start="$start" -v total="$total" '
