@@ -10,6 +10,8 @@ With probability `prob` a crop gets exactly ONE augmentation, drawn uniformly am
   noise   a random crop of a noise file at an SNR drawn uniformly from `snr["noise"]` (dB)
   music   the same with music files and `snr["music"]`
   babble  3-7 (`babble_speakers`) speech files summed, added at `snr["babble"]`
+With `reverb_noise_prob` > 0, a reverberated crop also gets, with that probability, one of the
+enabled additive kinds on top (reverberant speech in a noisy room); the default 0 keeps one kind.
 Every random draw comes from the `numpy.random.Generator` the caller passes in (the per-item
 generator of `speakerlab.batches.CropDataset`), so the augmented samples of an optimizer step are
 the same on any hardware and with any number of loader workers. The output is not clipped or
@@ -138,16 +140,19 @@ class Augmenter:
 
     def __init__(self, lists, prob: float = 0.6, kinds: Sequence[str] = KINDS,
                  snr: Optional[Dict[str, Sequence[float]]] = None,
-                 babble_speakers: Sequence[int] = DEFAULT_BABBLE_SPEAKERS, sample_rate: int = 16000):
+                 babble_speakers: Sequence[int] = DEFAULT_BABBLE_SPEAKERS, sample_rate: int = 16000,
+                 reverb_noise_prob: float = 0.0):
         unknown = sorted(set(kinds) - set(KINDS))
         if unknown or not kinds:
             raise ValueError(f"augmentation kinds must be a non-empty subset of {KINDS}, got {list(kinds)}")
-        if not 0.0 <= prob <= 1.0:
-            raise ValueError(f"augmentation probability must be in [0, 1], got {prob}")
+        if not (0.0 <= prob <= 1.0 and 0.0 <= reverb_noise_prob <= 1.0):
+            raise ValueError(f"augmentation probabilities must be in [0, 1], got {prob}, {reverb_noise_prob}")
         self.root, self.prob, self.kinds = Path(lists), float(prob), tuple(kinds)
         self.snr = {k: tuple(map(float, v)) for k, v in {**DEFAULT_SNR, **(snr or {})}.items()}
         self.babble_speakers = (int(babble_speakers[0]), int(babble_speakers[1]))
         self.sample_rate = sample_rate
+        self.reverb_noise_prob = float(reverb_noise_prob)
+        self.additive = tuple(k for k in self.kinds if k != "reverb")
         problems: List[str] = []
         self.sources = {k: read_source_list(self.root / LIST_FILES[k], sample_rate, problems) for k in self.kinds}
         if problems:
@@ -165,20 +170,33 @@ class Augmenter:
             if k == "babble":
                 extra += f" x {self.babble_speakers[0]}-{self.babble_speakers[1]} speakers"
             parts.append(f"{k} ({len(self.sources[k])} files{extra})")
-        return f"augmentation with probability {self.prob:g}, one of: {', '.join(parts)} from {self.root}"
+        both = ""
+        if self.reverb_noise_prob > 0 and "reverb" in self.kinds and self.additive:
+            both = f"; reverb + an additive kind with probability {self.reverb_noise_prob:g} of reverb"
+        return f"augmentation with probability {self.prob:g}, one of: {', '.join(parts)}{both} from {self.root}"
 
     def __call__(self, wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return self.apply(wave, rng)[0]
 
     def apply(self, wave: np.ndarray, rng: np.random.Generator) -> Tuple[np.ndarray, Applied]:
         """`wave (N,)` float32 -> (`(N,)` float32, what was done). Draws: one uniform for `prob`,
-        then (only when augmenting) the kind and that kind's own draws."""
+        then (only when augmenting) the kind and that kind's own draws; after reverb, one uniform
+        for `reverb_noise_prob` when it is > 0 (so the default draws are unchanged by the option)."""
         if rng.random() >= self.prob:
             return wave, Applied()
         kind = self.kinds[int(rng.integers(len(self.kinds)))]
-        if kind == "reverb":
-            src = self._pick(kind, rng)
-            return reverberate(wave, self._rir(src)), Applied(kind, None, (self.sources[kind][src].path,))
+        if kind != "reverb":
+            return self._add(kind, wave, rng)
+        src = self._pick(kind, rng)
+        wave, rir_file = reverberate(wave, self._rir(src)), self.sources[kind][src].path
+        if self.reverb_noise_prob > 0 and self.additive and rng.random() < self.reverb_noise_prob:
+            extra = self.additive[int(rng.integers(len(self.additive)))]
+            wave, added = self._add(extra, wave, rng)
+            return wave, Applied(f"reverb+{extra}", added.snr_db, (rir_file, *added.files))
+        return wave, Applied(kind, None, (rir_file,))
+
+    def _add(self, kind: str, wave: np.ndarray, rng: np.random.Generator) -> Tuple[np.ndarray, Applied]:
+        """One additive kind (noise, music or babble) at an SNR drawn from its range."""
         n = wave.shape[0]
         if kind == "babble":
             lo, hi = self.babble_speakers

@@ -41,6 +41,7 @@ class AugmentSettings:
     music_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["music"]))   # [5, 15] dB
     babble_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["babble"]))  # [13, 20] dB
     babble_speakers: List[int] = field(default_factory=lambda: list(DEFAULT_BABBLE_SPEAKERS))  # [3, 7] files summed
+    reverb_noise_prob: float = 0.0       # chance a reverberated crop also gets one additive kind (room + noise)
 
 
 @dataclass
@@ -223,6 +224,8 @@ def _validate(cfg: Config) -> None:
 def _validate_augment(a: AugmentSettings) -> None:
     if not 0.0 <= a.prob <= 1.0:
         raise ConfigError(f"config key 'augment.prob' must be in [0, 1], got {a.prob}")
+    if not 0.0 <= a.reverb_noise_prob <= 1.0:
+        raise ConfigError(f"config key 'augment.reverb_noise_prob' must be in [0, 1], got {a.reverb_noise_prob}")
     bad = [k for k in a.kinds if k not in AUGMENT_KINDS]
     if bad or not a.kinds or len(set(a.kinds)) != len(a.kinds):
         raise ConfigError(f"config key 'augment.kinds' must list distinct kinds among {', '.join(AUGMENT_KINDS)}, "

@@ -90,6 +90,39 @@ def test_reverb_with_a_delayed_impulse_returns_the_input(tmp_path):
     np.testing.assert_allclose(y, x, atol=1e-6)
 
 
+def test_reverb_then_noise(lists, tmp_path):
+    """reverb_noise_prob=1: every reverberated crop also gets an additive kind, at the drawn SNR
+    against the reverberant speech; the additive crops and reverb-only set-ups are unchanged."""
+    # An impulse RIR leaves the speech as it was, so the added noise can be measured against x.
+    rir = np.zeros(400)
+    rir[50] = 1.0
+    root = tmp_path / "impulse"
+    root.mkdir()
+    (root / "rirs.scp").write_text(f"r {write_wav(tmp_path / 'r.wav', rir, subtype='FLOAT')}\n")
+    (root / "noise.scp").write_text((lists / "noise.scp").read_text())
+    x = speech()
+    both = Augmenter(root, prob=1.0, kinds=["reverb", "noise"], reverb_noise_prob=1.0)
+    plain = Augmenter(root, prob=1.0, kinds=["reverb", "noise"])
+    kinds = set()
+    for seed in range(12):
+        y, applied = both.apply(x, np.random.default_rng(seed))
+        y0, applied0 = plain.apply(x, np.random.default_rng(seed))
+        kinds.add(applied.kind)
+        if applied.kind == "reverb+noise":
+            assert applied0.kind == "reverb" and len(applied.files) == 2
+            np.testing.assert_allclose(y0, x, atol=1e-6)
+            measured = 10 * np.log10(power(x) / power(y.astype(np.float64) - x))
+            assert measured == pytest.approx(applied.snr_db, abs=0.01)
+        else:  # additive crops do not depend on the option
+            assert applied.kind == applied0.kind == "noise" and np.array_equal(y, y0)
+    assert kinds == {"reverb+noise", "noise"}
+    # With no additive kind enabled the option draws nothing: plain reverb, the same output.
+    only = [Augmenter(root, prob=1.0, kinds=["reverb"], reverb_noise_prob=p) for p in (0.0, 1.0)]
+    for seed in range(4):
+        a, b = (o.apply(x, np.random.default_rng(seed)) for o in only)
+        assert a[1].kind == b[1].kind == "reverb" and np.array_equal(a[0], b[0])
+
+
 def test_same_seed_same_output_other_seed_differs(lists):
     aug = Augmenter(lists, prob=1.0)
     x = speech()
@@ -143,6 +176,7 @@ def test_config_defaults_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("text,match", [
     ("augment:\n  prob: 1.5\n", "config key 'augment.prob' must be in \\[0, 1\\]"),
+    ("augment:\n  reverb_noise_prob: 2\n", "config key 'augment.reverb_noise_prob' must be in \\[0, 1\\]"),
     ("augment:\n  kinds: [noise, wind]\n", "config key 'augment.kinds' must list"),
     ("augment:\n  kinds: []\n", "config key 'augment.kinds' must list"),
     ("augment:\n  noise_snr: [15, 0]\n", "config key 'augment.noise_snr' must be \\[lo, hi\\]"),

@@ -72,7 +72,7 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
         log("augmentation off (augment.lists not set)")
         return None
     aug = Augmenter(a.lists, a.prob, a.kinds, {"noise": a.noise_snr, "music": a.music_snr, "babble": a.babble_snr},
-                    a.babble_speakers, cfg.data.sample_rate)
+                    a.babble_speakers, cfg.data.sample_rate, a.reverb_noise_prob)
     log(aug.describe())
     return aug
 
