@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.audio import AudioError, audio_info, read_audio, read_crop
-from speakerlab.lists import ListError
+from speakerlab.lists import ListError, read_wav_scp
 
 KINDS = ("reverb", "noise", "music", "babble")
 LIST_FILES = {"reverb": "rirs.scp", "noise": "noise.scp", "music": "music.scp", "babble": "babble.scp"}
@@ -56,38 +56,33 @@ class Applied:
 
 
 def read_source_list(path: Path, sample_rate: int, problems: List[str]) -> List[Source]:
-    """`<id> <path>` lines -> sources. Problems (malformed line, duplicate id, missing or unusable
-    audio) are appended to `problems` as `path:line: ...` instead of raised, so all are reported."""
+    """`<id> <path>` lines (read as a wav.scp) -> sources, in file order. Problems (malformed list,
+    missing or unusable audio) are appended to `problems` as `path:line: ...` instead of raised, so
+    the problems of every list and every file are reported at once."""
     if not path.is_file():
         problems.append(f"{path}: list does not exist (run `python -m speakerlab.datasets.musan_rirs prepare`)")
         return []
-    out, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            where = f"{path}:{lineno}"
-            if len(fields) != 2:
-                problems.append(f"{where}: expected '<id> <audio path>', got {len(fields)} fields: {line.strip()!r}")
-                continue
-            if fields[0] in seen:
-                problems.append(f"{where}: duplicate id '{fields[0]}' (first on line {seen[fields[0]]})")
-                continue
-            seen[fields[0]] = lineno
-            if not os.path.isfile(fields[1]):
-                problems.append(f"{where}: {fields[1]} does not exist")
-                continue
-            try:
-                samples = audio_info(fields[1], sample_rate)  # the message names the file
-            except AudioError as e:
-                problems.append(f"{where}: {e}")
-                continue
-            if samples == 0:
-                problems.append(f"{where}: {fields[1]}: empty audio file")
-                continue
-            out.append(Source(fields[1], samples))
-    if not out and not any(p.startswith(f"{path}:") for p in problems):
+    try:
+        entries = read_wav_scp(path)
+    except ListError as e:  # malformed line or duplicate id; the message names the line
+        problems.append(str(e))
+        return []
+    out = []
+    for lineno, audio in entries.values():
+        where = f"{path}:{lineno}"
+        if not os.path.isfile(audio):
+            problems.append(f"{where}: {audio} does not exist")
+            continue
+        try:
+            samples = audio_info(audio, sample_rate)  # the message names the file
+        except AudioError as e:
+            problems.append(f"{where}: {e}")
+            continue
+        if samples == 0:
+            problems.append(f"{where}: {audio}: empty audio file")
+            continue
+        out.append(Source(audio, samples))
+    if not entries:
         problems.append(f"{path}: no entries")
     return out
 
