@@ -1,8 +1,11 @@
 """Training engine end to end on a tiny model and corpus (CPU, seconds per run)."""
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +134,37 @@ def test_tensorboard_has_every_scalar(tmp_path):
     want = {f"train/{k}" for k in ("loss", "accuracy", "lr", "margin", "grad_norm", "loss_scale",
                                    "samples_per_s", "data_wait_fraction", "peak_memory_gb", "skipped_steps")}
     assert want | {"val/eer"} <= tags
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_the_same_command(tmp_path):
+    """SIGKILL mid-run (no clean shutdown at all), then the same command: training continues from
+    the last checkpoint and ends with every step done."""
+    cfg, _ = tiny_config(tmp_path, val=False)
+    exp = tmp_path / "k"
+    cmd = [sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(exp), "train.epochs=30"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def logged_steps():
+        try:
+            return len(losses(exp))
+        except (OSError, ValueError):  # not written yet, or a line half-written
+            return 0
+
+    deadline = time.time() + 240
+    while proc.poll() is None and logged_steps() < 5 and time.time() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed mid-run, not finished
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (exp / "train.log").read_text()
+    resumed = re.search(r"resumed from \S+: epoch \d+, step (\d+)", log)
+    assert resumed and int(resumed.group(1)) >= 4  # a checkpoint every step: at most one step lost
+    assert "training done: 30 epochs, 60 steps" in log
+    assert sorted(losses(exp)) == list(range(1, 61))
 
 
 @pytest.mark.slow
