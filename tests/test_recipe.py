@@ -25,10 +25,10 @@ def test_mini_recipe_end_to_end(tmp_path):
               "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0")
     train = ("train.epochs=2 train.global_batch_size=12 hardware.per_device_batch=6 data.crop_seconds=1.0 "
              "model.args.num_layers=[1,1,1]")
-    r = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stop_stage", "8",
+    r = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stop_stage", "7",
                    "--average_last", "2", "--lm_config", str(ROOT / "conf" / "mini_finetune_lm.yaml"))
     out = r.stdout + r.stderr
-    for n in range(1, 9):
+    for n in range(1, 8):
         assert f"stage {n}:" in out
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     assert m, r.stdout
@@ -47,6 +47,24 @@ def test_mini_recipe_end_to_end(tmp_path):
 def test_recipe_rejects_unknown_option(tmp_path):
     r = run_recipe(tmp_path, "--stag", "3", check=False)
     assert r.returncode != 0 and "unknown option --stag" in r.stderr
+
+
+def test_environment_variables_are_not_options(tmp_path):
+    r = subprocess.run(["bash", str(RUN), "--http_proxy", "x"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "http_proxy": "http://proxy.invalid:3128"})
+    assert r.returncode == 1 and "unknown option --http_proxy" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
+    (["--stop_stage", "8"], "--stop_stage must be a stage number from 1 to 7, got '8'"),
+    (["--stage", "0"], "--stage must be a stage number from 1 to 7, got '0'"),
+    (["--stage", "4", "--stop_stage", "3"], "--stage 4 is after --stop_stage 3"),
+])
+def test_bad_stage_numbers_are_errors(tmp_path, args, message):
+    r = run_recipe(tmp_path, *args, check=False)
+    assert r.returncode == 1 and message in r.stderr
+    assert not (tmp_path / "data").exists()   # nothing ran
 
 
 def test_recipe_help_lists_options():

@@ -1,84 +1,97 @@
 #!/usr/bin/env bash
 # egs/cnceleb: train on CN-Celeb1 dev + CN-Celeb2, evaluate on the CN-Celeb1 evaluation trials.
 #   bash egs/cnceleb/run.sh --gpus "0 1 2 3" --hardware a100-80g
-#   bash egs/cnceleb/run.sh --archive_dir /corpora/cnceleb --stage 1 --stop_stage 4   # archives on disk
-# Stages: 1 download, 2 extract, 3 Kaldi lists (+ MUSAN/RIRS lists), 4 index (check audio, lengths),
-#         5 train, 6 embeddings, 7 score.
+#   bash egs/cnceleb/run.sh --archive_dir /corpora/cnceleb --stage 1 --stop_stage 2   # archives on disk
+# Stages (the same numbers in every recipe): 1 data preparation (download, extract, Kaldi lists and
+# trials, MUSAN/RIR lists), 2 features (validate lists, check audio, index lengths), 3 train,
+# 4 embeddings, 5 score; optional: 6 average checkpoints, 7 large-margin fine-tuning, then stages
+# 4-5 with --exp ${exp}_lm.
 # Enrolment follows the official protocol: one embedding of eval/enroll/<spk>-enroll.flac, the
 # release's concatenation of each speaker's enrolment utterances (see README.md here).
-# Optional: 8 average checkpoints, 9 large-margin fine-tuning; then extract/score the
-# fine-tuned model with --exp ${exp}_lm.
 # Every stage can be re-run: finished downloads/extractions are skipped and training resumes from
 # its latest checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")"
-. ../tools/common.sh               # stage helpers, shared option defaults
+. ../tools/common.sh
 help_message="Usage: bash egs/cnceleb/run.sh [--stage N] [--stop_stage N] [--option value ...]"
 
-stage=1
-stop_stage=7
-data=data                          # Kaldi data dirs
-fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts
-                                   # --musan_rirs (defaults and meaning in ../tools/common.sh)
-jobs=8                             # parallel downloads / index threads
-train_set=cnceleb_train
-val_set=""                         # a data dir with `trials`, scored during training (data.val)
-eval_set=cnceleb_eval
-exp=exp/campplus
-config=../../conf/cnceleb_campplus.yaml
-hardware=auto                      # profile in conf/hardware/
-launch_options                     # --gpus (e.g. "0 1 2 3": one training process per GPU) --nproc
-                                   # --nnodes --node_rank --master_addr --master_port (../tools/common.sh)
-train_overrides=""                 # e.g. "train.epochs=2 optim.lr=0.2"
-checkpoint=""                      # extraction model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
-average_last=10                    # stage 8: epoch checkpoints averaged into $exp/checkpoints/avg.pt
-lm_config=../../conf/finetune_lm.yaml   # stage 9: large-margin fine-tuning overlay -> ${exp}_lm
+opt stage 1
+opt stop_stage 5
+opt data data                      # Kaldi data dirs
+opt download_dir data/download     # archives are downloaded (or joined) here
+opt archive_dir ""                 # folder already holding the archives: nothing is downloaded
+opt raw_dir data/raw               # archives are unpacked here
+opt mirror ""                      # base URL replacing the official hosts (<mirror>/<file name>)
+opt download_opts ""               # more download options, e.g. "--user NAME --skip-md5 --keep-parts"
+opt musan_rirs true                # also fetch MUSAN + RIRS_NOISES and augment with them (false: no augmentation)
+opt jobs 8                         # parallel downloads / index threads
+opt train_set cnceleb_train
+opt val_set ""                     # a data dir with `trials`, scored during training (data.val)
+opt eval_set cnceleb_eval
+opt trials "trials"                # trial lists of $data/$eval_set (CN-Celeb has one: trials)
+opt exp exp/campplus
+opt config ../../conf/cnceleb_campplus.yaml
+opt hardware auto                  # profile in conf/hardware/
+launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
+opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
+opt average_last 10                # stage 6: epoch checkpoints averaged into $exp/checkpoints/avg.pt
+opt lm_config ../../conf/finetune_lm.yaml   # stage 7: large-margin fine-tuning overlay -> ${exp}_lm
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
 
+# Training data of stages 3 and 7: the training set, the validation set when given, and the
+# MUSAN/RIR lists of stage 1 (or no augmentation).
+aug="augment.lists=null"
+[ "$musan_rirs" = true ] && aug="augment.lists=$data/musan_rirs"
+train_data="data.train=$data/$train_set ${val_set:+data.val=$data/$val_set} $aug"
+
 if stage_on 1; then
-  log "stage 1: download CN-Celeb1, CN-Celeb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $download_dir"
-  download_stage cnceleb
+  log "stage 1: data preparation: CN-Celeb1, CN-Celeb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $data"
+  fetch=(--download-dir "$download_dir" --archive-dir="$archive_dir")
+  python -m speakerlab.datasets.cnceleb download "${fetch[@]}" --mirror="$mirror" --jobs "$jobs" $download_opts
+  python -m speakerlab.datasets.cnceleb extract "${fetch[@]}" --raw-dir "$raw_dir"
+  python -m speakerlab.datasets.cnceleb prepare --raw-dir "$raw_dir" --data "$data"
+  if [ "$musan_rirs" = true ]; then
+    python -m speakerlab.datasets.musan_rirs download "${fetch[@]}" --mirror="$mirror" --jobs "$jobs" $download_opts
+    python -m speakerlab.datasets.musan_rirs extract "${fetch[@]}" --raw-dir "$raw_dir"
+    python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
+  fi
 fi
 
 if stage_on 2; then
-  log "stage 2: extract archives -> $raw_dir"
-  extract_stage cnceleb
+  log "stage 2: features: validate lists and trials, check audio, index lengths"
+  python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
 fi
 
 if stage_on 3; then
-  log "stage 3: Kaldi lists and trial list -> $data"
-  lists_stage cnceleb
+  log "stage 3: train $config -> $exp"
+  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
 fi
 
 if stage_on 4; then
-  log "stage 4: validate lists and trials, check audio, index lengths"
-  index_stage
+  log "stage 4: embeddings of $data/$eval_set"
+  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" \
+    --out "$exp/embeddings/$eval_set.npz"
 fi
 
 if stage_on 5; then
-  log "stage 5: train $config -> $exp"
-  corpus_train_stage
+  log "stage 5: score $trials"
+  for t in $trials; do
+    python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/$t" \
+      --out "$exp/scores/$t"
+  done
 fi
 
 if stage_on 6; then
-  log "stage 6: embeddings of $eval_set"
-  embeddings_stage "$eval_set"
+  log "stage 6: average the last $average_last epoch checkpoints of $exp"
+  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
 fi
 
 if stage_on 7; then
-  log "stage 7: score the CN-Celeb evaluation trials"
-  score_stage "$eval_set" trials cnceleb_eval
-fi
-
-if stage_on 8; then
-  log "stage 8: average the last $average_last epoch checkpoints of $exp"
-  average_stage
-fi
-
-if stage_on 9; then
-  log "stage 9: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
-  corpus_finetune_stage
+  log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
+  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+    train.init_from="$exp/checkpoints/avg.pt" $train_data $train_overrides
 fi
 log "done"

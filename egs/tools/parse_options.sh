@@ -1,22 +1,16 @@
-# Shared option parser of every egs/*/run.sh. Source it after setting the defaults:
-#   stage=1; stop_stage=5; exp=exp/campplus
-#   . ../tools/parse_options.sh
-# `--name value` and `--name=value` set the shell variable `name` (dashes become underscores),
-# which must already have a default: an unknown option is an error. `--help` prints $help_message
-# (if the script set one) and every option with its current value. Positional arguments are left
-# in "$@".
-_po_names=()
-for _po_v in $(compgen -v); do
-  case "$_po_v" in [a-z]*) _po_names+=("$_po_v") ;; esac
-done
+# Shared option parser of every egs/*/run.sh; source it after the recipe's `opt NAME DEFAULT` lines
+# (egs/tools/common.sh). `--name value` and `--name=value` set the declared option `name` (dashes
+# become underscores); anything else starting with `--` is an error, and so is an environment
+# variable that was not declared (http_proxy is not an option). `--help` prints $help_message and
+# every option with its current value. Positional arguments are left in "$@". Afterwards --stage and
+# --stop_stage must be stage numbers 1..$LAST_STAGE with stage <= stop_stage.
+_po_declared() { local v; for v in "${_options[@]}"; do [ "$v" = "$1" ] && return 0; done; return 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --help|-h)
       [ -n "${help_message:-}" ] && echo "$help_message"
       echo "Options (current values):"
-      for _po_v in "${_po_names[@]}"; do
-        case "$_po_v" in _*|help_message) ;; *) printf '  --%s %q\n' "$_po_v" "${!_po_v}" ;; esac
-      done
+      for _po_v in "${_options[@]}"; do printf '  --%s %q\n' "$_po_v" "${!_po_v}"; done
       exit 0 ;;
     --*=*) _po_name="${1%%=*}"; _po_value="${1#*=}"; shift ;;
     --*)
@@ -25,11 +19,18 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
   _po_var="${_po_name#--}"; _po_var="${_po_var//-/_}"
-  _po_known=0
-  for _po_v in "${_po_names[@]}"; do [ "$_po_v" = "$_po_var" ] && _po_known=1; done
-  if [ "$_po_known" != 1 ] || [[ "$_po_var" == _* ]]; then
+  if ! _po_declared "$_po_var"; then
     echo "error: unknown option $_po_name (see --help)" >&2; exit 1
   fi
   printf -v "$_po_var" '%s' "$_po_value"
 done
-unset _po_names _po_v _po_name _po_value _po_var _po_known
+for _po_v in stage stop_stage; do
+  if ! [[ "${!_po_v}" =~ ^[0-9]+$ ]] || [ "${!_po_v}" -lt 1 ] || [ "${!_po_v}" -gt "$LAST_STAGE" ]; then
+    echo "error: --$_po_v must be a stage number from 1 to $LAST_STAGE, got '${!_po_v}'" >&2; exit 1
+  fi
+done
+if [ "$stage" -gt "$stop_stage" ]; then
+  echo "error: --stage $stage is after --stop_stage $stop_stage: nothing would run" >&2; exit 1
+fi
+unset -f _po_declared
+unset _po_v _po_name _po_value _po_var
