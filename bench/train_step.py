@@ -25,8 +25,8 @@ from speakerlab.config import load_config  # noqa: E402
 from speakerlab.engine.batch_plan import BatchPlan  # noqa: E402
 from speakerlab.engine.distributed import DistInfo  # noqa: E402
 from speakerlab.engine.precision import resolve_precision  # noqa: E402
-from speakerlab.engine.setup import (build_net, build_optimizer, compute_features, load_train_data,  # noqa: E402
-                                     make_fbank, make_loader)
+from speakerlab.engine.setup import build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402
+from speakerlab.features import compute_features  # noqa: E402
 
 
 def bench_one(name, precision, batch, args, device):

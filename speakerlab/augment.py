@@ -27,13 +27,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.audio import AudioError, audio_info, read_audio, read_crop
+from speakerlab.config import AUGMENT_KINDS as KINDS
+from speakerlab.config import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
 from speakerlab.lists import ListError, read_wav_scp
 
-KINDS = ("reverb", "noise", "music", "babble")
 LIST_FILES = {"reverb": "rirs.scp", "noise": "noise.scp", "music": "music.scp", "babble": "babble.scp"}
-# Defaults of the Kaldi VoxCeleb recipe, also used by 3D-Speaker and WeSpeaker: SNR ranges in dB.
-DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
-DEFAULT_BABBLE_SPEAKERS = (3, 7)
 # Decoded RIRs kept per process: all of RIRS_NOISES (60,000 files, ~1 s each, ~4 GB as float32)
 # would not fit in every loader worker, so only the first RIRs read, up to this many bytes, are kept.
 RIR_CACHE_BYTES = 64 * 2**20

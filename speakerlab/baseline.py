@@ -5,16 +5,27 @@
 It tells how hard a corpus is before any model is trained: a trained model should beat it by far.
 Writes `<out>.result` and prints the EER and minDCF.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from speakerlab.engine.precision import resolve_device
+import torch
+
+from speakerlab.devices import resolve_device
+from speakerlab.embedder import Embedder
 from speakerlab.extract import embed_data_dir
-from speakerlab.features import Fbank, FbankConfig
+from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.score import evaluate
+
+
+class MeanOverTime(torch.nn.Module):
+    """`(B, T, F) -> (B, F)`: the "model" of the baseline."""
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats.mean(dim=1)
 
 
 def main(argv=None) -> int:
@@ -23,9 +34,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output prefix: <out>.result")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
-    device = resolve_device(args.device)
-    fbank = Fbank(FbankConfig(dither=0.0)).to(device)
-    ids, emb = embed_data_dir(lambda feats: feats.mean(dim=1), fbank, args.data, device, mean_norm=False)
+    embedder = Embedder(MeanOverTime(), FeatureSpec(FbankConfig(dither=0.0), mean_norm=False),
+                        resolve_device(args.device), "mean log-mel")
+    ids, emb = embed_data_dir(embedder, args.data)
     trials = Path(args.data) / "trials"
     _, labels, eer, dcf = evaluate(ids, emb, trials)
     result = (f"{trials}: mean log-mel baseline, {len(labels)} trials: EER {eer * 100:.2f}% "

@@ -8,103 +8,145 @@ here: they are passed around as arguments and logged.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import yaml
-
-from speakerlab.augment import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR, KINDS as AUGMENT_KINDS
 
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key (and file)."""
 
 
+# The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
+# WeSpeaker's), in dB; speakerlab.augment implements them.
+AUGMENT_KINDS = ("reverb", "noise", "music", "babble")
+DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
+DEFAULT_BABBLE_SPEAKERS = (3, 7)
+
+
+def setting(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
+            lt: Optional[float] = None, choices: Optional[tuple] = None,
+            check: Optional[Callable[[Any], Optional[str]]] = None):
+    """A settings field with its rule: bounds (`ge`/`gt`/`le`/`lt`), allowed `choices`, or `check(value)`
+    returning what is wrong (None when fine). Lists and dicts are copied per instance."""
+    rule = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=rule)
+    return field(default=default, metadata=rule)
+
+
+def _pair(lo_min: Optional[float] = None) -> Callable[[Any], Optional[str]]:
+    """Rule of a `[lo, hi]` range setting (lo <= hi, optionally lo >= lo_min)."""
+    def check(v):
+        if len(v) != 2 or v[0] > v[1]:
+            return f"must be [lo, hi] with lo <= hi, got {v}"
+        if lo_min is not None and v[0] < lo_min:
+            return f"must start at >= {lo_min}, got {v}"
+        return None
+    return check
+
+
+def _kinds(v) -> Optional[str]:
+    if not v or len(set(v)) != len(v) or any(k not in AUGMENT_KINDS for k in v):
+        return f"must list distinct kinds among {', '.join(AUGMENT_KINDS)}, got {v}"
+    return None
+
+
+def _batch(v) -> Optional[str]:
+    if isinstance(v, str) and v != "auto":
+        return f"must be an integer or 'auto', got {v!r}"
+    if isinstance(v, int) and v < 1:
+        return f"must be >= 1, got {v}"
+    return None
+
+
 @dataclass
 class DataSettings:
-    train: str = ""                      # Kaldi data dir with wav.scp, utt2spk
-    val: Optional[str] = None            # data dir with trials, scored every `train.val_every` epochs
-    sample_rate: int = 16000
-    crop_seconds: float = 2.0            # random training crop; shorter utterances are repeated
-    check_audio: bool = False            # re-read every header at start even when utt2num_samples exists
+    train: str = ""                                         # Kaldi data dir with wav.scp, utt2spk (required)
+    val: Optional[str] = None                               # data dir with trials, scored every train.val_every epochs
+    sample_rate: int = setting(16000, ge=1000, le=384000)
+    crop_seconds: float = setting(2.0, gt=0)                # random training crop; shorter utterances are repeated
+    check_audio: bool = False                               # re-read every header at start even with utt2num_samples
 
 
 @dataclass
 class AugmentSettings:
     lists: Optional[str] = None          # folder of noise/music/babble/rirs.scp (musan_rirs prepare); null: off
-    prob: float = 0.6                    # chance a training crop gets one augmentation (of `kinds`, uniformly)
-    kinds: List[str] = field(default_factory=lambda: list(AUGMENT_KINDS))
-    noise_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["noise"]))   # [0, 15] dB, uniform
-    music_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["music"]))   # [5, 15] dB
-    babble_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["babble"]))  # [13, 20] dB
-    babble_speakers: List[int] = field(default_factory=lambda: list(DEFAULT_BABBLE_SPEAKERS))  # [3, 7] files summed
-    reverb_noise_prob: float = 0.0       # chance a reverberated crop also gets one additive kind (room + noise)
+    prob: float = setting(0.6, ge=0, le=1)                  # chance a crop gets one augmentation (of `kinds`)
+    kinds: List[str] = setting(list(AUGMENT_KINDS), check=_kinds)
+    noise_snr: List[float] = setting(list(DEFAULT_SNR["noise"]), check=_pair())        # dB, uniform
+    music_snr: List[float] = setting(list(DEFAULT_SNR["music"]), check=_pair())
+    babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
+    babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
+    reverb_noise_prob: float = setting(0.0, ge=0, le=1)     # chance a reverberated crop also gets an additive kind
 
 
 @dataclass
 class FeatureSettings:
-    num_mel_bins: int = 80
-    frame_length_ms: float = 25.0
-    frame_shift_ms: float = 10.0
-    window_type: str = "povey"
-    dither: float = 0.0                  # training only; extraction always uses 0
-    mean_norm: bool = True               # per-utterance mean normalisation
+    num_mel_bins: int = setting(80, ge=1, le=512)
+    frame_length_ms: float = setting(25.0, gt=0)
+    frame_shift_ms: float = setting(10.0, gt=0)
+    window_type: str = setting("povey", choices=("povey", "hamming", "hanning", "rectangular"))
+    dither: float = setting(0.0, ge=0)                      # training only; extraction always uses 0
+    mean_norm: bool = True                                  # per-utterance mean normalisation
 
 
 @dataclass
 class ModelSettings:
-    name: str = ""                       # a registered builder, see speakerlab.models.list_models()
-    args: Dict[str, Any] = field(default_factory=dict)
+    name: str = ""                       # a registered builder, see speakerlab.models.list_models() (required)
+    args: Dict[str, Any] = setting({})   # its keyword arguments, checked against the builder's signature
 
 
 @dataclass
 class LossSettings:
-    scale: float = 32.0                  # cosine logits are multiplied by this
-    margin: float = 0.2                  # final additive angular margin (radians)
-    margin_start_epoch: float = 0.0      # margin is 0 before this epoch ...
-    margin_warmup_epochs: float = 0.0    # ... then rises linearly to `margin` over this many epochs
+    scale: float = setting(32.0, gt=0)                      # cosine logits are multiplied by this
+    margin: float = setting(0.2, ge=0, lt=1.5708)           # final additive angular margin (radians, < pi/2)
+    margin_start_epoch: float = setting(0.0, ge=0)          # margin is 0 before this epoch ...
+    margin_warmup_epochs: float = setting(0.0, ge=0)        # ... then rises linearly to `margin` over this many
 
 
 @dataclass
 class OptimSettings:
-    name: str = "sgd"                    # sgd (the published recipes) | adam | adamw (short CPU runs)
-    lr: float = 0.1                      # peak LR for the global batch in train.global_batch_size
-    min_lr: float = 1e-4
-    momentum: float = 0.9                # sgd only
-    nesterov: bool = True                # sgd only
-    weight_decay: float = 1e-4
-    warmup_epochs: float = 1.0
+    name: str = setting("sgd", choices=("sgd", "adam", "adamw"))   # sgd: the published recipes
+    lr: float = setting(0.1, gt=0)                          # peak LR for the global batch of train.global_batch_size
+    min_lr: float = setting(1e-4, ge=0)                     # end of the cosine decay (<= lr)
+    momentum: float = setting(0.9, ge=0, lt=1)              # sgd only
+    nesterov: bool = True                                   # sgd only
+    weight_decay: float = setting(1e-4, ge=0)
+    warmup_epochs: float = setting(1.0, ge=0)
 
 
 @dataclass
 class TrainSettings:
-    epochs: int = 10
-    global_batch_size: int = 256         # fixed across hardware: per-device batch x world x accumulation
-    seed: int = 42
-    max_grad_norm: float = 5.0           # 0 disables clipping
-    max_consecutive_skips: int = 10      # non-finite steps in a row before training stops
-    save_every_steps: int = 200          # mid-epoch checkpoint interval (optimizer steps); 0: epoch ends only
-    keep_checkpoints: int = 5            # epoch checkpoints kept (for averaging the last N)
-    log_every_steps: int = 10
-    val_every: int = 1                   # epochs between validation EERs (needs data.val)
-    init_from: Optional[str] = None      # start from this checkpoint's model + classifier weights
-                                         # (fine-tuning); ignored once the run has its own checkpoint
+    epochs: int = setting(10, ge=1)
+    global_batch_size: int = setting(256, ge=1)             # fixed across hardware: per-device x world x accumulation
+    seed: int = setting(42, ge=0)
+    max_grad_norm: float = setting(5.0, ge=0)               # 0 disables clipping
+    max_consecutive_skips: int = setting(10, ge=1)          # non-finite steps in a row before training stops
+    save_every_steps: int = setting(200, ge=0)              # mid-epoch checkpoint interval (optimizer steps); 0: epoch ends
+    keep_checkpoints: int = setting(5, ge=1)                # epoch checkpoints kept (for averaging the last N)
+    log_every_steps: int = setting(10, ge=1)
+    val_every: int = setting(1, ge=1)                       # epochs between validation EERs (needs data.val)
+    init_from: Optional[str] = None      # start from this checkpoint's model + classifier weights (fine-tuning);
+                                         # ignored once the run has its own checkpoint
 
 
 @dataclass
 class HardwareSettings:
-    device: str = "auto"                 # auto | cpu | cuda
-    precision: str = "auto"              # auto | bf16 | fp16 | fp32
-    tf32: bool = True                    # TF32 matmul/cuDNN on Ampere+ when running fp32 parts
-    per_device_batch: Union[int, str] = "auto"   # 16..128 or auto (largest that fits)
-    num_workers: int = 2
+    device: str = setting("auto", choices=("auto", "cpu", "cuda"))
+    precision: str = setting("auto", choices=("auto", "bf16", "fp16", "fp32"))
+    tf32: bool = True                                       # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
+    per_device_batch: Union[int, str] = setting("auto", check=_batch)   # >= 1, or auto (largest of 16..128 that fits)
+    num_workers: int = setting(2, ge=0)
     pin_memory: bool = True
-    prefetch_factor: int = 2
-    dist_timeout_s: int = 1800           # process-group / barrier timeout
-    memory_margin: float = 0.85          # auto batch: use at most this fraction of device memory
+    prefetch_factor: int = setting(2, ge=1)
+    dist_timeout_s: int = setting(1800, ge=1)               # process-group / barrier timeout
+    memory_margin: float = setting(0.85, gt=0, le=1)        # auto batch: use at most this fraction of device memory
 
 
 @dataclass
@@ -122,14 +164,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-_CHOICES = {
-    "hardware.device": ("auto", "cpu", "cuda"),
-    "hardware.precision": ("auto", "bf16", "fp16", "fp32"),
-    "features.window_type": ("povey", "hamming", "hanning", "rectangular"),
-    "optim.name": ("sgd", "adam", "adamw"),
-}
-
-
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -138,7 +172,6 @@ def _check_value(key: str, value: Any, tp) -> Any:
     """Return `value` converted to `tp` or raise ConfigError naming `key`."""
     origin = typing.get_origin(tp)
     if origin is Union:
-        errors = []
         for option in typing.get_args(tp):
             if option is type(None):
                 if value is None:
@@ -146,8 +179,8 @@ def _check_value(key: str, value: Any, tp) -> Any:
                 continue
             try:
                 return _check_value(key, value, option)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                pass
         raise ConfigError(f"config key '{key}': {value!r} is not {_type_name(tp)}")
     if origin in (dict, Dict):
         if not isinstance(value, dict):
@@ -179,15 +212,41 @@ def _check_value(key: str, value: Any, tp) -> Any:
     raise ConfigError(f"config key '{key}': unsupported type {tp}")
 
 
+def _check_rule(key: str, value: Any, rule: Dict[str, Any]) -> None:
+    """Apply a field's `setting` rule to its (type-checked) value."""
+    if not rule or value is None:
+        return
+    problem = None
+    if rule.get("choices") is not None and value not in rule["choices"]:
+        problem = f"must be one of {rule['choices']}, got {value!r}"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        lo, hi = ("ge", "gt"), ("le", "lt")
+        low = next(((n, rule[n]) for n in lo if rule.get(n) is not None), None)
+        high = next(((n, rule[n]) for n in hi if rule.get(n) is not None), None)
+        ok = (low is None or (value >= low[1] if low[0] == "ge" else value > low[1])) and \
+            (high is None or (value <= high[1] if high[0] == "le" else value < high[1]))
+        if not ok:
+            if low and high:
+                bound = f"in {'[' if low[0] == 'ge' else '('}{low[1]:g}, {high[1]:g}{']' if high[0] == 'le' else ')'}"
+            else:
+                name, limit = low or high
+                bound = f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[name]} {limit:g}"
+            problem = f"must be {bound}, got {value!r}"
+    if problem is None and rule.get("check") is not None:
+        problem = rule["check"](value)
+    if problem:
+        raise ConfigError(f"config key '{key}' {problem}")
+
+
 def _build(cls, raw: Dict[str, Any], prefix: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"config section '{prefix or '<top>'}' must be a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(f"unknown config key '{key}' (known in '{prefix or '<top>'}': {', '.join(sorted(names))})")
+        raise ConfigError(f"unknown config key '{key}' (known in '{prefix or '<top>'}': {', '.join(sorted(fields))})")
     kwargs = {}
     for name, value in raw.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -196,46 +255,19 @@ def _build(cls, raw: Dict[str, Any], prefix: str):
             kwargs[name] = _build(tp, value if value is not None else {}, key)
             continue
         value = _check_value(key, value, tp)
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise ConfigError(f"config key '{key}' must be one of {_CHOICES[key]}, got {value!r}")
+        _check_rule(key, value, dict(fields[name].metadata))
         kwargs[name] = value
     return cls(**kwargs)
 
 
 def _validate(cfg: Config) -> None:
+    """Rules that tie several fields together (single-field rules sit next to their field)."""
     if not cfg.model.name:
         raise ConfigError("config key 'model.name' is required")
     if not cfg.data.train:
         raise ConfigError("config key 'data.train' is required")
-    pdb = cfg.hardware.per_device_batch
-    if isinstance(pdb, str) and pdb != "auto":
-        raise ConfigError(f"config key 'hardware.per_device_batch' must be an integer or 'auto', got {pdb!r}")
-    if isinstance(pdb, int) and pdb < 1:
-        raise ConfigError("config key 'hardware.per_device_batch' must be >= 1")
-    for key, value in (("train.global_batch_size", cfg.train.global_batch_size), ("train.epochs", cfg.train.epochs),
-                       ("data.sample_rate", cfg.data.sample_rate)):
-        if value < 1:
-            raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
-    if cfg.data.crop_seconds <= 0:
-        raise ConfigError("config key 'data.crop_seconds' must be > 0")
-    _validate_augment(cfg.augment)
-
-
-def _validate_augment(a: AugmentSettings) -> None:
-    if not 0.0 <= a.prob <= 1.0:
-        raise ConfigError(f"config key 'augment.prob' must be in [0, 1], got {a.prob}")
-    if not 0.0 <= a.reverb_noise_prob <= 1.0:
-        raise ConfigError(f"config key 'augment.reverb_noise_prob' must be in [0, 1], got {a.reverb_noise_prob}")
-    bad = [k for k in a.kinds if k not in AUGMENT_KINDS]
-    if bad or not a.kinds or len(set(a.kinds)) != len(a.kinds):
-        raise ConfigError(f"config key 'augment.kinds' must list distinct kinds among {', '.join(AUGMENT_KINDS)}, "
-                          f"got {a.kinds}")
-    for name in ("noise_snr", "music_snr", "babble_snr", "babble_speakers"):
-        pair = getattr(a, name)
-        if len(pair) != 2 or pair[0] > pair[1]:
-            raise ConfigError(f"config key 'augment.{name}' must be [lo, hi] with lo <= hi, got {pair}")
-    if a.babble_speakers[0] < 1:
-        raise ConfigError(f"config key 'augment.babble_speakers' must start at >= 1, got {a.babble_speakers}")
+    if cfg.optim.min_lr > cfg.optim.lr:
+        raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
 
 
 def _set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:
@@ -284,14 +316,24 @@ def load_config(path: Optional[Union[str, Path, List]] = None, overrides: Option
         merged = dict(profile)
         merged.update(raw.get("hardware") or {})
         raw["hardware"] = merged
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(raw, key, value)
     where = f" in {', '.join(map(str, paths))}" if paths else ""
-    try:
-        cfg = _build(Config, raw, "")
-        _validate(cfg)
+    if hardware:
+        where += f" (hardware profile {hardware})"
+    try:  # the files alone first, so that a bad value is blamed on the file or on the override
+        _build(Config, raw, "")
     except ConfigError as e:
         raise ConfigError(f"{e}{where}") from None
+    items = overrides or []
+    for key, value in parse_overrides(items):
+        _set_dotted(raw, key, value)
+    try:
+        cfg = _build(Config, raw, "")
+    except ConfigError as e:
+        raise ConfigError(f"{e} in the command-line overrides {' '.join(items)}") from None
+    try:
+        _validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{e}{where}{' with overrides ' + ' '.join(items) if items else ''}") from None
     return cfg
 
 

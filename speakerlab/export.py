@@ -14,15 +14,23 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 
-def export_torchscript(model: nn.Module, path, feat_dim: int = 80) -> None:
+def model_feat_dim(model: nn.Module, feat_dim: Optional[int] = None) -> int:
+    """The number of feature bins the model takes: `feat_dim` when given, else the model's own
+    `feat_dim` attribute, else the 80 bins of the Kaldi fbank every classic model uses."""
+    return int(feat_dim if feat_dim is not None else getattr(model, "feat_dim", 80))
+
+
+def export_torchscript(model: nn.Module, path, feat_dim: Optional[int] = None) -> None:
     """Script the model (trace as a fallback for models that script cannot compile) and save it."""
     model = model.eval()
+    feat_dim = model_feat_dim(model, feat_dim)
     try:
         scripted = torch.jit.script(model)
     except Exception:  # some layers (e.g. checkpointing wrappers) only trace
@@ -31,9 +39,10 @@ def export_torchscript(model: nn.Module, path, feat_dim: int = 80) -> None:
     scripted.save(str(path))
 
 
-def export_onnx(model: nn.Module, path, feat_dim: int = 80, opset: int = 18) -> None:
+def export_onnx(model: nn.Module, path, feat_dim: Optional[int] = None, opset: int = 18) -> None:
     """ONNX through torch.export, batch and frame axes dynamic (any length >= 16 frames)."""
     model = model.eval()
+    feat_dim = model_feat_dim(model, feat_dim)
     # 537 frames: every size derived from time (e.g. CAM++ segments) is >= 2 and not a multiple of
     # anything, so torch.export does not specialise a size-1 or exactly-divisible axis.
     example = (torch.randn(2, 537, feat_dim),)
@@ -52,8 +61,10 @@ def _forward_arg_names(model: nn.Module):
     return [p for p in inspect.signature(model.forward).parameters]
 
 
-def check_export(model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim: int = 80, atol: float = 1e-4) -> float:
+def check_export(model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim: Optional[int] = None,
+                 atol: float = 1e-4) -> float:
     """Largest |exported - PyTorch| over two input lengths; raises when above `atol`."""
+    feat_dim = model_feat_dim(model, feat_dim)
     worst = 0.0
     for frames in lengths:
         x = torch.randn(2, frames, feat_dim, generator=torch.Generator().manual_seed(frames))
@@ -77,8 +88,8 @@ def check_export(model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim:
 
 
 def main(argv=None) -> int:
-    from speakerlab.checkpoint import load_checkpoint, rebuild_model
-    from speakerlab.extract import resolve_checkpoint
+    from speakerlab.checkpoint import CheckpointError
+    from speakerlab.embedder import load_embedder
 
     ap = argparse.ArgumentParser(prog="python -m speakerlab.export", description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -88,17 +99,20 @@ def main(argv=None) -> int:
     ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.checkpoint:
-        model = rebuild_model(load_checkpoint(resolve_checkpoint(args.checkpoint)))
-    else:
-        if not args.weights:
-            ap.error("--3dspeaker needs --weights")
-        from speakerlab.models import load_3dspeaker
-        model = load_3dspeaker(args.threedspeaker, args.weights)
+    if args.threedspeaker and not args.weights:
+        ap.error("--3dspeaker needs --weights")
+    try:
+        embedder = load_embedder(args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights, device="cpu")
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model, feat_dim = embedder.model, embedder.spec.feat_dim
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out)
-    err = check_export(model, args.out, args.format)
-    print(f"export: {args.out} ({args.format}); max |diff| vs PyTorch at 2 lengths: {err:.2e}", file=sys.stderr)
+    (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
+    err = check_export(model, args.out, args.format, feat_dim=feat_dim)
+    print(f"export: {args.out} ({args.format}, {feat_dim} bins of {embedder.spec.fbank.sample_rate} Hz fbank, "
+          f"mean norm {'on' if embedder.spec.mean_norm else 'off'}); max |diff| vs PyTorch at 2 lengths: {err:.2e}",
+          file=sys.stderr)
     return 0
 
 

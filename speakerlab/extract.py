@@ -3,75 +3,40 @@
     python -m speakerlab.extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
         --out exp/mini/embeddings/test.npz
 
-Utterances are sorted by length and batched when their frame counts are equal; with
-`--pad-ratio r > 0`, utterances up to r x longer than the shortest share a batch, the shorter ones
-repeated to the batch length (faster, slightly different from exact whole-utterance embeddings).
+The checkpoint (or an exp dir: its latest checkpoint) brings its own model and features
+(speakerlab.embedder). Utterances are sorted by length and batched when their frame counts are
+equal; with `--pad-ratio r > 0`, utterances up to r x longer than the shortest share a batch, the
+shorter ones repeated to the batch length (faster, slightly different from exact whole-utterance
+embeddings).
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
-import torch
 
-from speakerlab.audio import read_audio
-from speakerlab.checkpoint import latest_checkpoint, load_checkpoint, rebuild_model
-from speakerlab.config import config_from_dict
-from speakerlab.engine.precision import resolve_device
-from speakerlab.engine.setup import make_fbank
-from speakerlab.features import Fbank, mean_normalize, num_frames
-from speakerlab.lists import load_data_dir
+from speakerlab.audio import AudioError
+from speakerlab.checkpoint import CheckpointError
+from speakerlab.embedder import Embedder, load_embedder
+from speakerlab.lists import ListError, load_data_dir
 
 
-def length_batches(frames: Sequence[int], max_batch: int, pad_ratio: float) -> List[List[int]]:
-    """Group indices of `frames` (sorted by length) into batches of <= max_batch whose longest is at
-    most (1 + pad_ratio) x their shortest."""
-    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
-    batches: List[List[int]] = []
-    for i in order:
-        if batches and len(batches[-1]) < max_batch and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio):
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-@torch.no_grad()
-def embed_waves(embed: Callable[[torch.Tensor], torch.Tensor], fbank: Fbank, waves: Sequence[np.ndarray],
-                device: torch.device, mean_norm: bool = True, max_batch: int = 32,
-                pad_ratio: float = 0.0) -> np.ndarray:
-    """`embed((B, T, F)) -> (B, D)` over whole waves -> `(N, D)` float32, in input order."""
-    cfg = fbank.config
-    frames = [num_frames(len(w), cfg) for w in waves]
-    out: List[Optional[np.ndarray]] = [None] * len(waves)
-    for batch in length_batches(frames, max_batch, pad_ratio):
-        n = max(len(waves[i]) for i in batch)
-        # Repeat (not zero-pad) shorter members: padding with silence would shift the statistics.
-        rows = [np.resize(waves[i], n) for i in batch]
-        x = torch.from_numpy(np.stack(rows)).to(device)
-        feats = fbank(x)
-        if mean_norm:
-            feats = mean_normalize(feats)
-        emb = embed(feats).float().cpu().numpy()
-        for j, i in enumerate(batch):
-            out[i] = emb[j]
-    return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
-
-
-def embed_data_dir(embed, fbank: Fbank, data_dir, device: torch.device, mean_norm: bool = True,
-                   max_batch: int = 32, pad_ratio: float = 0.0, sample_rate: int = 16000) -> Tuple[List[str], np.ndarray]:
+def embed_data_dir(embedder: Embedder, data_dir, max_batch: int = 32,
+                   pad_ratio: float = 0.0) -> Tuple[List[str], np.ndarray]:
     """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings)."""
     data = load_data_dir(data_dir, need_speakers=False)
     data.check_audio_exists()
-    waves = [read_audio(data.wav[u], sample_rate) for u in data.utts]
-    return data.utts, embed_waves(embed, fbank, waves, device, mean_norm, max_batch, pad_ratio)
+    waves = [embedder.read(data.wav[u]) for u in data.utts]
+    return data.utts, embedder.embed_waves(waves, max_batch, pad_ratio)
 
 
 def save_embeddings(path, ids: Sequence[str], emb: np.ndarray) -> None:
+    """`ids` (N,) and `emb` (N, D) float32 -> an .npz with arrays `ids` and `embeddings` (atomic)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
@@ -84,17 +49,6 @@ def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
         return [str(i) for i in z["ids"]], z["embeddings"]
 
 
-def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint file, or an exp dir / checkpoints dir (its latest checkpoint)."""
-    p = Path(path)
-    if p.is_dir():
-        found = latest_checkpoint(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
-        if found is None:
-            raise FileNotFoundError(f"no checkpoint under {p}")
-        return found
-    return p
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.extract", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
@@ -104,18 +58,15 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--pad-ratio", type=float, default=0.0)
     args = ap.parse_args(argv)
-    device = resolve_device(args.device)
     t0 = time.time()
-    ckpt_path = resolve_checkpoint(args.checkpoint)
-    ckpt = load_checkpoint(ckpt_path)
-    cfg = config_from_dict(ckpt["config"])
-    model = rebuild_model(ckpt).to(device)
-    fbank = make_fbank(cfg, device, dither=0.0)
-    ids, emb = embed_data_dir(model, fbank, args.data, device, cfg.features.mean_norm, args.batch_size,
-                              args.pad_ratio, cfg.data.sample_rate)
-    what = f"{ckpt['model_name']} from {ckpt_path}"
+    try:
+        embedder = load_embedder(args.checkpoint, device=args.device)
+        ids, emb = embed_data_dir(embedder, args.data, args.batch_size, args.pad_ratio)
+    except (CheckpointError, ListError, AudioError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     save_embeddings(args.out, ids, emb)
-    print(f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({what}) -> {args.out} "
+    print(f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
           f"in {time.time() - t0:.1f}s", file=sys.stderr)
     return 0
 

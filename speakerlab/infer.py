@@ -1,40 +1,24 @@
-"""Embeddings of wav files, or the cosine score of two, from our checkpoint or a 3D-Speaker one.
+"""Embeddings of audio files, or the cosine score of two, from our checkpoint or a 3D-Speaker one.
 
     python -m speakerlab.infer --checkpoint exp/mini/checkpoints/avg.pt a.wav b.wav         # embeddings
     python -m speakerlab.infer --checkpoint exp/mini/checkpoints/avg.pt --score a.wav b.wav # one score
     python -m speakerlab.infer --3dspeaker campplus --weights campplus_cn_en_common.pt a.wav
 
-Features are those the published models were trained with: 80-bin Kaldi fbank, 25/10 ms, dither
-0, per-utterance mean normalisation (for our checkpoints, the settings stored in the checkpoint).
-Embeddings print one per line (`path v1 v2 ...`) or go to `--out file.npz`.
+Features are the checkpoint's own (for 3D-Speaker weights, those the published models were trained
+with: 16 kHz, 80-bin Kaldi fbank, 25/10 ms, dither 0, mean normalisation); files must be mono at the
+model's sample rate. Embeddings print one per line (`path v1 v2 ...`) or go to `--out file.npz`.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Tuple
 
 import numpy as np
-import torch
 
-from speakerlab.audio import read_audio
-from speakerlab.checkpoint import load_checkpoint, rebuild_model
-from speakerlab.config import config_from_dict
-from speakerlab.engine.precision import resolve_device
-from speakerlab.engine.setup import make_fbank
-from speakerlab.extract import embed_waves, resolve_checkpoint
-from speakerlab.features import Fbank, FbankConfig
-
-
-def load_for_inference(args, device) -> Tuple[torch.nn.Module, Fbank, bool]:
-    """(model in eval mode, fbank, mean_norm) from `--checkpoint` or `--3dspeaker NAME --weights FILE`."""
-    if args.checkpoint:
-        ckpt = load_checkpoint(resolve_checkpoint(args.checkpoint))
-        cfg = config_from_dict(ckpt["config"])
-        return rebuild_model(ckpt).to(device), make_fbank(cfg, device, dither=0.0), cfg.features.mean_norm
-    from speakerlab.models import load_3dspeaker
-    model = load_3dspeaker(args.threedspeaker, args.weights).to(device)
-    return model, Fbank(FbankConfig(num_mel_bins=80, dither=0.0)).to(device), True
+from speakerlab.audio import AudioError
+from speakerlab.checkpoint import CheckpointError
+from speakerlab.embedder import load_embedder
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -51,16 +35,19 @@ def main(argv=None) -> int:
     ap.add_argument("--score", action="store_true", help="print the cosine score of exactly two files")
     ap.add_argument("--out", help="write embeddings to this .npz instead of printing them")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("wavs", nargs="+", help="16 kHz mono audio files")
+    ap.add_argument("wavs", nargs="+", help="mono audio files at the model's sample rate")
     args = ap.parse_args(argv)
     if args.threedspeaker and not args.weights:
         ap.error("--3dspeaker needs --weights")
     if args.score and len(args.wavs) != 2:
         ap.error("--score takes exactly two files")
-    device = resolve_device(args.device)
-    model, fbank, mean_norm = load_for_inference(args, device)
-    waves: List[np.ndarray] = [read_audio(p) for p in args.wavs]
-    emb = embed_waves(model, fbank, waves, device, mean_norm)
+    try:
+        embedder = load_embedder(args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights,
+                                 device=args.device)
+        emb = embedder.embed_waves([embedder.read(p) for p in args.wavs])
+    except (CheckpointError, AudioError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.score:
         print(f"{cosine(emb[0], emb[1]):.6f}")
     elif args.out:

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import save_checkpoint
-from speakerlab.config import load_config
+from speakerlab.checkpoint import Checkpoint, save_checkpoint
+from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.infer import main as infer_main
 from speakerlab.models import build_model
 from tests.helpers import write_wav
@@ -20,10 +20,8 @@ def wavs(tmp_path):
 
 
 def test_infer_from_our_checkpoint(tmp_path, wavs, capsys):
-    cfg = load_config(raw={"model": {"name": "campplus", "args": TINY}, "data": {"train": "x"}})
     model = build_model("campplus", **TINY)
-    save_checkpoint(tmp_path / "c.pt", {"model_name": "campplus", "model_args": TINY, "model": model.state_dict(),
-                                        "config": cfg.to_dict(), "speakers": ["a"], "step": 0, "epoch": 0})
+    save_checkpoint(tmp_path / "c.pt", Checkpoint("campplus", TINY, model.state_dict(), FeatureSpec(FbankConfig())))
     assert infer_main(["--checkpoint", str(tmp_path / "c.pt"), *wavs]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == wavs and all(len(ln.split()) == 17 for ln in lines)

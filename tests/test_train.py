@@ -62,18 +62,22 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
     wa = load_checkpoint(tmp_path / "a" / "checkpoints" / "epoch_002.pt")
     wb = load_checkpoint(tmp_path / "b" / "checkpoints" / "epoch_002.pt")
-    for k in wa["model"]:
-        torch.testing.assert_close(wa["model"][k], wb["model"][k], rtol=1e-5, atol=1e-6)
+    for k in wa.model:
+        torch.testing.assert_close(wa.model[k], wb.model[k], rtol=1e-5, atol=1e-6)
     assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
 
 
 def test_checkpoint_alone_rebuilds_model(tmp_path):
     cfg, _ = tiny_config(tmp_path, val=False)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "e"), "train.epochs=1"]) == 0
-    ck = load_checkpoint(tmp_path / "e" / "checkpoints" / "epoch_001.pt")
-    assert {"model_name", "model_args", "model", "classifier", "optimizer", "scaler", "step", "epoch",
-            "speakers", "config", "rng_cpu"} <= set(ck)
-    assert ck["speakers"] == ["s0", "s1", "s2", "s3"] and ck["config"]["train"]["epochs"] == 1
+    path = tmp_path / "e" / "checkpoints" / "epoch_001.pt"
+    raw = torch.load(path, weights_only=True)
+    assert raw["schema"] == 2 and {"model_name", "model_args", "model", "features", "speakers", "classifier",
+                                   "step", "epoch", "resume", "config"} <= set(raw)
+    ck = load_checkpoint(path)
+    assert ck.speakers == ["s0", "s1", "s2", "s3"] and ck.config["train"]["epochs"] == 1
+    assert ck.features.fbank.num_mel_bins == 80 and ck.features.fbank.dither == 0.0 and ck.features.mean_norm
+    assert ck.resume is not None and ck.resume.optimizer["state"] and ck.resume.rng_cpu is not None
     model = rebuild_model(ck)
     assert not model.training
     assert model(torch.randn(2, 60, 80)).shape == (2, 32)
@@ -102,8 +106,8 @@ def test_consecutive_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
     log = (exp / "train.log").read_text()
     assert "2 consecutive steps had a non-finite loss or gradient" in log
     after = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
-    assert after["step"] == good["step"]
-    assert all(torch.isfinite(v).all() for v in after["model"].values() if v.is_floating_point())
+    assert after.step == good.step
+    assert all(torch.isfinite(v).all() for v in after.model.values() if v.is_floating_point())
     assert not (exp / "checkpoints" / "latest.pt").exists()
 
 
@@ -181,7 +185,7 @@ def test_torchrun_two_processes(tmp_path):
     assert "training done: 2 epochs, 4 steps" in log
     assert sorted(losses(exp)) == [1, 2, 3, 4]
     ck = load_checkpoint(exp / "checkpoints" / "epoch_002.pt")
-    assert ck["step"] == 4
+    assert ck.step == 4
     # Interrupted DDP run resumes too: stop after 1 step, then the same command.
     exp2 = tmp_path / "ddp2"
     r = subprocess.run(cmd[:-1] + [str(exp2), "--max-steps", "1"], env=env, capture_output=True, text=True, timeout=300)
@@ -202,9 +206,9 @@ def test_average_then_large_margin_finetune(tmp_path):
     avg = load_checkpoint(exp / "checkpoints" / "avg.pt")
     e1 = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
     e2 = load_checkpoint(exp / "checkpoints" / "epoch_002.pt")
-    key = next(k for k, v in avg["model"].items() if v.is_floating_point() and v.ndim > 1)
-    torch.testing.assert_close(avg["model"][key], (e1["model"][key] + e2["model"][key]) / 2)
-    assert "optimizer" not in avg and avg["averaged_from"]
+    key = next(k for k, v in avg.model.items() if v.is_floating_point() and v.ndim > 1)
+    torch.testing.assert_close(avg.model[key], (e1.model[key] + e2.model[key]) / 2)
+    assert avg.resume is None and avg.averaged_from and avg.classifier is not None
     lm = tmp_path / "lm"
     overlay = ROOT / "conf" / "mini_finetune_lm.yaml"
     assert train_main(["--config", str(cfg), "--config", str(overlay), "--exp-dir", str(lm),
@@ -214,5 +218,5 @@ def test_average_then_large_margin_finetune(tmp_path):
     rows = [json.loads(r) for r in (lm / "metrics.jsonl").read_text().splitlines()]
     assert all(r["margin"] == pytest.approx(0.4) for r in rows)
     saved = load_checkpoint(lm / "checkpoints" / "epoch_001.pt")
-    assert saved["config"]["loss"]["margin"] == pytest.approx(0.4)
-    assert saved["config"]["data"]["crop_seconds"] == pytest.approx(0.55)
+    assert saved.config["loss"]["margin"] == pytest.approx(0.4)
+    assert saved.config["data"]["crop_seconds"] == pytest.approx(0.55)

@@ -23,17 +23,6 @@ def device_type(device: Union[str, torch.device]) -> str:
     return torch.device(device).type
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """`auto` -> this rank's CUDA device when CUDA is available, else CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("hardware.device is 'cuda' but no CUDA device is available")
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
-
-
 @dataclass(frozen=True)
 class Precision:
     """The resolved precision of a run."""

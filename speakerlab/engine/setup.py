@@ -1,10 +1,12 @@
-"""Building a training run's parts from the config: data, features, model + classifier, optimizer,
-batch plan, and restoring them from a checkpoint."""
+"""The composition root of training: the one place that sees the whole config. It checks the config
+against the model registry, then builds a run's parts from their own settings sections (data,
+augmentation, features, model + classifier, optimizer, batch plan, loader) into a `Run`."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -12,14 +14,29 @@ import torch.nn as nn
 
 from speakerlab.augment import Augmenter
 from speakerlab.batches import CropDataset, GlobalBatchSampler
-from speakerlab.config import Config
+from speakerlab.config import Config, ConfigError, load_config
+from speakerlab.devices import resolve_device
+from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
 from speakerlab.engine.distributed import DistInfo
-from speakerlab.features import Fbank, FbankConfig, mean_normalize
+from speakerlab.engine.monitor import Monitor
+from speakerlab.engine.precision import Precision, resolve_precision
+from speakerlab.engine.stability import NonFiniteGuard
+from speakerlab.features import Fbank, fbank_config, num_frames
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
 from speakerlab.loss import AAMSoftmax
-from speakerlab.models import build_model
+from speakerlab.models import build_model, model_args_problems
+
+
+def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
+    """The training config: `load_config` plus the model arguments checked against the registered
+    builder's signature, so a typo in `model.args` stops here, naming the key, before any work."""
+    cfg = load_config(list(paths), list(overrides), hardware=hardware)
+    problems = model_args_problems(cfg.model.name, cfg.model.args)
+    if problems:
+        raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
+    return cfg
 
 
 class SpeakerNet(nn.Module):
@@ -77,18 +94,9 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     return aug
 
 
-def make_fbank(cfg: Config, device: torch.device, dither: Optional[float] = None) -> Fbank:
-    f = cfg.features
-    fb = FbankConfig(sample_rate=cfg.data.sample_rate, num_mel_bins=f.num_mel_bins,
-                     frame_length_ms=f.frame_length_ms, frame_shift_ms=f.frame_shift_ms,
-                     window_type=f.window_type, dither=f.dither if dither is None else dither)
-    return Fbank(fb).to(device)
-
-
-def compute_features(fbank: Fbank, waves: torch.Tensor, mean_norm: bool) -> torch.Tensor:
-    """`(B, samples)` fp32 waves -> `(B, frames, bins)` fp32 features (outside autocast on purpose)."""
-    feats = fbank(waves)
-    return mean_normalize(feats) if mean_norm else feats
+def make_fbank(cfg: Config, device: torch.device) -> Fbank:
+    """The training front-end: fbank of `cfg.features` at `cfg.data.sample_rate`, with its dither."""
+    return Fbank(fbank_config(cfg.features, cfg.data.sample_rate)).to(device)
 
 
 def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
@@ -174,3 +182,82 @@ def cuda_probe(net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: i
         return peak <= margin * total
 
     return fits
+
+
+@dataclass
+class RunState:
+    """Where a run is: the only values that change as it trains (besides weights and optimizer)."""
+
+    step: int = 0              # optimizer steps done: the clock of the LR and margin schedules
+    epoch: int = 0             # epochs completed
+
+
+@dataclass
+class Run:
+    """A training run's parts, built once by `build_run`; `state` is what advances."""
+
+    cfg: Config
+    exp_dir: Path
+    info: DistInfo
+    device: torch.device
+    precision: Precision
+    net: nn.Module                    # DDP-wrapped when distributed
+    raw: SpeakerNet                   # the SpeakerNet itself
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    fbank: Fbank
+    loader: torch.utils.data.DataLoader
+    sampler: GlobalBatchSampler
+    plan: BatchPlan
+    monitor: Monitor
+    speakers: List[str]
+    guard: NonFiniteGuard
+    state: RunState
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.exp_dir / "checkpoints"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+
+def build_run(cfg: Config, exp_dir: Path) -> Run:
+    """Process group, device, precision, data, model, optimizer, batch plan and loader of a run."""
+    info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
+    device = resolve_device(cfg.hardware.device, info.local_rank)
+    monitor = Monitor(exp_dir, enabled=info.is_main)
+    precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
+    seed_everything(cfg.train.seed)
+    with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
+        log = monitor.log if info.is_main else (lambda m: None)
+        data = load_train_data(cfg, log)
+        augmenter = build_augmenter(cfg, log)
+    speakers = data.speakers
+    net = build_net(cfg, len(speakers), precision.autocast).to(device)
+    fbank = make_fbank(cfg, device)
+    crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
+    probe = cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device,
+                       cfg.hardware.memory_margin) if device.type == "cuda" else None
+    plan = choose_plan(cfg, info, device, probe, monitor.log)
+    pin = cfg.hardware.pin_memory and device.type == "cuda"
+    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(speakers)}, plan, info, pin, augmenter)
+    ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
+    dist_utils.check_shared_memory(cfg.hardware.num_workers, plan.per_device * loader.dataset.crop_samples * 4,
+                                   cfg.hardware.prefetch_factor, ranks_on_node, monitor.log)
+    ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None) \
+        if info.enabled else net
+
+    def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
+        flag = torch.tensor([float(bad)], device=device)
+        if info.enabled:
+            torch.distributed.all_reduce(flag)
+        return bool(flag.item())
+
+    guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log, any_rank)
+    run = Run(cfg, exp_dir, info, device, precision, ddp, net, build_optimizer(cfg, net), precision.grad_scaler(),
+              fbank, loader, sampler, plan, monitor, speakers, guard, RunState())
+    monitor.log(f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
+                f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params")
+    return run

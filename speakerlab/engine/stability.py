@@ -8,7 +8,7 @@ checkpoint is written, so the last good checkpoint is intact.
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -19,8 +19,15 @@ class TrainingStopped(RuntimeError):
 
 
 class NonFiniteGuard:
-    def __init__(self, max_consecutive: int):
+    """Counts skipped steps; decides from values only (loss, gradient norm), so it is testable alone.
+
+    `log(message)` reports skips; `any_rank(bad) -> bool` makes the verdict the same on every rank
+    (an all-reduce under DDP; the identity in one process)."""
+
+    def __init__(self, max_consecutive: int, log: Callable[[str], None] = print,
+                 any_rank: Callable[[bool], bool] = lambda bad: bad):
         self.max_consecutive = max_consecutive
+        self.log, self.any_rank = log, any_rank
         self.consecutive = 0
         self.total = 0
 
@@ -30,40 +37,41 @@ class NonFiniteGuard:
         host sync in the training step); it is read only when a step turns out non-finite."""
         return ~torch.isfinite(feats).flatten(1).all(dim=1)
 
-    @staticmethod
-    def _files(pending: List[Tuple[torch.Tensor, torch.Tensor]], dataset) -> List[str]:
-        return [dataset.paths[int(i)] for index, bad in pending for i in index[bad.cpu()].tolist()]
-
-    def check(self, run, loss: float, grad_norm: float, pending: List[Tuple[torch.Tensor, torch.Tensor]]) -> bool:
-        """True when the step may update the weights. `pending` holds each micro-batch's
-        (utterance indices, `nonfinite_rows` mask). The answer is the same on every rank: the flag
-        is all-reduced, so one rank's NaN batch skips the step everywhere."""
+    def check(self, step: int, loss: float, grad_norm: float, culprits: Callable[[], List[str]],
+              fp16_overflow: bool = False) -> bool:
+        """True when step `step` may update the weights. `culprits()` names the files of the step's
+        batch whose input was non-finite (called only for a bad step, on every rank). `fp16_overflow`:
+        the GradScaler is active at a scale >= 1, so a non-finite gradient may be its overflow."""
         local_bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
-        fp16_overflow = run.precision.use_scaler and math.isfinite(loss) and run.scaler.get_scale() >= 1.0
-        flag = torch.tensor([float(local_bad)], device=run.device)
-        if run.info.enabled:
-            dist.all_reduce(flag)
-        if not flag.item():
+        if not self.any_rank(local_bad):
             self.consecutive = 0
             return True
-        bad_files = self._files(pending, run.loader.dataset)
-        if run.info.enabled:  # every rank is here (the flag is shared): gather the culprits once
-            gathered = [None] * run.info.world_size
-            dist.all_gather_object(gathered, bad_files)
-            bad_files = [f for part in gathered for f in part]
-        if fp16_overflow and not bad_files:
+        bad_files = culprits()
+        if fp16_overflow and math.isfinite(loss) and not bad_files:
             # fp16 gradients overflowing at a large loss scale is the GradScaler's business: it halves
             # the scale and the step is skipped, without counting toward the stop limit.
-            run.monitor.log(f"step {run.step}: fp16 gradient overflow, loss scale -> {run.scaler.get_scale() / 2:g}")
+            self.log(f"step {step}: fp16 gradient overflow, the GradScaler lowers the loss scale")
             return False
         self.total += 1
         self.consecutive += 1
         cause = (f"non-finite input features in {', '.join(bad_files[:8])}" if bad_files
                  else f"loss {loss:.4g}, gradient norm {grad_norm:.4g} (no input was non-finite)")
-        run.monitor.log(f"step {run.step} skipped (#{self.total}, {self.consecutive} in a row): {cause}")
+        self.log(f"step {step} skipped (#{self.total}, {self.consecutive} in a row): {cause}")
         if self.consecutive >= self.max_consecutive:
             raise TrainingStopped(
                 f"{self.consecutive} consecutive steps had a non-finite loss or gradient (last: {cause}); "
                 "check the audio named above, lower optim.lr, or use bf16/fp32 instead of fp16. "
                 "The last checkpoint in the exp dir is from before these steps and can be resumed.")
         return False
+
+
+def batch_culprits(pending: List[Tuple[torch.Tensor, torch.Tensor]], paths: Sequence[str], info) -> List[str]:
+    """Files of a step's micro-batches whose features were non-finite, gathered from every rank.
+
+    `pending` holds each micro-batch's (utterance indices, `nonfinite_rows` mask)."""
+    files = [paths[int(i)] for index, bad in pending for i in index[bad.cpu()].tolist()]
+    if info.enabled:
+        gathered = [None] * info.world_size
+        dist.all_gather_object(gathered, files)
+        files = [f for part in gathered for f in part]
+    return files

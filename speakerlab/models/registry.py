@@ -10,7 +10,7 @@ Every model maps fbank features `(B, T, F)` to embeddings `(B, D)`.
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import torch.nn as nn
 
@@ -45,3 +45,19 @@ def build_model(name: str, **kwargs) -> nn.Module:
         if unknown:
             raise ValueError(f"model {name!r} has no argument(s) {unknown}; it takes {sorted(params)}")
     return builder(**kwargs)
+
+
+def model_args_problems(name: str, args: Dict[str, object], prefix: str = "model.args") -> List[str]:
+    """What is wrong with building model `name` from `args`, one line per problem naming
+    `<prefix>.<key>` (an empty list when it would build): unknown names, missing required arguments."""
+    if name not in _BUILDERS:
+        return [f"'model.name': unknown model {name!r}; registered: {', '.join(list_models())}"]
+    params = inspect.signature(_BUILDERS[name]).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    problems = [] if takes_any else [
+        f"'{prefix}.{key}': model {name!r} has no argument {key!r} (it takes {', '.join(named)})"
+        for key in sorted(set(args) - set(named))]
+    problems += [f"'{prefix}.{n}': model {name!r} needs this argument" for n, p in params.items()
+                 if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in args]
+    return problems

@@ -1,0 +1,111 @@
+"""The one inference path: a checkpoint (ours, or a 3D-Speaker state dict) -> an `Embedder`, a model
+in eval mode together with the feature front-end it was trained with.
+
+    embedder = load_embedder("exp/campplus")                      # an exp dir: its latest checkpoint
+    embedder = load_embedder(threedspeaker="campplus", weights="campplus_cn_en_common.pt")
+    emb = embedder.embed_waves([embedder.read("a.wav"), embedder.read("b.wav")])   # (2, D)
+
+Extraction, inference, export, the no-training baseline and training-time validation all embed
+through this module; none of it imports the training engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from speakerlab.audio import read_audio
+from speakerlab.checkpoint import load_checkpoint, rebuild_model, resolve_checkpoint
+from speakerlab.devices import resolve_device
+from speakerlab.features import Fbank, FbankConfig, FeatureSpec, compute_features, num_frames
+
+# The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
+# 25/10 ms povey frames, no dither, per-utterance mean normalisation.
+THREEDSPEAKER_FEATURES = FeatureSpec(FbankConfig(sample_rate=16000, num_mel_bins=80, dither=0.0), mean_norm=True)
+
+
+class Embedder:
+    """`(B, samples)` waves at `sample_rate` -> `(B, D)` embeddings: fbank, mean normalisation, model.
+
+    The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
+    `name` says where it came from, for logs.
+    """
+
+    def __init__(self, model: nn.Module, spec: FeatureSpec, device: Union[str, torch.device] = "cpu", name: str = ""):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.spec = spec
+        self.fbank = Fbank(spec.fbank).to(self.device)
+        self.name = name
+
+    @property
+    def sample_rate(self) -> int:
+        return self.spec.sample_rate
+
+    def read(self, path: str) -> np.ndarray:
+        """A whole mono file at this embedder's sample rate: `(samples,)` float32."""
+        return read_audio(path, self.sample_rate)
+
+    @torch.no_grad()
+    def __call__(self, waves: torch.Tensor) -> torch.Tensor:
+        """`(B, samples)` float waves -> `(B, D)` float32 embeddings, on this embedder's device."""
+        feats = compute_features(self.fbank, waves.to(self.device, torch.float32), self.spec.mean_norm)
+        return self.model(feats).float()
+
+    def embed_waves(self, waves: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
+        """Whole waves of any lengths -> `(N, D)` float32, in input order.
+
+        Waves of equal frame count share a batch; with `pad_ratio` r > 0 waves up to r x longer than
+        the shortest do too, the shorter ones repeated to the batch length (faster, slightly
+        different from exact whole-utterance embeddings)."""
+        frames = [num_frames(len(w), self.spec.fbank) for w in waves]
+        out: List[Optional[np.ndarray]] = [None] * len(waves)
+        for batch in length_batches(frames, max_batch, pad_ratio):
+            n = max(len(waves[i]) for i in batch)
+            # Repeat (not zero-pad) shorter members: padding with silence would shift the statistics.
+            rows = np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
+            emb = self(torch.from_numpy(rows)).cpu().numpy()
+            for j, i in enumerate(batch):
+                out[i] = emb[j]
+        return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+def length_batches(frames: Sequence[int], max_batch: int, pad_ratio: float) -> List[List[int]]:
+    """Indices of `frames`, sorted by length, in batches of <= max_batch whose longest is at most
+    (1 + pad_ratio) x their shortest."""
+    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
+    batches: List[List[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < max_batch and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def load_embedder(checkpoint: Optional[Union[str, Path]] = None, *, threedspeaker: Optional[str] = None,
+                  weights: Optional[Union[str, Path]] = None, device: Union[str, torch.device] = "auto") -> Embedder:
+    """An eval-mode `Embedder` from one of:
+
+    - `checkpoint`: a speakerlab checkpoint file, or an exp dir (its latest checkpoint). The model and
+      its features come from the checkpoint alone (model name + arguments, `features`).
+    - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME, with
+      the features those models were published with (`THREEDSPEAKER_FEATURES`).
+    """
+    dev = resolve_device(device) if isinstance(device, str) else device
+    if (checkpoint is None) == (threedspeaker is None):
+        raise ValueError("give exactly one of a checkpoint or a 3D-Speaker model name (with weights)")
+    if checkpoint is not None:
+        path = resolve_checkpoint(checkpoint)
+        ckpt = load_checkpoint(path)
+        return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}")
+    if weights is None:
+        raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")
+    from speakerlab.models import load_3dspeaker
+
+    model = load_3dspeaker(threedspeaker, weights)
+    return Embedder(model, THREEDSPEAKER_FEATURES, dev, f"3D-Speaker {threedspeaker} from {weights}")

@@ -1,0 +1,76 @@
+"""A run's checkpoints: what it writes at a step, and how it starts again from one (resume, or
+fine-tuning from another run). The file schema itself is speakerlab.checkpoint's."""
+
+from __future__ import annotations
+
+import torch
+
+from speakerlab.checkpoint import (Checkpoint, ResumeState, latest_checkpoint, load_checkpoint, prune_checkpoints,
+                                   save_checkpoint)
+from speakerlab.engine.setup import Run
+from speakerlab.features import feature_spec
+
+
+def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
+    """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run."""
+    cfg = run.cfg
+    resume = ResumeState(run.optimizer.state_dict(), run.scaler.state_dict(), step_in_epoch, run.guard.total,
+                         torch.get_rng_state(),
+                         torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [])
+    return Checkpoint(cfg.model.name, dict(cfg.model.args), run.raw.model.state_dict(),
+                      feature_spec(cfg.features, cfg.data.sample_rate), list(run.speakers),
+                      run.raw.classifier.state_dict(), run.state.step, run.state.epoch, resume, cfg.to_dict())
+
+
+def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
+    """Rank 0 writes `<exp>/checkpoints/<name>` (atomically)."""
+    if run.info.is_main:
+        save_checkpoint(run.ckpt_dir / name, checkpoint_of(run, step_in_epoch))
+
+
+def save_epoch_end(run: Run) -> None:
+    """The epoch checkpoint; the mid-epoch one is now stale; only the newest `keep_checkpoints` stay."""
+    save(run, f"epoch_{run.state.epoch:03d}.pt")
+    if run.info.is_main:
+        (run.ckpt_dir / "latest.pt").unlink(missing_ok=True)
+        prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
+
+
+def _same_model(run: Run, ckpt: Checkpoint, path, hint: str) -> None:
+    if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
+        raise RuntimeError(f"{path} was trained with another model or speaker list; {hint}")
+
+
+def init_from(run: Run, path: str) -> None:
+    """Fine-tuning start: model and classifier weights of another run (same model, same speakers)."""
+    ckpt = load_checkpoint(path, map_location=run.device)
+    _same_model(run, ckpt, path, "train.init_from needs the same model and speakers")
+    if ckpt.classifier is None:
+        raise RuntimeError(f"train.init_from {path}: the checkpoint has no classifier weights")
+    run.raw.model.load_state_dict(ckpt.model)
+    run.raw.classifier.load_state_dict(ckpt.classifier)
+    run.monitor.log(f"initialised from {path} (epoch {ckpt.epoch}, step {ckpt.step})")
+
+
+def resume(run: Run) -> int:
+    """Restore the latest checkpoint of the run, if any (else `train.init_from`, if set); return the step
+    within its epoch to continue from."""
+    path = latest_checkpoint(run.ckpt_dir)
+    if path is None:
+        if run.cfg.train.init_from:
+            init_from(run, run.cfg.train.init_from)
+        return 0
+    ckpt = load_checkpoint(path, map_location=run.device)
+    _same_model(run, ckpt, path, "use a new --exp-dir")
+    if ckpt.resume is None:
+        raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
+    run.raw.model.load_state_dict(ckpt.model)
+    run.raw.classifier.load_state_dict(ckpt.classifier)
+    run.optimizer.load_state_dict(ckpt.resume.optimizer)
+    run.scaler.load_state_dict(ckpt.resume.scaler)
+    run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
+    torch.set_rng_state(ckpt.resume.rng_cpu.cpu())
+    if ckpt.resume.rng_cuda and run.device.type == "cuda":
+        torch.cuda.set_rng_state_all([s.cpu() for s in ckpt.resume.rng_cuda])
+    run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")
+    return ckpt.resume.step_in_epoch

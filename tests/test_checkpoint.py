@@ -1,0 +1,119 @@
+"""speakerlab.checkpoint: the one schema (round trip, the pre-schema files), and the inference path
+built on it (speakerlab.embedder)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.checkpoint import (Checkpoint, CheckpointError, ResumeState, average_checkpoints, checkpoint_files,
+                                   latest_checkpoint, load_checkpoint, prune_checkpoints, rebuild_model,
+                                   resolve_checkpoint, save_checkpoint)
+from speakerlab.embedder import load_embedder
+from speakerlab.extract import load_embeddings
+from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.models import build_model
+
+LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"
+TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
+        "num_layers": [1, 1, 1]}
+
+
+def tiny_checkpoint(step=3, epoch=1, seed=0, resume=True, **over) -> Checkpoint:
+    torch.manual_seed(seed)
+    model = build_model("campplus", **TINY)
+    state = ResumeState({"state": {}, "param_groups": []}, {}, 2, 1, torch.get_rng_state()) if resume else None
+    fields = dict(model_name="campplus", model_args=dict(TINY), model=model.state_dict(),
+                  features=FeatureSpec(FbankConfig(sample_rate=8000, num_mel_bins=80), mean_norm=False),
+                  speakers=["a", "b"], classifier={"weight": torch.randn(2, 16)}, step=step, epoch=epoch,
+                  resume=state, config={"anything": {"renamed_key": 1}})
+    fields.update(over)
+    return Checkpoint(**fields)
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    ck = tiny_checkpoint()
+    save_checkpoint(tmp_path / "c.pt", ck)
+    back = load_checkpoint(tmp_path / "c.pt")
+    assert (back.model_name, back.model_args, back.speakers, back.step, back.epoch, back.config) == \
+        (ck.model_name, ck.model_args, ck.speakers, ck.step, ck.epoch, ck.config)
+    assert back.features == ck.features and back.features.sample_rate == 8000 and not back.features.mean_norm
+    assert (back.resume.step_in_epoch, back.resume.skipped_steps) == (2, 1)
+    assert torch.equal(back.resume.rng_cpu, ck.resume.rng_cpu)
+    for k, v in ck.model.items():
+        assert torch.equal(back.model[k], v)
+    assert not list(tmp_path.glob(".*tmp*"))  # the temporary file was renamed away
+
+
+def test_inference_never_reads_the_training_config(tmp_path):
+    """The stored config is provenance only: keys that no longer exist do not stop extraction."""
+    save_checkpoint(tmp_path / "c.pt", tiny_checkpoint(config={"train": {"a_key_from_the_future": 1}, "x": None}))
+    embedder = load_embedder(tmp_path / "c.pt", device="cpu")
+    assert embedder.sample_rate == 8000 and not embedder.model.training
+    assert embedder.embed_waves([np.zeros(8000, np.float32) + 0.01]).shape == (1, 16)
+
+
+def test_checkpoint_written_before_the_schema_extracts_as_before():
+    """tests/data/legacy_checkpoint: written by the training of e951788, with the embeddings that that
+    commit's extraction gave for the four wavs."""
+    ck = load_checkpoint(LEGACY / "campplus_tiny.pt")
+    assert ck.model_name == "campplus" and ck.features.sample_rate == 16000 and ck.features.mean_norm
+    assert ck.resume is not None and ck.step == 2 and len(ck.speakers) == 4
+    ids, before = load_embeddings(LEGACY / "embeddings.npz")
+    embedder = load_embedder(LEGACY / "campplus_tiny.pt", device="cpu")
+    now = embedder.embed_waves([embedder.read(str(LEGACY / "wav" / f"{u}.wav")) for u in ids])
+    np.testing.assert_allclose(now, before, rtol=1e-5, atol=1e-6)
+
+
+def test_not_a_checkpoint_is_named(tmp_path):
+    torch.save(build_model("campplus", **TINY).state_dict(), tmp_path / "state.bin")
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'state.bin'}: not a speakerlab checkpoint.*--3dspeaker"):
+        load_checkpoint(tmp_path / "state.bin")
+    raw = tiny_checkpoint().to_dict()
+    raw["schema"] = 99
+    torch.save(raw, tmp_path / "new.pt")
+    with pytest.raises(CheckpointError, match="schema 99 is newer"):
+        load_checkpoint(tmp_path / "new.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'junk.pt'} cannot be loaded"):
+        load_checkpoint(tmp_path / "junk.pt")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_latest_resolve_and_prune(tmp_path):
+    d = tmp_path / "exp" / "checkpoints"
+    for epoch in (1, 2, 3):
+        save_checkpoint(d / f"epoch_{epoch:03d}.pt", tiny_checkpoint(step=10 * epoch, epoch=epoch))
+    assert latest_checkpoint(d).name == "epoch_003.pt"
+    save_checkpoint(d / "latest.pt", tiny_checkpoint(step=35, epoch=3))
+    assert latest_checkpoint(d).name == "latest.pt"
+    assert resolve_checkpoint(tmp_path / "exp") == d / "latest.pt"
+    assert resolve_checkpoint(d / "epoch_001.pt") == d / "epoch_001.pt"
+    with pytest.raises(CheckpointError, match="no checkpoint under"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        prune_checkpoints(d, 0)
+    assert [p.name for p in checkpoint_files(d)] == ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt"]
+    prune_checkpoints(d, 1)
+    assert [p.name for p in checkpoint_files(d)] == ["epoch_003.pt"]
+
+
+def test_average_and_rebuild(tmp_path):
+    paths = []
+    for seed in (0, 1):
+        paths.append(tmp_path / f"{seed}.pt")
+        save_checkpoint(paths[-1], tiny_checkpoint(seed=seed))
+    avg = average_checkpoints(paths)
+    a, b = load_checkpoint(paths[0]), load_checkpoint(paths[1])
+    key = next(k for k, v in a.model.items() if v.is_floating_point() and v.ndim > 1)
+    torch.testing.assert_close(avg.model[key], (a.model[key] + b.model[key]) / 2)
+    assert avg.resume is None and avg.averaged_from == [str(p) for p in paths]
+    model = rebuild_model(avg)
+    assert not model.training and model(torch.randn(1, 50, 80)).shape == (1, 16)
+    other = tiny_checkpoint(model_name="ecapa_tdnn_c512", model=build_model("ecapa_tdnn_c512").state_dict(),
+                            model_args={})
+    save_checkpoint(tmp_path / "other.pt", other)
+    with pytest.raises(ValueError, match="different models"):
+        average_checkpoints([paths[0], tmp_path / "other.pt"])
