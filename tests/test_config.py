@@ -59,18 +59,6 @@ def test_hardware_profile_merge(tmp_path):
         load_config(write(tmp_path, BASE), hardware="tpu")
 
 
-def test_every_shipped_config_and_profile_loads():
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent / "conf"
-    for p in sorted(root.glob("*.yaml")):
-        if "finetune" in p.name:  # overlays: valid on top of a recipe config
-            load_config([root / "mini_campplus.yaml", p])
-        else:
-            load_config(p)
-    for p in sorted((root / "hardware").glob("*.yaml")):
-        load_config(root / "mini_campplus.yaml", hardware=p.stem)
-
-
 def test_round_trip(tmp_path):
     cfg = load_config(write(tmp_path, BASE), ["train.epochs=4"])
     save_config(cfg, tmp_path / "out.yaml")
@@ -89,3 +77,80 @@ def test_overlay_deep_merges(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'train.epoch'") as e:
         load_config([base, over])
     assert str(e.value).endswith(f" in {base}, {over}")
+
+
+@pytest.mark.parametrize("override,match", [
+    ("train.log_every_steps=0", "'train.log_every_steps' must be >= 1, got 0"),
+    ("train.val_every=0", "'train.val_every' must be >= 1, got 0"),
+    ("train.keep_checkpoints=0", "'train.keep_checkpoints' must be >= 1, got 0"),
+    ("train.keep_checkpoints=-1", "'train.keep_checkpoints' must be >= 1, got -1"),
+    ("optim.min_lr=-0.5", "'optim.min_lr' must be >= 0, got -0.5"),
+    ("optim.lr=0", "'optim.lr' must be > 0, got 0"),
+    ("optim.momentum=1.0", "'optim.momentum' must be in \\[0, 1\\), got 1.0"),
+    ("loss.margin=2", "'loss.margin' must be in \\[0, 1.5708\\), got 2.0"),
+    ("data.crop_seconds=0", "'data.crop_seconds' must be > 0"),
+    ("hardware.memory_margin=1.5", "'hardware.memory_margin' must be in \\(0, 1\\], got 1.5"),
+    ("hardware.num_workers=-1", "'hardware.num_workers' must be >= 0"),
+    ("features.num_mel_bins=0", "'features.num_mel_bins' must be in \\[1, 512\\], got 0"),
+])
+def test_out_of_range_values_name_the_key_and_the_override(tmp_path, override, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(write(tmp_path, BASE), [override])
+    assert str(e.value).endswith(f"in the command-line overrides {override}")  # not blamed on the file
+
+
+def test_cross_field_rule_and_file_value_blamed_on_the_file(tmp_path):
+    p = write(tmp_path, BASE + "optim:\n  lr: 0.01\n  min_lr: 0.1\n")
+    with pytest.raises(ConfigError, match="'optim.min_lr' \\(0.1\\) must be <= optim.lr \\(0.01\\)"):
+        load_config(p)
+    p = write(tmp_path, BASE + "train:\n  val_every: 0\n")
+    with pytest.raises(ConfigError, match=f"'train.val_every' must be >= 1, got 0 in {p}$"):
+        load_config(p, ["train.epochs=3"])
+
+
+def test_every_numeric_setting_has_a_range_rule():
+    import dataclasses
+    import typing
+
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if hints[f.name] in (int, float):
+                rule = f.metadata
+                assert any(rule.get(k) is not None for k in ("ge", "gt", "le", "lt", "choices", "check")), \
+                    f"{section.name}.{f.name} has no rule"
+
+
+def test_model_args_are_checked_against_the_builder(tmp_path):
+    from speakerlab.engine.setup import load_train_config
+
+    p = write(tmp_path, BASE + "model:\n  name: campplus\n  args: {embeding_size: 64}\n")
+    with pytest.raises(ConfigError, match="'model.args.embeding_size': model 'campplus' has no argument") as e:
+        load_train_config([str(p)], [], None)
+    assert str(p) in str(e.value)
+    with pytest.raises(ConfigError, match="'model.name': unknown model 'campplux'"):
+        load_train_config([str(write(tmp_path, "model:\n  name: campplux\ndata:\n  train: x\n"))], [], None)
+
+
+def test_every_shipped_config_builds_its_model_and_head():
+    """Every YAML under conf/ (overlays on top of the mini config, hardware profiles on top of it too)
+    loads, passes the model-argument check, and builds its embedding model and classifier."""
+    import contextlib
+    from pathlib import Path
+
+    import torch
+
+    from speakerlab.engine.setup import build_net, load_train_config
+
+    root = Path(__file__).resolve().parent.parent / "conf"
+    mini = str(root / "mini_campplus.yaml")
+    for p in sorted(root.glob("*.yaml")):
+        paths = [mini, str(p)] if "finetune" in p.name else [str(p)]
+        cfg = load_train_config(paths, ["data.train=x"], None)
+        net = build_net(cfg, 7, contextlib.nullcontext)
+        loss, cos = net(torch.randn(2, 120, cfg.features.num_mel_bins), torch.tensor([0, 6]))
+        assert cos.shape == (2, 7) and torch.isfinite(loss), p.name
+    for p in sorted((root / "hardware").glob("*.yaml")):
+        assert load_train_config([mini], ["data.train=x"], p.stem).hardware.precision in ("auto", "bf16", "fp16",
+                                                                                          "fp32")

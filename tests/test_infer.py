@@ -34,6 +34,21 @@ def test_infer_from_3dspeaker_state_dict(tmp_path, wavs, capsys):
     assert infer_main(["--3dspeaker", "resnet34", "--weights", str(tmp_path / "pretrained.bin"),
                        "--out", str(tmp_path / "e.npz"), *wavs]) == 0
     with np.load(tmp_path / "e.npz") as z:
-        assert z["embeddings"].shape == (2, 192) and np.isfinite(z["embeddings"]).all()
+        emb = z["embeddings"]
+        assert emb.shape == (2, 192) and np.isfinite(emb).all() and list(z["ids"]) == wavs
     assert infer_main(["--3dspeaker", "resnet34", "--weights", str(tmp_path / "pretrained.bin"), "--score", *wavs]) == 0
-    assert -1.0 <= float(capsys.readouterr().out) <= 1.0
+    cos = emb[0] @ emb[1] / np.linalg.norm(emb[0]) / np.linalg.norm(emb[1])
+    assert float(capsys.readouterr().out) == pytest.approx(cos, abs=2e-6)
+
+
+def test_infer_reads_audio_at_the_checkpoint_rate(tmp_path, capsys):
+    """An 8 kHz model: 8 kHz files are embedded; a 16 kHz file is an error naming it (exit 2)."""
+    model = build_model("campplus", **TINY)
+    save_checkpoint(tmp_path / "c8.pt", Checkpoint("campplus", TINY, model.state_dict(),
+                                                   FeatureSpec(FbankConfig(sample_rate=8000))))
+    wav8 = write_wav(tmp_path / "a8.wav", 0.1 * np.random.default_rng(1).standard_normal(12000), sample_rate=8000)
+    assert infer_main(["--checkpoint", str(tmp_path / "c8.pt"), str(wav8)]) == 0
+    assert len(capsys.readouterr().out.split()) == 17
+    wav16 = write_wav(tmp_path / "a16.wav", np.zeros(16000))
+    assert infer_main(["--checkpoint", str(tmp_path / "c8.pt"), str(wav16)]) == 2
+    assert f"{wav16}: sample rate 16000 Hz, expected 8000 Hz" in capsys.readouterr().err

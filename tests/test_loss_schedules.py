@@ -62,9 +62,23 @@ def test_margin_schedule():
 
 
 def test_schedules_depend_on_global_step_only():
-    """Same global batch on 1 GPU or 4: same steps per epoch, so the same LR and margin per step."""
+    """Same global batch on 1 process, 4 ranks or 4 accumulation steps: the same steps per epoch, and
+    optimizer step k sees the same utterances and crops, so LR and margin (functions of the global step
+    and steps per epoch) meet the same data."""
     from speakerlab.batches import GlobalBatchSampler
-    one = GlobalBatchSampler(1000, 64, 64, 1, 0, 1)
-    four = GlobalBatchSampler(1000, 64, 16, 1, 2, 4)
-    acc = GlobalBatchSampler(1000, 64, 16, 4, 0, 1)
-    assert one.steps_per_epoch == four.steps_per_epoch == acc.steps_per_epoch == 15
+    one = GlobalBatchSampler(1000, 64, 64, 1, 0, 1, seed=3)
+    ranks = [GlobalBatchSampler(1000, 64, 16, 1, r, 4, seed=3) for r in range(4)]
+    acc = GlobalBatchSampler(1000, 64, 16, 4, 0, 1, seed=3)
+    assert one.steps_per_epoch == ranks[0].steps_per_epoch == acc.steps_per_epoch == 15
+    for s in (one, acc, *ranks):
+        s.set_epoch(2)
+    by_one = [sorted(b) for b in one]
+    by_ranks = [sorted(sum(parts, [])) for parts in zip(*(list(r) for r in ranks))]
+    micro = list(acc)
+    by_acc = [sorted(sum(micro[4 * k:4 * k + 4], [])) for k in range(15)]
+    assert by_one == by_ranks == by_acc
+    assert len({i for b in by_one for i, _ in b}) == 15 * 64   # no utterance twice within the epoch
+    lrs = [lr_at(k, 150, 15, 0.1, 1e-4) for k in range(150)]
+    margins = [margin_at(k, one.steps_per_epoch, 0.2, 1, 2) for k in range(150)]
+    assert lrs == [lr_at(k, 10 * acc.steps_per_epoch, acc.steps_per_epoch, 0.1, 1e-4) for k in range(150)]
+    assert margins == [margin_at(k, ranks[3].steps_per_epoch, 0.2, 1, 2) for k in range(150)]

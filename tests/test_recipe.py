@@ -4,7 +4,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from speakerlab.metrics import compute_eer
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
@@ -32,10 +35,15 @@ def test_mini_recipe_end_to_end(tmp_path):
         assert f"stage {n}:" in out
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     assert m, r.stdout
-    assert 0.0 <= float(m.group(1)) <= 100.0
-    assert "mean log-mel baseline" in r.stdout
     exp = tmp_path / "exp"
-    assert (exp / "scores" / "test.scores").exists() and (exp / "scores" / "test.result").exists()
+    # The printed EER is the EER of the written scores, and every trial of the list was scored.
+    rows = [line.split() for line in (exp / "scores" / "test.scores").read_text().splitlines()]
+    trials = (tmp_path / "data" / "test" / "trials").read_text().splitlines()
+    assert [r[:2] for r in rows] == [t.split()[:2] for t in trials]
+    eer = compute_eer(np.array([float(r[2]) for r in rows]), np.array([r[3] == "target" for r in rows]))
+    assert float(m.group(1)) == pytest.approx(100 * eer, abs=0.006)
+    assert (exp / "scores" / "test.result").read_text().strip() in r.stdout
+    assert "mean log-mel baseline" in r.stdout and (exp / "scores" / "test_baseline.result").exists()
     assert (exp / "checkpoints" / "avg.pt").exists()
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.

@@ -149,9 +149,14 @@ def test_rerun_is_skipped_and_changed_options_rewrite(tmp_path):
     assert not os.path.exists(os.path.join(out, "wav", "train", "spk0000", "spk0000-0001.wav"))
 
 
-@pytest.mark.parametrize("bad", [["--min-dur", "3", "--max-dur", "2"], ["--eval-min-dur", "9"],
-                                 ["--num-test-speakers", "1"],
-                                 ["--jobs", "0"]])
-def test_bad_options_are_refused(bad, tmp_path):
-    with pytest.raises(SystemExit):
+@pytest.mark.parametrize("bad, message", [
+    (["--min-dur", "3", "--max-dur", "2"], "need 0.1 <= --min-dur <= --max-dur, got 3.0, 2.0"),
+    (["--eval-min-dur", "9"], "need 0.1 <= --eval-min-dur <= --eval-max-dur, got 9.0, 8.0"),
+    (["--num-test-speakers", "1"], "val and test need >= 2 speakers with >= 2 utterances"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+])
+def test_bad_options_are_refused(bad, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
         parse_args(["--out", str(tmp_path), *bad])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing generated

@@ -1,0 +1,93 @@
+"""speakerlab.extract as a module and a command: whole-utterance embeddings of a data dir."""
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.checkpoint import Checkpoint, save_checkpoint
+from speakerlab.embedder import Embedder, length_batches, load_embedder
+from speakerlab.extract import embed_data_dir, load_embeddings, main
+from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.models import build_model
+from tests.helpers import make_data_dir, write_wav
+
+TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
+        "num_layers": [1, 1, 1]}
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(),
+                                     FeatureSpec(FbankConfig())))
+    return path
+
+
+@pytest.fixture
+def data(tmp_path):
+    """Six utterances: four of 0.5 s, two of 0.8 s."""
+    root = make_data_dir(tmp_path / "d", {f"u{i}": f"s{i % 2}" for i in range(4)}, seconds=0.5, seed=3)
+    rng = np.random.default_rng(5)
+    lines, u2s = (root / "wav.scp").read_text(), (root / "utt2spk").read_text()
+    for utt in ("v0", "v1"):
+        wav = write_wav(root / "wav" / f"{utt}.wav", 0.1 * rng.standard_normal(12800))
+        lines += f"{utt} {wav}\n"
+        u2s += f"{utt} s2\n"
+    (root / "wav.scp").write_text(lines)
+    (root / "utt2spk").write_text(u2s)
+    return root
+
+
+def test_batched_extraction_equals_one_utterance_at_a_time(ckpt, data):
+    embedder = load_embedder(ckpt, device="cpu")
+    ids, emb = embed_data_dir(embedder, data, max_batch=4)
+    assert ids == ["u0", "u1", "u2", "u3", "v0", "v1"] and emb.shape == (6, 16) and emb.dtype == np.float32
+    scp = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
+    for i, utt in enumerate(ids):
+        alone = embedder.embed_waves([embedder.read(scp[utt])])[0]
+        np.testing.assert_allclose(emb[i], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_length_batches_respect_size_and_pad_ratio():
+    frames = [100, 300, 100, 110, 300, 100, 100]
+    exact = length_batches(frames, max_batch=2, pad_ratio=0.0)
+    assert sorted(i for b in exact for i in b) == list(range(7))
+    assert all(len(b) <= 2 and len({frames[i] for i in b}) == 1 for b in exact)
+    padded = length_batches(frames, max_batch=8, pad_ratio=0.2)
+    assert padded == [[0, 2, 5, 6, 3], [1, 4]]
+
+
+def test_padded_batches_repeat_shorter_waves(ckpt):
+    """pad_ratio > 0: a shorter wave in the batch is repeated, not zero-padded."""
+    embedder = load_embedder(ckpt, device="cpu")
+    rng = np.random.default_rng(0)
+    short, longer = rng.standard_normal(8000).astype(np.float32), rng.standard_normal(8800).astype(np.float32)
+    together = embedder.embed_waves([short, longer], pad_ratio=0.2)
+    expected = embedder.embed_waves([np.resize(short, 8800)])[0]
+    np.testing.assert_allclose(together[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_command_writes_embeddings_and_names_bad_input(ckpt, data, tmp_path, capsys):
+    out = tmp_path / "e" / "emb.npz"
+    assert main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu"]) == 0
+    ids, emb = load_embeddings(out)
+    assert ids[0] == "u0" and emb.shape == (6, 16) and np.isfinite(emb).all()
+    (data / "wav" / "u2.wav").unlink()
+    assert main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"{data / 'wav.scp'}:3" in err and "u2.wav" in err
+    assert main(["--checkpoint", str(tmp_path / "nothing"), "--data", str(data), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_audio_is_read_at_the_checkpoint_sample_rate(tmp_path):
+    """An 8 kHz model reads 8 kHz files; a 16 kHz file is refused with its name."""
+    model = build_model("campplus", **TINY)
+    spec = FeatureSpec(FbankConfig(sample_rate=8000))
+    embedder = Embedder(model.eval(), spec, "cpu")
+    wav8 = write_wav(tmp_path / "a8.wav", 0.1 * np.random.default_rng(0).standard_normal(8000), sample_rate=8000)
+    assert embedder.embed_waves([embedder.read(str(wav8))]).shape == (1, 16)
+    wav16 = write_wav(tmp_path / "a16.wav", np.zeros(16000))
+    with pytest.raises(ValueError, match=f"{wav16}: sample rate 16000 Hz, expected 8000 Hz"):
+        embedder.read(str(wav16))

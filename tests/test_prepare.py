@@ -1,0 +1,37 @@
+"""speakerlab.prepare (stage 2) as a module and a command: validate, check audio, index lengths."""
+
+import numpy as np
+
+from speakerlab.lists import load_data_dir
+from speakerlab.prepare import main, prepare
+from tests.helpers import make_data_dir, write_wav
+
+
+def test_prepare_writes_lengths_and_spk2utt(tmp_path):
+    root = make_data_dir(tmp_path / "d", {"a-1": "a", "a-2": "a", "b-1": "b"}, seconds=0.25,
+                         trials="a-1 a-2 target\na-1 b-1 nontarget\n")
+    summary = prepare(root, jobs=2)
+    assert summary == f"{root}: 3 utterances, 2 speakers, 0.00 h"
+    assert (root / "utt2num_samples").read_text() == "a-1 4000\na-2 4000\nb-1 4000\n"
+    assert (root / "spk2utt").read_text() == "a a-1 a-2\nb b-1\n"
+    assert load_data_dir(root).num_samples == {"a-1": 4000, "a-2": 4000, "b-1": 4000}
+
+
+def test_every_unusable_file_is_reported_with_its_line_and_nothing_written(tmp_path, capsys):
+    root = make_data_dir(tmp_path / "d", {"a-1": "a", "a-2": "a", "b-1": "b"}, seconds=0.25)
+    write_wav(root / "wav" / "a-2.wav", np.zeros(800), sample_rate=8000)
+    write_wav(root / "wav" / "b-1.wav", np.zeros((800, 2)))
+    assert main(["--data", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "2 unusable audio file(s)" in err
+    assert f"{root / 'wav.scp'}:2:" in err and "sample rate 8000 Hz, expected 16000 Hz" in err
+    assert f"{root / 'wav.scp'}:3:" in err and "2 channels, expected mono" in err
+    assert not (root / "utt2num_samples").exists() and not (root / "spk2utt").exists()
+
+
+def test_trial_with_unknown_utterance_names_the_trials_line(tmp_path, capsys):
+    root = make_data_dir(tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25,
+                         trials="a-1 b-1 nontarget\na-1 c-9 target\n")
+    assert main(["--data", str(root)]) == 2
+    assert f"{root / 'trials'}:2: 'c-9' is not in {root / 'wav.scp'}" in capsys.readouterr().err
+    assert not (root / "utt2num_samples").exists()
