@@ -18,12 +18,7 @@ help_message="Usage: bash egs/cnceleb/run.sh [--stage N] [--stop_stage N] [--opt
 opt stage 1
 opt stop_stage 5
 opt data data                      # Kaldi data dirs
-opt download_dir data/download     # archives are downloaded (or joined) here
-opt archive_dir ""                 # folder already holding the archives: nothing is downloaded
-opt raw_dir data/raw               # archives are unpacked here
-opt mirror ""                      # base URL replacing the official hosts (<mirror>/<file name>)
-opt download_opts ""               # more download options, e.g. "--user NAME --skip-md5 --keep-parts"
-opt musan_rirs true                # also fetch MUSAN + RIRS_NOISES and augment with them (false: no augmentation)
+fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts --musan_rirs
 opt jobs 8                         # parallel downloads / index threads
 opt train_set cnceleb_train
 opt val_set ""                     # a data dir with `trials`, scored during training (data.val)

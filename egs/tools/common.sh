@@ -21,6 +21,16 @@ opt() { printf -v "$1" '%s' "$2"; _options+=("$1"); }
 # stage_on N: true when stage N is within --stage .. --stop_stage.
 stage_on() { [ "$stage" -le "$1" ] && [ "$stop_stage" -ge "$1" ]; }
 
+# fetch_options: declare the options of the data preparation stage of the real-corpus recipes.
+fetch_options() {
+  opt download_dir data/download     # archives are downloaded (or joined) here
+  opt archive_dir ""                 # folder already holding the archives: nothing is downloaded
+  opt raw_dir data/raw               # archives are unpacked here
+  opt mirror ""                      # base URL replacing the official hosts (<mirror>/<file name>)
+  opt download_opts ""               # more download options, e.g. "--user NAME --skip-md5 --keep-parts"
+  opt musan_rirs true                # also fetch MUSAN + RIRS_NOISES and augment with them (false: none)
+}
+
 # launch_options: declare the options `launch` reads (one training process per GPU of --gpus, or
 # --nproc processes when --gpus is empty, e.g. CPU DDP; several machines with --nnodes ...).
 launch_options() {

@@ -18,12 +18,7 @@ help_message="Usage: bash egs/voxceleb/run.sh [--stage N] [--stop_stage N] [--op
 opt stage 1
 opt stop_stage 5
 opt data data                      # Kaldi data dirs
-opt download_dir data/download     # archives are downloaded (or joined) here
-opt archive_dir ""                 # folder already holding the archives: nothing is downloaded
-opt raw_dir data/raw               # archives are unpacked here
-opt mirror ""                      # base URL replacing the official hosts (<mirror>/<file name>)
-opt download_opts ""               # more download options, e.g. "--user NAME --skip-md5 --keep-parts"
-opt musan_rirs true                # also fetch MUSAN + RIRS_NOISES and augment with them (false: no augmentation)
+fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts --musan_rirs
 opt parts "vox1 vox2"              # corpora to fetch and prepare ("vox1": VoxCeleb1 only, no ffmpeg)
 opt jobs 8                         # parallel downloads / ffmpeg processes / index threads
 opt train_set vox2_dev

@@ -36,19 +36,20 @@ def save_epoch_end(run: Run) -> None:
         prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
 
 
-def _same_model(run: Run, ckpt: Checkpoint, path, hint: str) -> None:
+def _load_weights(run: Run, ckpt: Checkpoint, path, hint: str) -> None:
+    """Model and classifier weights of `ckpt` into the run, which must have the same model and speakers."""
     if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
         raise RuntimeError(f"{path} was trained with another model or speaker list; {hint}")
+    if ckpt.classifier is None:
+        raise RuntimeError(f"{path} has no classifier weights; {hint}")
+    run.raw.model.load_state_dict(ckpt.model)
+    run.raw.classifier.load_state_dict(ckpt.classifier)
 
 
 def init_from(run: Run, path: str) -> None:
     """Fine-tuning start: model and classifier weights of another run (same model, same speakers)."""
     ckpt = load_checkpoint(path, map_location=run.device)
-    _same_model(run, ckpt, path, "train.init_from needs the same model and speakers")
-    if ckpt.classifier is None:
-        raise RuntimeError(f"train.init_from {path}: the checkpoint has no classifier weights")
-    run.raw.model.load_state_dict(ckpt.model)
-    run.raw.classifier.load_state_dict(ckpt.classifier)
+    _load_weights(run, ckpt, path, "train.init_from needs a training checkpoint of the same model and speakers")
     run.monitor.log(f"initialised from {path} (epoch {ckpt.epoch}, step {ckpt.step})")
 
 
@@ -61,11 +62,9 @@ def resume(run: Run) -> int:
             init_from(run, run.cfg.train.init_from)
         return 0
     ckpt = load_checkpoint(path, map_location=run.device)
-    _same_model(run, ckpt, path, "use a new --exp-dir")
     if ckpt.resume is None:
         raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
-    run.raw.model.load_state_dict(ckpt.model)
-    run.raw.classifier.load_state_dict(ckpt.classifier)
+    _load_weights(run, ckpt, path, "use a new --exp-dir")
     run.optimizer.load_state_dict(ckpt.resume.optimizer)
     run.scaler.load_state_dict(ckpt.resume.scaler)
     run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
