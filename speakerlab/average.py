@@ -20,6 +20,8 @@ def main(argv=None) -> int:
     ap.add_argument("--last", type=int, default=5, help="number of newest epoch checkpoints to average")
     ap.add_argument("--out", help="output file (default <exp-dir>/checkpoints/avg.pt)")
     args = ap.parse_args(argv)
+    if args.last < 1:
+        ap.error(f"--last must be >= 1, got {args.last}")
     files = checkpoint_files(Path(args.exp_dir) / "checkpoints")
     if not files:
         print(f"error: no epoch checkpoints under {args.exp_dir}/checkpoints", file=sys.stderr)

@@ -14,19 +14,25 @@ Inference needs only model_name, model_args, model and features: it never reads 
 renaming or removing a config key does not break old checkpoints. Files without `schema` were written
 before it existed (schema 1: features inside `config`, resume state at the top level) and are read too.
 
+Every file also carries `digest`, a BLAKE2b hash of all the above (tensor bytes included), checked
+on load: a corrupted file is an error naming it, never a silently wrong model.
+
 Files are written to a temporary name, fsynced and renamed, so a crash mid-write never leaves a
-truncated checkpoint. Layout under `<exp>/checkpoints/`: `epoch_NNN.pt` at each epoch end (the last
-`keep` are kept, for averaging), `latest.pt` mid-epoch (overwritten).
+truncated checkpoint (a failed write removes its temporary file; `remove_stale_temp_files` clears
+those of a killed run). Layout under `<exp>/checkpoints/`: `epoch_NNN.pt` at the end of epoch NNN
+(the last `keep` are kept, for averaging), `partial_NNN.pt` during epoch NNN (overwritten, removed
+when the epoch ends). The names alone order them, so the newest is found without opening any file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -36,6 +42,7 @@ from speakerlab.models import build_model
 
 SCHEMA = 2
 _EPOCH_RE = re.compile(r"epoch_(\d+)\.pt$")
+_NAME_RE = re.compile(r"(epoch|partial)_(\d+)\.pt$")
 PathLike = Union[str, Path]
 
 
@@ -119,16 +126,60 @@ def _from_schema1(raw: Dict[str, Any]) -> Checkpoint:
                       list(raw.get("averaged_from", [])))
 
 
+def content_digest(value: Any) -> str:
+    """BLAKE2b of a checkpoint's contents: dict keys sorted, tensors by dtype, shape and bytes."""
+    h = hashlib.blake2b(digest_size=20)
+
+    def feed(v):
+        if isinstance(v, dict):
+            h.update(b"{")
+            for k in sorted(v, key=str):
+                h.update(repr(k).encode())
+                feed(v[k])
+            h.update(b"}")
+        elif isinstance(v, (list, tuple)):
+            h.update(b"[")
+            for item in v:
+                feed(item)
+            h.update(b"]")
+        elif isinstance(v, torch.Tensor):
+            t = v.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(v).encode())
+
+    feed(value)
+    return h.hexdigest()
+
+
 def save_checkpoint(path: PathLike, ckpt: Checkpoint) -> None:
-    """Atomically write `ckpt` to `path` (temp file in the same dir, fsync, rename)."""
+    """Atomically write `ckpt` to `path` (temp file in the same dir, fsync, rename), with its digest.
+
+    A failed write (a full disk, say) removes its temporary file and raises CheckpointError naming
+    `path`; whatever `path` held before is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    raw = ckpt.to_dict()
+    raw["digest"] = content_digest(raw)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(ckpt.to_dict(), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(raw, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint {path}: {e}; the previous checkpoints are intact") from None
+
+
+def remove_stale_temp_files(ckpt_dir: PathLike) -> List[Path]:
+    """Delete the temporary files a killed run left mid-write in `ckpt_dir`; return them."""
+    stale = sorted(Path(ckpt_dir).glob(".*.pt.tmp*"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def _load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Dict[str, Any]:
@@ -142,24 +193,60 @@ def _load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Dict[st
 
 
 def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
-    """Read a checkpoint file (either schema) with `weights_only=True`: no code runs from the file."""
-    return Checkpoint.from_dict(_load_raw(path, map_location), path)
+    """Read a checkpoint file (either schema) with `weights_only=True` (no code runs from the file) and
+    check its digest (files written before digests existed have none to check)."""
+    raw = _load_raw(path, map_location)
+    if isinstance(raw, dict) and "digest" in raw:
+        stored = raw.pop("digest")
+        if content_digest(raw) != stored:
+            raise CheckpointError(f"checkpoint {path} is corrupt: its contents do not match the digest written "
+                                  "with it (a damaged or partly overwritten file)")
+    return Checkpoint.from_dict(raw, path)
 
 
-def checkpoint_step(path: PathLike) -> int:
-    """The global step a checkpoint file was written at; tensors are memory-mapped, not read."""
-    return int(_load_raw(path, mmap=True).get("step", -1))
+def _order(path: Path) -> int:
+    """Position of a checkpoint file in its run, from the name alone: epoch_N after partial_N (epoch N
+    in progress) after epoch_{N-1}. `latest.pt` of older versions is placed by its stored epoch."""
+    m = _NAME_RE.search(path.name)
+    if m:
+        n = int(m.group(2))
+        return 2 * n if m.group(1) == "epoch" else 2 * n - 1
+    return 2 * int(_load_raw(path, mmap=True).get("epoch", 0)) + 1  # latest.pt
 
 
-def resolve_checkpoint(path: PathLike) -> Path:
-    """A checkpoint file as given, or for an exp dir / its checkpoints dir the latest checkpoint."""
+def run_checkpoints(ckpt_dir: PathLike) -> List[Path]:
+    """Every checkpoint of a run in `ckpt_dir`, newest first (by name; no file is opened)."""
+    d = Path(ckpt_dir)
+    named = [p for p in d.glob("*.pt") if _NAME_RE.search(p.name) or p.name == "latest.pt"]
+    return sorted(named, key=_order, reverse=True)
+
+
+def load_latest(ckpt_dir: PathLike, map_location="cpu",
+                warn: Callable[[str], None] = lambda m: None) -> Optional[Tuple[Path, Checkpoint]]:
+    """The newest intact checkpoint of a run, or None when there is none. A newer file that cannot be
+    read or fails its digest is reported through `warn` and passed over; when every file is bad the
+    error names them all."""
+    bad = []
+    for path in run_checkpoints(ckpt_dir):
+        try:
+            return path, load_checkpoint(path, map_location)
+        except CheckpointError as e:
+            bad.append(str(e))
+            warn(f"warning: {e}; using the previous checkpoint")
+    if bad:
+        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}:\n  " + "\n  ".join(bad))
+    return None
+
+
+def load_given(path: PathLike, warn: Callable[[str], None] = lambda m: None) -> Tuple[Path, Checkpoint]:
+    """A checkpoint file as given, or for an exp dir / its checkpoints dir the newest intact one."""
     p = Path(path)
     if p.is_dir():
-        found = latest_checkpoint(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
+        found = load_latest(p / "checkpoints" if (p / "checkpoints").is_dir() else p, warn=warn)
         if found is None:
             raise CheckpointError(f"no checkpoint under {p}")
         return found
-    return p
+    return p, load_checkpoint(p)
 
 
 def checkpoint_files(ckpt_dir: PathLike) -> List[Path]:
@@ -169,17 +256,9 @@ def checkpoint_files(ckpt_dir: PathLike) -> List[Path]:
 
 
 def latest_checkpoint(ckpt_dir: PathLike) -> Optional[Path]:
-    """The checkpoint with the highest global step (`latest.pt` or an epoch file), or None."""
-    candidates = checkpoint_files(ckpt_dir)
-    mid = Path(ckpt_dir) / "latest.pt"
-    if mid.exists():
-        candidates.append(mid)
-    best, best_step = None, -1
-    for p in candidates:
-        step = checkpoint_step(p)
-        if step > best_step:
-            best, best_step = p, step
-    return best
+    """The newest checkpoint file of a run (by name, not opened), or None."""
+    files = run_checkpoints(ckpt_dir)
+    return files[0] if files else None
 
 
 def prune_checkpoints(ckpt_dir: PathLike, keep: int) -> None:

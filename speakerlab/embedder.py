@@ -11,6 +11,7 @@ through this module; none of it imports the training engine.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
@@ -19,13 +20,27 @@ import torch
 import torch.nn as nn
 
 from speakerlab.audio import read_audio
-from speakerlab.checkpoint import load_checkpoint, rebuild_model, resolve_checkpoint
+from speakerlab.checkpoint import load_given, rebuild_model
 from speakerlab.devices import resolve_device
 from speakerlab.features import Fbank, FbankConfig, FeatureSpec, compute_features, num_frames
 
 # The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
 # 25/10 ms povey frames, no dither, per-utterance mean normalisation.
 THREEDSPEAKER_FEATURES = FeatureSpec(FbankConfig(sample_rate=16000, num_mel_bins=80, dither=0.0), mean_norm=True)
+
+
+class NonFiniteEmbedding(ValueError):
+    """Some inputs gave NaN/inf embeddings (usually NaN or inf samples in the audio); the message names them."""
+
+
+def check_finite(names: Sequence[str], emb: np.ndarray) -> None:
+    """Raise NonFiniteEmbedding naming every row of `emb` (N, D) that is not finite; `names` (N,) say
+    where each row came from (file, or list:line and utterance)."""
+    bad = [names[i] for i in np.flatnonzero(~np.isfinite(emb).all(axis=1))]
+    if bad:
+        shown = "\n  ".join(bad[:50]) + (f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else "")
+        raise NonFiniteEmbedding(f"{len(bad)} input(s) gave a non-finite embedding (NaN or inf in the audio?); "
+                                 f"nothing was written:\n  {shown}")
 
 
 class Embedder:
@@ -91,8 +106,8 @@ def load_embedder(checkpoint: Optional[Union[str, Path]] = None, *, threedspeake
                   weights: Optional[Union[str, Path]] = None, device: Union[str, torch.device] = "auto") -> Embedder:
     """An eval-mode `Embedder` from one of:
 
-    - `checkpoint`: a speakerlab checkpoint file, or an exp dir (its latest checkpoint). The model and
-      its features come from the checkpoint alone (model name + arguments, `features`).
+    - `checkpoint`: a speakerlab checkpoint file, or an exp dir (its newest intact checkpoint, a corrupt
+      newer one reported on stderr). The model and its features come from the checkpoint alone.
     - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME, with
       the features those models were published with (`THREEDSPEAKER_FEATURES`).
     """
@@ -100,8 +115,7 @@ def load_embedder(checkpoint: Optional[Union[str, Path]] = None, *, threedspeake
     if (checkpoint is None) == (threedspeaker is None):
         raise ValueError("give exactly one of a checkpoint or a 3D-Speaker model name (with weights)")
     if checkpoint is not None:
-        path = resolve_checkpoint(checkpoint)
-        ckpt = load_checkpoint(path)
+        path, ckpt = load_given(checkpoint, warn=lambda m: print(m, file=sys.stderr))
         return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}")
     if weights is None:
         raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")

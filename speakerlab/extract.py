@@ -22,17 +22,20 @@ import numpy as np
 
 from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import Embedder, load_embedder
+from speakerlab.embedder import Embedder, NonFiniteEmbedding, check_finite, load_embedder
 from speakerlab.lists import ListError, load_data_dir
 
 
 def embed_data_dir(embedder: Embedder, data_dir, max_batch: int = 32,
                    pad_ratio: float = 0.0) -> Tuple[List[str], np.ndarray]:
-    """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings)."""
+    """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings); a non-finite embedding is
+    an error naming the wav.scp line of each utterance that gave one."""
     data = load_data_dir(data_dir, need_speakers=False)
     data.check_audio_exists()
     waves = [embedder.read(data.wav[u]) for u in data.utts]
-    return data.utts, embedder.embed_waves(waves, max_batch, pad_ratio)
+    emb = embedder.embed_waves(waves, max_batch, pad_ratio)
+    check_finite([f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts], emb)
+    return data.utts, emb
 
 
 def save_embeddings(path, ids: Sequence[str], emb: np.ndarray) -> None:
@@ -62,7 +65,7 @@ def main(argv=None) -> int:
     try:
         embedder = load_embedder(args.checkpoint, device=args.device)
         ids, emb = embed_data_dir(embedder, args.data, args.batch_size, args.pad_ratio)
-    except (CheckpointError, ListError, AudioError) as e:
+    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     save_embeddings(args.out, ids, emb)

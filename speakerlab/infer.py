@@ -18,7 +18,7 @@ import numpy as np
 
 from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import load_embedder
+from speakerlab.embedder import NonFiniteEmbedding, check_finite, load_embedder
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -45,7 +45,8 @@ def main(argv=None) -> int:
         embedder = load_embedder(args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights,
                                  device=args.device)
         emb = embedder.embed_waves([embedder.read(p) for p in args.wavs])
-    except (CheckpointError, AudioError) as e:
+        check_finite(args.wavs, emb)
+    except (CheckpointError, AudioError, NonFiniteEmbedding) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.score:

@@ -18,9 +18,13 @@ class ListError(ValueError):
 def _lines(path: Path):
     if not path.exists():
         raise ListError(f"{path}: file does not exist")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ListError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); "
+                                "lists must be UTF-8") from None
             if line and not line.startswith("#"):
                 yield lineno, line
 

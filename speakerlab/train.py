@@ -19,14 +19,16 @@ from typing import Iterator, Optional
 
 import torch
 
-from speakerlab.checkpoint import CheckpointError
+from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.monitor import Meter
-from speakerlab.engine.resume import resume, save, save_epoch_end
+from speakerlab.engine.lock import ExpDirLock, ExpDirLocked
+from speakerlab.engine.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.engine.setup import Run, build_run, load_train_config
 from speakerlab.engine.stability import TrainingStopped, batch_culprits
 from speakerlab.engine.validation import validation_eer
+from speakerlab.embedder import NonFiniteEmbedding
 from speakerlab.features import compute_features, feature_spec
 from speakerlab.lists import ListError
 from speakerlab.schedules import lr_at, margin_at
@@ -101,7 +103,7 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
 
 def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     """The steps of the current epoch from `start` within it. Returns True when the epoch is complete;
-    False when global step `stop_at` (--max-steps) came first, after writing `latest.pt`."""
+    False when global step `stop_at` (--max-steps) came first, after writing the mid-epoch checkpoint."""
     cfg = run.cfg
     run.sampler.set_epoch(run.state.epoch, start)
     run.net.train()
@@ -122,10 +124,10 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
             wait, t_log = 0.0, time.perf_counter()
         if cfg.train.save_every_steps and run.state.step % cfg.train.save_every_steps == 0 \
                 and done < run.steps_per_epoch:
-            save(run, "latest.pt", done)
+            save_mid_epoch(run, done)
     run.monitor.end_progress()
     if done < run.steps_per_epoch:
-        save(run, "latest.pt", done)
+        save_mid_epoch(run, done)
         return False
     return True
 
@@ -136,9 +138,13 @@ def end_epoch(run: Run) -> None:
     save_epoch_end(run)
     if run.info.is_main and cfg.data.val and (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
         spec = feature_spec(cfg.features, cfg.data.sample_rate)
-        eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device)
-        run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")
-        run.monitor.log(f"epoch {epoch}: validation EER {eer * 100:.2f}%")
+        try:
+            eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device)
+        except NonFiniteEmbedding as e:  # the checkpoint is written: report, and let training go on
+            run.monitor.log(f"epoch {epoch}: no validation EER: {e}")
+        else:
+            run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")
+            run.monitor.log(f"epoch {epoch}: validation EER {eer * 100:.2f}%")
     dist_utils.barrier(run.info)
 
 
@@ -181,6 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
     ap.add_argument("--max-steps", type=positive_int, help="stop (with a checkpoint) after this many optimizer steps "
                     "of this invocation, e.g. to fit a cluster time limit; the schedule is unaffected")
+    ap.add_argument("--force-new-schedule", action="store_true",
+                    help="resume although settings that define the schedule or data order changed (global batch, "
+                    "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
     args = ap.parse_args(argv)
     exp_dir = Path(args.exp_dir)
@@ -191,10 +200,17 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()
         return 2
+    lock = ExpDirLock(exp_dir, run.monitor.log) if run.info.is_main else None
     try:
+        # Nothing is written to the exp dir until the lock is held and the checkpoint fits this command.
+        if lock is not None:
+            lock.acquire()
+            for p in remove_stale_temp_files(run.ckpt_dir):
+                run.monitor.log(f"removed {p}, left mid-write by a run that was killed")
+        start = resume(run, args.force_new_schedule)
+        run.monitor.start()
         if run.info.is_main:
             save_config(cfg, exp_dir / "config.yaml")
-        start = resume(run)
         run.monitor.resume_at(run.state.step)
         stop_at = run.state.step + args.max_steps if args.max_steps else None
         while run.state.epoch < cfg.train.epochs and (stop_at is None or run.state.step < stop_at):
@@ -208,13 +224,17 @@ def main(argv=None) -> int:
             run.monitor.log(f"training done: {run.state.epoch} epochs, {run.state.step} steps, "
                             f"{run.guard.total} skipped")
         return 0
+    except (ExpDirLocked, ScheduleChanged) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
     finally:
         run.monitor.close()
+        if lock is not None:
+            lock.release()
         dist_utils.cleanup()
-
 
 if __name__ == "__main__":
     sys.exit(main())

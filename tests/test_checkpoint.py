@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import (Checkpoint, CheckpointError, ResumeState, average_checkpoints, checkpoint_files,
-                                   latest_checkpoint, load_checkpoint, prune_checkpoints, rebuild_model,
-                                   resolve_checkpoint, save_checkpoint)
+                                   latest_checkpoint, load_checkpoint, load_given, load_latest, prune_checkpoints,
+                                   rebuild_model, remove_stale_temp_files, save_checkpoint)
 from speakerlab.embedder import load_embedder
 from speakerlab.extract import load_embeddings
 from speakerlab.features import FbankConfig, FeatureSpec
@@ -82,22 +82,79 @@ def test_not_a_checkpoint_is_named(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
 
 
-def test_latest_resolve_and_prune(tmp_path):
+def test_newest_by_name_and_prune(tmp_path):
     d = tmp_path / "exp" / "checkpoints"
     for epoch in (1, 2, 3):
         save_checkpoint(d / f"epoch_{epoch:03d}.pt", tiny_checkpoint(step=10 * epoch, epoch=epoch))
     assert latest_checkpoint(d).name == "epoch_003.pt"
-    save_checkpoint(d / "latest.pt", tiny_checkpoint(step=35, epoch=3))
-    assert latest_checkpoint(d).name == "latest.pt"
-    assert resolve_checkpoint(tmp_path / "exp") == d / "latest.pt"
-    assert resolve_checkpoint(d / "epoch_001.pt") == d / "epoch_001.pt"
+    save_checkpoint(d / "partial_004.pt", tiny_checkpoint(step=35, epoch=3))
+    assert latest_checkpoint(d).name == "partial_004.pt"
+    save_checkpoint(d / "partial_003.pt", tiny_checkpoint(step=25, epoch=2))   # left by a crash: older
+    assert latest_checkpoint(d).name == "partial_004.pt"
+    assert load_given(tmp_path / "exp")[0] == d / "partial_004.pt"
+    assert load_given(d / "epoch_001.pt")[1].step == 10
     with pytest.raises(CheckpointError, match="no checkpoint under"):
-        resolve_checkpoint(tmp_path)
+        load_given(tmp_path)
     with pytest.raises(ValueError, match="keep must be >= 1"):
         prune_checkpoints(d, 0)
     assert [p.name for p in checkpoint_files(d)] == ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt"]
     prune_checkpoints(d, 1)
     assert [p.name for p in checkpoint_files(d)] == ["epoch_003.pt"]
+
+
+def test_latest_pt_of_older_versions_is_ordered_by_its_epoch(tmp_path):
+    save_checkpoint(tmp_path / "epoch_002.pt", tiny_checkpoint(step=20, epoch=2))
+    save_checkpoint(tmp_path / "latest.pt", tiny_checkpoint(step=25, epoch=2))
+    assert latest_checkpoint(tmp_path).name == "latest.pt"
+    save_checkpoint(tmp_path / "epoch_003.pt", tiny_checkpoint(step=30, epoch=3))
+    assert latest_checkpoint(tmp_path).name == "epoch_003.pt"
+
+
+def corrupt(path: Path) -> None:
+    """Flip bytes inside the largest tensor's data, leaving the zip structure readable."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0x5A for b in data[mid:mid + 64])
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path):
+    for epoch in (1, 2):
+        save_checkpoint(tmp_path / f"epoch_{epoch:03d}.pt", tiny_checkpoint(step=10 * epoch, epoch=epoch))
+    corrupt(tmp_path / "epoch_002.pt")
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'epoch_002.pt'}( is corrupt| cannot be loaded)"):
+        load_checkpoint(tmp_path / "epoch_002.pt")
+    warnings = []
+    path, ck = load_latest(tmp_path, warn=warnings.append)
+    assert path.name == "epoch_001.pt" and ck.step == 10
+    assert len(warnings) == 1 and "epoch_002.pt" in warnings[0] and "using the previous checkpoint" in warnings[0]
+    corrupt(tmp_path / "epoch_001.pt")
+    with pytest.raises(CheckpointError, match="no intact checkpoint") as e:
+        load_latest(tmp_path)
+    assert "epoch_001.pt" in str(e.value) and "epoch_002.pt" in str(e.value)
+
+
+def test_old_truncated_checkpoint_is_never_opened(tmp_path):
+    save_checkpoint(tmp_path / "epoch_001.pt", tiny_checkpoint(step=10, epoch=1))
+    (tmp_path / "epoch_001.pt").write_bytes((tmp_path / "epoch_001.pt").read_bytes()[:1000])   # truncated
+    save_checkpoint(tmp_path / "epoch_002.pt", tiny_checkpoint(step=20, epoch=2))
+    warnings = []
+    assert load_latest(tmp_path, warn=warnings.append)[1].step == 20 and warnings == []
+
+
+def test_failed_write_leaves_no_temp_file_and_stale_ones_are_removed(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path / "epoch_001.pt", tiny_checkpoint(step=10))
+    (tmp_path / ".epoch_002.pt.tmp4242").write_bytes(b"half a checkpoint")   # a killed run's
+    assert [p.name for p in remove_stale_temp_files(tmp_path)] == [".epoch_002.pt.tmp4242"]
+
+    def full_disk(obj, f):
+        f.write(b"x" * 100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointError, match="cannot write checkpoint .*epoch_002.pt.*No space left.*intact"):
+        save_checkpoint(tmp_path / "epoch_002.pt", tiny_checkpoint(step=20))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_001.pt"]
 
 
 def test_average_and_rebuild(tmp_path):

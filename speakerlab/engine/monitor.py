@@ -10,19 +10,28 @@ from typing import Dict, Optional
 class Monitor:
     """Writes `<exp>/train.log` and tensorboard events under `<exp>/tensorboard` on the main process.
 
-    Other ranks get a Monitor that drops everything, so callers need no rank checks.
+    Nothing is written to the exp dir before `start()`: lines logged while a run is still being set up
+    are printed and kept, then written when the run is known to start (a failed start leaves the exp
+    dir as it was). Other ranks get a Monitor that drops everything, so callers need no rank checks.
     """
 
     def __init__(self, exp_dir: Path, enabled: bool = True, tensorboard: bool = True):
         self.enabled = enabled
         self._log_file = None
+        self._pending = []
         self._tb = None
         self._bar = None
-        if not enabled:
-            return
-        exp_dir.mkdir(parents=True, exist_ok=True)
         self.exp_dir, self._want_tb = exp_dir, tensorboard
-        self._log_file = open(exp_dir / "train.log", "a", buffering=1)
+
+    def start(self) -> None:
+        """Open `<exp>/train.log` and write the lines logged so far."""
+        if not self.enabled or self._log_file is not None:
+            return
+        self.exp_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.exp_dir / "train.log", "a", buffering=1)
+        for line in self._pending:
+            self._log_file.write(line + "\n")
+        self._pending = []
 
     def resume_at(self, step: int) -> None:
         """Forget what an interrupted run logged after `step` (it is about to be recomputed):
@@ -56,7 +65,10 @@ class Monitor:
             self._bar.write(line, file=sys.stderr)
         else:
             print(line, file=sys.stderr, flush=True)
-        self._log_file.write(line + "\n")
+        if self._log_file is None:
+            self._pending.append(line)
+        else:
+            self._log_file.write(line + "\n")
 
     def scalars(self, values: Dict[str, float], step: int, prefix: str = "train") -> None:
         if not self.enabled:

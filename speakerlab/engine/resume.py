@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from speakerlab.checkpoint import (Checkpoint, ResumeState, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                                   save_checkpoint)
+from speakerlab.checkpoint import (Checkpoint, ResumeState, load_checkpoint, load_latest, prune_checkpoints,
+                                   run_checkpoints, save_checkpoint)
 from speakerlab.engine.setup import Run
 from speakerlab.features import feature_spec
 
@@ -28,11 +28,18 @@ def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
         save_checkpoint(run.ckpt_dir / name, checkpoint_of(run, step_in_epoch))
 
 
+def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
+    """`partial_NNN.pt` of the epoch in progress (NNN = its 1-based number), overwritten."""
+    save(run, f"partial_{run.state.epoch + 1:03d}.pt", step_in_epoch)
+
+
 def save_epoch_end(run: Run) -> None:
-    """The epoch checkpoint; the mid-epoch one is now stale; only the newest `keep_checkpoints` stay."""
+    """The epoch checkpoint; mid-epoch ones are now stale; only the newest `keep_checkpoints` stay."""
     save(run, f"epoch_{run.state.epoch:03d}.pt")
     if run.info.is_main:
-        (run.ckpt_dir / "latest.pt").unlink(missing_ok=True)
+        for p in run_checkpoints(run.ckpt_dir):
+            if not p.name.startswith("epoch_"):
+                p.unlink(missing_ok=True)
         prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
 
 
@@ -53,15 +60,46 @@ def init_from(run: Run, path: str) -> None:
     run.monitor.log(f"initialised from {path} (epoch {ckpt.epoch}, step {ckpt.step})")
 
 
-def resume(run: Run) -> int:
+class ScheduleChanged(RuntimeError):
+    """Resuming would silently continue a different schedule or data order; the message shows how."""
+
+
+# Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
+# epoch) or the data order. The hardware section is free to change: results do not depend on it.
+SCHEDULE_KEYS = ("model.name", "model.args", "data.train", "data.crop_seconds", "train.global_batch_size",
+                 "train.epochs", "train.seed", "optim.name", "optim.lr", "optim.min_lr", "optim.warmup_epochs",
+                 "loss.scale", "loss.margin", "loss.margin_start_epoch", "loss.margin_warmup_epochs")
+
+
+def schedule_changes(stored: dict, now: dict) -> list:
+    """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts)."""
+    def get(d, key):
+        for part in key.split("."):
+            d = d.get(part) if isinstance(d, dict) else None
+        return d
+    return [f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now" for k in SCHEDULE_KEYS
+            if get(stored, k) != get(now, k)]
+
+
+def resume(run: Run, force_new_schedule: bool = False) -> int:
     """Restore the latest checkpoint of the run, if any (else `train.init_from`, if set); return the step
-    within its epoch to continue from."""
-    path = latest_checkpoint(run.ckpt_dir)
-    if path is None:
+    within its epoch to continue from.
+
+    Settings that change the schedule or the data order (SCHEDULE_KEYS) must match the checkpoint's,
+    else ScheduleChanged, unless `force_new_schedule`: then weights, optimizer and completed epochs are
+    kept and the interrupted epoch starts again from its beginning under the new settings."""
+    found = load_latest(run.ckpt_dir, run.device, warn=run.monitor.log)
+    if found is None:
         if run.cfg.train.init_from:
             init_from(run, run.cfg.train.init_from)
         return 0
-    ckpt = load_checkpoint(path, map_location=run.device)
+    path, ckpt = found
+    changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
+    if changes and not force_new_schedule:
+        raise ScheduleChanged(f"{run.exp_dir} was trained with other settings than this command's; resuming would "
+                              "continue a different schedule or data order:\n  " + "\n  ".join(changes) +
+                              "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
+                              "continue these weights under the new settings")
     if ckpt.resume is None:
         raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
     _load_weights(run, ckpt, path, "use a new --exp-dir")
@@ -71,5 +109,11 @@ def resume(run: Run) -> int:
     torch.set_rng_state(ckpt.resume.rng_cpu.cpu())
     if ckpt.resume.rng_cuda and run.device.type == "cuda":
         torch.cuda.set_rng_state_all([s.cpu() for s in ckpt.resume.rng_cuda])
+    if changes:
+        run.state.step = run.state.epoch * run.steps_per_epoch
+        run.monitor.log(f"--force-new-schedule: {'; '.join(changes)}; epoch {run.state.epoch + 1} starts again "
+                        f"at global step {run.state.step}")
+        run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")
+        return 0
     run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")
     return ckpt.resume.step_in_epoch

@@ -3,6 +3,7 @@ against the model registry, then builds a run's parts from their own settings se
 augmentation, features, model + classifier, optimizer, batch plan, loader) into a `Run`."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,20 +63,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+SPOT_CHECKS = 32  # audio headers read at every start when the length index exists
+
+
 def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
     """Validated training lists, every listed file present (all missing ones reported), lengths known.
 
-    Lengths come from `utt2num_samples` (the prepare stage, which also checked every header). Headers
-    are read again only when that index is missing or `data.check_audio` asks for it: on a corpus of
-    a million files that is minutes at every start."""
+    Lengths come from `utt2num_samples` (the prepare stage, which also checked every header). All headers
+    are read again only when that index is missing or `data.check_audio` asks for it: on a corpus of a
+    million files that is minutes at every start. Otherwise SPOT_CHECKS headers spread over the list are
+    compared with the index and `data.sample_rate`."""
     data = load_data_dir(cfg.data.train)
     data.check_audio_exists()
     if not data.num_samples or cfg.data.check_audio:
-        lengths = index_lengths(data, cfg.data.sample_rate)
-        stale = [u for u in data.num_samples if data.num_samples[u] != lengths[u]]
-        if stale:
-            raise ListError(f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
-                            f"the file has {lengths[stale[0]]} ({len(stale)} stale); re-run the prepare stage")
+        checked = data  # every header
+    else:  # a spread sample of headers: a wrong data.sample_rate or a stale index shows at start, not mid-epoch
+        step = max(1, len(data.utts) // SPOT_CHECKS)
+        checked = dataclasses.replace(data, utts=data.utts[::step][:SPOT_CHECKS] + data.utts[-1:])
+    try:
+        lengths = index_lengths(checked, cfg.data.sample_rate)
+    except ListError as e:
+        raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
+    stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
+    if stale:
+        raise ListError(f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
+                        f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
+                        "re-run the features stage (python -m speakerlab.prepare)")
+    if checked is data:
         data.num_samples = lengths
     log(f"training data {data.root}: {len(data.utts)} utterances, {len(data.speakers)} speakers")
     return data
