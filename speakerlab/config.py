@@ -146,6 +146,7 @@ class HardwareSettings:
     pin_memory: bool = True
     prefetch_factor: int = setting(2, ge=1)
     dist_timeout_s: int = setting(1800, ge=1)               # process-group / barrier timeout
+    watchdog_s: int = setting(300, ge=5)                    # multi-process: a rank not running this long ends the job
     memory_margin: float = setting(0.85, gt=0, le=1)        # auto batch: use at most this fraction of device memory
 
 

@@ -27,6 +27,7 @@ from speakerlab.engine.lock import ExpDirLock, ExpDirLocked
 from speakerlab.engine.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.engine.setup import Run, build_run, load_train_config
 from speakerlab.engine.stability import TrainingStopped, batch_culprits
+from speakerlab.engine.watchdog import Watchdog
 from speakerlab.engine.validation import validation_eer
 from speakerlab.embedder import NonFiniteEmbedding
 from speakerlab.features import compute_features, feature_spec
@@ -201,6 +202,10 @@ def main(argv=None) -> int:
         dist_utils.cleanup()
         return 2
     lock = ExpDirLock(exp_dir, run.monitor.log) if run.info.is_main else None
+    watchdog = None
+    if run.info.enabled:
+        watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
+        watchdog.start()
     try:
         # Nothing is written to the exp dir until the lock is held and the checkpoint fits this command.
         if lock is not None:
@@ -231,6 +236,8 @@ def main(argv=None) -> int:
         run.monitor.log(f"error: {e}")
         return 3
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         run.monitor.close()
         if lock is not None:
             lock.release()
