@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Union
 import yaml
 
 from speakerlab.augment import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR, KINDS as AUGMENT_KINDS
+from speakerlab.speed import resample_ratio
 
 
 class ConfigError(ValueError):
@@ -42,6 +43,11 @@ class AugmentSettings:
     babble_snr: List[float] = field(default_factory=lambda: list(DEFAULT_SNR["babble"]))  # [13, 20] dB
     babble_speakers: List[int] = field(default_factory=lambda: list(DEFAULT_BABBLE_SPEAKERS))  # [3, 7] files summed
     reverb_noise_prob: float = 0.0       # chance a reverberated crop also gets one additive kind (room + noise)
+    bank: Optional[str] = None           # int16 noise bank (python -m speakerlab.noise_bank); null: <lists>/bank,
+                                         # built at start when missing or older than the lists
+    speed_factors: List[float] = field(default_factory=lambda: [0.9, 1.0, 1.1])  # > 0, int ratios <= 100 (sox speed)
+    speed_prob: float = 0.0              # chance a crop is sped up by a factor != 1 (uniform among them); 0: off
+    speed_new_speakers: bool = True      # sped-up copies are new classes: speaker + factor class x num speakers
 
 
 @dataclass
@@ -236,6 +242,16 @@ def _validate_augment(a: AugmentSettings) -> None:
             raise ConfigError(f"config key 'augment.{name}' must be [lo, hi] with lo <= hi, got {pair}")
     if a.babble_speakers[0] < 1:
         raise ConfigError(f"config key 'augment.babble_speakers' must start at >= 1, got {a.babble_speakers}")
+    if not 0.0 <= a.speed_prob <= 1.0:
+        raise ConfigError(f"config key 'augment.speed_prob' must be in [0, 1], got {a.speed_prob}")
+    for f in a.speed_factors:
+        try:
+            resample_ratio(f)
+        except ValueError as e:
+            raise ConfigError(f"config key 'augment.speed_factors': {e}") from None
+    if a.speed_prob > 0 and all(f == 1.0 for f in a.speed_factors):
+        raise ConfigError(f"config key 'augment.speed_factors' needs a factor other than 1 when "
+                          f"augment.speed_prob > 0, got {a.speed_factors}")
 
 
 def _set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:

@@ -23,8 +23,8 @@ from speakerlab.config import Config, ConfigError, load_config, save_config
 from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.monitor import Meter, Monitor
 from speakerlab.engine.precision import resolve_device, resolve_precision
-from speakerlab.engine.setup import (build_augmenter, build_net, build_optimizer, choose_plan, compute_features,
-                                     cuda_probe, load_train_data, make_fbank, make_loader, seed_everything)
+from speakerlab.engine.setup import (build_augmenter, build_frontend, build_net, build_optimizer, choose_plan,
+                                     class_names, cuda_probe, load_train_data, make_fbank, make_loader, seed_everything)
 from speakerlab.engine.stability import NonFiniteGuard, TrainingStopped
 from speakerlab.engine.validation import validation_eer
 from speakerlab.features import num_frames
@@ -44,7 +44,7 @@ class Run:
     raw: torch.nn.Module          # the SpeakerNet itself
     optimizer: torch.optim.Optimizer
     scaler: object
-    fbank: torch.nn.Module
+    frontend: torch.nn.Module     # loader batch -> (features, labels): speakerlab.augment_batch.Frontend
     loader: object
     sampler: object
     plan: object
@@ -71,9 +71,10 @@ def setup(cfg: Config, exp_dir: Path) -> Run:
         log = monitor.log if info.is_main else (lambda m: None)
         data = load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
-    speakers = data.speakers
+    speakers = class_names(cfg, data.speakers)
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
     fbank = make_fbank(cfg, device)
+    frontend = build_frontend(cfg, fbank, len(data.speakers))
     crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
     probe = cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device,
                        cfg.hardware.memory_margin) if device.type == "cuda" else None
@@ -86,7 +87,7 @@ def setup(cfg: Config, exp_dir: Path) -> Run:
     ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None) \
         if info.enabled else net
     run = Run(cfg, exp_dir, info, device, precision, ddp, net, build_optimizer(cfg, net), precision.grad_scaler(),
-              fbank, loader, sampler, plan, monitor, speakers, NonFiniteGuard(cfg.train.max_consecutive_skips),
+              frontend, loader, sampler, plan, monitor, speakers, NonFiniteGuard(cfg.train.max_consecutive_skips),
               sampler.steps_per_epoch)
     monitor.log(f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
                 f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params")
@@ -163,12 +164,12 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     wait, pending = 0.0, []
     # Loss and hits accumulate on the device; the host reads them once per optimizer step.
     stats, seen = torch.zeros(2, device=run.device), 0
-    for micro, (waves, labels, index) in enumerate(run.loader):
+    for micro, batch in enumerate(run.loader):
         wait += time.perf_counter() - t_ready
         if micro % accum == 0:
             lr, margin = set_schedules(run, total_steps)
-        waves, labels = waves.to(run.device, non_blocking=True), labels.to(run.device, non_blocking=True)
-        feats = compute_features(run.fbank, waves, cfg.features.mean_norm)
+        feats, labels = run.frontend(batch)
+        index = batch["index"]
         pending.append((index, run.guard.nonfinite_rows(feats)))
         last = (micro + 1) % accum == 0
         sync = contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync()

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.augment import Augmenter
-from speakerlab.batches import CropDataset, GlobalBatchSampler
+from speakerlab.augment import Augmenter, open_augmenter
+from speakerlab.augment_batch import Frontend
+from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.config import Config
 from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
 from speakerlab.engine.distributed import DistInfo
@@ -20,6 +21,7 @@ from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
 from speakerlab.loss import AAMSoftmax
 from speakerlab.models import build_model
+from speakerlab.speed import speed_speaker_names
 
 
 class SpeakerNet(nn.Module):
@@ -71,10 +73,20 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     if not a.lists:
         log("augmentation off (augment.lists not set)")
         return None
-    aug = Augmenter(a.lists, a.prob, a.kinds, {"noise": a.noise_snr, "music": a.music_snr, "babble": a.babble_snr},
-                    a.babble_speakers, cfg.data.sample_rate, a.reverb_noise_prob)
-    log(aug.describe())
-    return aug
+    return open_augmenter(a, cfg.data.sample_rate, log)
+
+
+def build_frontend(cfg: Config, fbank: Fbank, num_speakers: int) -> Frontend:
+    """Loader batch -> (features, labels) on fbank's device: speed, reverb, noise, fbank, mean norm."""
+    a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
+    return Frontend(fbank, crop, cfg.features.mean_norm, a.speed_factors if a.speed_prob > 0 else (),
+                    num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None)
+
+
+def class_names(cfg: Config, speakers: List[str]) -> List[str]:
+    """The classifier's classes: the speakers, then their sped-up copies when those are new speakers."""
+    a = cfg.augment
+    return speed_speaker_names(speakers, a.speed_factors) if a.speed_prob > 0 and a.speed_new_speakers else speakers
 
 
 def make_fbank(cfg: Config, device: torch.device, dither: Optional[float] = None) -> Fbank:
@@ -119,13 +131,14 @@ def make_loader(cfg: Config, data: DataDir, spk2idx: Dict[str, int], plan: Batch
                 pin_memory: bool, augmenter: Optional[Augmenter] = None):
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     dataset = CropDataset([data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts],
-                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter)
+                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter,
+                          cfg.augment.speed_factors, cfg.augment.speed_prob)
     sampler = GlobalBatchSampler(len(dataset), plan.global_batch, plan.per_device, plan.accumulation,
                                  info.rank, info.world_size, cfg.train.seed)
     hw = cfg.hardware
     extra = {"prefetch_factor": hw.prefetch_factor, "persistent_workers": False} if hw.num_workers > 0 else {}
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=hw.num_workers,
-                                         pin_memory=pin_memory, **extra)
+                                         pin_memory=pin_memory, collate_fn=collate, **extra)
     return loader, sampler
 
 
