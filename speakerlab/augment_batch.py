@@ -26,7 +26,9 @@ from torch import Tensor
 
 from speakerlab.augment import INT16_SCALE
 from speakerlab.features import Fbank, mean_normalize
-from speakerlab.speed import SpeedPerturb, speed_labels
+from speakerlab.speed import SpeedPerturb, by_rows, speed_labels
+
+CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.speed.by_rows); a GPU takes the batch at once
 
 
 def mean_square(x: Tensor) -> Tensor:
@@ -72,7 +74,8 @@ class Frontend(torch.nn.Module):
     """`forward(batch) -> (feats (B, T, F) float32, labels (B,) int64)`, see the module docstring.
 
     `speed_factors`: the factors the dataset draws from (its classes, `speakerlab.speed.factor_classes`);
-    `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded)."""
+    `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded).
+    `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch)."""
 
     def __init__(
         self,
@@ -81,11 +84,12 @@ class Frontend(torch.nn.Module):
         mean_norm: bool = True,
         speed_factors: Sequence[float] = (),
         num_speakers: Optional[int] = None,
+        cpu_rows: Optional[int] = CPU_ROWS,
     ):
         super().__init__()
         self.fbank, self.crop, self.mean_norm = fbank, int(crop_samples), bool(mean_norm)
         self.speed = SpeedPerturb(speed_factors)
-        self.num_speakers = num_speakers
+        self.num_speakers, self.cpu_rows = num_speakers, cpu_rows
 
     @property
     def device(self) -> torch.device:
@@ -98,10 +102,11 @@ class Frontend(torch.nn.Module):
     def waves(self, batch: Dict[str, object]) -> Tensor:
         """The augmented crops `(B, crop)` float32, in [-1, 1) scale before augmentation."""
         b = self.to_device(batch)
-        x = self.speed(b["wave"], b["speed"], self.crop) * INT16_SCALE
+        chunk = self.cpu_rows if self.device.type == "cpu" else None
+        x = self.speed(b["wave"], batch["speed"], self.crop, chunk) * INT16_SCALE  # groups from the host copy
         if b["rir"].shape[0]:
             rows = b["rir_item"]
-            x = x.index_copy(0, rows, reverberate_batch(x[rows], b["rir"].float()))
+            x = x.index_copy(0, rows, by_rows(reverberate_batch, chunk, x[rows], b["rir"].float()))
         if b["noise"].shape[0]:
             x = add_noise_batch(x, b["noise"].float(), b["noise_item"], b["snr"])
         # A file with NaN / inf samples (int16 cannot hold them) becomes a non-finite row again, so the
@@ -113,5 +118,5 @@ class Frontend(torch.nn.Module):
         labels = batch["label"].to(self.device, non_blocking=True)
         if self.num_speakers is not None:
             labels = speed_labels(labels, batch["speed"].to(self.device, non_blocking=True), self.num_speakers)
-        feats = self.fbank(x)  # fp32, outside autocast on purpose
+        feats = by_rows(self.fbank, self.cpu_rows if self.device.type == "cpu" else None, x)  # fp32, no autocast
         return (mean_normalize(feats) if self.mean_norm else feats), labels

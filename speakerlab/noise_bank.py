@@ -104,7 +104,7 @@ def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 1600
     checked = {k: _check_list(k, lists / LIST_FILES[k], sample_rate, problems) for k in kinds}
     total = sum(n for entries in checked.values() for _, _, n, _ in entries)
     out.mkdir(parents=True, exist_ok=True)
-    partial = out / f".{AUDIO}.partial"
+    partial = out / f".{AUDIO}.{os.getpid()}.partial"  # per builder: two builders never share a file
     audio = np.lib.format.open_memmap(partial, mode="w+", dtype=np.int16, shape=(max(total, 1),))
     index: Dict[str, dict] = {}
     pos = 0
@@ -145,9 +145,12 @@ def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 1600
         raise BankError(
             f"{len(problems)} problem(s) in the augmentation lists under {lists}; no bank written:\n{shown}{more}"
         )
-    os.replace(partial, out / AUDIO)
     meta = {"format": FORMAT, "sample_rate": sample_rate, "samples": pos, "kinds": index}
-    (out / INDEX).write_text(json.dumps(meta))
+    # Index first, then audio, each by an atomic rename: a reader never maps a half-written file, and
+    # a process that mapped the previous audio keeps reading it (its pages stay until it is closed).
+    (out / f".{INDEX}.{os.getpid()}.partial").write_text(json.dumps(meta))
+    os.replace(out / f".{INDEX}.{os.getpid()}.partial", out / INDEX)
+    os.replace(partial, out / AUDIO)
     log(
         f"noise bank {out}: "
         + ", ".join(f"{k} {len(v['ids'])} files" for k, v in index.items())
@@ -183,7 +186,7 @@ class NoiseBank:
     def __init__(self, root):
         self.root = Path(root)
         meta = json.loads((self.root / INDEX).read_text())
-        self.sample_rate = int(meta["sample_rate"])
+        self.sample_rate, self.samples = int(meta["sample_rate"]), int(meta["samples"])
         self.kinds = {
             k: (np.asarray(v["offsets"], dtype=np.int64), np.asarray(v["lengths"], dtype=np.int64))
             for k, v in meta["kinds"].items()
@@ -197,7 +200,12 @@ class NoiseBank:
     @property
     def audio(self) -> np.ndarray:
         if self._audio is None:
-            self._audio = np.load(self.root / AUDIO, mmap_mode="r")
+            audio = np.load(self.root / AUDIO, mmap_mode="r")
+            if audio.shape != (self.samples,):  # caught between the two renames of a rebuild
+                raise BankError(
+                    f"{self.root}: {AUDIO} does not match {INDEX}; rebuild with python -m speakerlab.noise_bank"
+                )
+            self._audio = audio
         return self._audio
 
     def count(self, kind: str) -> int:

@@ -20,7 +20,7 @@ factor class 0 being the unperturbed speed, so the original speakers keep their 
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -107,25 +107,37 @@ class Resampler(torch.nn.Module):
         return out.transpose(1, 2).reshape(x.shape[0], -1)[:, :n_out]
 
 
+def by_rows(fn, chunk: Optional[int], *xs: Tensor) -> Tensor:
+    """`fn(*xs)` computed over blocks of `chunk` rows and concatenated (all rows at once when `chunk`
+    is None). The same result; on a CPU the blocks stay in cache: bench/data_pipeline.py's batch of
+    128 x 3 s ran fbank, FFT convolution and resampling 4-10x faster per sample in blocks of 8-32."""
+    n = xs[0].shape[0]
+    if not chunk or n <= chunk:
+        return fn(*xs)
+    return torch.cat([fn(*(x[i : i + chunk] for x in xs)) for i in range(0, n, chunk)])
+
+
 class SpeedPerturb(torch.nn.Module):
     """Per-item speed factors on a batch: `forward(waves (B, N'), classes (B,), crop) -> (B, crop)`.
 
     `classes[b]` indexes `factor_classes(factors)`; item b's first `input_length(crop, f)` samples
-    are resampled and cut to `crop`. Items are grouped by factor, one `Resampler` call per group."""
+    are resampled and cut to `crop`. Items are grouped by factor, one `Resampler` call per group
+    (per `chunk` rows of it, see `by_rows`)."""
 
     def __init__(self, factors: Sequence[float]):
         super().__init__()
         self.factors = factor_classes(factors)
         self.resamplers = torch.nn.ModuleList(Resampler(*resample_ratio(f)) for f in self.factors)
 
-    def forward(self, waves: Tensor, classes: Tensor, crop: int) -> Tensor:
+    def forward(self, waves: Tensor, classes: Tensor, crop: int, chunk: Optional[int] = None) -> Tensor:
         out = waves[:, :crop].to(torch.float32, copy=True)  # class 0 (speed 1) as read
+        classes = classes.cpu()  # grouping on the host: a host batch's classes cost no device sync
         for c in torch.unique(classes).tolist():
             if c == 0:
                 continue
-            rows = (classes == c).nonzero().squeeze(1)
+            rows = (classes == c).nonzero().squeeze(1).to(waves.device, non_blocking=True)
             need = input_length(crop, self.factors[c])
-            out[rows] = self.resamplers[c](waves[rows, :need].float())[:, :crop]
+            out[rows] = by_rows(self.resamplers[c], chunk, waves[rows, :need].float())[:, :crop]
         return out
 
 
