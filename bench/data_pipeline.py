@@ -177,12 +177,16 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="loader workers (GPU part)")
     ap.add_argument("--gpu-steps", type=int, default=30)
+    # One thread by default: on a shared, loaded CPU, 2 intra-op threads made the batch 4x slower
+    # (they wait for each other); on an idle machine try --device-threads 0 (torch's default).
+    ap.add_argument("--device-threads", type=int, default=1, help="torch threads of the device part (0: default)")
     ap.add_argument("--wait-on-cpu", action="store_true", help="run the data-wait measurement on the CPU (a check)")
     args = ap.parse_args(argv)
+    args.device_threads = args.device_threads or torch.get_num_threads()
     print(f"$ python {shlex.join(sys.argv)}")
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch threads for the device part"
+        f"{args.device_threads} torch thread(s) for the device part"
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
         peers = PerSample(utts, bank, lists)
         items = [(i % len(utts), 7919 * i) for i in range(args.batch)]
 
-        threads = torch.get_num_threads()
+        threads = args.device_threads
         torch.set_num_threads(1)  # as in a DataLoader worker
         a = best_of(args.repeats, lambda: [peers(i, s) for i, s in items[: args.samples]]) / args.samples
         b_worker = best_of(args.repeats, lambda: collate([ds[it] for it in items])) / args.batch
