@@ -114,8 +114,11 @@ class Frontend(torch.nn.Module):
         return torch.where(b["finite"].unsqueeze(1), x, torch.full_like(x, float("nan")))
 
     def forward(self, batch: Dict[str, object]) -> Tuple[Tensor, Tensor]:
-        x = self.waves(batch)
         labels = batch["label"].to(self.device, non_blocking=True)
+        if "feats" in batch:  # a feature-store batch (speakerlab.feature_store): only the normalisation
+            feats = batch["feats"].to(self.device, non_blocking=True)
+            return (mean_normalize(feats) if self.mean_norm else feats), labels
+        x = self.waves(batch)
         if self.num_speakers is not None:
             labels = speed_labels(labels, batch["speed"].to(self.device, non_blocking=True), self.num_speakers)
         feats = by_rows(self.fbank, self.cpu_rows if self.device.type == "cpu" else None, x)  # fp32, no autocast

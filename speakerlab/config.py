@@ -31,6 +31,8 @@ class DataSettings:
     sample_rate: int = 16000
     crop_seconds: float = 2.0            # random training crop; shorter utterances are repeated
     check_audio: bool = False            # re-read every header at start even when utt2num_samples exists
+    feats: bool = False                  # train from <train>/feats.scp (python -m speakerlab.feature_store);
+                                         # no augmentation or speed perturbation then
 
 
 @dataclass
@@ -225,6 +227,9 @@ def _validate(cfg: Config) -> None:
     if cfg.data.crop_seconds <= 0:
         raise ConfigError("config key 'data.crop_seconds' must be > 0")
     _validate_augment(cfg.augment)
+    if cfg.data.feats and (cfg.augment.lists or cfg.augment.speed_prob > 0):
+        raise ConfigError("config key 'data.feats': stored features cannot be augmented; "
+                          "unset augment.lists and set augment.speed_prob to 0")
 
 
 def _validate_augment(a: AugmentSettings) -> None:

@@ -23,6 +23,7 @@ from speakerlab.checkpoint import latest_checkpoint, load_checkpoint, rebuild_mo
 from speakerlab.config import config_from_dict
 from speakerlab.engine.precision import resolve_device
 from speakerlab.engine.setup import make_fbank
+from speakerlab.feature_store import FeatureStore
 from speakerlab.features import Fbank, mean_normalize, num_frames
 from speakerlab.lists import load_data_dir
 
@@ -57,6 +58,21 @@ def embed_waves(embed: Callable[[torch.Tensor], torch.Tensor], fbank: Fbank, wav
         if mean_norm:
             feats = mean_normalize(feats)
         emb = embed(feats).float().cpu().numpy()
+        for j, i in enumerate(batch):
+            out[i] = emb[j]
+    return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+@torch.no_grad()
+def embed_features(embed: Callable[[torch.Tensor], torch.Tensor], feats: Sequence[np.ndarray], device: torch.device,
+                   mean_norm: bool = True, max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
+    """`embed((B, T, F)) -> (B, D)` over stored whole-utterance features `(T, F)` -> `(N, D)` float32."""
+    frames = [f.shape[0] for f in feats]
+    out: List[Optional[np.ndarray]] = [None] * len(feats)
+    for batch in length_batches(frames, max_batch, pad_ratio):
+        n = max(frames[i] for i in batch)
+        x = torch.from_numpy(np.stack([np.resize(feats[i], (n, feats[i].shape[1])) for i in batch])).to(device)
+        emb = embed(mean_normalize(x) if mean_norm else x).float().cpu().numpy()
         for j, i in enumerate(batch):
             out[i] = emb[j]
     return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
@@ -103,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--pad-ratio", type=float, default=0.0)
+    ap.add_argument("--feats", action="store_true",
+                    help="read <data>/feats.scp (python -m speakerlab.feature_store) instead of decoding audio")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     t0 = time.time()
@@ -111,8 +129,13 @@ def main(argv=None) -> int:
     cfg = config_from_dict(ckpt["config"])
     model = rebuild_model(ckpt).to(device)
     fbank = make_fbank(cfg, device, dither=0.0)
-    ids, emb = embed_data_dir(model, fbank, args.data, device, cfg.features.mean_norm, args.batch_size,
-                              args.pad_ratio, cfg.data.sample_rate)
+    if args.feats:
+        store, ids = FeatureStore(args.data, fbank.config), load_data_dir(args.data, need_speakers=False).utts
+        emb = embed_features(model, [store[u] for u in ids], device, cfg.features.mean_norm, args.batch_size,
+                             args.pad_ratio)
+    else:
+        ids, emb = embed_data_dir(model, fbank, args.data, device, cfg.features.mean_norm, args.batch_size,
+                                  args.pad_ratio, cfg.data.sample_rate)
     what = f"{ckpt['model_name']} from {ckpt_path}"
     save_embeddings(args.out, ids, emb)
     print(f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({what}) -> {args.out} "

@@ -17,6 +17,7 @@ from speakerlab.config import Config
 from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
 from speakerlab.engine.distributed import DistInfo
 from speakerlab.features import Fbank, FbankConfig, mean_normalize
+from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
 from speakerlab.loss import AAMSoftmax
@@ -89,6 +90,13 @@ def class_names(cfg: Config, speakers: List[str]) -> List[str]:
     return speed_speaker_names(speakers, a.speed_factors) if a.speed_prob > 0 and a.speed_new_speakers else speakers
 
 
+def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
+    """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
+    fb = make_fbank(cfg, torch.device("cpu"), dither=0.0).config
+    return FeatureCropDataset(FeatureStore(data.root, fb), data.utts, [data.wav[u] for u in data.utts],
+                              [spk2idx[data.utt2spk[u]] for u in data.utts], crop, fb)
+
+
 def make_fbank(cfg: Config, device: torch.device, dither: Optional[float] = None) -> Fbank:
     f = cfg.features
     fb = FbankConfig(sample_rate=cfg.data.sample_rate, num_mel_bins=f.num_mel_bins,
@@ -132,13 +140,15 @@ def make_loader(cfg: Config, data: DataDir, spk2idx: Dict[str, int], plan: Batch
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     dataset = CropDataset([data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts],
                           [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter,
-                          cfg.augment.speed_factors, cfg.augment.speed_prob)
+                          cfg.augment.speed_factors, cfg.augment.speed_prob) if not cfg.data.feats else \
+        feature_dataset(cfg, data, spk2idx, crop)
     sampler = GlobalBatchSampler(len(dataset), plan.global_batch, plan.per_device, plan.accumulation,
                                  info.rank, info.world_size, cfg.train.seed)
     hw = cfg.hardware
     extra = {"prefetch_factor": hw.prefetch_factor, "persistent_workers": False} if hw.num_workers > 0 else {}
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=hw.num_workers,
-                                         pin_memory=pin_memory, collate_fn=collate, **extra)
+                                         pin_memory=pin_memory, collate_fn=collate_feats if cfg.data.feats else collate,
+                                         **extra)
     return loader, sampler
 
 
