@@ -45,6 +45,7 @@ if stage_on 2; then
   # The corpus has MUSAN/RIRS_NOISES-shaped noise (fewer files than the real sets: count warnings are
   # expected). Training augments with them only when asked: --train_overrides "augment.lists=$data/musan_rirs".
   python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$data" --out "$data/musan_rirs"
+  python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # the int16 bank training memory-maps
 fi
 
 if stage_on 3; then

@@ -77,6 +77,7 @@ lists_stage() {
   python -m "speakerlab.datasets.$corpus" prepare --raw-dir "$raw_dir" --data "$data" "$@"
   if [ "$musan_rirs" = true ]; then
     python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
+    python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # the int16 bank training memory-maps
   fi
 }
 
