@@ -212,7 +212,7 @@ def main(argv=None) -> int:
             f"(b) ours, worker (int16 crop + draws + bank slices + collate, 1 thread): {1000 * b_worker:.3f} ms/sample"
         )
         print(
-            f"(b) ours, device part on this CPU ({threads} threads, batch {args.batch}): "
+            f"(b) ours, device part on this CPU ({threads} thread(s), batch {args.batch}): "
             f"{1000 * b_device:.2f} ms/sample"
         )
         if torch.cuda.is_available() or args.wait_on_cpu:
