@@ -25,7 +25,7 @@ from speakerlab.config import load_config  # noqa: E402
 from speakerlab.engine.batch_plan import BatchPlan  # noqa: E402
 from speakerlab.engine.distributed import DistInfo  # noqa: E402
 from speakerlab.engine.precision import resolve_precision  # noqa: E402
-from speakerlab.engine.setup import build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402
+from speakerlab.engine.setup import build_frontend, build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402,E501
 from speakerlab.features import compute_features  # noqa: E402
 
 
@@ -46,25 +46,26 @@ def bench_one(name, precision, batch, args, device):
     scaler = prec.grad_scaler()
     fbank = make_fbank(cfg, device)
     crop = int(args.crop * 16000)
+    frontend = build_frontend(cfg, fbank, num_speakers) if data is not None else None
 
     def batches():
         if data is None:
             while True:
-                yield torch.randn(batch, crop, device=device) * 0.1, torch.randint(0, num_speakers, (batch,), device=device)
+                waves = torch.randn(batch, crop, device=device) * 0.1
+                yield compute_features(fbank, waves, True), torch.randint(0, num_speakers, (batch,), device=device)
         plan = BatchPlan(batch * (len(data.utts) // batch), 1, batch, len(data.utts) // batch)
         loader, sampler = make_loader(cfg, data, data.spk2idx, plan, DistInfo(), device.type == "cuda")
         epoch = 0
         while True:
             sampler.set_epoch(epoch)
-            for waves, labels, _ in loader:
-                yield waves.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            for b in loader:
+                yield frontend(b)
             epoch += 1
 
     it = batches()
 
     def step():
-        waves, labels = next(it)
-        feats = compute_features(fbank, waves, True)
+        feats, labels = next(it)
         loss, _ = net(feats, labels)
         scaler.scale(loss).backward()
         scaler.step(opt)

@@ -5,6 +5,8 @@ Training expects 16 kHz mono; other rates or channel counts raise `AudioError` n
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 import soundfile as sf
 
@@ -66,3 +68,46 @@ def read_crop(path: str, num_samples: int, total: int, rng: np.random.Generator,
     reps = -(-num_samples // wave.shape[0])
     start = int(rng.integers(0, wave.shape[0]))  # random phase of the repetition
     return np.tile(wave, reps + 1)[start:start + num_samples]
+
+
+FLOAT_SUBTYPES = ("FLOAT", "DOUBLE")
+
+
+def read_crop_int16(path: str, num_samples: int, total: int, rng: np.random.Generator,
+                    sample_rate: int = 16000) -> Tuple[np.ndarray, bool]:
+    """`read_crop` (same draw, same repetition of short files) as `(num_samples,)` int16, and whether
+    the samples were finite.
+
+    PCM files are read as int16 directly, with no float round trip. Float files are read as float32
+    and rounded to int16 (clipped to full scale); NaN or inf has no int16 value, so it is reported
+    as `finite` False instead, for the training step to turn that row non-finite and name the file.
+    """
+    try:
+        with sf.SoundFile(path) as f:
+            if f.samplerate != sample_rate or f.channels != 1:
+                raise AudioError(f"{path}: expected {sample_rate} Hz mono, "
+                                 f"got {f.samplerate} Hz x {f.channels} channels")
+            is_float = f.subtype in FLOAT_SUBTYPES
+            dtype = "float32" if is_float else "int16"
+            if total >= num_samples:
+                start = int(rng.integers(0, total - num_samples + 1))
+                f.seek(start)
+                wave = f.read(num_samples, dtype=dtype)
+                if wave.shape[0] != num_samples:  # header claimed more frames than the file holds
+                    raise AudioError(f"{path}: truncated file, read {wave.shape[0]} of {num_samples} "
+                                     f"samples at {start}")
+            else:
+                wave = f.read(dtype=dtype)
+                if wave.shape[0] == 0:
+                    raise AudioError(f"{path}: empty audio file")
+                start = int(rng.integers(0, wave.shape[0]))  # random phase of the repetition
+                wave = np.tile(wave, -(-num_samples // wave.shape[0]) + 1)[start:start + num_samples]
+    except AudioError:
+        raise
+    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
+        raise AudioError(f"{path}: cannot read audio: {e}") from None
+    if not is_float:
+        return wave, True
+    finite = bool(np.isfinite(wave).all())
+    wave = np.nan_to_num(wave, nan=0.0, posinf=1.0, neginf=-1.0)
+    return np.clip(np.round(wave * 32768.0), -32768, 32767).astype(np.int16), finite

@@ -5,45 +5,92 @@ positions [k*G, (k+1)*G) of it (G = global batch), split into world_size x accum
 Each item's crop offset is drawn from (seed, epoch, position). So the samples seen by every
 optimizer step, and their crops, are the same on 1 or 8 GPUs, with any accumulation and any
 number of loader workers; and a run resumed at step k continues with exactly the batches it
-would have seen. Augmentation (speakerlab.augment) draws from the same per-item generator, right
-after the crop, so augmented samples keep that guarantee.
+would have seen. Speed perturbation and augmentation (speakerlab.augment) draw from the same
+per-item generator, so augmented samples keep that guarantee.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from speakerlab.audio import read_crop
+from speakerlab.audio import read_crop_int16
+from speakerlab.augment import Augmenter, Draw
+from speakerlab.speed import factor_classes, input_length
 
 Item = Tuple[int, int]  # (utterance index, crop seed)
-Augment = Callable[[np.ndarray, np.random.Generator], np.ndarray]  # (crop,) float32 -> (crop,) float32
 
 
 class CropDataset(Dataset):
-    """Indexed by `(utterance index, crop seed)`; returns `(wave (crop,), label, utterance index)`.
+    """Indexed by `(utterance index, crop seed)`; returns one item of `collate`'s input (a dict).
 
-    `augment` (e.g. a `speakerlab.augment.Augmenter`) transforms each crop with the item's generator."""
+    Draws, in this order, from `np.random.default_rng(crop seed)`: the speed class (only when
+    `speed_prob` > 0: with that probability a factor drawn uniformly among the factors other than
+    1), the crop offset, then the augmentation (`augment.pick`). The worker reads
+    `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
+    (the most any factor needs) so that items stack; the arithmetic happens batched on the
+    training device (`speakerlab.augment_batch.Frontend`).
+    """
 
     def __init__(self, paths: Sequence[str], labels: Sequence[int], lengths: Sequence[int],
-                 crop_samples: int, sample_rate: int = 16000, augment: Optional[Augment] = None):
+                 crop_samples: int, sample_rate: int = 16000, augment: Optional[Augmenter] = None,
+                 speed_factors: Sequence[float] = (), speed_prob: float = 0.0):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
         self.paths, self.labels, self.lengths = list(paths), list(labels), list(lengths)
         self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
+        self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
+        if self.speed_prob > 0 and len(self.factors) < 2:
+            raise ValueError(f"speed_prob {speed_prob} needs a speed factor other than 1, got {list(speed_factors)}")
+        self.read_samples = max(input_length(crop_samples, f) for f in self.factors)
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, item: Item):
+    def __getitem__(self, item: Item) -> Dict[str, object]:
         index, crop_seed = item
         rng = np.random.default_rng(crop_seed)
-        wave = read_crop(self.paths[index], self.crop_samples, self.lengths[index], rng, self.sample_rate)
-        if self.augment is not None:
-            wave = self.augment(wave, rng)
-        return torch.from_numpy(np.ascontiguousarray(wave)), self.labels[index], index
+        speed = 0
+        if self.speed_prob > 0 and rng.random() < self.speed_prob:
+            speed = 1 + int(rng.integers(len(self.factors) - 1))
+        need = input_length(self.crop_samples, self.factors[speed])
+        wave = np.zeros(self.read_samples, dtype=np.int16)
+        wave[:need], finite = read_crop_int16(self.paths[index], need, self.lengths[index], rng, self.sample_rate)
+        picked = self.augment.pick(rng, self.crop_samples) if self.augment is not None else None
+        return {"wave": wave, "finite": finite, "label": self.labels[index], "index": index, "speed": speed,
+                "picked": picked}
+
+
+def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
+    """Dataset items -> one batch (runs in the loader worker). B items, R reverberated, S noise segments:
+
+      wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
+      label / index / speed (B,) int64; snr (B,) float32 (nan: no additive noise);
+      rir (R, L) int16 zero-padded, rir_item (R,) int64 the batch row of each;
+      noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host).
+    """
+    b = len(items)
+    picked = [it["picked"] for it in items]
+    rirs = [(i, p.rir) for i, p in enumerate(picked) if p is not None and p.rir is not None]
+    segs = [(i, s) for i, p in enumerate(picked) if p is not None for s in p.noise]
+    rir = np.zeros((len(rirs), max((r.shape[0] for _, r in rirs), default=1)), dtype=np.int16)
+    for row, (_, r) in enumerate(rirs):
+        rir[row, :r.shape[0]] = r
+    noise = np.stack([s for _, s in segs]) if segs else np.zeros((0, 1), dtype=np.int16)
+    draws = [p.draw if p is not None else Draw() for p in picked]
+
+    def ints(values) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64)
+
+    return {"wave": torch.from_numpy(np.stack([it["wave"] for it in items])),
+            "finite": torch.tensor([bool(it["finite"]) for it in items]),
+            "label": ints(it["label"] for it in items), "index": ints(it["index"] for it in items),
+            "speed": ints(it["speed"] for it in items),
+            "snr": torch.tensor([d.snr_db for d in draws], dtype=torch.float32).reshape(b),
+            "rir": torch.from_numpy(rir), "rir_item": ints(i for i, _ in rirs),
+            "noise": torch.from_numpy(noise), "noise_item": ints(i for i, _ in segs), "draws": draws}
 
 
 class GlobalBatchSampler(Sampler[List[Item]]):

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -57,6 +58,17 @@ def _kinds(v) -> Optional[str]:
     return None
 
 
+def _speed_factors(v) -> Optional[str]:
+    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.speed).
+    for f in v:
+        if not f > 0:
+            return f"must all be > 0, got {v}"
+        ratio = Fraction(1 / f).limit_denominator(100)
+        if abs(float(ratio) - 1 / f) > 1e-9 / f:
+            return f"must be ratios of integers <= 100 (like 0.9 or 1.1), got {f}"
+    return None if v else "must not be empty"
+
+
 def _batch(v) -> Optional[str]:
     if isinstance(v, str) and v != "auto":
         return f"must be an integer or 'auto', got {v!r}"
@@ -72,6 +84,8 @@ class DataSettings:
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)                # random training crop; shorter utterances are repeated
     check_audio: bool = False                               # re-read every header at start even with utt2num_samples
+    feats: bool = False                                     # train from <train>/feats.scp (speakerlab.feature_store);
+                                                            # no augmentation or speed perturbation then
 
 
 @dataclass
@@ -84,6 +98,11 @@ class AugmentSettings:
     babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
     babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
     reverb_noise_prob: float = setting(0.0, ge=0, le=1)     # chance a reverberated crop also gets an additive kind
+    bank: Optional[str] = None           # int16 noise bank (python -m speakerlab.noise_bank); null: <lists>/bank,
+                                         # built at start when missing or older than the lists
+    speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)   # sox `speed` factors
+    speed_prob: float = setting(0.0, ge=0, le=1)            # chance a crop is sped up by a factor != 1; 0: off
+    speed_new_speakers: bool = True      # sped-up copies are new classes: speaker + factor class x num speakers
 
 
 @dataclass
@@ -269,6 +288,12 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("config key 'data.train' is required")
     if cfg.optim.min_lr > cfg.optim.lr:
         raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
+    if cfg.data.feats and (cfg.augment.lists or cfg.augment.speed_prob > 0):
+        raise ConfigError("config key 'data.feats': stored features cannot be augmented; "
+                          "unset augment.lists and set augment.speed_prob to 0")
+    if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
+        raise ConfigError(f"config key 'augment.speed_factors' needs a factor other than 1 when "
+                          f"augment.speed_prob > 0, got {cfg.augment.speed_factors}")
 
 
 def _set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:

@@ -22,7 +22,7 @@ import torch.nn as nn
 from speakerlab.audio import read_audio
 from speakerlab.checkpoint import load_given, rebuild_model
 from speakerlab.devices import resolve_device
-from speakerlab.features import Fbank, FbankConfig, FeatureSpec, compute_features, num_frames
+from speakerlab.features import Fbank, FbankConfig, FeatureSpec, compute_features, mean_normalize, num_frames
 
 # The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
 # 25/10 ms povey frames, no dither, per-utterance mean normalisation.
@@ -84,6 +84,22 @@ class Embedder:
             # Repeat (not zero-pad) shorter members: padding with silence would shift the statistics.
             rows = np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
             emb = self(torch.from_numpy(rows)).cpu().numpy()
+            for j, i in enumerate(batch):
+                out[i] = emb[j]
+        return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+    @torch.no_grad()
+    def embed_features(self, feats: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
+        """Stored whole-utterance fbank `(T, F)` each (the offline feature store) -> `(N, D)` float32, batched
+        like `embed_waves` (shorter members repeated); mean normalisation per this embedder's spec."""
+        frames = [f.shape[0] for f in feats]
+        out: List[Optional[np.ndarray]] = [None] * len(feats)
+        for batch in length_batches(frames, max_batch, pad_ratio):
+            n = max(frames[i] for i in batch)
+            rows = np.stack([np.resize(np.asarray(feats[i], np.float32), (n, feats[i].shape[1])) for i in batch])
+            x = torch.from_numpy(rows).to(self.device)
+            emb = self.model(mean_normalize(x) if self.spec.mean_norm else x).float().cpu().numpy()
             for j, i in enumerate(batch):
                 out[i] = emb[j]
         return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)

@@ -4,7 +4,7 @@
         --out exp/mini/embeddings/test.npz
 
 The checkpoint (or an exp dir: its latest checkpoint) brings its own model and features
-(speakerlab.embedder). Utterances are sorted by length and batched when their frame counts are
+(speakerlab.embedder). With `--feats` the fbank comes from the data dir's offline feature store. Utterances are sorted by length and batched when their frame counts are
 equal; with `--pad-ratio r > 0`, utterances up to r x longer than the shortest share a batch, the
 shorter ones repeated to the batch length (faster, slightly different from exact whole-utterance
 embeddings).
@@ -38,6 +38,19 @@ def embed_data_dir(embedder: Embedder, data_dir, max_batch: int = 32,
     return data.utts, emb
 
 
+def embed_feature_store(embedder: Embedder, data_dir, max_batch: int = 32,
+                        pad_ratio: float = 0.0) -> Tuple[List[str], np.ndarray]:
+    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (python -m speakerlab.feature_store) instead of
+    the audio; the store's fbank options must be the checkpoint's (else an error naming the option)."""
+    from speakerlab.feature_store import FeatureStore  # kaldiio only when the store is used
+
+    data = load_data_dir(data_dir, need_speakers=False)
+    store = FeatureStore(data_dir, embedder.spec.fbank)
+    emb = embedder.embed_features([store[u] for u in data.utts], max_batch, pad_ratio)
+    check_finite([f"{data.root / 'feats.scp'}: {u}" for u in data.utts], emb)
+    return data.utts, emb
+
+
 def save_embeddings(path, ids: Sequence[str], emb: np.ndarray) -> None:
     """`ids` (N,) and `emb` (N, D) float32 -> an .npz with arrays `ids` and `embeddings` (atomic)."""
     path = Path(path)
@@ -60,12 +73,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--pad-ratio", type=float, default=0.0)
+    ap.add_argument("--feats", action="store_true",
+                    help="read <data>/feats.scp (python -m speakerlab.feature_store) instead of decoding audio")
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
         embedder = load_embedder(args.checkpoint, device=args.device)
-        ids, emb = embed_data_dir(embedder, args.data, args.batch_size, args.pad_ratio)
-    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding) as e:
+        embed = embed_feature_store if args.feats else embed_data_dir
+        ids, emb = embed(embedder, args.data, args.batch_size, args.pad_ratio)
+    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     save_embeddings(args.out, ids, emb)

@@ -30,7 +30,7 @@ from speakerlab.engine.stability import TrainingStopped, batch_culprits
 from speakerlab.engine.watchdog import Watchdog
 from speakerlab.engine.validation import validation_eer
 from speakerlab.embedder import NonFiniteEmbedding
-from speakerlab.features import compute_features, feature_spec
+from speakerlab.features import feature_spec
 from speakerlab.lists import ListError
 from speakerlab.schedules import lr_at, margin_at
 
@@ -64,7 +64,7 @@ def set_schedules(run: Run) -> tuple:
 def train_step(run: Run, batches: Iterator) -> StepResult:
     """One optimizer step over `accumulation` micro-batches of `batches`.
 
-    Each micro-batch: `(B, samples)` waves -> fp32 features -> loss / accumulation, backward. Under DDP
+    Each micro-batch: loader batch -> fp32 features `(B, T, F)` -> loss / accumulation, backward. Under DDP
     gradients are all-reduced on the last micro-batch only. Then unscale, clip, ask the guard, update.
     Loss and hits stay on the device until the step ends (one host sync per step)."""
     cfg, accum = run.cfg, run.plan.accumulation
@@ -74,10 +74,10 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     seen, wait, pending = 0, 0.0, []
     for micro in range(accum):
         t0 = time.perf_counter()
-        waves, labels, index = next(batches)
+        batch = next(batches)
         wait += time.perf_counter() - t0
-        waves, labels = waves.to(run.device, non_blocking=True), labels.to(run.device, non_blocking=True)
-        feats = compute_features(run.fbank, waves, cfg.features.mean_norm)
+        feats, labels = run.frontend(batch)  # on the device: speed, augmentation, fbank, mean norm
+        index = batch["index"]
         pending.append((index, run.guard.nonfinite_rows(feats)))
         last = micro == accum - 1
         with contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speakerlab.audio import AudioError, audio_info, read_audio, read_crop
+from speakerlab.audio import AudioError, audio_info, read_audio, read_crop, read_crop_int16
 from tests.helpers import write_wav
 
 
@@ -60,3 +60,21 @@ def test_unreadable_file_named(tmp_path):
     bad.write_bytes(b"not audio")
     with pytest.raises(AudioError, match=str(bad)):
         audio_info(str(bad))
+
+
+def test_int16_crops_pcm_exact_float_rounded_nonfinite_flagged(tmp_path):
+    ints = np.random.default_rng(0).integers(-30000, 30000, 8000).astype(np.int16)
+    pcm = write_wav(tmp_path / "pcm.wav", ints)
+    crop, finite = read_crop_int16(str(pcm), 3000, 8000, np.random.default_rng(4))
+    start = int(np.random.default_rng(4).integers(0, 8000 - 3000 + 1))  # the draw of read_crop
+    assert finite and crop.dtype == np.int16 and np.array_equal(crop, ints[start:start + 3000])
+    short, _ = read_crop_int16(str(pcm), 20000, 8000, np.random.default_rng(4))
+    as_float = read_crop(str(pcm), 20000, 8000, np.random.default_rng(4))
+    np.testing.assert_array_equal(short, np.round(as_float * 32768).astype(np.int16))  # same tiling and phase
+    x = np.linspace(-0.5, 0.5, 4000, dtype=np.float32)
+    flt = write_wav(tmp_path / "f.wav", x, subtype="FLOAT")
+    crop, finite = read_crop_int16(str(flt), 4000, 4000, np.random.default_rng(0))
+    assert finite and np.abs(crop / 32768.0 - x).max() <= 0.5 / 32768 + 1e-9
+    x[100] = np.nan
+    write_wav(flt, x, subtype="FLOAT")
+    assert read_crop_int16(str(flt), 4000, 4000, np.random.default_rng(0))[1] is False

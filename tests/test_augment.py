@@ -1,16 +1,25 @@
-"""Training augmentation: SNRs, reverberation, determinism, list errors, config, dataset, training."""
+"""Augmentation: worker draws, the batched device path (SNR, reverb, speed) against the per-sample
+reference, determinism across loader workers, config, and training with it."""
+
+import contextlib
+
 import numpy as np
 import pytest
+import torch
 
-from speakerlab.augment import Augmenter, power
-from speakerlab.batches import CropDataset
+from speakerlab.augment import INT16_SCALE, Augmenter, power, reference_wave
+from speakerlab.augment_batch import Frontend
+from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.config import ConfigError, load_config
-from speakerlab.lists import ListError
+from speakerlab.engine.setup import build_frontend, build_net, class_names
+from speakerlab.features import Fbank
+from speakerlab.noise_bank import NoiseBank, build_bank
 from speakerlab.train import main as train_main
 from tests.helpers import write_wav
 from tests.test_train import losses, tiny_config
 
 SR = 16000
+CROP = 4000
 
 
 def decaying_rir(rng, delay, seconds=0.3):
@@ -19,146 +28,170 @@ def decaying_rir(rng, delay, seconds=0.3):
     rir = np.zeros(n)
     rir[delay] = 1.0
     t = np.arange(n - delay - 1) / SR
-    rir[delay + 1:] = 0.03 * rng.standard_normal(t.size) * np.exp(-t / 0.05)  # ~6 dB below the direct path
+    rir[delay + 1 :] = 0.03 * rng.standard_normal(t.size) * np.exp(-t / 0.05)  # ~6 dB below the direct path
     return rir
+
+
+def write_lists(root, files):
+    root.mkdir(parents=True, exist_ok=True)
+    for name, waves in files.items():
+        lines = [
+            f"{name[:-4]}-{i} {write_wav(root / 'wav' / f'{name[:-4]}-{i}.wav', w, subtype='FLOAT')}\n"
+            for i, w in enumerate(waves)
+        ]
+        (root / name).write_text("".join(lines))
+    return root
 
 
 @pytest.fixture
 def lists(tmp_path):
     """A musan_rirs-style lists dir: 2 noise (one shorter than the crops), 2 music, 4 speech, 2 RIRs."""
     rng = np.random.default_rng(0)
-    root, wav = tmp_path / "musan_rirs", tmp_path / "wav"
-    root.mkdir()
-    files = {"noise.scp": [0.2 * rng.standard_normal(SR), 0.1 * rng.standard_normal(SR // 4)],
-             "music.scp": [0.3 * np.sin(np.arange(2 * SR) * f / SR * 2 * np.pi) for f in (220, 330)],
-             "babble.scp": [0.05 * (i + 1) * rng.standard_normal(SR) for i in range(4)],
-             "rirs.scp": [decaying_rir(rng, 40), decaying_rir(rng, 90)]}
-    for name, waves in files.items():
-        lines = [f"{name[:-4]}-{i} {write_wav(wav / f'{name[:-4]}-{i}.wav', w, subtype='FLOAT')}\n"
-                 for i, w in enumerate(waves)]
-        (root / name).write_text("".join(lines))
-    return root
+    files = {
+        "noise.scp": [0.2 * rng.standard_normal(SR), 0.1 * rng.standard_normal(SR // 8)],
+        "music.scp": [0.3 * np.sin(np.arange(2 * SR) * f / SR * 2 * np.pi) for f in (220, 330)],
+        "babble.scp": [0.05 * (i + 1) * rng.standard_normal(SR) for i in range(4)],
+        "rirs.scp": [decaying_rir(rng, 40), decaying_rir(rng, 90)],
+    }
+    return write_lists(tmp_path / "musan_rirs", files)
 
 
-def speech(seed=1, n=SR // 2):
-    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+def bank_of(root, kinds=("reverb", "noise", "music", "babble")):
+    return NoiseBank(build_bank(root, root / "bank", kinds, log=lambda m: None))
+
+
+@pytest.fixture
+def utts(tmp_path):
+    rng = np.random.default_rng(1)
+    return [str(write_wav(tmp_path / f"u{i}.wav", 0.1 * rng.standard_normal(SR))) for i in range(4)]
+
+
+def dataset(utts, augmenter=None, speed=()):
+    return CropDataset(utts, [0, 1, 2, 3], [SR] * 4, CROP, SR, augmenter, speed, 0.8 if speed else 0.0)
+
+
+def frontend(speed=(), num_speakers=None):
+    return Frontend(Fbank(), CROP, True, speed, num_speakers)
+
+
+def batch_of(ds, seeds):
+    items = [ds[(i % len(ds), int(s))] for i, s in enumerate(seeds)]
+    return items, collate(items)
+
+
+def clean(item):
+    return item["wave"][:CROP].astype(np.float64) * INT16_SCALE
 
 
 @pytest.mark.parametrize("kind,lo,hi", [("noise", 0, 15), ("music", 5, 15), ("babble", 13, 20)])
-def test_added_signal_has_the_drawn_snr(lists, kind, lo, hi):
-    aug = Augmenter(lists, prob=1.0, kinds=[kind])
-    x = speech()
+def test_mixed_snr_is_the_drawn_snr(lists, utts, kind, lo, hi):
+    items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=1.0, kinds=[kind])), range(12))
+    y = frontend().waves(batch).double().numpy()
     drawn = []
-    for seed in range(8):
-        y, applied = aug.apply(x, np.random.default_rng(seed))
-        assert applied.kind == kind and y.shape == x.shape and y.dtype == np.float32
-        measured = 10 * np.log10(power(x) / power(y.astype(np.float64) - x))
-        assert measured == pytest.approx(applied.snr_db, abs=0.01)
-        drawn.append(applied.snr_db)
+    for item, row in zip(items, y):
+        d = item["picked"].draw
+        assert d.kind == kind and row.shape == (CROP,)
+        x = clean(item)
+        assert 10 * np.log10(power(x) / power(row - x)) == pytest.approx(d.snr_db, abs=0.5)
+        drawn.append(d.snr_db)
         if kind == "babble":
-            assert 3 <= len(applied.files) <= 7  # 4 files listed: more talkers than that repeat files
+            assert 3 <= len(d.sources) <= 7  # 4 files listed: more talkers than that repeat files
     assert lo <= min(drawn) and max(drawn) <= hi and len(set(drawn)) == len(drawn)
 
 
-def test_snr_ranges_are_configurable(lists):
-    aug = Augmenter(lists, prob=1.0, kinds=["noise"], snr={"noise": (-5, -5)})
-    x = speech()
-    y, applied = aug.apply(x, np.random.default_rng(3))
-    assert applied.snr_db == -5
-    assert 10 * np.log10(power(x) / power(y.astype(np.float64) - x)) == pytest.approx(-5, abs=0.01)
-
-
-def test_reverb_keeps_length_and_power(lists):
-    aug = Augmenter(lists, prob=1.0, kinds=["reverb"])
-    x = speech()
-    for seed in range(4):
-        y, applied = aug.apply(x, np.random.default_rng(seed))
-        assert applied.kind == "reverb" and y.shape == x.shape and y.dtype == np.float32
-        assert power(y) == pytest.approx(power(x), rel=1e-5)
-        assert np.abs(y - x).max() > 0.01
-        # Aligned on the direct path: x is white, so only the lag-0 (direct) copy of it correlates
-        # with x; a delay by the RIR's 40 or 90 leading zeros would leave almost no correlation.
-        assert np.dot(x, y) / np.sqrt(np.dot(x, x) * np.dot(y, y)) > 0.7
-
-
-def test_reverb_with_a_delayed_impulse_returns_the_input(tmp_path):
+def test_delta_rir_leaves_the_signal_unchanged(tmp_path, utts):
     rir = np.zeros(400)
     rir[123] = 0.5
-    (tmp_path / "rirs.scp").write_text(f"r1 {write_wav(tmp_path / 'r1.wav', rir, subtype='FLOAT')}\n")
-    x = speech()
-    y = Augmenter(tmp_path, prob=1.0, kinds=["reverb"])(x, np.random.default_rng(0))
-    np.testing.assert_allclose(y, x, atol=1e-6)
+    items, batch = batch_of(
+        dataset(
+            utts, Augmenter(bank_of(write_lists(tmp_path / "d", {"rirs.scp": [rir]}), ["reverb"]), 1.0, ["reverb"])
+        ),
+        range(4),
+    )
+    y = frontend().waves(batch).double().numpy()
+    for item, row in zip(items, y):
+        assert item["picked"].draw.kind == "reverb"
+        np.testing.assert_allclose(row, clean(item), atol=1e-6)
 
 
-def test_reverb_then_noise(lists, tmp_path):
-    """reverb_noise_prob=1: every reverberated crop also gets an additive kind, at the drawn SNR
-    against the reverberant speech; the additive crops and reverb-only set-ups are unchanged."""
-    # An impulse RIR leaves the speech as it was, so the added noise can be measured against x.
-    rir = np.zeros(400)
-    rir[50] = 1.0
-    root = tmp_path / "impulse"
-    root.mkdir()
-    (root / "rirs.scp").write_text(f"r {write_wav(tmp_path / 'r.wav', rir, subtype='FLOAT')}\n")
-    (root / "noise.scp").write_text((lists / "noise.scp").read_text())
-    x = speech()
-    both = Augmenter(root, prob=1.0, kinds=["reverb", "noise"], reverb_noise_prob=1.0)
-    plain = Augmenter(root, prob=1.0, kinds=["reverb", "noise"])
-    kinds = set()
-    for seed in range(12):
-        y, applied = both.apply(x, np.random.default_rng(seed))
-        y0, applied0 = plain.apply(x, np.random.default_rng(seed))
-        kinds.add(applied.kind)
-        if applied.kind == "reverb+noise":
-            assert applied0.kind == "reverb" and len(applied.files) == 2
-            np.testing.assert_allclose(y0, x, atol=1e-6)
-            measured = 10 * np.log10(power(x) / power(y.astype(np.float64) - x))
-            assert measured == pytest.approx(applied.snr_db, abs=0.01)
-        else:  # additive crops do not depend on the option
-            assert applied.kind == applied0.kind == "noise" and np.array_equal(y, y0)
-    assert kinds == {"reverb+noise", "noise"}
-    # With no additive kind enabled the option draws nothing: plain reverb, the same output.
-    only = [Augmenter(root, prob=1.0, kinds=["reverb"], reverb_noise_prob=p) for p in (0.0, 1.0)]
-    for seed in range(4):
-        a, b = (o.apply(x, np.random.default_rng(seed)) for o in only)
-        assert a[1].kind == b[1].kind == "reverb" and np.array_equal(a[0], b[0])
+def test_reverb_keeps_length_power_and_alignment(lists, utts):
+    items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=1.0, kinds=["reverb"])), range(6))
+    y = frontend().waves(batch).double().numpy()
+    for item, row in zip(items, y):
+        x = clean(item)
+        assert power(row) == pytest.approx(power(x), rel=1e-4) and np.abs(row - x).max() > 0.01
+        # Aligned on the direct path: x is white, so only the lag-0 (direct) copy of it correlates
+        # with x; a delay by the RIR's 40 or 90 leading zeros would leave almost no correlation.
+        assert np.dot(x, row) / np.sqrt(np.dot(x, x) * np.dot(row, row)) > 0.7
 
 
-def test_same_seed_same_output_other_seed_differs(lists):
-    aug = Augmenter(lists, prob=1.0)
-    x = speech()
-    outs = [aug(x, np.random.default_rng(seed)) for seed in range(6)]
-    again = [Augmenter(lists, prob=1.0)(x, np.random.default_rng(seed)) for seed in range(6)]
-    for a, b in zip(outs, again):
-        np.testing.assert_array_equal(a, b)
-    for i in range(1, 6):
-        assert not np.array_equal(outs[0], outs[i])
+def test_batched_device_path_equals_the_per_sample_reference(lists, utts):
+    aug = Augmenter(bank_of(lists), prob=0.9, reverb_noise_prob=0.5)
+    ds = dataset(utts, aug, speed=[0.9, 1.0, 1.1])
+    items, batch = batch_of(ds, range(100, 140))
+    y = frontend(speed=[0.9, 1.1]).waves(batch).double().numpy()
+    kinds, speeds = set(), set()
+    for item, row in zip(items, y):
+        ref = reference_wave(item["wave"], ds.factors[item["speed"]], CROP, item["picked"])
+        # float32 on the device against the float64 reference, for crops of peak ~0.5.
+        np.testing.assert_allclose(row, ref, atol=2e-5, rtol=0)
+        kinds.add(item["picked"].draw.kind)
+        speeds.add(item["speed"])
+    assert {"reverb", "noise", "music", "babble", None} <= kinds and any(k and "+" in k for k in kinds)
+    assert speeds == {0, 1, 2}
 
 
-def test_prob_zero_leaves_the_input(lists):
-    aug = Augmenter(lists, prob=0.0)
-    x = speech()
-    for seed in range(10):
-        y, applied = aug.apply(x, np.random.default_rng(seed))
-        assert applied.kind is None and np.array_equal(y, x)
+def test_draws_identical_for_any_number_of_workers(lists, utts):
+    ds = dataset(utts, Augmenter(bank_of(lists), prob=1.0, reverb_noise_prob=0.5), speed=[0.9, 1.1])
+
+    def batches(workers):
+        sampler = GlobalBatchSampler(len(ds), 4, 2, 2, seed=3)
+        sampler.set_epoch(1)
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=collate)
+        return list(loader)
+
+    a, b = batches(0), batches(2)
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b):
+        assert list(map(repr, x["draws"])) == list(map(repr, y["draws"]))  # repr: nan != nan
+        for key in ("wave", "label", "speed", "rir", "rir_item", "noise", "noise_item"):
+            assert torch.equal(x[key], y[key]), key
+        assert torch.equal(x["snr"].isnan(), y["snr"].isnan())
+        assert torch.equal(x["snr"].nan_to_num(), y["snr"].nan_to_num())
 
 
-def test_list_problems_are_reported_at_once_with_lines(lists, tmp_path):
-    noise = lists / "noise.scp"
-    noise.write_text(noise.read_text() + "gone /no/such/noise.wav\n")
-    (lists / "music.scp").write_text("just-one-field\n" + (lists / "music.scp").read_text())
-    write_wav(tmp_path / "narrow.wav", np.zeros(800), sample_rate=8000)
-    (lists / "babble.scp").write_text(f"narrow {tmp_path / 'narrow.wav'}\n" + (lists / "babble.scp").read_text())
-    (lists / "rirs.scp").unlink()
-    with pytest.raises(ListError) as e:
-        Augmenter(lists)
-    msg = str(e.value)
-    assert "4 problem(s)" in msg
-    assert f"{noise}:3: /no/such/noise.wav does not exist" in msg
-    assert f"{lists / 'music.scp'}:1: expected 2..n fields, got 1" in msg
-    assert f"{lists / 'babble.scp'}:1: {tmp_path / 'narrow.wav'}: sample rate 8000 Hz" in msg
-    assert f"{lists / 'rirs.scp'}: list does not exist" in msg
-    with pytest.raises(ListError, match="1 problem"):  # only the enabled kinds' lists are read
-        Augmenter(lists, kinds=["noise"])
+def test_prob_zero_and_no_speed_leave_the_crop(lists, utts):
+    items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=0.0)), range(6))
+    y = frontend().waves(batch).double().numpy()
+    for item, row in zip(items, y):
+        assert item["picked"].draw.kind is None and np.array_equal(row, clean(item).astype(np.float32))
+    # Augmentation draws after the crop: the crops are those of a dataset without augmentation.
+    plain = dataset(utts)
+    assert all(np.array_equal(it["wave"], plain[(i % 4, i)]["wave"]) for i, it in enumerate(items))
+
+
+def test_perturbed_speaker_ids_and_classifier_size_agree(tmp_path, lists, utts):
+    cfg, train = tiny_config(
+        tmp_path, val=False, extra=f"augment: {{lists: {lists}, prob: 1.0, speed_prob: 1.0, reverb_noise_prob: 0.5}}"
+    )
+    config = load_config(cfg)
+    speakers = ["s0", "s1", "s2", "s3"]
+    names = class_names(config, speakers)
+    assert names[:4] == speakers and names[4:8] == [f"sp0.9-{s}" for s in speakers] and len(names) == 12
+    net = build_net(config, len(names), contextlib.nullcontext)
+    assert net.classifier.weight.shape[0] == 12
+    # One training step on CPU with speed + reverb + noise: labels index the expanded classes.
+    aug = Augmenter(bank_of(lists), prob=1.0, reverb_noise_prob=0.5)
+    fe = build_frontend(config, Fbank(), len(speakers))
+    fe.crop = CROP  # the tiny config's crop is 0.5 s; this dataset reads 0.25 s crops
+    ds = CropDataset(utts, [0, 1, 2, 3], [SR] * 4, CROP, SR, aug, config.augment.speed_factors, 1.0)
+    items, batch = batch_of(ds, range(8))
+    feats, labels = fe(batch)
+    expected = [it["label"] + it["speed"] * 4 for it in items]
+    assert labels.tolist() == expected and all(names[c].startswith("sp") for c in expected)
+    loss, cos = net(feats, labels)
+    loss.backward()
+    assert torch.isfinite(loss) and cos.shape == (8, 12)
 
 
 BASE = "model:\n  name: campplus\ndata:\n  train: data/train\n"
@@ -170,23 +203,29 @@ def test_config_defaults_and_overrides(tmp_path):
     a = load_config(p).augment
     assert a.lists is None and a.prob == 0.6 and a.kinds == ["reverb", "noise", "music", "babble"]
     assert (a.noise_snr, a.music_snr, a.babble_snr, a.babble_speakers) == ([0, 15], [5, 15], [13, 20], [3, 7])
-    a = load_config(p, ["augment.lists=data/musan_rirs", "augment.kinds=[noise, music]", "augment.prob=1"]).augment
-    assert a.lists == "data/musan_rirs" and a.kinds == ["noise", "music"] and a.prob == 1.0
+    assert a.bank is None and a.speed_factors == [0.9, 1.0, 1.1] and a.speed_prob == 0 and a.speed_new_speakers
+    a = load_config(p, ["augment.lists=data/musan_rirs", "augment.kinds=[noise, music]", "augment.speed_prob=1"])
+    assert a.augment.lists == "data/musan_rirs" and a.augment.kinds == ["noise", "music"]
+    assert class_names(a, ["x"]) == ["x", "sp0.9-x", "sp1.1-x"]
+    assert class_names(load_config(p, ["augment.speed_new_speakers=false", "augment.speed_prob=1"]), ["x"]) == ["x"]
 
 
-@pytest.mark.parametrize("text,match", [
-    ("augment:\n  prob: 1.5\n", "config key 'augment.prob' must be in \\[0, 1\\]"),
-    ("augment:\n  reverb_noise_prob: 2\n", "config key 'augment.reverb_noise_prob' must be in \\[0, 1\\]"),
-    ("augment:\n  kinds: [noise, wind]\n", "config key 'augment.kinds' must list"),
-    ("augment:\n  kinds: []\n", "config key 'augment.kinds' must list"),
-    ("augment:\n  noise_snr: [15, 0]\n", "config key 'augment.noise_snr' must be \\[lo, hi\\]"),
-    ("augment:\n  music_snr: [5]\n", "config key 'augment.music_snr' must be \\[lo, hi\\]"),
-    ("augment:\n  babble_snr: [13, loud]\n", "config key 'augment.babble_snr\\[1\\]' must be a number"),
-    ("augment:\n  babble_speakers: [0, 3]\n", "config key 'augment.babble_speakers' must start at >= 1"),
-    ("augment:\n  babble_speakers: [3, 7.5]\n", "config key 'augment.babble_speakers\\[1\\]' must be an integer"),
-    ("augment:\n  lists: 3\n", "config key 'augment.lists'"),
-    ("augment:\n  snr: [0, 15]\n", "unknown config key 'augment.snr'"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("augment:\n  prob: 1.5\n", "config key 'augment.prob' must be in \\[0, 1\\]"),
+        ("augment:\n  reverb_noise_prob: 2\n", "config key 'augment.reverb_noise_prob' must be in \\[0, 1\\]"),
+        ("augment:\n  kinds: [noise, wind]\n", "config key 'augment.kinds' must list"),
+        ("augment:\n  noise_snr: [15, 0]\n", "config key 'augment.noise_snr' must be \\[lo, hi\\]"),
+        ("augment:\n  babble_speakers: [0, 3]\n", "config key 'augment.babble_speakers' must start at >= 1"),
+        ("augment:\n  snr: [0, 15]\n", "unknown config key 'augment.snr'"),
+        ("augment:\n  speed_prob: -0.1\n", "config key 'augment.speed_prob' must be in \\[0, 1\\]"),
+        ("augment:\n  speed_factors: [0.9, 0]\n", "config key 'augment.speed_factors' must all be > 0"),
+        ("augment:\n  speed_factors: [0.912345]\n", "config key 'augment.speed_factors' must be ratios of integers"),
+        ("augment:\n  speed_factors: [1.0]\n  speed_prob: 0.5\n", "needs a factor other than 1"),
+        ("augment:\n  speed_new_speakers: maybe\n", "config key 'augment.speed_new_speakers'"),
+    ],
+)
 def test_bad_augment_config_names_the_key(tmp_path, text, match):
     p = tmp_path / "c.yaml"
     p.write_text(BASE + text)
@@ -194,33 +233,24 @@ def test_bad_augment_config_names_the_key(tmp_path, text, match):
         load_config(p)
 
 
-def test_crop_dataset_augments_deterministically(lists, tmp_path):
-    paths = [str(write_wav(tmp_path / f"u{i}.wav", speech(i, 8000))) for i in range(2)]
-    plain = CropDataset(paths, [0, 1], [8000, 8000], crop_samples=3000)
-    ds = CropDataset(paths, [0, 1], [8000, 8000], crop_samples=3000, augment=Augmenter(lists, prob=1.0))
-    a, label, index = ds[(1, 77)]
-    b, _, _ = ds[(1, 77)]
-    c, _, _ = ds[(1, 78)]
-    assert a.shape == (3000,) and label == 1 and index == 1
-    assert np.array_equal(a.numpy(), b.numpy()) and not np.array_equal(a.numpy(), c.numpy())
-    assert not np.array_equal(a.numpy(), plain[(1, 77)][0].numpy())
-    # The crop itself is drawn first from the same generator: prob 0 gives the plain crop.
-    off = CropDataset(paths, [0, 1], [8000, 8000], crop_samples=3000, augment=Augmenter(lists, prob=0.0))
-    assert np.array_equal(off[(1, 77)][0].numpy(), plain[(1, 77)][0].numpy())
+def test_training_with_speed_and_augmentation(lists, tmp_path, capsys):
+    extra = f"augment: {{lists: {lists}, prob: 1.0, speed_prob: 0.7, reverb_noise_prob: 0.5}}"
+    cfg, _ = tiny_config(tmp_path, val=False, extra=extra)
 
-
-def test_training_with_augmentation(lists, tmp_path, capsys):
-    cfg, _ = tiny_config(tmp_path, val=False, extra=f"augment: {{lists: {lists}, prob: 1.0}}")
     def train(exp, *overrides):
         return train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / exp), "train.epochs=1", *overrides])
 
     assert train("a") == 0
     log = (tmp_path / "a" / "train.log").read_text()
+    assert "no noise bank: building it" in log  # the first run builds <lists>/bank
     assert "augmentation with probability 1, one of: reverb (2 files), noise (2 files 0-15 dB)" in log
+    ck = torch.load(tmp_path / "a" / "checkpoints" / "epoch_001.pt", map_location="cpu", weights_only=False)
+    assert len(ck["speakers"]) == 12 and ck["classifier"]["weight"].shape[0] == 12
     # Loader workers draw nothing of their own: the losses match a run with worker processes.
     assert train("b", "hardware.num_workers=2") == 0
+    assert "building it" not in (tmp_path / "b" / "train.log").read_text()  # the bank is reused
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
-    assert sorted(a) == [1, 2] and a == pytest.approx(b, rel=1e-6)
+    assert sorted(a) == [1, 2] and a == pytest.approx(b, rel=1e-5)
     (lists / "rirs.scp").write_text("r0 /no/such/rir.wav\n")
     assert train("c") == 2
     assert f"{lists / 'rirs.scp'}:1: /no/such/rir.wav does not exist" in capsys.readouterr().err

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
-from speakerlab.batches import CropDataset, GlobalBatchSampler
+from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from tests.helpers import write_wav
 
 
@@ -52,8 +53,14 @@ def test_dataset_crops_by_seed(tmp_path):
     paths = [str(write_wav(tmp_path / f"{i}.wav", np.random.default_rng(i).integers(-999, 999, 8000).astype(np.int16)))
              for i in range(2)]
     ds = CropDataset(paths, [0, 1], [8000, 8000], crop_samples=3000)
-    a, la, ia = ds[(1, 77)]
-    b, _, _ = ds[(1, 77)]
-    c, _, _ = ds[(1, 78)]
-    assert a.shape == (3000,) and a.dtype == torch.float32 and la == 1 and ia == 1
-    assert torch.equal(a, b) and not torch.equal(a, c)
+    a, b, c = ds[(1, 77)], ds[(1, 77)], ds[(1, 78)]
+    assert a["wave"].shape == (3000,) and a["wave"].dtype == np.int16 and a["label"] == 1 and a["index"] == 1
+    assert a["finite"] and a["speed"] == 0 and a["picked"] is None
+    assert np.array_equal(a["wave"], b["wave"]) and not np.array_equal(a["wave"], c["wave"])
+    # int16 files are read as they are: the crop is a slice of the file at the drawn offset.
+    whole = sf.read(paths[1], dtype="int16")[0]
+    start = int(np.random.default_rng(77).integers(0, 8000 - 3000 + 1))
+    assert np.array_equal(a["wave"], whole[start:start + 3000])
+    batch = collate([a, c])
+    assert batch["wave"].shape == (2, 3000) and batch["wave"].dtype == torch.int16
+    assert batch["label"].tolist() == [1, 1] and batch["rir"].shape[0] == batch["noise"].shape[0] == 0

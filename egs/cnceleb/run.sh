@@ -56,8 +56,11 @@ if stage_on 1; then
 fi
 
 if stage_on 2; then
-  log "stage 2: features: validate lists and trials, check audio, index lengths"
+  log "stage 2: features: validate lists and trials, check audio, index lengths; the noise/RIR bank"
   python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+  if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
+    python -m speakerlab.noise_bank --lists "$data/musan_rirs"
+  fi
 fi
 
 if stage_on 3; then

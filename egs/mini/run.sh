@@ -39,8 +39,9 @@ if stage_on 1; then
 fi
 
 if stage_on 2; then
-  log "stage 2: features: validate lists, check audio, index lengths"
+  log "stage 2: features: validate lists, check audio, index lengths; the int16 noise/RIR bank"
   python -m speakerlab.prepare --data "$data/train" --data "$data/val" --data "$data/test"
+  python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; training memory-maps it
 fi
 
 if stage_on 3; then

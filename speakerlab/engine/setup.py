@@ -13,8 +13,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.augment import Augmenter
-from speakerlab.batches import CropDataset, GlobalBatchSampler
+from speakerlab.augment import Augmenter, open_augmenter
+from speakerlab.augment_batch import Frontend
+from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.devices import resolve_device
 from speakerlab.engine import distributed as dist_utils
@@ -23,11 +24,13 @@ from speakerlab.engine.distributed import DistInfo
 from speakerlab.engine.monitor import Monitor
 from speakerlab.engine.precision import Precision, resolve_precision
 from speakerlab.engine.stability import NonFiniteGuard
+from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.features import Fbank, fbank_config, num_frames
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
 from speakerlab.loss import AAMSoftmax
 from speakerlab.models import build_model, model_args_problems
+from speakerlab.speed import speed_speaker_names
 
 
 def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
@@ -102,10 +105,27 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     if not a.lists:
         log("augmentation off (augment.lists not set)")
         return None
-    aug = Augmenter(a.lists, a.prob, a.kinds, {"noise": a.noise_snr, "music": a.music_snr, "babble": a.babble_snr},
-                    a.babble_speakers, cfg.data.sample_rate, a.reverb_noise_prob)
-    log(aug.describe())
-    return aug
+    return open_augmenter(a, cfg.data.sample_rate, log)
+
+
+def build_frontend(cfg: Config, fbank: Fbank, num_speakers: int) -> Frontend:
+    """Loader batch -> (features, labels) on fbank's device: speed, reverb, noise, fbank, mean norm."""
+    a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
+    return Frontend(fbank, crop, cfg.features.mean_norm, a.speed_factors if a.speed_prob > 0 else (),
+                    num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None)
+
+
+def class_names(cfg: Config, speakers: List[str]) -> List[str]:
+    """The classifier's classes: the speakers, then their sped-up copies when those are new speakers."""
+    a = cfg.augment
+    return speed_speaker_names(speakers, a.speed_factors) if a.speed_prob > 0 and a.speed_new_speakers else speakers
+
+
+def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
+    """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
+    fb = fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0)
+    return FeatureCropDataset(FeatureStore(data.root, fb), data.utts, [data.wav[u] for u in data.utts],
+                              [spk2idx[data.utt2spk[u]] for u in data.utts], crop, fb)
 
 
 def make_fbank(cfg: Config, device: torch.device) -> Fbank:
@@ -141,13 +161,16 @@ def make_loader(cfg: Config, data: DataDir, spk2idx: Dict[str, int], plan: Batch
                 pin_memory: bool, augmenter: Optional[Augmenter] = None):
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     dataset = CropDataset([data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts],
-                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter)
+                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter,
+                          cfg.augment.speed_factors, cfg.augment.speed_prob) if not cfg.data.feats else \
+        feature_dataset(cfg, data, spk2idx, crop)
     sampler = GlobalBatchSampler(len(dataset), plan.global_batch, plan.per_device, plan.accumulation,
                                  info.rank, info.world_size, cfg.train.seed)
     hw = cfg.hardware
     extra = {"prefetch_factor": hw.prefetch_factor, "persistent_workers": False} if hw.num_workers > 0 else {}
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=hw.num_workers,
-                                         pin_memory=pin_memory, **extra)
+                                         pin_memory=pin_memory, collate_fn=collate_feats if cfg.data.feats else collate,
+                                         **extra)
     return loader, sampler
 
 
@@ -219,12 +242,12 @@ class Run:
     raw: SpeakerNet                   # the SpeakerNet itself
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    fbank: Fbank
+    frontend: Frontend                # loader batch -> (features, labels): speed, augmentation, fbank
     loader: torch.utils.data.DataLoader
     sampler: GlobalBatchSampler
     plan: BatchPlan
     monitor: Monitor
-    speakers: List[str]
+    speakers: List[str]               # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
 
@@ -248,15 +271,16 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         log = monitor.log if info.is_main else (lambda m: None)
         data = load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
-    speakers = data.speakers
+    speakers = class_names(cfg, data.speakers)
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
     fbank = make_fbank(cfg, device)
+    frontend = build_frontend(cfg, fbank, len(data.speakers))
     crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
     probe = cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device,
                        cfg.hardware.memory_margin) if device.type == "cuda" else None
     plan = choose_plan(cfg, info, device, probe, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
-    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(speakers)}, plan, info, pin, augmenter)
+    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
     dist_utils.check_shared_memory(cfg.hardware.num_workers, plan.per_device * loader.dataset.crop_samples * 4,
                                    cfg.hardware.prefetch_factor, ranks_on_node, monitor.log)
@@ -271,7 +295,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
 
     guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log, any_rank)
     run = Run(cfg, exp_dir, info, device, precision, ddp, net, build_optimizer(cfg, net), precision.grad_scaler(),
-              fbank, loader, sampler, plan, monitor, speakers, guard, RunState())
+              frontend, loader, sampler, plan, monitor, speakers, guard, RunState())
     monitor.log(f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
                 f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params")
     return run
