@@ -5,11 +5,11 @@
 
 Generates random embeddings (speakers of `--utts-per-speaker` utterances: a speaker centre plus noise) and
 a random trial list without repeated pairs (`--target-fraction` same-speaker pairs) in a temporary
-directory, then times, in a fresh child process each run (so its peak RSS is the scoring's own):
-loading the .npz, parsing the list (`speakerlab.trials`), cosine scoring (`speakerlab.score.Scorer`) and
-EER + minDCF at p_target 0.01 and 0.05 (`speakerlab.metrics`). `--write` also times writing the scores
-file (not part of the total). The last line reads `N trials over M embeddings: T s, peak RSS R MB` with
-the best time of the runs and the largest peak RSS.
+directory, then times, in a fresh child process each run (so its peak RSS is the scoring's own), the wall
+and CPU seconds of: loading the .npz, parsing the list (`speakerlab.trials`), cosine scoring
+(`speakerlab.score.Scorer`) and EER + minDCF at p_target 0.01 and 0.05 (`speakerlab.metrics`). `--write`
+also times writing the scores file (not part of the total). The last line reads
+`N trials over M embeddings: T s, peak RSS R MB` with the best wall time of the runs and the largest peak RSS.
 """
 
 from __future__ import annotations
@@ -75,35 +75,32 @@ def generate(root: Path, n_trials: int, n_emb: int, dim: int, per_spk: int, targ
 
 
 def measure(root: Path, write: bool) -> dict:
-    """One timed run (in this process): load, parse, score, metrics."""
+    """One timed run (in this process): load, parse, score, metrics; wall and CPU seconds of each."""
     from speakerlab.metrics import verification_metrics
     from speakerlab.score import Scorer, read_embeddings
 
-    t = {}
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
-    ids, emb = read_embeddings(root / "embeddings.npz")
-    scorer = Scorer(ids, emb)
-    t["load"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    tl = scorer.trial_list(root / "trials")
-    t["parse"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    scores = scorer.scores(tl)
-    t["score"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    m = verification_metrics(scores, tl.target, (0.01, 0.05))
-    t["metrics"] = time.perf_counter() - t1
-    t["total"] = time.perf_counter() - t0
-    t["cpu"] = time.process_time() - cpu0  # CPU seconds of all threads: wall time on an idle machine is near
+    wall, cpu, got = {}, {}, {}
+
+    def stage(name, fn):
+        w0, c0 = time.perf_counter(), time.process_time()
+        got[name] = fn()
+        # CPU seconds of all threads: on an idle machine the wall time is about this over the cores used.
+        wall[name], cpu[name] = time.perf_counter() - w0, time.process_time() - c0
+
+    stage("load", lambda: Scorer(*read_embeddings(root / "embeddings.npz")))
+    scorer = got["load"]
+    stage("parse", lambda: scorer.trial_list(root / "trials"))
+    tl = got["parse"]
+    stage("score", lambda: scorer.scores(tl))
+    stage("metrics", lambda: verification_metrics(got["score"], tl.target, (0.01, 0.05)))
+    wall["total"], cpu["total"] = sum(wall.values()), sum(cpu.values())
     if write:
         from speakerlab.score_report import write_scores
 
-        t1 = time.perf_counter()
-        write_scores(root / "out.scores", tl, scores)
-        t["write_scores"] = time.perf_counter() - t1
+        stage("write_scores", lambda: write_scores(root / "out.scores", tl, got["score"]))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"times": t, "rss_mb": rss, "eer": m["eer"], "min_dcf": m["min_dcf"], "n": len(tl)}
+    m = got["metrics"]
+    return {"wall": wall, "cpu": cpu, "rss_mb": rss, "eer": m["eer"], "min_dcf": m["min_dcf"], "n": len(tl)}
 
 
 def main(argv=None) -> int:
@@ -138,13 +135,13 @@ def main(argv=None) -> int:
             cmd = [sys.executable, __file__, "--measure", str(root)] + (["--write"] if args.write else [])
             res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
             runs.append(res)
-            parts = ", ".join(f"{k} {v:.2f}" for k, v in res["times"].items())
+            parts = ", ".join(f"{k} {v:.2f} ({res['cpu'][k]:.2f})" for k, v in res["wall"].items())
             print(
-                f"run {r + 1}: {parts} s; peak RSS {res['rss_mb']:.0f} MB; EER {res['eer'] * 100:.2f}% "
+                f"run {r + 1}: wall (CPU) s: {parts}; peak RSS {res['rss_mb']:.0f} MB; EER {res['eer'] * 100:.2f}% "
                 f"minDCF {', '.join(f'{v:.4f}' for v in res['min_dcf'].values())}",
                 flush=True,
             )
-        totals = [r["times"]["total"] for r in runs]
+        totals = [r["wall"]["total"] for r in runs]
         if len(runs) > 1:
             print(
                 f"total over {len(runs)} runs: best {min(totals):.2f} s, median {float(np.median(totals)):.2f} s, "

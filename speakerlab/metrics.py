@@ -31,14 +31,15 @@ def error_rates(scores: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.
     if n_tar == 0 or n_non == 0:
         raise ValueError(f"need target and nontarget trials, got {n_tar} target, {n_non} nontarget")
     s = np.sort(scores)
-    tar = np.sort(scores[labels])
     # Thresholds: the distinct scores. Rejecting everything below thresholds[k] rejects first[k] trials.
     first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
     thresholds = s[first]
-    miss = np.r_[np.searchsorted(tar, thresholds, side="left"), n_tar]
-    rejected = np.r_[first, len(s)]
-    fa = n_non - (rejected - miss)  # nontargets at or above the threshold
-    return miss / n_tar, fa / n_non, thresholds
+    del s  # (memory: at 10 M trials each of these arrays is 40-80 MB)
+    miss = np.r_[np.searchsorted(np.sort(scores[labels]), thresholds, side="left"), n_tar]
+    rejected = np.r_[first, len(scores)]
+    del first
+    p_fa = (n_non - (rejected - miss)) / n_non  # nontargets at or above the threshold
+    return miss / n_tar, p_fa, thresholds
 
 
 def _eer(p_miss: np.ndarray, p_fa: np.ndarray) -> float:
