@@ -29,10 +29,12 @@ FEATURES = ["score", "logdur_min", "logdur_max", "norm_min", "norm_max"]
 
 
 def read_durations(paths: Sequence, sample_rate: int = 16000) -> Dict[str, float]:
-    """utt2dur (seconds) or utt2num_samples files (recognised by that name; samples / sample_rate) ->
-    {utt: seconds}. Non-positive durations and an utterance in two files raise `ListError`."""
+    """utt2dur (seconds) or utt2num_samples files (recognised by that name; samples / sample_rate), or
+    data dirs holding one -> {utt: seconds}. Non-positive durations and an utterance in two files raise `ListError`."""
     out: Dict[str, float] = {}
     for path in map(Path, paths):
+        if path.is_dir():  # a data dir: its utt2dur, else its utt2num_samples
+            path = path / "utt2dur" if (path / "utt2dur").exists() else path / "utt2num_samples"
         if path.name.endswith("utt2num_samples"):
             got = {u: n / sample_rate for u, n in read_utt2num_samples(path).items()}
         else:

@@ -96,7 +96,8 @@ def test_one_list_prefix_form_as_before(tmp_path, capsys):
     )
     result = (tmp_path / "exp" / "test.result").read_text()
     assert re.match(r".*A/trials: \d+ trials \(\d+ target\) EER \d+\.\d\d% minDCF\(p_target=0.01\) \d\.\d{4}", result)
-    assert (tmp_path / "exp" / "test.scores").is_file() and (tmp_path / "exp" / "test.md").is_file()
+    assert (tmp_path / "exp" / "test.scores").is_file()
+    assert (tmp_path / "exp" / "test.md").read_text().splitlines()[2].startswith("| test |")  # named by the prefix
 
 
 def test_pictures_have_the_stated_size_and_are_not_blank(tmp_path):

@@ -150,3 +150,16 @@ def test_qmf_features_are_symmetric():
     f = qmf_features(np.array([0.3, 0.3]), np.array([0, 2]), np.array([2, 0]), norms, logdur)
     np.testing.assert_array_equal(f[0], f[1])
     np.testing.assert_array_equal(f[0], [0.3, 0.5, 0.9, 1.0, 3.0])
+
+
+def test_read_durations_from_files_and_data_dirs(tmp_path):
+    from speakerlab.calibration import read_durations
+    from speakerlab.lists import ListError
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "utt2num_samples").write_text("u1 32000\nu2 8000\n")
+    (tmp_path / "utt2dur").write_text("u3 1.5\n")
+    assert read_durations([tmp_path / "d", tmp_path / "utt2dur"]) == {"u1": 2.0, "u2": 0.5, "u3": 1.5}
+    (tmp_path / "bad").write_text("u4 -1\n")
+    with pytest.raises(ListError, match=f"{tmp_path / 'bad'}:1: duration must be a positive number"):
+        read_durations([tmp_path / "bad"])
