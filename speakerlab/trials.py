@@ -335,10 +335,18 @@ def read_trial_list(path, index: IdIndex, block_bytes: int = 16 << 20, threads: 
 
 
 def _check_duplicates(path: Path, index: IdIndex, enrol, test, line) -> None:
-    key = enrol.astype(np.int64) * max(1, len(index)) + test
-    ordered = np.sort(key)
+    def keys() -> np.ndarray:  # one int64 per trial: (enrol, test) pairs compare as numbers
+        key = enrol.astype(np.int64)
+        key *= max(1, len(index))
+        key += test
+        return key
+
+    ordered = keys()
+    ordered.sort()  # in place: no second copy of 8 bytes per trial
     if not (ordered[1:] == ordered[:-1]).any():
         return
+    del ordered
+    key = keys()
     order = np.argsort(key, kind="stable")  # only on the error path: which lines repeat
     dup = np.flatnonzero(key[order][1:] == key[order][:-1])
     i, j = order[dup], order[dup + 1]
