@@ -259,15 +259,24 @@ def _last_newline(buf: np.ndarray, end: int) -> int:
         width *= 16
 
 
-def _missing_error(path: Path, missing: List[Tuple[int, str]], n_lines: int) -> ListError:
-    first: Dict[str, int] = {}
+def _missing_error(path: Path, missing: List[Tuple[int, str]], n_lines: int, complete: bool) -> ListError:
+    """`missing`: (line, id) in line order; `complete`: it holds every missing token of the file."""
+    lines: Dict[str, List[int]] = {}
     for line, tok in missing:
-        first.setdefault(tok, line)
-    shown = "\n".join(f"  {path}:{line}: '{tok}'" for tok, line in list(first.items())[:SHOWN])
-    more = f"\n  ... and more ids (first {SHOWN} shown)" if len(first) > SHOWN else ""
+        lines.setdefault(tok, []).append(line)
+    rows = []
+    for tok, at in list(lines.items())[:SHOWN]:
+        also = f" (also line{'s' if len(at) > 2 else ''} {', '.join(map(str, at[1:10]))}" if len(at) > 1 else ""
+        also += ", ...)" if len(at) > 10 else (")" if also else "")
+        rows.append(f"  {path}:{at[0]}: '{tok}'{also}")
+    more = ""
+    if len(lines) > SHOWN or not complete:
+        count = f"{len(lines) - SHOWN} more ids" if complete else "more ids (the list was not kept past this point)"
+        more = f"\n  ... and {count}"
     return ListError(
-        f"{path}: {n_lines} trial line(s) name ids without an embedding; "
-        f"each id with the first line naming it:\n{shown}{more}"
+        f"{path}: {n_lines} trial line(s) name ids without an embedding; each id with the lines naming it:\n"
+        + "\n".join(rows)
+        + more
     )
 
 
@@ -326,7 +335,8 @@ def read_trial_list(path, index: IdIndex, block_bytes: int = 16 << 20, threads: 
         while pending:
             collect(pending.popleft())
     if missing:
-        raise _missing_error(path, sorted(missing), n_missing)
+        complete = len(missing) < 10 * SHOWN  # fewer than the cap: no missing token was left out
+        raise _missing_error(path, sorted(missing), n_missing, complete)
     if not parts or not sum(len(p[0]) for p in parts):
         raise ListError(f"{path}: no trials")
     enrol, test, target, line = (np.concatenate(c) for c in zip(*parts))

@@ -92,7 +92,7 @@ def test_missing_ids_are_all_listed_with_lines(tmp_path):
         read_trial_list(p, IdIndex(IDS), block_bytes=16)
     msg = str(e.value)
     assert msg.startswith(f"{p}: 3 trial line(s) name ids without an embedding")
-    assert f"{p}:2: 'nope'" in msg and f"{p}:3: 'gone'" in msg
+    assert f"{p}:2: 'nope' (also line 4)\n" in msg and msg.endswith(f"{p}:3: 'gone'")
     assert msg.count("'nope'") == 1  # each id once, at its first line
 
 
