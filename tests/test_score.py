@@ -251,3 +251,15 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--embeddings", "e", "--trials", "a", "--out", "x", "--asnorm-top-n", "3"])
     assert e.value.code == 2
+
+
+def test_scoring_side_imports_no_training_code():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, speakerlab.score, speakerlab.metrics, speakerlab.score_plots;"
+        "bad = [m for m in sys.modules if m.startswith(('speakerlab.engine', 'speakerlab.train', 'torch'))];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
