@@ -64,6 +64,10 @@ def read_embeddings(path):
         raise ListError(f"{path}: not an embeddings .npz with 'ids' and 'embeddings' ({e})") from None
     if emb.ndim != 2 or len(ids) != len(emb):
         raise ListError(f"{path}: {len(ids)} ids but embeddings of shape {emb.shape}")
+    finite = np.isfinite(emb).all(axis=1)
+    if not finite.all():  # one NaN would make every score of its trials NaN, and the metrics meaningless
+        bad = np.flatnonzero(~finite)
+        raise ListError(f"{path}: {len(bad)} embedding(s) are not finite, e.g. '{ids[bad[0]]}'")
     return ids, emb
 
 

@@ -243,6 +243,24 @@ def test_bad_mixed_dimensions(tmp_path, capsys):
     assert "wide.npz" in err
 
 
+def test_bad_non_finite_embeddings(tmp_path, capsys):
+    ids, emb = _case(tmp_path)
+    emb[3, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", ids=np.array(ids), embeddings=emb.astype(np.float32))
+    code = main(
+        [
+            "--embeddings",
+            str(tmp_path / "nan.npz"),
+            "--trials",
+            str(tmp_path / "A" / "trials"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and f"{tmp_path / 'nan.npz'}: 1 embedding(s) are not finite, e.g. '{ids[3]}'" in err
+
+
 def test_bad_arguments_exit_2(tmp_path, capsys):
     _case(tmp_path)
     with pytest.raises(SystemExit) as e:
