@@ -15,7 +15,8 @@ Output layout. `--out` is one prefix per trial list (the list is named after the
 for several lists (or a path ending in `/` or an existing directory), one directory where each list gets
 the prefix `DIR/<name>` (`--names`, else the file name, else its parent directory's name when file names
 repeat). Per prefix P:
-    P.scores     `enrol test score target|nontarget`, one line per trial, in list order
+    P.scores     `enrol test score target|nontarget`, one line per trial, in list order; the score is
+                 the cosine, its AS-norm, or with --qmf-train the calibrated LLR (natural log)
     P.result     one line: counts, EER, minDCF (and Cllr, actDCF), as printed
     P.json       the same numbers and the scoring settings
     P.det.png    DET curve, 640 x 480 px
@@ -23,12 +24,16 @@ repeat). Per prefix P:
 and one markdown table over all lists, printed and written to `--table` (default: DIR/results.md in
 directory mode, else `<first prefix>.md`). Bad inputs exit with code 2 and a `file:line:` message.
 
+From Python: `evaluate(ids, emb, trials_path)` -> (scores, labels, EER, minDCF) for plain cosine scoring
+(training-time validation, the baseline); `Scorer(ids, emb, cohort)` with `.trial_list(path)` and
+`.scores(trial_list)` for the rest; `run(args)` is the command without its argument parsing.
+
 How memory is bounded: no Python object is made per trial. Trial files are parsed in 16 MB blocks (at
 most threads + 1 blocks at a time); scores are computed in blocks of `SCORE_BLOCK` trials (two
 `(SCORE_BLOCK, D)` row gathers per thread); AS-norm statistics in blocks of 2048 embeddings against the
 cohort; the scores file is written in blocks of 1 M lines; the DET picture is thinned to a few thousand
 points. What grows with a list is its arrays: 13 bytes per trial (two int32 rows, a label, an int32 line
-number) and 4 for the score, plus, while they run, the duplicate check (16 bytes per trial) and the
+number) and 4 for the score, plus, while they run, the duplicate check (9 bytes per trial) and the
 metrics' sorted copies and error curves (about 40 bytes per trial). Measured (bench/scoring.py): 10 M
 trials over 100 k embeddings of dim 256 peak at about 1 GB RSS, the embeddings included.
 """
