@@ -12,8 +12,8 @@ token is looked up in `IdIndex` by a 64-bit hash of its bytes (then compared byt
 lookup is exact). Memory is the block plus 13 bytes per trial for the result.
 
 Bad input raises `ListError` naming the file and line: a line without exactly three fields, an unknown
-label, a trial repeated (same enrol and test), ids without an embedding (every such id is listed, with
-the first line that names it), an empty list. Blank lines and lines starting with `#` are skipped, as
+label, a trial repeated (same enrol and test), ids without an embedding (each such id with the lines
+that name it, up to SHOWN ids), an empty list. Blank lines and lines starting with `#` are skipped, as
 in `speakerlab.lists`.
 """
 
@@ -53,8 +53,8 @@ class IdIndex:
     """Exact lookup of byte tokens in a fixed list of ids: `ids (M,)` -> row 0..M-1, or -1.
 
     Each id is zero-padded to `width` bytes (a multiple of 8) and stored as `words (M, width // 8)`
-    uint64; an open-addressing hash table (twice as many slots as ids, linear probing) maps hashes to
-    rows. Duplicate ids raise `ListError`.
+    uint64; an open-addressing hash table (twice as many slots as ids, linear probing, the slot from a
+    hash of the words) holds each id's words and row. Duplicate ids raise `ListError`.
     """
 
     def __init__(self, ids: Sequence[str], source: str = "embeddings"):
