@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from speakerlab.lists import read_trials
-from speakerlab.metrics import compute_eer, compute_min_dcf
+from speakerlab.metrics import compute_eer, compute_min_dcf, verification_metrics
 from speakerlab.score import cosine_scores
 
 
@@ -19,18 +19,24 @@ def brute_force(scores, labels, p_target=0.01):
     return eer, dcf, best_gap
 
 
+@pytest.mark.parametrize("p_target", [0.01, 0.05])
 @pytest.mark.parametrize("seed", range(6))
-def test_eer_and_min_dcf_match_brute_force(seed):
+def test_eer_and_min_dcf_match_brute_force(seed, p_target):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(50, 400))
     labels = rng.random(n) < 0.3
     scores = rng.normal(labels * 1.5, 1.0)
     if seed % 2:  # ties, as with quantised scores
         scores = np.round(scores, 1)
-    eer_bf, dcf_bf, gap = brute_force(scores, labels)
+    if seed % 3 == 2:  # float32 scores, as the scorer gives, keep their own precision
+        scores = scores.astype(np.float32)
+    eer_bf, dcf_bf, gap = brute_force(scores, labels, p_target)
     # Our EER interpolates at the crossing; it lies within the brute-force gap of the nearest point.
     assert abs(compute_eer(scores, labels) - eer_bf) <= gap / 2 + 1e-12
-    assert compute_min_dcf(scores, labels) == pytest.approx(dcf_bf, abs=1e-12)
+    assert compute_min_dcf(scores, labels, p_target) == pytest.approx(dcf_bf, abs=1e-12)
+    both = verification_metrics(scores, labels, (0.01, 0.05))
+    assert both["eer"] == compute_eer(scores, labels)
+    assert both["min_dcf"][p_target] == compute_min_dcf(scores, labels, p_target)
 
 
 def test_eer_known_values():
