@@ -5,7 +5,7 @@ archives, then `--stage 3 --stop_stage 5` (train, embeddings, scoring) with a ti
 corpus for the module, re-packed into each corpus's archives, lists and trial-list formats.
 
 VoxCeleb2 ships m4a (AAC). With `ffmpeg` on PATH the fake m4a files are really AAC-encoded and the real
-conversion runs (test id `[ffmpeg]`); without it they hold the synthetic WAV bytes and a stand-in `ffmpeg`
+conversion runs (test id `[real-ffmpeg]`); without it they hold the synthetic WAV bytes and a stand-in `ffmpeg`
 put first on PATH decodes them to the 16 kHz wav the recipe asks for (test id `[standin-ffmpeg]`).
 """
 
@@ -56,10 +56,6 @@ def corpus(tmp_path_factory):
     return make_synth_corpus(
         tmp_path_factory.mktemp("synth"), train_speakers=10, utts=5, eval_speakers=4, eval_utts=4, dur=(1.0, 1.4)
     )
-
-
-def wav_bytes(path: Path) -> bytes:
-    return path.read_bytes()
 
 
 def count(trials: List[Trial]) -> Tuple[int, int]:
@@ -198,7 +194,7 @@ def threedspeaker_from_synth(corpus: Path):
         for n, path in enumerate(utts.values()):
             device = 9 if i == 0 and n == len(utts) - 1 else n % 3 + 1
             uid = f"{spk}_Device{device:02d}_{n:03d}"
-            train.setdefault(spk, {})[uid] = wav_bytes(path)
+            train.setdefault(spk, {})[uid] = path.read_bytes()
             if device != 9:
                 expect_train[uid] = spk
     counter = 0
@@ -208,7 +204,7 @@ def threedspeaker_from_synth(corpus: Path):
             device = 9 if i == 0 and n == len(utts) - 1 else n % 3 + 1
             uid = f"Device{device:02d}_Dis{n % 2 + 1:02d}_{counter:04d}"
             counter += 1
-            test.setdefault(spk, {})[uid] = wav_bytes(path)
+            test.setdefault(spk, {})[uid] = path.read_bytes()
             names[synth_id] = uid
             if device != 9:
                 expect_test[f"{spk}-{uid}"] = spk
@@ -274,7 +270,7 @@ with wave.open(dst, "wb") as w:
 def m4a_bytes(path: Path, tmp: Path) -> bytes:
     """The synthetic utterance as it ships in vox2_aac.zip: AAC in mp4 with real ffmpeg, else its WAV bytes."""
     if FFMPEG is None:
-        return wav_bytes(path)
+        return path.read_bytes()
     out = tmp / (path.stem + ".m4a")
     subprocess.run(
         [FFMPEG, "-nostdin", "-v", "error", "-y", "-i", str(path), "-c:a", "aac", "-b:a", "64k", str(out)], check=True
@@ -296,7 +292,7 @@ def vox_from_synth(corpus: Path, tmp: Path):
             for n, (synth_id, path) in enumerate(spk_utts.items()):
                 video = f"v{i:02d}-Q_{n // 2:03d}xY"  # YouTube ids have letters, digits, - and _
                 rel[synth_id] = f"{spk}/{video}/{n + 1:05d}"
-                files[name][rel[synth_id]] = m4a_bytes(path, tmp) if name == "train" else wav_bytes(path)
+                files[name][rel[synth_id]] = m4a_bytes(path, tmp) if name == "train" else path.read_bytes()
                 utts[name][f"{spk}-{video}-{n + 1:05d}"] = spk
 
     def official(trials: List[Trial]) -> str:
@@ -312,7 +308,7 @@ def vox_from_synth(corpus: Path, tmp: Path):
     return blobs, utts["train"], {**utts["val"], **utts["test"]}, trials
 
 
-@pytest.mark.parametrize("m4a", ["ffmpeg" if FFMPEG else "standin-ffmpeg"])
+@pytest.mark.parametrize("m4a", ["real-ffmpeg" if FFMPEG else "standin-ffmpeg"])
 def test_voxceleb_recipe_end_to_end(corpus, tmp_path, m4a):
     """vox1_dev_wav and vox2_dev_aac as their published parts in --archive_dir; m4a -> wav (see the module doc)."""
     blobs, train_utts, eval_utts, trials = vox_from_synth(corpus, tmp_path / "m4a")
