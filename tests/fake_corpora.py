@@ -262,38 +262,21 @@ def make_synth_corpus(
     jobs: int = 1,
 ) -> Path:
     """`python -m speakerlab.synth` with `eval_speakers` speakers in val and in test, all utterances `dur` long."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "speakerlab.synth",
-            "--out",
-            str(out),
-            "--jobs",
-            str(jobs),
-            "--num-train-speakers",
-            str(train_speakers),
-            "--num-val-speakers",
-            str(eval_speakers),
-            "--num-test-speakers",
-            str(eval_speakers),
-            "--utts-per-speaker",
-            str(utts),
-            "--eval-utts-per-speaker",
-            str(eval_utts),
-            "--min-dur",
-            str(dur[0]),
-            "--max-dur",
-            str(dur[1]),
-            "--eval-min-dur",
-            str(dur[0]),
-            "--eval-max-dur",
-            str(dur[1]),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=REPO,
-    )
+    options = {
+        "out": out,
+        "jobs": jobs,
+        "num-train-speakers": train_speakers,
+        "num-val-speakers": eval_speakers,
+        "num-test-speakers": eval_speakers,
+        "utts-per-speaker": utts,
+        "eval-utts-per-speaker": eval_utts,
+        "min-dur": dur[0],
+        "max-dur": dur[1],
+        "eval-min-dur": dur[0],
+        "eval-max-dur": dur[1],
+    }
+    args = [arg for name, value in options.items() for arg in (f"--{name}", str(value))]
+    subprocess.run([sys.executable, "-m", "speakerlab.synth", *args], check=True, capture_output=True, cwd=REPO)
     return out
 
 
