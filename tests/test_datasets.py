@@ -1,82 +1,51 @@
 """speakerlab.datasets: download / md5 / resume / join / safe extraction, and each corpus's prepare step
 on small fake archives laid out like the published ones. No network: "downloads" come from a fake
 opener or from file:// URLs."""
-import dataclasses
-import hashlib
 import io
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import zipfile
 from pathlib import Path
 from urllib.error import HTTPError
 
-import numpy as np
 import pytest
 import soundfile as sf
 
 from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
-from speakerlab.datasets.common import DatasetError
 from speakerlab.datasets.archives import extract
-from speakerlab.datasets.download import (Archive, ChecksumError, DownloadError, Part, UnsafeArchiveError,
-                                          download, fetch_archives, join_parts)
+from speakerlab.datasets.common import DatasetError
+from speakerlab.datasets.download import (
+    Archive,
+    ChecksumError,
+    DownloadError,
+    Part,
+    UnsafeArchiveError,
+    download,
+    fetch_archives,
+    join_parts,
+)
 from speakerlab.lists import load_data_dir, read_trials
 from speakerlab.prepare import prepare as index_data_dir
+from tests.fake_corpora import (
+    FAKE_FFMPEG,
+    cnceleb_blobs,
+    env_ready,
+    make_synth_corpus,
+    md5,
+    musan_rirs_blobs,
+    recipe_env,
+    serve,
+    split,
+    tgz_bytes,
+    threedspeaker_blobs,
+    vox_blobs,
+    with_md5,
+    zip_bytes,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def md5(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
-
-
-def audio_bytes(fmt: str = "WAV", seconds: float = 0.2, seed: int = 0) -> bytes:
-    buf = io.BytesIO()
-    x = 0.1 * np.random.default_rng(seed).standard_normal(int(16000 * seconds))
-    sf.write(buf, x, 16000, format=fmt, subtype="PCM_16")
-    return buf.getvalue()
-
-
-def zip_bytes(members: dict) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
-
-
-def tgz_bytes(members: dict) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def split(data: bytes, n: int) -> list:
-    step = -(-len(data) // n)
-    return [data[i * step:(i + 1) * step] for i in range(n)]
-
-
-def with_md5(parts: dict, blobs: dict) -> dict:
-    """A corpus PARTS table with the md5s of our fake files instead of the published ones."""
-    def fix(a):
-        return dataclasses.replace(a, md5=md5(blobs[a.name]) if a.md5 else None,
-                                   parts=tuple(dataclasses.replace(p, md5=md5(blobs[p.name]) if p.md5 else None)
-                                               for p in a.parts))
-    return {k: tuple(fix(a) for a in v) for k, v in parts.items()}
-
-
-def serve(folder: Path, blobs: dict) -> str:
-    """Write `blobs` into `folder`; returns the file:// mirror URL of that folder."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in blobs.items():
-        (folder / name).write_bytes(data)
-    return folder.as_uri()
 
 
 def check_data_dir(root: Path, trials=()):
@@ -253,38 +222,6 @@ def test_extract_tar_and_skip_when_done(tmp_path):
 
 # ---------------------------------------------------------------- VoxCeleb
 
-VOX1_DEV = ["id10001/1zcIwhmdeo4/00001", "id10001/1zcIwhmdeo4/00002", "id10001/7w0IBEWc9Qw/00001",
-            "id10002/0_laIeN-Q44/00001", "id10002/0_laIeN-Q44/00002"]
-VOX1_TEST = ["id10270/x6uYqmx31kE/00001", "id10270/8jEAjG6SegY/00008", "id10271/1gtz-CUIygI/00001"]
-VOX2_DEV = ["id00012/21Uxsk56VDQ/00001", "id00012/21Uxsk56VDQ/00002", "id00015/0fijmz4vTVU/00001"]
-
-
-def vox_blobs() -> dict:
-    """The published VoxCeleb files in miniature: split zips with the real member layout, trial lists."""
-    dev = zip_bytes({f"wav/{u}.wav": audio_bytes(seed=i) for i, u in enumerate(VOX1_DEV)})
-    test = zip_bytes({f"wav/{u}.wav": audio_bytes(seed=10 + i) for i, u in enumerate(VOX1_TEST)})
-    vox2 = zip_bytes({f"dev/aac/{u}.m4a": b"not really aac" for u in VOX2_DEV})
-    o = "1 id10270/x6uYqmx31kE/00001.wav id10270/8jEAjG6SegY/00008.wav\n" \
-        "0 id10270/x6uYqmx31kE/00001.wav id10271/1gtz-CUIygI/00001.wav\n"
-    e = "1 id10001/1zcIwhmdeo4/00001.wav id10001/7w0IBEWc9Qw/00001.wav\n" \
-        "0 id10001/1zcIwhmdeo4/00002.wav id10002/0_laIeN-Q44/00001.wav\n" + o
-    blobs = {"vox1_dev_wav.zip": dev, "vox1_test_wav.zip": test, "vox2_aac.zip": vox2,
-             "veri_test2.txt": o.encode(), "list_test_all2.txt": e.encode(), "list_test_hard2.txt": e.encode()}
-    blobs.update({f"vox1_dev_wav_parta{c}": b for c, b in zip("abcd", split(dev, 4))})
-    blobs.update({f"vox2_dev_aac_parta{c}": b for c, b in zip("abcdefgh", split(vox2, 8))})
-    return blobs
-
-
-FAKE_FFMPEG = """#!{python}
-import sys
-import numpy as np, soundfile as sf
-args = sys.argv[1:]
-src, dst = args[args.index("-i") + 1], args[-1]
-assert src.endswith(".m4a") and "-ar" in args and args[args.index("-ar") + 1] == "16000"
-sf.write(dst, np.zeros(3200), 16000, format="WAV", subtype="PCM_16")
-"""
-
-
 def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys):
     blobs = vox_blobs()
     joined = ("vox1_dev_wav.zip", "vox2_aac.zip")   # published only as parts
@@ -346,36 +283,6 @@ def test_voxceleb_missing_folder_is_named(tmp_path, capsys):
 
 # ---------------------------------------------------------------- 3D-Speaker
 
-def threedspeaker_blobs() -> dict:
-    # Speaker 1's ids already start with the speaker id, speaker 2's do not (they get a prefix);
-    # one utterance per split comes from Device09, which the recipes leave out.
-    train = {"S001": ["S001_Device01_001", "S001_Device02_001", "S001_Device09_001"],
-             "S002": ["D01_Dis02_002", "D03_Dis01_002"]}
-    test = {"S101": ["S101_Device01_001", "S101_Device03_002", "S101_Device09_003"],
-            "S102": ["D01_Dis01_101", "D02_Dis03_102"]}
-    members, files = {}, {}
-    for split_name, spk_utts in (("train", train), ("test", test)):
-        scp, u2s = [], []
-        for spk, utts in spk_utts.items():
-            for i, u in enumerate(utts):
-                rel = f"{split_name}/{spk}/{u}.wav"
-                members.setdefault(split_name, {})[rel] = audio_bytes(seed=i)
-                scp.append(f"{u} {rel}\n")
-                u2s.append(f"{u} {spk}\n")
-        files[f"files/{split_name}_wav.scp"] = "".join(scp).encode()
-        files[f"files/{split_name}_utt2spk"] = "".join(u2s).encode()
-        files[f"files/{split_name}_utt2info.csv"] = b"utt,info\n"
-    files["files/trials_cross_device"] = b"S101_Device01_001 S101_Device03_002 1\nS101_Device01_001 D01_Dis01_101 0\n"
-    files["files/trials_cross_distance"] = (b"D01_Dis01_101 D02_Dis03_102 target\n"
-                                            b"D01_Dis01_101 S101_Device03_002 nontarget\n")
-    files["files/trials_cross_dialect"] = b"1 D01_Dis01_101 D02_Dis03_102\n0 S101_Device01_001 D02_Dis03_102\n"
-    train_tgz = tgz_bytes(members["train"])
-    blobs = {"train.tar.gz": train_tgz, "test.tar.gz": tgz_bytes(members["test"]),
-             "3dspeaker_files.tar.gz": tgz_bytes(files)}
-    blobs.update({f"train.tar.gz-part-{c}": b for c, b in zip("abcdef", split(train_tgz, 6))})
-    return blobs
-
-
 def test_threedspeaker_from_archive_dir(tmp_path, monkeypatch):
     blobs = threedspeaker_blobs()
     have = tmp_path / "have"   # the user's own copies: the six parts, not the joined train.tar.gz
@@ -410,35 +317,6 @@ def test_threedspeaker_trial_on_left_out_device(tmp_path):
 
 # ---------------------------------------------------------------- CN-Celeb
 
-def cnceleb_blobs() -> dict:
-    flac = lambda seed: audio_bytes("FLAC", seed=seed)  # noqa: E731
-    c1 = {"CN-Celeb_flac/data/id00000/singing-01-001.flac": flac(1),
-          "CN-Celeb_flac/data/id00000/speech-01-002.flac": flac(2),
-          "CN-Celeb_flac/data/id00001/interview-01-001.flac": flac(3),
-          "CN-Celeb_flac/data/id00800/singing-01-001.flac": flac(4),      # an evaluation speaker
-          "CN-Celeb_flac/dev/dev.lst": b"id00000\nid00001\n",
-          "CN-Celeb_flac/eval/enroll/id00800-enroll.flac": flac(5),
-          "CN-Celeb_flac/eval/enroll/id00801-enroll.flac": flac(6),
-          "CN-Celeb_flac/eval/test/id00800-singing-01-005.flac": flac(7),
-          "CN-Celeb_flac/eval/test/id00800-speech-02-003.flac": flac(8),
-          "CN-Celeb_flac/eval/test/id00801-vlog-01-001.flac": flac(9),
-          "CN-Celeb_flac/eval/lists/enroll.lst":
-              b"id00800-enroll enroll/id00800-enroll.wav\nid00801-enroll enroll/id00801-enroll.wav\n",
-          "CN-Celeb_flac/eval/lists/enroll.map": b"id00800-enroll id00800/singing-01-001.wav\n",
-          "CN-Celeb_flac/eval/lists/test.lst":
-              b"test/id00800-singing-01-005.wav\ntest/id00800-speech-02-003.wav\ntest/id00801-vlog-01-001.wav\n"}
-    tests = ["id00800-singing-01-005", "id00800-speech-02-003", "id00801-vlog-01-001"]
-    c1["CN-Celeb_flac/eval/lists/trials.lst"] = "".join(
-        f"{e}-enroll test/{t}.wav {int(t.startswith(e))}\n" for e in ("id00800", "id00801") for t in tests).encode()
-    c2 = {"CN-Celeb2_flac/data/id10000/recitation-01-001.flac": flac(10),
-          "CN-Celeb2_flac/data/id10001/vlog-02-004.flac": flac(11),
-          "CN-Celeb2_flac/spk.lst": b"id10000\nid10001\n"}
-    c2_tgz = tgz_bytes(c2)
-    blobs = {"cn-celeb_v2.tar.gz": tgz_bytes(c1), "cn-celeb2_v2.tar.gz": c2_tgz}
-    blobs.update({f"cn-celeb2_v2.tar.gza{c}": b for c, b in zip("abc", split(c2_tgz, 3))})
-    return blobs
-
-
 def test_cnceleb_download_extract_prepare(tmp_path, monkeypatch):
     blobs = cnceleb_blobs()
     mirror = serve(tmp_path / "server", {k: v for k, v in blobs.items() if k != "cn-celeb2_v2.tar.gz"})
@@ -470,13 +348,7 @@ def test_cnceleb_missing_speaker_folder_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def synth_corpus(tmp_path_factory):
     """A tiny corpus of egs/mini's generator: its musan/ and RIRS_NOISES/ trees mimic the archives."""
-    corpus = tmp_path_factory.mktemp("synth")
-    subprocess.run([sys.executable, "-m", "speakerlab.synth", "--out", str(corpus), "--num-train-speakers", "2",
-                    "--num-val-speakers", "2", "--num-test-speakers", "2", "--utts-per-speaker", "2",
-                    "--eval-utts-per-speaker", "2", "--min-dur", "1", "--max-dur", "1.2",
-                    "--eval-min-dur", "1", "--eval-max-dur", "1.2"],
-                   check=True, capture_output=True, cwd=REPO)
-    return corpus
+    return make_synth_corpus(tmp_path_factory.mktemp("synth"), train_speakers=2, utts=2, eval_speakers=2, eval_utts=2)
 
 
 def test_musan_rirs_prepare_on_the_synthetic_corpus(synth_corpus, tmp_path):
@@ -509,36 +381,18 @@ def test_recipe_parses_and_prints_help(recipe):
     assert "--stage" in r.stdout and "--gpus" in r.stdout and "--archive_dir" in r.stdout
 
 
-def _env_ready() -> bool:
-    """egs/tools/env.sh would install packages unless this interpreter's stamp is current."""
-    stamp = Path(sys.prefix) / ".speakerlab-installed"
-    want = subprocess.run("cat requirements.txt pyproject.toml | cksum", shell=True, cwd=REPO, capture_output=True,
-                          text=True).stdout.split()[0]
-    return stamp.is_file() and stamp.read_text().strip() == want
-
-
-@pytest.mark.skipif(not _env_ready(), reason="egs/tools/env.sh would install packages for this interpreter")
+@pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages for this interpreter")
 def test_cnceleb_recipe_stages_1_to_2_on_fake_archives(synth_corpus, tmp_path):
     """The shell plumbing of a real recipe: --archive_dir, data preparation (stage 1), features (stage 2)."""
     blobs = {k: v for k, v in cnceleb_blobs().items() if k != "cn-celeb2_v2.tar.gz"}   # parts only
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        tf.add(synth_corpus / "musan", arcname="musan")
-    blobs["musan.tar.gz"] = buf.getvalue()
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for path in sorted((synth_corpus / "RIRS_NOISES").rglob("*")):
-            zf.write(path, path.relative_to(synth_corpus).as_posix())
-    blobs["rirs_noises.zip"] = buf.getvalue()
+    blobs.update(musan_rirs_blobs(synth_corpus))
     have = tmp_path / "have"
     serve(have, blobs)
-    env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    env.pop("CONDA_PREFIX", None)
     r = subprocess.run(["bash", str(REPO / "egs/cnceleb/run.sh"), "--stage", "1", "--stop_stage", "2",
                         "--archive_dir", str(have), "--download_opts", "--skip-md5 --jobs 1",
                         "--download_dir", str(tmp_path / "dl"), "--raw_dir", str(tmp_path / "raw"),
                         "--data", str(tmp_path / "data"), "--jobs", "1"],
-                       capture_output=True, text=True, timeout=120, env=env)
+                       capture_output=True, text=True, timeout=120, env=recipe_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(os.listdir(tmp_path / "dl")) == ["cn-celeb2_v2.tar.gz"]   # joined from the user's parts
     for name in ("cnceleb_train", "cnceleb_eval"):
