@@ -80,11 +80,10 @@ if stage_on 4; then
 fi
 
 if stage_on 5; then
-  log "stage 5: score $trials"
-  for t in $trials; do
-    python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "$data/$eval_set/trials_$t" \
-      --out "$exp/scores/$t"
-  done
+  log "stage 5: score $trials -> $exp/scores (per list: scores, metrics JSON, DET and histogram PNGs; one table)"
+  lists=(); for t in $trials; do lists+=("$data/$eval_set/trials_$t"); done
+  python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "${lists[@]}" --names $trials \
+    --out "$exp/scores/"
 fi
 
 if stage_on 6; then
