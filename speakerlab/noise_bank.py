@@ -15,7 +15,7 @@ SNR, babble talkers to equal level), and the full int16 range keeps the rounding
 
 Training processes open the bank read-only with numpy.memmap: loader workers and ranks share the
 pages through the OS page cache, nothing is copied per worker and no file is re-decoded per crop.
-Every unusable entry (missing, unreadable, wrong rate or channels, empty, silent) is reported at
+Every unusable entry (missing, unreadable, wrong rate or channels, empty, silent, NaN/inf) is reported at
 once as `list:line: ...`, and nothing is written then.
 """
 
@@ -123,6 +123,9 @@ def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 1600
                 wave = _decode(path, samples)
             except AudioError as e:
                 problems.append(f"{where}: {e}")
+                continue
+            if not np.isfinite(wave).all():  # would mix NaN into clean speech and blame the speech file
+                problems.append(f"{where}: {path}: non-finite samples (NaN or inf)")
                 continue
             peak = float(np.max(np.abs(wave)))
             if peak == 0.0:

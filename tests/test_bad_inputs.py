@@ -1,0 +1,340 @@
+"""The catalogue of bad inputs and faults: each case asserts the exit code, the message naming the file,
+line or config key, and that nothing was lost (the exp dir, checkpoints and outputs as they were).
+
+Scoring's bad inputs (ids without embeddings, empty or one-class lists, mixed dimensions, malformed
+lines, NaN embeddings) are in tests/test_score.py; list parsing's in tests/test_lists.py.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.average import main as average_main
+from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from speakerlab.extract import main as extract_main
+from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.infer import main as infer_main
+from speakerlab.models import build_model
+from speakerlab.noise_bank import main as bank_main
+from speakerlab.prepare import main as prepare_main
+from speakerlab.train import main as train_main
+from tests.helpers import make_data_dir, write_wav
+from tests.test_train import ROOT, tiny_config
+
+TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
+        "num_layers": [1, 1, 1]}
+
+
+def snapshot(folder: Path) -> dict:
+    """name -> bytes of every file under `folder` (what "nothing lost or changed" compares)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} \
+        if folder.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny config and an exp dir trained for one epoch (2 steps), copied by the cases that need it."""
+    root = tmp_path_factory.mktemp("trained")
+    cfg, train = tiny_config(root, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
+    return cfg, train, root / "exp"
+
+
+def copy_exp(trained, tmp_path) -> Path:
+    exp = tmp_path / "exp"
+    shutil.copytree(trained[2], exp)
+    return exp
+
+
+# ---------------------------------------------------------------- training: config and command line
+
+@pytest.mark.parametrize("args, message", [
+    (["train.keep_checkpoints=0"], "config key 'train.keep_checkpoints' must be >= 1, got 0"),
+    (["train.keep_checkpoints=-1"], "config key 'train.keep_checkpoints' must be >= 1, got -1"),
+    (["train.log_every_steps=0"], "config key 'train.log_every_steps' must be >= 1, got 0"),
+    (["train.val_every=0"], "config key 'train.val_every' must be >= 1, got 0"),
+    (["optim.min_lr=-0.5"], "config key 'optim.min_lr' must be >= 0, got -0.5"),
+    (["optim.min_lr=0.5"], "config key 'optim.min_lr' (0.5) must be <= optim.lr (0.05)"),
+    (["train.epocs=1"], "unknown config key 'train.epocs'"),
+    (["train.epochs=two"], "config key 'train.epochs' must be an integer, got 'two' in the command-line overrides"),
+    (["model.args.embeding_size=8"], "config key 'model.args.embeding_size': model 'campplus' has no argument"),
+    (["hardware.per_device_batch=big"], "config key 'hardware.per_device_batch' must be an integer or 'auto'"),
+    (["augment.speed_prob=2"], "config key 'augment.speed_prob' must be in [0, 1], got 2.0"),
+    (["--hardware", "tpu-9000"], "unknown hardware profile 'tpu-9000'"),
+])
+def test_bad_setting_stops_before_anything_is_written(trained, tmp_path, capsys, args, message):
+    exp = tmp_path / "new"
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not exp.exists()
+
+
+def test_max_steps_zero_is_refused(trained, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_main(["--config", str(trained[0]), "--exp-dir", str(tmp_path / "x"), "--max-steps", "0"])
+    assert e.value.code == 2 and "--max-steps: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_yaml_error_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  name: campplus\ndata: {train: x}}\n")
+    assert train_main(["--config", str(bad), "--exp-dir", str(tmp_path / "x")]) == 2
+    assert f"{bad}:3: invalid YAML" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- training: data
+
+def test_missing_wav_named_with_its_line(trained, tmp_path, capsys):
+    cfg, train = tiny_config(tmp_path, val=False)
+    (train / "wav" / "s1-2.wav").unlink()
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    assert f"{train / 'wav.scp'}:7: {train / 'wav' / 's1-2.wav'}" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_non_utf8_list_named_with_its_line(tmp_path, capsys):
+    cfg, train = tiny_config(tmp_path, val=False)
+    with open(train / "utt2spk", "ab") as f:
+        f.write(b"s9-0 caf\xe9\n")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    assert f"{train / 'utt2spk'}:17: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_utt2spk_entry_without_audio_named(tmp_path, capsys):
+    cfg, train = tiny_config(tmp_path, val=False)
+    with open(train / "utt2spk", "a") as f:
+        f.write("s9-0 s9\n")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    assert f"{train / 'utt2spk'}:17: utterance 's9-0' is not in wav.scp" in capsys.readouterr().err
+
+
+def test_stale_length_index_found_at_start(tmp_path, capsys):
+    cfg, train = tiny_config(tmp_path, val=False)
+    assert prepare_main(["--data", str(train)]) == 0
+    write_wav(train / "wav" / "s0-0.wav", np.zeros(4000))   # shorter than utt2num_samples says
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{train / 'utt2num_samples'}: 's0-0' says 9600 samples, the file has 4000" in err
+    assert "re-run the features stage" in err and not (tmp_path / "x").exists()
+
+
+def test_wrong_sample_rate_setting_found_at_start(tmp_path, capsys):
+    cfg, train = tiny_config(tmp_path, val=False)
+    assert prepare_main(["--data", str(train)]) == 0
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x"), "data.sample_rate=8000"]) == 2
+    err = capsys.readouterr().err
+    assert f"{train / 'wav.scp'}:1:" in err and "sample rate 16000 Hz, expected 8000 Hz" in err
+    assert "config key 'data.sample_rate' is 8000" in err
+
+
+def test_nan_noise_file_is_named_when_the_bank_is_built(tmp_path, capsys):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    good = write_wav(tmp_path / "n0.wav", 0.1 * np.random.default_rng(0).standard_normal(8000))
+    bad = write_wav(tmp_path / "n1.wav", np.full(8000, np.nan, np.float32), subtype="FLOAT")
+    (lists / "noise.scp").write_text(f"n0 {good}\nn1 {bad}\n")
+    assert bank_main(["--lists", str(lists), "--kinds", "noise"]) == 2
+    assert f"{lists / 'noise.scp'}:2: {bad}: non-finite samples" in capsys.readouterr().err
+    assert not (lists / "bank").exists() or not list((lists / "bank").glob("*.npy"))
+
+
+# ---------------------------------------------------------------- training: exp dir and resume
+
+def test_changed_global_batch_is_refused_and_nothing_changes(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    before = snapshot(exp)
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.global_batch_size=4",
+                       "hardware.per_device_batch=4"]) == 2
+    err = capsys.readouterr().err
+    assert "train.global_batch_size: 8 in the checkpoint -> 4 now" in err and "--force-new-schedule" in err
+    assert snapshot(exp) == before   # config.yaml, train.log, checkpoints: untouched
+
+
+def test_x100_learning_rate_is_refused(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "optim.lr=5.0"]) == 2
+    assert "optim.lr: 0.05 in the checkpoint -> 5.0 now" in capsys.readouterr().err
+
+
+def test_force_new_schedule_continues_the_weights(trained, tmp_path):
+    exp = copy_exp(trained, tmp_path)
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=2", "optim.lr=0.02",
+                       "--force-new-schedule"]) == 0
+    log = (exp / "train.log").read_text()
+    assert "--force-new-schedule: train.epochs: 1 in the checkpoint -> 2 now" in log
+    assert load_checkpoint(exp / "checkpoints" / "epoch_002.pt").step == 4
+
+
+def test_second_run_on_a_locked_exp_dir_is_refused(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (exp / ".lock").write_text(f"{os.uname().nodename} {sleeper.pid} 2026-01-01 00:00:00\n")
+        before = snapshot(exp)
+        assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 2
+        assert f"{exp} is in use by process {sleeper.pid} on this machine" in capsys.readouterr().err
+        assert snapshot(exp) == before
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_stale_lock_and_temp_files_of_a_dead_run_are_cleared(trained, tmp_path):
+    exp = copy_exp(trained, tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (exp / ".lock").write_text(f"{os.uname().nodename} {dead.pid} 2026-01-01 00:00:00\n")
+    torn = exp / "checkpoints" / ".partial_002.pt.tmp99999"
+    torn.write_bytes(b"half")
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 0
+    log = (exp / "train.log").read_text()
+    assert f"removing the stale lock {exp / '.lock'} of process {dead.pid}" in log
+    assert f"removed {torn}, left mid-write" in log
+    assert not torn.exists() and not (exp / ".lock").exists()
+
+
+def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_resumed(trained, tmp_path):
+    exp = copy_exp(trained, tmp_path)
+    good = exp / "checkpoints" / "epoch_001.pt"
+    newer = exp / "checkpoints" / "partial_002.pt"
+    shutil.copy(good, newer)
+    data = bytearray(newer.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 32] = b"\x00" * 32
+    newer.write_bytes(bytes(data))
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 0
+    log = (exp / "train.log").read_text()
+    assert f"checkpoint {newer} is corrupt" in log or f"checkpoint {newer} cannot be loaded" in log
+    assert f"resumed from {good}" in log
+
+
+def test_every_checkpoint_corrupt_stops_with_their_names(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    ck = exp / "checkpoints" / "epoch_001.pt"
+    ck.write_bytes(ck.read_bytes()[:500])
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 3
+    assert f"no intact checkpoint in {exp / 'checkpoints'}" in capsys.readouterr().err and ck.exists()
+
+
+def test_failed_start_keeps_the_exp_dir_config(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    before = (exp / "config.yaml").read_text()
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "data.train=/nonexistent"]) == 2
+    assert "/nonexistent: data dir does not exist" in capsys.readouterr().err
+    assert (exp / "config.yaml").read_text() == before
+
+
+def test_full_disk_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+    model = build_model("campplus", **TINY)
+    ck = Checkpoint("campplus", TINY, model.state_dict(), FeatureSpec())
+
+    def no_space(obj, f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoints are intact"):
+        save_checkpoint(tmp_path / "epoch_001.pt", ck)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- averaging
+
+@pytest.mark.parametrize("last", ["0", "-2"])
+def test_average_last_must_be_positive(trained, tmp_path, capsys, last):
+    exp = copy_exp(trained, tmp_path)
+    with pytest.raises(SystemExit) as e:
+        average_main(["--exp-dir", str(exp), "--last", last])
+    assert e.value.code == 2 and f"--last must be >= 1, got {last}" in capsys.readouterr().err
+    assert not (exp / "checkpoints" / "avg.pt").exists()
+
+
+def test_average_without_checkpoints_is_named(tmp_path, capsys):
+    assert average_main(["--exp-dir", str(tmp_path)]) == 2
+    assert f"no epoch checkpoints under {tmp_path}/checkpoints" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- inference
+
+@pytest.fixture
+def eval_dir(tmp_path):
+    return make_data_dir(tmp_path / "eval", {"a-1": "a", "a-2": "a", "b-1": "b"}, seconds=0.5,
+                         trials="a-1 a-2 target\na-1 b-1 nontarget\n")
+
+
+def test_corrupt_checkpoint_file_is_named_by_extraction(trained, tmp_path, eval_dir, capsys):
+    ck = tmp_path / "c.pt"
+    data = bytearray((trained[2] / "checkpoints" / "epoch_001.pt").read_bytes())
+    data[len(data) // 2:len(data) // 2 + 32] = b"\xff" * 32
+    ck.write_bytes(bytes(data))
+    out = tmp_path / "e.npz"
+    assert extract_main(["--checkpoint", str(ck), "--data", str(eval_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {ck} is corrupt" in err or f"checkpoint {ck} cannot be loaded" in err
+    assert not out.exists()
+
+
+def test_nan_utterance_is_named_and_no_embeddings_written(trained, tmp_path, eval_dir, capsys):
+    write_wav(eval_dir / "wav" / "a-2.wav", np.full(8000, np.nan, np.float32), subtype="FLOAT")
+    out = tmp_path / "e.npz"
+    assert extract_main(["--checkpoint", str(trained[2]), "--data", str(eval_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "1 input(s) gave a non-finite embedding" in err and f"{eval_dir / 'wav.scp'}:2: a-2" in err
+    assert not out.exists()
+
+
+def test_exp_dir_without_checkpoints_is_named(tmp_path, eval_dir, capsys):
+    (tmp_path / "empty").mkdir()
+    assert extract_main(["--checkpoint", str(tmp_path / "empty"), "--data", str(eval_dir),
+                         "--out", str(tmp_path / "e.npz")]) == 2
+    assert f"no checkpoint under {tmp_path / 'empty'}" in capsys.readouterr().err
+
+
+def test_state_dict_given_as_checkpoint_says_how_to_load_it(tmp_path, eval_dir, capsys):
+    torch.save(build_model("campplus", **TINY).state_dict(), tmp_path / "sd.pt")
+    assert extract_main(["--checkpoint", str(tmp_path / "sd.pt"), "--data", str(eval_dir),
+                         "--out", str(tmp_path / "e.npz")]) == 2
+    assert "not a speakerlab checkpoint" in capsys.readouterr().err
+
+
+def test_infer_score_of_a_nan_file_is_an_error(trained, tmp_path, capsys):
+    ok = write_wav(tmp_path / "ok.wav", 0.1 * np.random.default_rng(0).standard_normal(8000))
+    bad = write_wav(tmp_path / "bad.wav", np.full(8000, np.nan, np.float32), subtype="FLOAT")
+    assert infer_main(["--checkpoint", str(trained[2]), "--score", str(ok), str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert str(bad) in captured.err and "non-finite embedding" in captured.err and captured.out == ""
+
+
+def test_infer_with_a_file_at_another_rate_is_named(trained, tmp_path, capsys):
+    wav = write_wav(tmp_path / "a8k.wav", np.zeros(8000), sample_rate=8000)
+    assert infer_main(["--checkpoint", str(trained[2]), str(wav)]) == 2
+    assert f"{wav}: sample rate 8000 Hz, expected 16000 Hz" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- features stage
+
+def test_prepare_names_a_stereo_file(tmp_path, capsys):
+    root = make_data_dir(tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25)
+    write_wav(root / "wav" / "b-1.wav", np.zeros((4000, 2)))
+    assert prepare_main(["--data", str(root)]) == 2
+    assert f"{root / 'wav.scp'}:2:" in capsys.readouterr().err and not (root / "utt2num_samples").exists()
+
+
+# ---------------------------------------------------------------- recipes
+
+@pytest.mark.parametrize("args, message", [
+    (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
+    (["--stop_stage", "9"], "--stop_stage must be a stage number from 1 to 7, got '9'"),
+    (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
+    (["--stag", "3"], "unknown option --stag"),
+    (["--http_proxy", "x"], "unknown option --http_proxy"),
+])
+@pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb"])
+def test_recipe_option_errors(recipe, args, message, tmp_path):
+    r = subprocess.run(["bash", str(ROOT / "egs" / recipe / "run.sh"), *args], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "http_proxy": "http://proxy.invalid:3128"}, cwd=tmp_path)
+    assert r.returncode == 1 and message in r.stderr and r.stdout == ""
