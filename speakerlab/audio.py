@@ -41,6 +41,20 @@ def read_audio(path: str, sample_rate: int = 16000) -> np.ndarray:
     return wave[:, 0]
 
 
+def read_segment(path: str, start: int, num_samples: int, sample_rate: int = 16000) -> np.ndarray:
+    """Samples [start, start + num_samples) of a mono file: `(num_samples,)` float32, read without
+    decoding the rest of the file (soundfile seeks)."""
+    try:
+        wave, sr = sf.read(path, start=start, frames=num_samples, dtype="float32", always_2d=True)
+    except Exception as e:
+        raise AudioError(f"{path}: cannot read audio: {e}") from None
+    if sr != sample_rate or wave.shape[1] != 1:
+        raise AudioError(f"{path}: expected {sample_rate} Hz mono, got {sr} Hz x {wave.shape[1]} channels")
+    if wave.shape[0] != num_samples:  # header claimed more frames than the file holds
+        raise AudioError(f"{path}: truncated file, read {wave.shape[0]} of {num_samples} samples at {start}")
+    return wave[:, 0]
+
+
 def read_crop(path: str, num_samples: int, total: int, rng: np.random.Generator,
               sample_rate: int = 16000) -> np.ndarray:
     """A random `(num_samples,)` float32 crop of a file with `total` samples.
@@ -51,17 +65,7 @@ def read_crop(path: str, num_samples: int, total: int, rng: np.random.Generator,
     sees at test time.
     """
     if total >= num_samples:
-        start = int(rng.integers(0, total - num_samples + 1))
-        try:
-            wave, sr = sf.read(path, start=start, frames=num_samples, dtype="float32", always_2d=True)
-        except Exception as e:
-            raise AudioError(f"{path}: cannot read audio: {e}") from None
-        if sr != sample_rate or wave.shape[1] != 1:
-            raise AudioError(f"{path}: expected {sample_rate} Hz mono, got {sr} Hz x {wave.shape[1]} channels")
-        wave = wave[:, 0]
-        if wave.shape[0] != num_samples:  # header claimed more frames than the file holds
-            raise AudioError(f"{path}: truncated file, read {wave.shape[0]} of {num_samples} samples at {start}")
-        return wave
+        return read_segment(path, int(rng.integers(0, total - num_samples + 1)), num_samples, sample_rate)
     wave = read_audio(path, sample_rate)
     if wave.shape[0] == 0:
         raise AudioError(f"{path}: empty audio file")

@@ -105,13 +105,16 @@ class Embedder:
         return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
 
 
-def length_batches(frames: Sequence[int], max_batch: int, pad_ratio: float) -> List[List[int]]:
+def length_batches(frames: Sequence[int], max_batch: int, pad_ratio: float,
+                   max_total: Optional[int] = None) -> List[List[int]]:
     """Indices of `frames`, sorted by length, in batches of <= max_batch whose longest is at most
-    (1 + pad_ratio) x their shortest."""
+    (1 + pad_ratio) x their shortest and, with `max_total`, whose longest x size is at most that (a
+    bound on the padded batch, so long utterances come in small batches)."""
     order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
     batches: List[List[int]] = []
     for i in order:
-        if batches and len(batches[-1]) < max_batch and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio):
+        if batches and len(batches[-1]) < max_batch and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio) \
+                and (max_total is None or frames[i] * (len(batches[-1]) + 1) <= max_total):
             batches[-1].append(i)
         else:
             batches.append([i])
