@@ -62,10 +62,13 @@ class ModelSettings:
 
 @dataclass
 class LossSettings:
+    name: str = "aam"                    # aam (additive angular margin softmax) | sphereface2
     scale: float = 32.0                  # cosine logits are multiplied by this
     margin: float = 0.2                  # final additive angular margin (radians)
     margin_start_epoch: float = 0.0      # margin is 0 before this epoch ...
     margin_warmup_epochs: float = 0.0    # ... then rises linearly to `margin` over this many epochs
+    sphereface2_lambda: float = 0.7      # sphereface2: weight of the positive term (1 - it: the negatives)
+    sphereface2_t: int = 3               # sphereface2: exponent of the similarity adjustment g
 
 
 @dataclass
@@ -127,6 +130,7 @@ _CHOICES = {
     "hardware.precision": ("auto", "bf16", "fp16", "fp32"),
     "features.window_type": ("povey", "hamming", "hanning", "rectangular"),
     "optim.name": ("sgd", "adam", "adamw"),
+    "loss.name": ("aam", "sphereface2"),
 }
 
 

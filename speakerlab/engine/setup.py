@@ -18,7 +18,7 @@ from speakerlab.engine.distributed import DistInfo
 from speakerlab.features import Fbank, FbankConfig, mean_normalize
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
-from speakerlab.loss import AAMSoftmax
+from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.models import build_model
 
 
@@ -96,7 +96,11 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     with torch.no_grad():
         dim = model.eval()(torch.zeros(1, 200, cfg.features.num_mel_bins)).shape[-1]
     model.train()
-    classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
+    if cfg.loss.name == "sphereface2":
+        classifier = SphereFace2(dim, num_speakers, scale=cfg.loss.scale, margin=0.0,
+                                 lam=cfg.loss.sphereface2_lambda, t=cfg.loss.sphereface2_t)
+    else:
+        classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
     return SpeakerNet(model, classifier, autocast)
 
 
