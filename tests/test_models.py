@@ -139,3 +139,30 @@ def test_channels_last_matches(model):
         finally:
             model.to(memory_format=torch.contiguous_format)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# A few state-dict entries of WeSpeaker's checkpoint layout (module names and shapes of its ResNet and
+# Gemini_DF_ResNet at their VoxCeleb settings: 80 bins, 256-D, one embedding layer), which the
+# builders must reproduce for those checkpoints to load.
+WESPEAKER_KEYS = {
+    "resnet221": {"conv1.weight": (32, 1, 3, 3), "layer1.0.shortcut.0.weight": (128, 32, 1, 1),
+                  "layer3.47.conv3.weight": (512, 128, 1, 1), "layer4.2.bn3.running_var": (1024,),
+                  "seg_1.weight": (256, 2 * 1024 * 10)},
+    "resnet293": {"layer1.9.conv2.weight": (32, 32, 3, 3), "layer3.63.bn1.weight": (128,),
+                  "layer4.0.shortcut.1.weight": (1024,), "seg_1.weight": (256, 2 * 1024 * 10)},
+    "gemini_dfresnet114": {"downsample_layers.0.0.weight": (32, 1, 3, 3),
+                           "downsample_layers.4.0.weight": (256, 128, 3, 3),
+                           "stages.2.26.conv2.weight": (512, 1, 3, 3), "seg_1.weight": (256, 2 * 256 * 5)},
+    "gemini_dfresnet183": {"stages.1.7.conv1.weight": (256, 64, 1, 1), "stages.2.44.conv3.weight": (128, 512, 1, 1),
+                           "seg_1.bias": (256,)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(WESPEAKER_KEYS))
+def test_wespeaker_state_dict_layout(name):
+    state = build_model(name).state_dict()
+    for key, shape in WESPEAKER_KEYS[name].items():
+        assert key in state, f"{name}: no {key}"
+        assert tuple(state[key].shape) == shape, f"{name}.{key}: {tuple(state[key].shape)} != {shape}"
+    # One embedding layer: the second one and its BN stay parameter-free, as in those checkpoints.
+    assert not any(k.startswith(("seg_2.", "seg_bn_1.")) for k in state)
