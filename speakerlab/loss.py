@@ -75,7 +75,9 @@ class SphereFace2(nn.Module):
             raise ValueError(f"t must be >= 1, got {t}")
         self.weight = nn.Parameter(torch.empty(num_classes, embedding_size))
         nn.init.xavier_uniform_(self.weight)
-        self.bias = nn.Parameter(torch.zeros(1, 1))  # (1, 1) like WeSpeaker's `projection.bias`
+        # Shape (1,) (WeSpeaker stores (1, 1)): 1-D, so build_optimizer exempts it from weight decay
+        # like every other bias; decay would pull the shared threshold toward 0 for no reason.
+        self.bias = nn.Parameter(torch.zeros(1))
         self.scale, self.lam, self.t = scale, lam, t
         self.register_buffer("margin", torch.tensor(float(margin)))
 

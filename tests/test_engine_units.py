@@ -6,7 +6,7 @@ import torch
 from speakerlab.config import ConfigError, load_config
 from speakerlab.engine.batch_plan import find_max_batch, plan_batches
 from speakerlab.engine.precision import device_type, resolve_precision
-from speakerlab.engine.setup import build_net
+from speakerlab.engine.setup import build_net, build_optimizer
 from speakerlab.loss import AAMSoftmax, SphereFace2
 
 
@@ -92,6 +92,13 @@ def test_build_net_picks_the_loss_head_and_trains_one_step(name, head):
     loss.backward()
     grads = [p.grad for p in net.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    opt = build_optimizer(cfg, net)
+    before = net.classifier.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, net.classifier.weight)
+    if name == "sphereface2":  # the shared bias is a bias: no weight decay
+        no_decay = [p for g in opt.param_groups if g["weight_decay"] == 0.0 for p in g["params"]]
+        assert any(p is net.classifier.bias for p in no_decay)
 
 
 def test_unknown_loss_name_is_a_config_error():
