@@ -123,10 +123,13 @@ class ModelSettings:
 
 @dataclass
 class LossSettings:
+    name: str = setting("aam", choices=("aam", "sphereface2"))   # classifier head: additive angular margin | SphereFace2
     scale: float = setting(32.0, gt=0)                      # cosine logits are multiplied by this
-    margin: float = setting(0.2, ge=0, lt=1.5708)           # final additive angular margin (radians, < pi/2)
+    margin: float = setting(0.2, ge=0, lt=1.5708)           # final margin: angular (aam, radians) or cosine (sphereface2)
     margin_start_epoch: float = setting(0.0, ge=0)          # margin is 0 before this epoch ...
     margin_warmup_epochs: float = setting(0.0, ge=0)        # ... then rises linearly to `margin` over this many
+    sphereface2_lambda: float = setting(0.7, gt=0, lt=1)    # sphereface2: weight of the positive term
+    sphereface2_t: int = setting(3, ge=1)                   # sphereface2: exponent of the similarity adjustment
 
 
 @dataclass

@@ -1,8 +1,13 @@
+import contextlib
+
 import pytest
 import torch
 
+from speakerlab.config import ConfigError, load_config
 from speakerlab.engine.batch_plan import find_max_batch, plan_batches
 from speakerlab.engine.precision import device_type, resolve_precision
+from speakerlab.engine.setup import build_net, build_optimizer
+from speakerlab.loss import AAMSoftmax, SphereFace2
 
 
 @pytest.mark.parametrize("device,want", [("cuda:3", "cuda"), ("cuda", "cuda"), ("cpu", "cpu"),
@@ -67,3 +72,35 @@ def test_auto_batch_with_fake_memory_limit():
     assert (plan.per_device, plan.accumulation) == (32, 4)
     assert plan.describe() == "global 256 = 2 device(s) x 32 x accum 4"
     assert find_max_batch(lambda b: False) is None
+
+
+# A CAM++ small enough for a training step in well under a second.
+_TINY_CAMPPLUS = {"embedding_size": 16, "growth_rate": 8, "init_channels": 16, "m_channels": 4,
+                  "fcm_blocks": [1, 1], "num_layers": [1, 1, 1]}
+
+
+@pytest.mark.parametrize("name,head", [("aam", AAMSoftmax), ("sphereface2", SphereFace2)])
+def test_build_net_picks_the_loss_head_and_trains_one_step(name, head):
+    cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"},
+                           "loss": {"name": name, "sphereface2_t": 2}})
+    torch.manual_seed(0)
+    net = build_net(cfg, num_speakers=7, autocast=contextlib.nullcontext)
+    assert type(net.classifier) is head
+    net.classifier.set_margin(0.2)
+    loss, cos = net(torch.randn(4, 120, 80), torch.tensor([0, 3, 6, 3]))
+    assert cos.shape == (4, 7) and torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in net.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    opt = build_optimizer(cfg, net)
+    before = net.classifier.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, net.classifier.weight)
+    if name == "sphereface2":  # the shared bias is a bias: no weight decay
+        no_decay = [p for g in opt.param_groups if g["weight_decay"] == 0.0 for p in g["params"]]
+        assert any(p is net.classifier.bias for p in no_decay)
+
+
+def test_unknown_loss_name_is_a_config_error():
+    with pytest.raises(ConfigError, match="loss.name"):
+        load_config(raw={"model": {"name": "campplus"}, "data": {"train": "x"}, "loss": {"name": "softmax"}})

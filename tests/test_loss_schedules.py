@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speakerlab.loss import AAMSoftmax
+from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.schedules import lr_at, margin_at
 
 
@@ -40,6 +40,68 @@ def test_aam_is_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, cos = head(torch.randn(4, 8, dtype=torch.bfloat16), torch.tensor([0, 1, 2, 3]))
     assert loss.dtype == torch.float32 and cos.dtype == torch.float32
+
+
+def _sphereface2_by_loop(emb, weight, bias, labels, scale, margin, lam, t):
+    """SphereFace2-C loss written out sample by sample and class by class, in float64 Python scalars:
+    g(c) = 2((c + 1) / 2)^t - 1; target logit scale*(g - m) + b, others scale*(g + m) + b;
+    loss = mean_i [lam * log(1 + exp(-z_iy)) + (1 - lam) * sum_{j != y} log(1 + exp(z_ij))]
+    (the paper's formula times `scale`, as WeSpeaker trains it)."""
+    total = 0.0
+    for i in range(emb.shape[0]):
+        e = emb[i].double() / emb[i].double().norm()
+        for j in range(weight.shape[0]):
+            w = weight[j].double() / weight[j].double().norm()
+            c = min(1.0, max(-1.0, float(e @ w)))
+            g = 2.0 * ((c + 1.0) / 2.0) ** t - 1.0
+            if j == int(labels[i]):
+                total += lam * math.log1p(math.exp(-(scale * (g - margin) + bias)))
+            else:
+                total += (1.0 - lam) * math.log1p(math.exp(scale * (g + margin) + bias))
+    return total / emb.shape[0]
+
+
+@pytest.mark.parametrize("margin,t,bias", [(0.2, 3, 0.0), (0.35, 2, -1.5), (0.0, 1, 0.7)])
+def test_sphereface2_matches_per_class_loop(margin, t, bias):
+    torch.manual_seed(2)
+    head = SphereFace2(8, 5, scale=16.0, margin=margin, lam=0.7, t=t)
+    with torch.no_grad():
+        head.bias.fill_(bias)
+    emb, labels = torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 4, 2])
+    loss, cos = head(emb, labels)
+    torch.testing.assert_close(cos, F.normalize(emb) @ F.normalize(head.weight).T)
+    want = _sphereface2_by_loop(emb, head.weight.detach(), bias, labels, 16.0, margin, 0.7, t)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+
+
+def test_sphereface2_margin_is_settable_and_raises_loss():
+    torch.manual_seed(3)
+    head = SphereFace2(8, 5, margin=0.0)
+    emb, labels = torch.randn(16, 8), torch.randint(0, 5, (16,))
+    l0, _ = head(emb, labels)
+    head.set_margin(0.2)
+    l1, _ = head(emb, labels)
+    assert l1 > l0
+    assert head.state_dict()["margin"].item() == pytest.approx(0.2)
+    assert set(head.state_dict()) == {"weight", "bias", "margin"}
+
+
+def test_sphereface2_backward_and_fp32_under_bf16_autocast():
+    head = SphereFace2(8, 5)
+    emb = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, cos = head(emb, torch.tensor([0, 1, 2, 3]))
+    assert loss.dtype == torch.float32 and cos.dtype == torch.float32
+    loss.backward()
+    for g in (emb.grad, head.weight.grad, head.bias.grad):
+        assert g is not None and torch.isfinite(g.float()).all() and g.abs().sum() > 0
+
+
+def test_sphereface2_rejects_bad_hyperparameters():
+    with pytest.raises(ValueError, match="lam"):
+        SphereFace2(8, 5, lam=1.0)
+    with pytest.raises(ValueError, match="t must be"):
+        SphereFace2(8, 5, t=0)
 
 
 def test_lr_schedule_shape():

@@ -24,9 +24,48 @@ def model(request):
     return build_model(request.param, feat_dim=FEAT_DIM).eval()
 
 
+# Published parameter counts in millions, as printed (a string keeps the printed precision), for each
+# builder's defaults. Sources:
+#   3D-Speaker README (modelscope/3D-Speaker, VoxCeleb table): ResNet34 6.34 M, ECAPA-TDNN 20.8 M,
+#     ERes2Net-base 6.61 M, ERes2Net-large 22.46 M, ERes2NetV2 17.8 M;
+#     egs/voxceleb/sv-cam++/README.md: CAM++ 7.18M (512-D embedding).
+#   WeSpeaker examples/voxceleb/v2/README.md (wenet-e2e/wespeaker): ECAPA_TDNN_GLOB_c512-ASTP-emb192
+#     6.19M, ResNet221-TSTP-emb256 23.79M, ResNet293-TSTP-emb256 28.62M, Gemini_DFResNet114 6.53M.
+#   Gemini DF-ResNet183: 9.20 M, from the Golden Gemini paper (Liu et al., arXiv:2312.03620) table of
+#     Gemini DF-ResNets.
+PUBLISHED_MPARAMS = {
+    "campplus": "7.18",
+    "ecapa_tdnn_c512": "6.19",
+    "ecapa_tdnn_c1024": "20.8",
+    "eres2net_base": "6.61",
+    "eres2net_large": "22.46",
+    "eres2netv2": "17.8",
+    "resnet34": "6.34",
+    "resnet221": "23.79",
+    "resnet293": "28.62",
+    "gemini_dfresnet114": "6.53",
+    "gemini_dfresnet183": "9.20",
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_parameter_count_matches_published(name):
+    """Within one unit of the published figure's last digit: sources both round (CAM++ 7.176 M ->
+    7.18) and truncate (ERes2NetV2 17.86 M -> 17.8, ResNet293 28.626 M -> 28.62)."""
+    assert name in PUBLISHED_MPARAMS, f"{name} is registered but has no published parameter count in the table"
+    printed = PUBLISHED_MPARAMS[name]
+    unit = 10.0 ** -len(printed.split(".")[1])
+    count = sum(p.numel() for p in build_model(name).parameters())
+    assert abs(count / 1e6 - float(printed)) < unit, f"{name}: {count} parameters, published {printed} M"
+
+
 def test_registry_is_populated():
     for name in ["campplus", "ecapa_tdnn_c1024", "ecapa_tdnn_c512"]:
         assert name in MODELS
+
+
+def test_model_exposes_feat_dim(model):
+    assert isinstance(model.feat_dim, int) and model.feat_dim == FEAT_DIM
 
 
 def test_forward_shape_and_lengths(model):
@@ -101,3 +140,30 @@ def test_channels_last_matches(model):
         finally:
             model.to(memory_format=torch.contiguous_format)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# A few state-dict entries of WeSpeaker's checkpoint layout (module names and shapes of its ResNet and
+# Gemini_DF_ResNet at their VoxCeleb settings: 80 bins, 256-D, one embedding layer), which the
+# builders must reproduce for those checkpoints to load.
+WESPEAKER_KEYS = {
+    "resnet221": {"conv1.weight": (32, 1, 3, 3), "layer1.0.shortcut.0.weight": (128, 32, 1, 1),
+                  "layer3.47.conv3.weight": (512, 128, 1, 1), "layer4.2.bn3.running_var": (1024,),
+                  "seg_1.weight": (256, 2 * 1024 * 10)},
+    "resnet293": {"layer1.9.conv2.weight": (32, 32, 3, 3), "layer3.63.bn1.weight": (128,),
+                  "layer4.0.shortcut.1.weight": (1024,), "seg_1.weight": (256, 2 * 1024 * 10)},
+    "gemini_dfresnet114": {"downsample_layers.0.0.weight": (32, 1, 3, 3),
+                           "downsample_layers.4.0.weight": (256, 128, 3, 3),
+                           "stages.2.26.conv2.weight": (512, 1, 3, 3), "seg_1.weight": (256, 2 * 256 * 5)},
+    "gemini_dfresnet183": {"stages.1.7.conv1.weight": (256, 64, 1, 1), "stages.2.44.conv3.weight": (128, 512, 1, 1),
+                           "seg_1.bias": (256,)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(WESPEAKER_KEYS))
+def test_wespeaker_state_dict_layout(name):
+    state = build_model(name).state_dict()
+    for key, shape in WESPEAKER_KEYS[name].items():
+        assert key in state, f"{name}: no {key}"
+        assert tuple(state[key].shape) == shape, f"{name}.{key}: {tuple(state[key].shape)} != {shape}"
+    # One embedding layer: the second one and its BN stay parameter-free, as in those checkpoints.
+    assert not any(k.startswith(("seg_2.", "seg_bn_1.")) for k in state)

@@ -66,7 +66,7 @@ class ScheduleChanged(RuntimeError):
 
 # Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
 # epoch) or the data order. The hardware section is free to change: results do not depend on it.
-SCHEDULE_KEYS = ("model.name", "model.args", "data.train", "data.crop_seconds", "train.global_batch_size",
+SCHEDULE_KEYS = ("model.name", "model.args", "loss.name", "data.train", "data.crop_seconds", "train.global_batch_size",
                  "train.epochs", "train.seed", "optim.name", "optim.lr", "optim.min_lr", "optim.warmup_epochs",
                  "loss.scale", "loss.margin", "loss.margin_start_epoch", "loss.margin_warmup_epochs")
 

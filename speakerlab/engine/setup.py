@@ -28,7 +28,7 @@ from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_f
 from speakerlab.features import Fbank, fbank_config, num_frames
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
-from speakerlab.loss import AAMSoftmax
+from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.speed import speed_speaker_names
 
@@ -44,7 +44,7 @@ def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: 
 
 
 class SpeakerNet(nn.Module):
-    """Features -> embedding model -> AAM classifier, as one module so DDP sees every parameter.
+    """Features -> embedding model -> margin classifier (AAM or SphereFace2), one module so DDP sees every parameter.
 
     `forward(feats (B, T, F), labels (B,)) -> (loss, cosine logits (B, S))`; autocast applies to the
     embedding model only: the classifier computes in fp32.
@@ -138,7 +138,11 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     with torch.no_grad():
         dim = model.eval()(torch.zeros(1, 200, cfg.features.num_mel_bins)).shape[-1]
     model.train()
-    classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
+    if cfg.loss.name == "sphereface2":
+        classifier = SphereFace2(dim, num_speakers, scale=cfg.loss.scale, margin=0.0,
+                                 lam=cfg.loss.sphereface2_lambda, t=cfg.loss.sphereface2_t)
+    else:
+        classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
     return SpeakerNet(model, classifier, autocast)
 
 

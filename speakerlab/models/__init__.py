@@ -6,7 +6,7 @@
 from speakerlab.models.registry import build_model, list_models, model_args_problems, register
 
 # Importing a family module registers its builders.
-from speakerlab.models import campplus, ecapa_tdnn, eres2net, eres2netv2, resnet  # noqa: F401,E402
+from speakerlab.models import campplus, dfresnet, ecapa_tdnn, eres2net, eres2netv2, resnet  # noqa: F401,E402
 from speakerlab.models.compat import load_3dspeaker  # noqa: E402
 
 __all__ = ["build_model", "list_models", "load_3dspeaker", "model_args_problems", "register"]

@@ -232,6 +232,7 @@ class CAMPPlus(nn.Module):
                  seg_len: int = 100, memory_efficient: bool = False):
         super().__init__()
         assert len(num_layers) == len(kernel_sizes) == len(dilations)
+        self.feat_dim = feat_dim
         self.head = FCM(feat_dim, m_channels, fcm_blocks)
         layers = [("tdnn", TDNNLayer(self.head.out_channels, init_channels, 5, stride=2))]
         channels = init_channels

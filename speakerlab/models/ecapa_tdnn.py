@@ -166,6 +166,7 @@ class ECAPATDNN(nn.Module):
                  global_context: bool = True):
         super().__init__()
         assert len(channels) == len(kernel_sizes) == len(dilations) >= 3
+        self.feat_dim = feat_dim
         self.blocks = nn.ModuleList([TDNNBlock(feat_dim, channels[0], kernel_sizes[0], dilations[0])])
         for i in range(1, len(channels) - 1):
             self.blocks.append(SERes2NetBlock(channels[i - 1], channels[i], res2net_scale, se_channels,

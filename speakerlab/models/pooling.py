@@ -8,13 +8,18 @@ import torch.nn as nn
 class TSTP(nn.Module):
     """Temporal statistics pooling for 2-D conv trunks (ResNet / ERes2Net).
 
-    `(B, C, F, T) -> (B, 2 * C * F)`: mean and std (unbiased, + 1e-8 under the root) over time,
-    each flattened over (C, F), then concatenated.
+    `(B, C, F, T) -> (B, 2 * C * F)`: mean and std (unbiased, + `eps` under the root) over time,
+    each flattened over (C, F), then concatenated. `eps` is 1e-8 in 3D-Speaker, 1e-7 in WeSpeaker:
+    each model family keeps its source's value so released weights give the same embeddings.
     """
+
+    def __init__(self, eps: float = 1e-8):
+        super().__init__()
+        self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean = x.mean(dim=-1).flatten(start_dim=1)
-        std = torch.sqrt(torch.var(x, dim=-1, unbiased=True) + 1e-8).flatten(start_dim=1)
+        std = torch.sqrt(torch.var(x, dim=-1, unbiased=True) + self.eps).flatten(start_dim=1)
         return torch.cat([mean, std], dim=1)
 
 
