@@ -7,6 +7,12 @@ Each row times full optimizer steps (fbank -> model -> AAM loss -> backward -> S
 "synthetic" feeds random waves already on the device (the data pipeline excluded); "loader" feeds
 the real DataLoader of `--data` (audio reading and crops included). Prints the command and the
 machine so figures can be quoted with them.
+
+Precisions: `bf16`, `fp16` (autocast, GradScaler), `tf32` (fp32 with TF32 matmul/convolution on
+Ampere and newer), `fp32` (TF32 off). MFU (model FLOP utilisation) = measured FLOP/s over the card's
+dense peak for that precision; the FLOPs of one step are counted once with torch's FlopCounterMode
+(matmul and convolution, forward and backward). `--markdown` prints rows in bench/RESULTS.md's
+layout (`model | precision | pipeline | per-card batch | samples/s | MFU % | GPU | torch | date | command`).
 """
 from __future__ import annotations
 
@@ -29,11 +35,40 @@ from speakerlab.engine.setup import build_frontend, build_net, build_optimizer, 
 from speakerlab.features import compute_features  # noqa: E402
 
 
+# Dense peak TFLOP/s per card and precision (vendor data sheets, SXM parts; no sparsity).
+PEAK_TFLOPS = {
+    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "V100": {"fp16": 125.0, "fp32": 15.7, "tf32": 15.7},
+}
+
+
+def peak_tflops(gpu_name: str, precision: str):
+    for key, peaks in PEAK_TFLOPS.items():
+        if key in gpu_name:
+            return peaks.get(precision)
+    return None
+
+
+def step_flops(net, feats, labels) -> float:
+    """FLOPs of one forward + backward of `net` on this batch (matmul and convolution)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss, _ = net(feats, labels)
+        loss.backward()
+    net.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
 def bench_one(name, precision, batch, args, device):
     raw = {"model": {"name": name}, "data": {"train": args.data or "unused", "crop_seconds": args.crop},
-           "hardware": {"device": device.type, "precision": precision, "num_workers": args.workers}}
+           "hardware": {"device": device.type, "precision": "fp32" if precision == "tf32" else precision,
+                        "num_workers": args.workers}}
     cfg = load_config(raw=raw)
-    prec = resolve_precision(precision, device, tf32=True)
+    prec = resolve_precision(cfg.hardware.precision, device, tf32=precision != "fp32")
     num_speakers = 1000
     data = None
     if args.data:
@@ -63,6 +98,8 @@ def bench_one(name, precision, batch, args, device):
             epoch += 1
 
     it = batches()
+    feats0, labels0 = next(it)
+    flops = step_flops(net, feats0, labels0)
 
     def step():
         feats, labels = next(it)
@@ -84,7 +121,7 @@ def bench_one(name, precision, batch, args, device):
         step()
     sync()
     dt = time.perf_counter() - t0
-    return batch * args.steps / dt, dt / args.steps
+    return batch * args.steps / dt, dt / args.steps, flops * args.steps / dt
 
 
 def main(argv=None) -> int:
@@ -99,17 +136,19 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="rows for bench/RESULTS.md")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    precisions = args.precisions or (["bf16", "fp32"] if device.type == "cuda" else ["fp32"])
+    precisions = args.precisions or (["bf16", "tf32", "fp32"] if device.type == "cuda" else ["fp32"])
     batches = args.batches or ([64, 128] if device.type == "cuda" else [16])
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"# command: python {' '.join(map(shlex.quote, sys.argv))}")
     print(f"# device: {device.type} ({gpu}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"crop {args.crop}s, {args.steps} timed steps after {args.warmup} warm-up")
-    print(f"{'model':<18}{'precision':<10}{'batch':>6}  {'pipeline':<10}{'samples/s':>10}{'s/step':>9}")
+    print(f"{'model':<18}{'precision':<10}{'batch':>6}  {'pipeline':<10}{'samples/s':>10}{'s/step':>9}{'MFU %':>8}")
+    command = "python " + " ".join(map(shlex.quote, sys.argv))
     for name in args.models:
         for precision in precisions:
             for batch in batches:
@@ -118,8 +157,15 @@ def main(argv=None) -> int:
                     saved, args_data = args.data, (args.data if pipe == "loader" else None)
                     args.data = args_data
                     try:
-                        sps, sec = bench_one(name, precision, batch, args, device)
-                        print(f"{name:<18}{precision:<10}{batch:>6}  {pipe:<10}{sps:>10.1f}{sec:>9.3f}", flush=True)
+                        sps, sec, flop_s = bench_one(name, precision, batch, args, device)
+                        peak = peak_tflops(gpu, precision) if device.type == "cuda" else None
+                        mfu = f"{100 * flop_s / (peak * 1e12):.1f}" if peak else "-"
+                        if args.markdown:
+                            print(f"| {name} | {precision} | {pipe} | {batch} | {sps:.0f} | {mfu} | {gpu} | "
+                                  f"{torch.__version__} | {time.strftime('%Y-%m-%d')} | `{command}` |", flush=True)
+                        else:
+                            print(f"{name:<18}{precision:<10}{batch:>6}  {pipe:<10}{sps:>10.1f}{sec:>9.3f}{mfu:>8}",
+                                  flush=True)
                     except torch.OutOfMemoryError:
                         print(f"{name:<18}{precision:<10}{batch:>6}  {pipe:<10}{'OOM':>10}", flush=True)
                     finally:
