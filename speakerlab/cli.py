@@ -52,6 +52,9 @@ from speakerlab.metrics import error_rates
 from speakerlab.resample import read_for_model
 
 DEFAULT_THRESHOLD = 0.5
+# Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
+# padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
+MIN_FRAMES = 10
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
 BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError)
 
@@ -92,15 +95,19 @@ def model_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
 
 
 def read_wave(embedder: Embedder, path: str, where: str = "") -> np.ndarray:
-    """`path` at the embedder's rate, `(samples,)` float32; too short for one fbank frame is an error
-    (the model's statistics pooling would return NaN). `where` prefixes messages (a wav.scp line)."""
+    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES fbank frames is an error.
+    `where` prefixes messages (a wav.scp line)."""
     warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
     try:
         wave = read_for_model(path, embedder.sample_rate, warn)
     except AudioError as e:
         raise AudioError(f"{where}{e}") from None
-    if num_frames(len(wave), embedder.spec.fbank) < 2:
-        raise AudioError(f"{where}{path}: too short ({len(wave) / embedder.sample_rate:.3f} s) for an embedding")
+    frames = num_frames(len(wave), embedder.spec.fbank)
+    if frames < MIN_FRAMES:
+        raise AudioError(
+            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} fbank "
+            f"frame(s), need {MIN_FRAMES}"
+        )
     return wave
 
 

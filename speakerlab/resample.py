@@ -6,9 +6,10 @@ resample it in torch to the model's rate.
 Training reads 16 kHz mono only (speakerlab.audio refuses anything else, so a mislabelled corpus is
 caught); inference tools take what users have. Sample-rate conversion is `speakerlab.speed.Resampler`
 (the polyphase filter of `scipy.signal.resample_poly`) with up / down = target / source in lowest terms:
-8000 -> 16000 is 2 / 1, 44100 -> 16000 is 160 / 441. Its weights are `up x (about down + 20)` floats,
-so ratios with large terms are refused (`MAX_POLYPHASE`) rather than building a huge filter; every
-common rate (8, 11.025, 12, 22.05, 24, 32, 44.1, 48, 88.2, 96, 192 kHz) is far below that.
+8000 -> 16000 is 2 / 1, 44100 -> 16000 is 160 / 441. Its polyphase weights hold about
+up x down + 20 x max(up, down) floats (44.1 kHz: 79 k; 11.025 kHz, 640 / 441: 295 k), so a ratio above
+`MAX_WEIGHTS` (a rate like 16001 Hz) is refused rather than building a filter of gigabytes; every common
+rate (8, 11.025, 12, 16, 22.05, 24, 32, 44.1, 48, 88.2, 96, 192 kHz) to 16 or 8 kHz is well below it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import soundfile as sf
 import torch
 
 from speakerlab.audio import AudioError
-from speakerlab.speed import Resampler
+from speakerlab.speed import ZERO_CROSSINGS, Resampler
 
-# up x down bound: the polyphase weights hold about up x (down + 20) floats. 11025 -> 16000
-# (640 / 441) needs 0.3 M; 1 M floats (4 MB) admits every common rate pair.
-MAX_POLYPHASE = 1_000_000
+MAX_WEIGHTS = 1_000_000  # floats (4 MB) of polyphase weights; see the module docstring
 
 
 class MultiChannelWarning(UserWarning):
@@ -37,15 +36,16 @@ class MultiChannelWarning(UserWarning):
 def rate_ratio(source: int, target: int) -> Tuple[int, int]:
     """Sample rates -> (up, down), up / down = target / source in lowest terms (44100, 16000 -> (160, 441)).
 
-    Raises ValueError for a rate that is not positive, or a ratio whose terms exceed `MAX_POLYPHASE`."""
+    Raises ValueError for a rate that is not positive, or a ratio whose filter would exceed `MAX_WEIGHTS`."""
     if source <= 0 or target <= 0:
         raise ValueError(f"sample rates must be > 0, got {source} -> {target}")
     ratio = Fraction(int(target), int(source))
     up, down = ratio.numerator, ratio.denominator
-    if up * down > MAX_POLYPHASE:
+    weights = up * down + 2 * ZERO_CROSSINGS * max(up, down)  # Resampler's (up, 1, taps) weight, about
+    if weights > MAX_WEIGHTS:
         raise ValueError(
-            f"cannot resample {source} Hz -> {target} Hz: the ratio {up}/{down} needs a "
-            f"polyphase filter of {up} x {down} phases; convert the file first (e.g. sox)"
+            f"cannot resample {source} Hz -> {target} Hz: the ratio {up}/{down} needs a polyphase filter of "
+            f"about {weights} weights (limit {MAX_WEIGHTS}); convert the file first (e.g. sox)"
         )
     return up, down
 

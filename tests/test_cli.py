@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
-from speakerlab.cli import DEFAULT_THRESHOLD, eer_threshold, embed, run_embed, run_verify, verify
+from speakerlab.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, embed, run_embed, run_verify, verify
 from speakerlab.embedder import load_embedder
 from speakerlab.extract import load_embeddings
 from speakerlab.features import FbankConfig, FeatureSpec, compute_features
 from speakerlab.models import build_model
-from speakerlab.resample import MAX_POLYPHASE, MultiChannelWarning, _resampler, rate_ratio, read_for_model, resample
+from speakerlab.resample import MAX_WEIGHTS, MultiChannelWarning, _resampler, rate_ratio, read_for_model, resample
 from tests.helpers import write_wav
 
 TINY = {
@@ -98,12 +98,14 @@ def test_resample_matches_scipy_resample_poly(source, target):
 
 def test_resampler_filter_sizes_stay_small():
     assert rate_ratio(44100, 16000) == (160, 441) and rate_ratio(8000, 16000) == (2, 1)
-    # 44.1 kHz: 160 phases of a few hundred taps; 11.025 kHz (the largest common up x down) likewise.
-    assert _resampler(160, 441).weight.numel() < 100_000
-    assert _resampler(640, 441).weight.numel() < 400_000
+    for source in (8000, 11025, 12000, 22050, 24000, 32000, 44100, 48000, 88200, 96000, 192000):
+        for target in (16000, 8000):
+            up, down = rate_ratio(source, target)
+            if up != down:
+                assert _resampler(up, down).weight.numel() <= MAX_WEIGHTS
+    assert _resampler(160, 441).weight.numel() < 80_000  # 44.1 kHz: 160 phases x 493 taps
     with pytest.raises(ValueError, match="16001 Hz -> 16000 Hz"):
-        rate_ratio(16001, 16000)  # 16000 x 16001 phases > MAX_POLYPHASE
-    assert 16000 * 16001 > MAX_POLYPHASE
+        rate_ratio(16001, 16000)  # 16000 x 16001 phases: about 256 M weights
 
 
 def test_read_for_model_takes_the_first_channel_with_a_warning(tmp_path):
@@ -190,13 +192,16 @@ def test_verify_prints_the_cosine_of_the_embeddings_embed_writes(ckpt, wavs, tmp
 
 
 def test_ark_output_writes_ark_scp_and_npz(ckpt, wavs, tmp_path):
-    scp = write_scp(tmp_path / "wav.scp", [("x", wavs[2])])
+    noise = 0.1 * np.random.default_rng(5).standard_normal(400 + (MIN_FRAMES - 1) * 160)
+    shortest = write_wav(tmp_path / "shortest.wav", noise)  # exactly MIN_FRAMES fbank frames: accepted
+    scp = write_scp(tmp_path / "wav.scp", [("x", wavs[2]), ("y", shortest)])
     assert run_embed([str(scp), str(tmp_path / "k" / "e.ark"), "--checkpoint", str(ckpt)]) == 0
     assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["e.ark", "e.npz", "e.scp"]
     kaldiio = pytest.importorskip("kaldiio")
-    np.testing.assert_array_equal(
-        kaldiio.load_scp(str(tmp_path / "k" / "e.scp"))["x"], load_embeddings(tmp_path / "k" / "e.npz")[1][0]
-    )
+    ark, (ids, emb) = kaldiio.load_scp(str(tmp_path / "k" / "e.scp")), load_embeddings(tmp_path / "k" / "e.npz")
+    assert ids == ["x", "y"] and np.isfinite(emb).all()
+    for i, u in enumerate(ids):
+        np.testing.assert_array_equal(ark[u], emb[i])
 
 
 def test_3dspeaker_state_dict(tmp_path, capsys):
@@ -307,11 +312,11 @@ def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
 
     missing, text = tmp_path / "missing.wav", tmp_path / "notes.wav"
     text.write_text("not audio\n")
-    short = write_wav(tmp_path / "short.wav", np.zeros(300))
+    short = write_wav(tmp_path / "short.wav", 0.1 * np.ones(400 + (MIN_FRAMES - 1) * 160 - 1))  # one frame short
     nan = write_wav(tmp_path / "nan.wav", np.full(16000, np.nan, np.float32), subtype="FLOAT")
     fails(run_verify, [wavs[0], str(missing), *model], missing)
     fails(run_verify, [str(text), wavs[0], *model], text)
-    fails(run_verify, [str(short), wavs[0], *model], short, "too short")
+    fails(run_verify, [str(short), wavs[0], *model], short, "too short for an embedding: 0.115 s, 9 fbank frame(s)")
     fails(run_verify, [wavs[0], str(nan), *model], nan, "non-finite")
     fails(run_verify, [*wavs[:2], "--checkpoint", str(tmp_path / "nothing.pt")], tmp_path / "nothing.pt")
     torch.save({"not": torch.zeros(1)}, tmp_path / "w.bin")
