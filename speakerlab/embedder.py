@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.audio import read_audio
 from speakerlab.checkpoint import load_given, rebuild_model
 from speakerlab.devices import resolve_device
 from speakerlab.features import Fbank, FbankConfig, FeatureSpec, compute_features, mean_normalize, num_frames
+from speakerlab.resample import read_for_model
 
 # The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
 # 25/10 ms povey frames, no dither, per-utterance mean normalisation.
@@ -62,8 +62,9 @@ class Embedder:
         return self.spec.sample_rate
 
     def read(self, path: str) -> np.ndarray:
-        """A whole mono file at this embedder's sample rate: `(samples,)` float32."""
-        return read_audio(path, self.sample_rate)
+        """A whole file at this embedder's sample rate: `(samples,)` float32. Other rates are resampled
+        in torch; a multi-channel file gives its first channel, with a warning naming it."""
+        return read_for_model(path, self.sample_rate)
 
     @torch.no_grad()
     def __call__(self, waves: torch.Tensor) -> torch.Tensor:

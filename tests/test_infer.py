@@ -42,13 +42,15 @@ def test_infer_from_3dspeaker_state_dict(tmp_path, wavs, capsys):
 
 
 def test_infer_reads_audio_at_the_checkpoint_rate(tmp_path, capsys):
-    """An 8 kHz model: 8 kHz files are embedded; a 16 kHz file is an error naming it (exit 2)."""
+    """An 8 kHz model: 8 kHz files are embedded; a 16 kHz file is resampled; a missing one is named (exit 2)."""
     model = build_model("campplus", **TINY)
     save_checkpoint(tmp_path / "c8.pt", Checkpoint("campplus", TINY, model.state_dict(),
                                                    FeatureSpec(FbankConfig(sample_rate=8000))))
     wav8 = write_wav(tmp_path / "a8.wav", 0.1 * np.random.default_rng(1).standard_normal(12000), sample_rate=8000)
     assert infer_main(["--checkpoint", str(tmp_path / "c8.pt"), str(wav8)]) == 0
     assert len(capsys.readouterr().out.split()) == 17
-    wav16 = write_wav(tmp_path / "a16.wav", np.zeros(16000))
-    assert infer_main(["--checkpoint", str(tmp_path / "c8.pt"), str(wav16)]) == 2
-    assert f"{wav16}: sample rate 16000 Hz, expected 8000 Hz" in capsys.readouterr().err
+    wav16 = write_wav(tmp_path / "a16.wav", 0.1 * np.random.default_rng(2).standard_normal(16000))
+    assert infer_main(["--checkpoint", str(tmp_path / "c8.pt"), str(wav16)]) == 0
+    assert len(capsys.readouterr().out.split()) == 17
+    assert infer_main(["--checkpoint", str(tmp_path / "c8.pt"), str(tmp_path / "none.wav")]) == 2
+    assert f"{tmp_path / 'none.wav'}: cannot read audio" in capsys.readouterr().err

@@ -1,0 +1,364 @@
+"""speakerlab-verify and speakerlab-embed (speakerlab.cli), and audio of any rate / channel count
+(speakerlab.resample)."""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.checkpoint import Checkpoint, save_checkpoint
+from speakerlab.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, embed, run_embed, run_verify, verify
+from speakerlab.embedder import load_embedder
+from speakerlab.extract import load_embeddings
+from speakerlab.features import FbankConfig, FeatureSpec, compute_features
+from speakerlab.models import build_model
+from speakerlab.resample import MAX_WEIGHTS, MultiChannelWarning, _resampler, rate_ratio, read_for_model, resample
+from tests.helpers import write_wav
+
+TINY = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "c.pt"
+    save_checkpoint(
+        path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(), FeatureSpec(FbankConfig()))
+    )
+    return path
+
+
+@pytest.fixture
+def wavs(tmp_path):
+    """Three 16 kHz mono files of 1.0, 1.2 and 1.4 s."""
+    rng = np.random.default_rng(0)
+    return [str(write_wav(tmp_path / f"w{i}.wav", 0.1 * rng.standard_normal(16000 + 3200 * i))) for i in range(3)]
+
+
+def write_scp(path: Path, entries) -> Path:
+    path.write_text("".join(f"{u} {p}\n" for u, p in entries))
+    return path
+
+
+def parse_verify(out: str):
+    """speakerlab-verify's stdout -> (score, threshold, decision line)."""
+    lines = out.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("score ") and lines[1].startswith("threshold ")
+    return float(lines[0].split()[1]), float(lines[1].split()[1]), lines[2]
+
+
+def cosine(a, b) -> float:
+    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_console_scripts_are_declared_and_exit_with_the_code():
+    tomllib = pytest.importorskip("tomllib" if __import__("sys").version_info >= (3, 11) else "tomli")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"speakerlab-verify": "speakerlab.cli:verify", "speakerlab-embed": "speakerlab.cli:embed"}
+    for entry in (verify, embed):
+        with pytest.raises(SystemExit) as e:
+            entry(["--checkpoint"])  # argparse: missing value
+        assert e.value.code == 2
+
+
+# --- resampling and reading ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source,target", [(8000, 16000), (11025, 16000), (22050, 16000), (44100, 16000), (48000, 16000), (16000, 8000)]
+)
+def test_resample_matches_scipy_resample_poly(source, target):
+    from scipy.signal import resample_poly
+
+    up, down = rate_ratio(source, target)
+    assert Fraction(up, down) == Fraction(target, source) and math.gcd(up, down) == 1
+    rng = np.random.default_rng(source)
+    # Full scale: a sweep plus noise, clipped to [-1, 1].
+    t = np.arange(source // 2) / source
+    x = np.clip(0.7 * np.sin(2 * np.pi * (200 + 4000 * t) * t) + 0.2 * rng.standard_normal(t.size), -1, 1)
+    ours = resample(x.astype(np.float32), source, target)
+    ref = resample_poly(x.astype(np.float32).astype(np.float64), up, down)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape == (-(-x.size * up // down),)
+    np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=0)  # float32 arithmetic vs scipy's float64
+
+
+def test_resampler_filter_sizes_stay_small():
+    assert rate_ratio(44100, 16000) == (160, 441) and rate_ratio(8000, 16000) == (2, 1)
+    for source in (8000, 11025, 12000, 22050, 24000, 32000, 44100, 48000, 88200, 96000, 192000):
+        for target in (16000, 8000):
+            up, down = rate_ratio(source, target)
+            if up != down:
+                assert _resampler(up, down).weight.numel() <= MAX_WEIGHTS
+    assert _resampler(160, 441).weight.numel() < 80_000  # 44.1 kHz: 160 phases x 493 taps
+    with pytest.raises(ValueError, match="16001 Hz -> 16000 Hz"):
+        rate_ratio(16001, 16000)  # 16000 x 16001 phases: about 256 M weights
+
+
+def test_read_for_model_takes_the_first_channel_with_a_warning(tmp_path):
+    rng = np.random.default_rng(1)
+    stereo = (0.1 * rng.standard_normal((8000, 2))).astype(np.float32)
+    path = write_wav(tmp_path / "st.wav", stereo, subtype="FLOAT")
+    with pytest.warns(MultiChannelWarning, match=re.escape(f"{path}: 2 channels, using the first")):
+        wave = read_for_model(str(path), 16000)
+    np.testing.assert_array_equal(wave, stereo[:, 0])
+    got = []
+    wave8 = read_for_model(str(path), 8000, warn=got.append)  # a callback instead of warnings.warn
+    assert got == [f"{path}: 2 channels, using the first"] and wave8.shape == (4000,)
+
+
+def band_limited(sample_rate: int, seconds: float = 1.5, fmax: float = 3000.0) -> np.ndarray:
+    """The same continuous signal sampled at any rate: 40 amplitude-modulated sinusoids of 100..fmax Hz."""
+    rng = np.random.default_rng(7)
+    f, a, ph, fm = (
+        rng.uniform(100, fmax, 40),
+        rng.uniform(0.2, 1, 40),
+        rng.uniform(0, 6.28, 40),
+        rng.uniform(1, 6, 40),
+    )
+    t = np.arange(int(seconds * sample_rate))[:, None] / sample_rate
+    x = (a * (1 + np.sin(2 * np.pi * fm * t + ph)) * np.sin(2 * np.pi * f * t + ph)).sum(axis=1)
+    return (0.5 * x / np.abs(x).max()).astype(np.float32)
+
+
+def test_other_rates_of_the_same_signal_embed_close_to_16k(ckpt, tmp_path, capsys):
+    """8 and 44.1 kHz files of one band-limited (< 3 kHz) signal vs its 16 kHz file, through speakerlab-embed.
+
+    Measured (this model and signal): the log-mel bins below about 2.8 kHz agree within 0.03 (8 kHz) and
+    0.06 (44.1 kHz, largest at the edges); the relative embedding distance |e - e16| / |e16| is 0.016
+    (44.1 kHz) and 0.063 (8 kHz), vs 0.35 for another signal. Asserted: < 0.1 for the features, < 0.05 and
+    < 0.15 for the embeddings. The 8 kHz file is further off because of the mel bins above about 6 kHz:
+    the 16 kHz file has no energy there at all (log floored at float eps), the upsampled one the resampling
+    filter's stopband leakage (about -57 dB), a few nats apart in the log domain."""
+    paths = {
+        sr: str(write_wav(tmp_path / f"s{sr}.wav", band_limited(sr), sr, subtype="FLOAT"))
+        for sr in (8000, 16000, 44100)
+    }
+    other = str(write_wav(tmp_path / "other.wav", band_limited(16000, fmax=2000.0)[::-1].copy(), subtype="FLOAT"))
+    scp = write_scp(tmp_path / "wav.scp", [*((f"r{sr}", p) for sr, p in paths.items()), ("other", other)])
+    assert run_embed([str(scp), str(tmp_path / "e.npz"), "--checkpoint", str(ckpt), "--device", "cpu"]) == 0
+    ids, emb = load_embeddings(tmp_path / "e.npz")
+    assert ids == ["r8000", "r16000", "r44100", "other"]
+    ref = emb[1]
+    dist = [float(np.linalg.norm(e - ref) / np.linalg.norm(ref)) for e in emb]
+    assert dist[2] < 0.05 and dist[0] < 0.15 and dist[3] > 2 * dist[0]
+
+    embedder = load_embedder(ckpt, device="cpu")
+    feats = {
+        sr: compute_features(embedder.fbank, torch.from_numpy(read_for_model(p, 16000))[None], False)[0]
+        for sr, p in paths.items()
+    }
+    low = slice(0, 48)  # mel bins whose upper edge is below about 2.8 kHz (of 80 bins, 20 Hz .. 8 kHz)
+    for sr in (8000, 44100):
+        assert feats[sr].shape == feats[16000].shape
+        assert float((feats[sr][:, low] - feats[16000][:, low]).abs().max()) < 0.1
+
+
+# --- the commands ------------------------------------------------------------------------------------------
+
+
+def test_verify_prints_the_cosine_of_the_embeddings_embed_writes(ckpt, wavs, tmp_path, capsys):
+    scp = write_scp(tmp_path / "wav.scp", [("b", wavs[1]), ("a", wavs[0])])
+    out = tmp_path / "out" / "emb.npz"
+    assert run_embed([str(scp), str(out), "--checkpoint", str(ckpt), "--device", "cpu", "--kaldi"]) == 0
+    ids, emb = load_embeddings(out)
+    assert ids == ["b", "a"] and emb.shape == (2, 16) and emb.dtype == np.float32  # wav.scp order
+    kaldiio = pytest.importorskip("kaldiio")
+    ark = {k: v for k, v in kaldiio.load_scp(str(out.with_suffix(".scp"))).items()}
+    assert list(ark) == ids and all(np.array_equal(ark[u], emb[i]) for i, u in enumerate(ids))
+    capsys.readouterr()
+
+    assert run_verify([wavs[0], wavs[1], "--checkpoint", str(ckpt), "--device", "cpu"]) == 0
+    score, threshold, decision = parse_verify(capsys.readouterr().out)
+    assert score == pytest.approx(cosine(emb[1], emb[0]), abs=2e-6)
+    assert threshold == DEFAULT_THRESHOLD
+    assert decision == ("same speaker" if score >= threshold else "different speakers")
+    for t, want in ((score - 0.01, "same speaker"), (score + 0.01, "different speakers")):
+        assert run_verify([wavs[0], wavs[1], "--checkpoint", str(ckpt), "--threshold", str(t)]) == 0
+        assert parse_verify(capsys.readouterr().out)[1:] == (pytest.approx(t, abs=1e-6), want)
+
+
+def test_ark_output_writes_ark_scp_and_npz(ckpt, wavs, tmp_path):
+    noise = 0.1 * np.random.default_rng(5).standard_normal(400 + (MIN_FRAMES - 1) * 160)
+    shortest = write_wav(tmp_path / "shortest.wav", noise)  # exactly MIN_FRAMES fbank frames: accepted
+    scp = write_scp(tmp_path / "wav.scp", [("x", wavs[2]), ("y", shortest)])
+    assert run_embed([str(scp), str(tmp_path / "k" / "e.ark"), "--checkpoint", str(ckpt)]) == 0
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["e.ark", "e.npz", "e.scp"]
+    kaldiio = pytest.importorskip("kaldiio")
+    ark, (ids, emb) = kaldiio.load_scp(str(tmp_path / "k" / "e.scp")), load_embeddings(tmp_path / "k" / "e.npz")
+    assert ids == ["x", "y"] and np.isfinite(emb).all()
+    for i, u in enumerate(ids):
+        np.testing.assert_array_equal(ark[u], emb[i])
+
+
+def test_3dspeaker_state_dict(tmp_path, capsys):
+    """A 3D-Speaker ResNet34 state dict (16 kHz features) on a 16 kHz and an 8 kHz file (short: a full-size model)."""
+    rng = np.random.default_rng(4)
+    wavs = [
+        str(write_wav(tmp_path / "a.wav", 0.1 * rng.standard_normal(8000))),
+        str(write_wav(tmp_path / "b8k.wav", 0.1 * rng.standard_normal(4800), sample_rate=8000)),
+    ]
+    torch.manual_seed(0)
+    weights = tmp_path / "pretrained.bin"
+    torch.save(build_model("resnet34").state_dict(), weights)
+    model = ["--3dspeaker", "resnet34", "--weights", str(weights), "--device", "cpu"]
+    scp = write_scp(tmp_path / "wav.scp", [("a", wavs[0]), ("b", wavs[1])])
+    assert run_embed([str(scp), str(tmp_path / "e.npz"), *model]) == 0
+    _, emb = load_embeddings(tmp_path / "e.npz")
+    assert emb.shape == (2, 192)
+    capsys.readouterr()
+    assert run_verify([wavs[0], wavs[1], *model]) == 0
+    assert parse_verify(capsys.readouterr().out)[0] == pytest.approx(cosine(emb[0], emb[1]), abs=2e-6)
+
+
+def test_two_channel_file_embeds_its_first_channel_with_a_warning(ckpt, tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    stereo = (0.1 * rng.standard_normal((20000, 2))).astype(np.float32)
+    two = write_wav(tmp_path / "two.wav", stereo, subtype="FLOAT")
+    first = write_wav(tmp_path / "first.wav", stereo[:, 0], subtype="FLOAT")
+    scp = write_scp(tmp_path / "wav.scp", [("two", two), ("first", first)])
+    assert run_embed([str(scp), str(tmp_path / "e.npz"), "--checkpoint", str(ckpt)]) == 0
+    assert f"warning: {scp}:1: two: {two}: 2 channels, using the first" in capsys.readouterr().err
+    _, emb = load_embeddings(tmp_path / "e.npz")
+    np.testing.assert_allclose(emb[0], emb[1], rtol=1e-5, atol=1e-6)  # batched together: float rounding
+    assert run_verify([str(two), str(first), "--checkpoint", str(ckpt)]) == 0
+    out = capsys.readouterr()
+    assert f"warning: {two}: 2 channels, using the first" in out.err
+    assert parse_verify(out.out)[0] == pytest.approx(1.0, abs=1e-6)
+
+
+def brute_force_eer_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Every distinct score t as 'target iff score >= t'; the t with the smallest |P_miss - P_fa|, the lowest
+    on a tie."""
+    tar, non = scores[labels], scores[~labels]
+    best_t, best = None, np.inf
+    for t in sorted(set(scores.tolist())):
+        gap = abs(np.mean(tar < t) - np.mean(non >= t))
+        if gap < best:
+            best_t, best = t, gap
+    return best_t
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_eer_threshold_is_where_miss_and_false_alarm_rates_cross(seed):
+    rng = np.random.default_rng(seed)
+    n_tar, n_non = int(rng.integers(5, 60)), int(rng.integers(5, 200))
+    labels = np.r_[np.ones(n_tar, bool), np.zeros(n_non, bool)]
+    scores = np.round(np.r_[rng.normal(0.6, 0.2, n_tar), rng.normal(0.2, 0.2, n_non)], 2)  # ties too
+    t, p_miss, p_fa = eer_threshold(scores, labels)
+    assert t == brute_force_eer_threshold(scores, labels)
+    assert p_miss == np.mean(scores[labels] < t) and p_fa == np.mean(scores[~labels] >= t)
+
+
+def test_verify_uses_the_calibration_lists_eer_threshold(ckpt, wavs, tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    spk = rng.standard_normal((5, 16))
+    ids = [f"s{i // 4}_{i % 4}" for i in range(20)]
+    emb = (spk[np.arange(20) // 4] + 0.8 * rng.standard_normal((20, 16))).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", ids=np.asarray(ids), embeddings=emb)
+    pairs = [(i, j) for i in range(20) for j in range(i + 1, 20)]
+    (tmp_path / "trials").write_text(
+        "".join(f"{ids[i]} {ids[j]} {'target' if i // 4 == j // 4 else 'nontarget'}\n" for i, j in pairs)
+    )
+    scores = np.array([cosine(emb[i], emb[j]) for i, j in pairs], np.float32)
+    labels = np.array([i // 4 == j // 4 for i, j in pairs])
+    want = brute_force_eer_threshold(scores, labels)
+    assert (
+        run_verify(
+            [
+                wavs[0],
+                wavs[1],
+                "--checkpoint",
+                str(ckpt),
+                "--calibration",
+                str(tmp_path / "trials"),
+                "--calibration-embeddings",
+                str(tmp_path / "cal.npz"),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    score, threshold, decision = parse_verify(out)
+    assert threshold == pytest.approx(want, abs=1e-5) and f"EER threshold of {tmp_path / 'trials'}" in out
+    assert decision == ("same speaker" if score >= threshold else "different speakers")
+
+
+def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
+    model = ["--checkpoint", str(ckpt), "--device", "cpu"]
+
+    def fails(run, argv, *names):
+        try:
+            code = run(argv)
+        except SystemExit as e:  # argparse's own errors (usage) exit 2 from the parser
+            code = e.code
+        assert code == 2
+        err = capsys.readouterr().err
+        for name in names:
+            assert str(name) in err, (name, err)
+
+    missing, text = tmp_path / "missing.wav", tmp_path / "notes.wav"
+    text.write_text("not audio\n")
+    short = write_wav(tmp_path / "short.wav", 0.1 * np.ones(400 + (MIN_FRAMES - 1) * 160 - 1))  # one frame short
+    nan = write_wav(tmp_path / "nan.wav", np.full(16000, np.nan, np.float32), subtype="FLOAT")
+    fails(run_verify, [wavs[0], str(missing), *model], missing)
+    fails(run_verify, [str(text), wavs[0], *model], text)
+    fails(run_verify, [str(short), wavs[0], *model], short, "too short for an embedding: 0.115 s, 9 fbank frame(s)")
+    fails(run_verify, [wavs[0], str(nan), *model], nan, "non-finite")
+    fails(run_verify, [*wavs[:2], "--checkpoint", str(tmp_path / "nothing.pt")], tmp_path / "nothing.pt")
+    torch.save({"not": torch.zeros(1)}, tmp_path / "w.bin")
+    fails(run_verify, [*wavs[:2], "--3dspeaker", "resnet34", "--weights", str(tmp_path / "w.bin")], tmp_path / "w.bin")
+    fails(run_verify, [*wavs[:2], "--3dspeaker", "resnet34"], "--3dspeaker needs --weights")
+    fails(run_verify, [*wavs[:2], *model, "--calibration", "t"], "go together")
+    # Calibration embeddings of another model (dimension 8), and a trial id without an embedding.
+    np.savez(tmp_path / "cal8.npz", ids=np.asarray(["a", "b"]), embeddings=np.ones((2, 8), np.float32))
+    (tmp_path / "trials").write_text("a b target\na c nontarget\n")
+    fails(
+        run_verify,
+        [
+            *wavs[:2],
+            *model,
+            "--calibration",
+            str(tmp_path / "trials"),
+            "--calibration-embeddings",
+            str(tmp_path / "cal8.npz"),
+        ],
+        tmp_path / "cal8.npz",
+    )
+    np.savez(tmp_path / "cal16.npz", ids=np.asarray(["a", "b"]), embeddings=np.ones((2, 16), np.float32))
+    fails(
+        run_verify,
+        [
+            *wavs[:2],
+            *model,
+            "--calibration",
+            str(tmp_path / "trials"),
+            "--calibration-embeddings",
+            str(tmp_path / "cal16.npz"),
+        ],
+        f"{tmp_path / 'trials'}:2",
+    )
+
+    out = tmp_path / "o" / "e.npz"
+    scp = write_scp(tmp_path / "wav.scp", [("a", wavs[0]), ("gone", missing)])
+    fails(run_embed, [str(scp), str(out), *model], f"{scp}:2: gone: {missing}")
+    (tmp_path / "bad.scp").write_text(f"a {wavs[0]}\nb\n")
+    fails(run_embed, [str(tmp_path / "bad.scp"), str(out), *model], f"{tmp_path / 'bad.scp'}:2")
+    scp = write_scp(tmp_path / "nan.scp", [("a", wavs[0]), ("n", nan)])
+    fails(run_embed, [str(scp), str(out), *model], f"{scp}:2: n: {nan}", "non-finite")
+    fails(run_embed, [str(tmp_path / "wav.scp"), str(tmp_path / "e.txt"), *model], tmp_path / "e.txt")
+    fails(run_embed, [str(tmp_path / "none.scp"), str(out), *model], tmp_path / "none.scp")
+    assert not out.parent.exists()  # nothing written by a failed run
