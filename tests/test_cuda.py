@@ -1,0 +1,96 @@
+"""GPU paths that the CPU suite cannot reach. Every test here needs CUDA and is skipped without it; on
+the GPU machine run `bash tests/run.sh tests/test_cuda.py` (or the whole suite)."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from speakerlab.engine.precision import resolve_precision
+from speakerlab.engine.stability import NonFiniteGuard
+from speakerlab.features import Fbank, FbankConfig
+from speakerlab.loss import AAMSoftmax
+from speakerlab.models import build_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_autocast_and_scaler_take_the_device_type_from_a_device_string():
+    """'cuda:0' is what users pass; torch.autocast wants 'cuda'."""
+    for name in ("bf16", "fp16"):
+        precision = resolve_precision(name, "cuda:0")
+        model = build_model("campplus").cuda()
+        with precision.autocast():
+            out = model(torch.randn(2, 200, 80, device="cuda"))
+        assert out.dtype in (torch.bfloat16, torch.float16) and torch.isfinite(out.float()).all()
+        assert precision.grad_scaler().is_enabled() == (name == "fp16")
+
+
+def test_fp16_grad_scaler_scale_and_the_guard_on_an_overflow():
+    precision = resolve_precision("fp16", torch.device("cuda", 0))
+    model = build_model("campplus").cuda()
+    head = AAMSoftmax(512, 10).cuda()
+    opt = torch.optim.SGD(list(model.parameters()) + list(head.parameters()), lr=0.1)
+    scaler = precision.grad_scaler()
+    start = scaler.get_scale()
+    logs = []
+    guard = NonFiniteGuard(3, logs.append)
+    with precision.autocast():
+        emb = model(torch.randn(4, 200, 80, device="cuda"))
+    loss, _ = head(emb, torch.tensor([0, 1, 2, 3], device="cuda"))
+    scaler.scale(loss * 1e30).backward()   # overflows fp16 gradients at any scale
+    scaler.unscale_(opt)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0).item()
+    ok = guard.check(0, float(loss), norm, lambda: [], fp16_overflow=scaler.get_scale() >= 1.0)
+    scaler.step(opt)
+    scaler.update()
+    assert not ok and not math.isfinite(norm) and scaler.get_scale() < start
+    assert guard.total == 0 and "fp16 gradient overflow" in logs[0]   # the scaler's business, not counted
+
+
+def test_device_fbank_equals_the_cpu_fbank():
+    wave = torch.randn(3, 48000) * 0.1
+    cpu = Fbank(FbankConfig())(wave)
+    gpu = Fbank(FbankConfig()).cuda()(wave.cuda()).cpu()
+    torch.testing.assert_close(gpu, cpu, rtol=0, atol=1e-3)
+
+
+def test_tf32_is_set_explicitly_from_the_setting():
+    resolve_precision("fp32", "cuda", tf32=False)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    resolve_precision("fp32", "cuda", tf32=True)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+
+
+@pytest.mark.slow
+def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
+    from tests.test_train import tiny_config
+
+    cfg, _ = tiny_config(tmp_path, val=True)
+    r = subprocess.run([sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir",
+                        str(tmp_path / "e"), "hardware.device=cuda", "hardware.precision=bf16",
+                        "hardware.per_device_batch=auto"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (tmp_path / "e" / "train.log").read_text()
+    assert "precision bf16 on cuda" in log and "training done" in log
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL DDP needs two GPUs (one process per device)")
+def test_nccl_two_processes(tmp_path):
+    from tests.test_train import tiny_config
+
+    cfg, _ = tiny_config(tmp_path, val=False)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
+                        "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "d"),
+                        "hardware.device=cuda"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 device(s)" in (tmp_path / "d" / "train.log").read_text()
+
