@@ -6,7 +6,8 @@
 from speakerlab.models.registry import build_model, list_models, register
 
 # Importing a family module registers its builders.
-from speakerlab.models import campplus, ecapa_tdnn, eres2net, eres2netv2, resnet  # noqa: F401,E402
+from speakerlab.models import campplus, ecapa_tdnn, eres2net, eres2netv2, redimnet2, resnet  # noqa: F401,E402
 from speakerlab.models.compat import load_3dspeaker  # noqa: E402
+from speakerlab.models.redimnet2 import load_redimnet2  # noqa: E402
 
-__all__ = ["build_model", "list_models", "load_3dspeaker", "register"]
+__all__ = ["build_model", "list_models", "load_3dspeaker", "load_redimnet2", "register"]
