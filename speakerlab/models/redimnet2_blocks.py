@@ -20,7 +20,9 @@ import torch.nn.functional as F
 
 # A stage: ((freq_stride, time_stride), num_blocks, expansion, kernel_sizes, att_reduction).
 # `kernel_sizes` is kept for the release format but unused: the residual blocks are always 3x3.
-# `att_reduction` None means no time-context block, else its width is C*F // att_reduction.
+# `att_reduction` None means no time-context block, else its width is C*F // att_reduction, rounded
+# down to a multiple of its 4 attention heads (every released width already is one; other input
+# widths, e.g. 80 bins for B0, would otherwise not split into heads).
 StageSpec = Sequence[Any]
 
 
@@ -219,12 +221,13 @@ class TimeContextBlock(nn.Module):
     """
 
     KERNELS = (7, 19, 31, 59)
+    HEADS = 4
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.red_dim_conv = nn.Sequential(nn.Conv1d(dim, hidden, 1), ChannelLayerNorm(hidden))
         self.tcm = nn.Sequential(
-            *[DepthwiseConvBlock1d(hidden, k) for k in self.KERNELS], TransformerLayer(hidden, hidden, heads=4)
+            *[DepthwiseConvBlock1d(hidden, k) for k in self.KERNELS], TransformerLayer(hidden, hidden, self.HEADS)
         )
         self.exp_dim_conv = nn.Conv1d(hidden, dim, 1)
 
@@ -274,7 +277,8 @@ def stage_layers(
         layers.append(nn.Sequential(nn.Conv2d(wide, new_channels, 1), nn.BatchNorm2d(new_channels, eps=1e-6)))
     layers.append(To1d())
     if att_reduction is not None:
-        layers.append(TimeContextBlock(width, width // att_reduction))
+        heads = TimeContextBlock.HEADS
+        layers.append(TimeContextBlock(width, max(heads, width // att_reduction // heads * heads)))
     layers.append(RepeatFrames(time_stride))
     if norm_groups:
         layers.append(nn.GroupNorm(norm_groups, width))
