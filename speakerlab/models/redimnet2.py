@@ -150,8 +150,12 @@ class ReDimNet2(nn.Module):
         return self.bn2(self.linear(out))
 
 
-def _build(size: str, feat_dim: int, embedding_size: int, **overrides) -> ReDimNet2:
-    return ReDimNet2(feat_dim, embedding_size, **{**RELEASES[size], **overrides})
+def _build(
+    size: str, feat_dim: int, embedding_size: int, out_channels: Optional[int], return_2d_output: bool, agg_gnorm: bool
+) -> ReDimNet2:
+    """A release size with its head width, output layout and GroupNorm setting overridden."""
+    settings = dict(RELEASES[size], out_channels=out_channels)
+    return ReDimNet2(feat_dim, embedding_size, return_2d_output=return_2d_output, agg_gnorm=agg_gnorm, **settings)
 
 
 @register
@@ -163,14 +167,7 @@ def redimnet2_b0(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B0 (1.12 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b0",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b0", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 @register
@@ -182,14 +179,7 @@ def redimnet2_b1(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B1 (2.16 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b1",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b1", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 @register
@@ -201,14 +191,7 @@ def redimnet2_b2(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B2 (3.68 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b2",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b2", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 @register
@@ -220,14 +203,7 @@ def redimnet2_b3(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B3 (4.18 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b3",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b3", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 @register
@@ -239,14 +215,7 @@ def redimnet2_b4(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B4 (6.66 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b4",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b4", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 @register
@@ -258,14 +227,7 @@ def redimnet2_b5(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B5 (8.96 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b5",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b5", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 @register
@@ -277,14 +239,7 @@ def redimnet2_b6(
     agg_gnorm: bool = False,
 ) -> ReDimNet2:
     """ReDimNet2-B6 (12.39 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build(
-        "b6",
-        feat_dim,
-        embedding_size,
-        out_channels=out_channels,
-        return_2d_output=return_2d_output,
-        agg_gnorm=agg_gnorm,
-    )
+    return _build("b6", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
 
 
 # Release `model_config` keys (ReDimNet2Wrap's arguments) -> our constructor's, with the official
