@@ -254,8 +254,9 @@ def stage_layers(
     accumulated `time_stride` in time with a grouped conv widening to `expansion` times the new
     channel count, run `num_blocks` residual blocks, project back with 1x1 conv + BN when
     expanded, flatten to 1-D, optionally add a time-context block (bottleneck width / reduction),
-    repeat frames back to full rate and, with `norm_groups` > 0, GroupNorm. The layer order, including the
-    parameter-free ones, gives the released indices (`stage0.2.weight`, `stage0.3.conv_block...`).
+    repeat frames back to full rate and, with `norm_groups` > 0, GroupNorm. The layer order,
+    parameter-free layers included, gives the released indices (`stage0.2.weight`,
+    `stage0.3.conv_block...`).
     """
     if freq % freq_stride:
         raise ValueError(f"{freq} frequency bins are not divisible by the stage's frequency stride {freq_stride}")
