@@ -45,6 +45,14 @@ PUBLISHED_MPARAMS = {
     "resnet293": "28.62",
     "gemini_dfresnet114": "6.53",
     "gemini_dfresnet183": "9.20",
+    # ReDimNet2 README (vox2 releases), truncated to 0.1 M: tests/data/redimnet2/b*.json `published_params`.
+    "redimnet2_b0": "1.1",
+    "redimnet2_b1": "2.1",
+    "redimnet2_b2": "3.6",
+    "redimnet2_b3": "4.1",
+    "redimnet2_b4": "6.6",
+    "redimnet2_b5": "8.9",
+    "redimnet2_b6": "12.3",
 }
 
 

@@ -3,10 +3,11 @@
     from speakerlab.models import build_model, list_models
     model = build_model("campplus", feat_dim=80, embedding_size=192)   # (B, T, 80) -> (B, 192)
 """
-from speakerlab.models.registry import build_model, list_models, model_args_problems, register
 
 # Importing a family module registers its builders.
-from speakerlab.models import campplus, dfresnet, ecapa_tdnn, eres2net, eres2netv2, resnet  # noqa: F401,E402
-from speakerlab.models.compat import load_3dspeaker  # noqa: E402
+from speakerlab.models import campplus, dfresnet, ecapa_tdnn, eres2net, eres2netv2, redimnet2, resnet  # noqa: F401
+from speakerlab.models.compat import load_3dspeaker
+from speakerlab.models.redimnet2 import load_redimnet2
+from speakerlab.models.registry import build_model, list_models, model_args_problems, register
 
-__all__ = ["build_model", "list_models", "load_3dspeaker", "model_args_problems", "register"]
+__all__ = ["build_model", "list_models", "load_3dspeaker", "load_redimnet2", "model_args_problems", "register"]

@@ -47,3 +47,30 @@ def weighted_mean_std(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-12):
     mean = (w * x).sum(dim=-1)
     var = (w * (x - mean.unsqueeze(-1)).square()).sum(dim=-1)
     return mean, var.clamp(min=eps).sqrt()
+
+
+class ASTP(nn.Module):
+    """Attentive statistics pooling in WeSpeaker's layout (`linear1`, `linear2`): `(B, C, T) -> (B, 2 * C)`.
+
+    Per channel and frame, attention logits `linear2(tanh(linear1(h)))` with `h = x` or, with
+    `global_context`, `[x; mean; std]` (the utterance's mean and unbiased std over time, + 1e-7
+    under the root, repeated over frames); softmax over time; weighted mean and std, the
+    variance clamped at 1e-7. Statistics in float32 (also under autocast). Needs T >= 2.
+    """
+
+    def __init__(self, in_dim: int, bottleneck_dim: int = 128, global_context: bool = True):
+        super().__init__()
+        self.global_context = global_context
+        self.linear1 = nn.Conv1d(in_dim * 3 if global_context else in_dim, bottleneck_dim, kernel_size=1)
+        self.linear2 = nn.Conv1d(bottleneck_dim, in_dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        h = x
+        if self.global_context:
+            var, mean = torch.var_mean(xf, dim=-1, correction=1, keepdim=True)
+            std = (var + 1e-7).sqrt()
+            h = torch.cat([xf, mean.expand_as(xf), std.expand_as(xf)], dim=1).to(x.dtype)
+        logits = self.linear2(torch.tanh(self.linear1(h)))
+        mean, std = weighted_mean_std(xf, torch.softmax(logits.float(), dim=-1), eps=1e-7)
+        return torch.cat([mean, std], dim=1)
