@@ -14,6 +14,7 @@ speakerlab/models/ is a usage error, a reference module that fails to import or 
 Every registered model is covered by default, each at its builder's default input width. GPU (when
 available): training samples/s at batch 64 x 200 frames in bf16 autocast and in fp32 (TF32 on).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,21 +38,34 @@ from speakerlab.models import build_model, list_models  # noqa: E402
 # Where the reference implementation keeps each architecture (module, class, constructor kwargs).
 REFERENCE = {
     "campplus": ("speakerlab.models.campplus.DTDNN", "CAMPPlus", {"feat_dim": 80, "embedding_size": 512}),
-    "eres2net_base": ("speakerlab.models.eres2net.ERes2Net", "ERes2Net",
-                      {"feat_dim": 80, "embedding_size": 192, "m_channels": 32}),
-    "eres2net_large": ("speakerlab.models.eres2net.ERes2Net", "ERes2Net",
-                       {"feat_dim": 80, "embedding_size": 192, "m_channels": 64}),
+    "eres2net_base": (
+        "speakerlab.models.eres2net.ERes2Net",
+        "ERes2Net",
+        {"feat_dim": 80, "embedding_size": 192, "m_channels": 32},
+    ),
+    "eres2net_large": (
+        "speakerlab.models.eres2net.ERes2Net",
+        "ERes2Net",
+        {"feat_dim": 80, "embedding_size": 192, "m_channels": 64},
+    ),
     "eres2netv2": ("speakerlab.models.eres2net.ERes2NetV2", "ERes2NetV2", {"feat_dim": 80, "embedding_size": 192}),
-    "ecapa_tdnn_c1024": ("speakerlab.models.ecapa_tdnn.ECAPA_TDNN", "ECAPA_TDNN",
-                         {"input_size": 80, "lin_neurons": 192, "channels": [1024, 1024, 1024, 1024, 3072]}),
-    "resnet34": ("speakerlab.models.resnet.ResNet", "ResNet",
-                 {"feat_dim": 80, "embedding_size": 192, "m_channels": 32}),
+    "ecapa_tdnn_c1024": (
+        "speakerlab.models.ecapa_tdnn.ECAPA_TDNN",
+        "ECAPA_TDNN",
+        {"input_size": 80, "lin_neurons": 192, "channels": [1024, 1024, 1024, 1024, 3072]},
+    ),
+    "resnet34": (
+        "speakerlab.models.resnet.ResNet",
+        "ResNet",
+        {"feat_dim": 80, "embedding_size": 192, "m_channels": 32},
+    ),
 }
 
 
 def macs(model, frames=300, feat_dim=80) -> float:
     """Forward multiply-accumulates for one `(1, frames, feat_dim)` input (FLOPs / 2)."""
     from torch.utils.flop_counter import FlopCounterMode
+
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         model.eval()(torch.randn(1, frames, feat_dim))
@@ -114,8 +128,9 @@ class _ReferenceFinder(importlib.abc.MetaPathFinder):
 def check_reference_root(root: Path) -> Path:
     root = root.resolve()
     if not (root / "speakerlab" / "models").is_dir():
-        raise ReferenceError_(f"--reference-root {root}: no speakerlab/models/ there (give the root of a 3D-Speaker "
-                              f"checkout)")
+        raise ReferenceError_(
+            f"--reference-root {root}: no speakerlab/models/ there (give the root of a 3D-Speaker checkout)"
+        )
     return root
 
 
@@ -149,6 +164,7 @@ def reference_model(name, root: Path):
 def model_feat_dim(name) -> int:
     """The builder's default input width (80 for fbank models; ReDimNet2 takes 72 bins)."""
     from speakerlab.models.registry import _BUILDERS
+
     param = inspect.signature(_BUILDERS[name]).parameters.get("feat_dim")
     return 80 if param is None or param.default is param.empty else int(param.default)
 
@@ -173,8 +189,10 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     gpu = torch.cuda.is_available() and not args.no_gpu
     print(f"# command: python {' '.join(map(shlex.quote, sys.argv))}")
-    print(f"# cpu: {platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
-          + (f"; gpu: {torch.cuda.get_device_name()}" if gpu else ""))
+    print(
+        f"# cpu: {platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+        + (f"; gpu: {torch.cuda.get_device_name()}" if gpu else "")
+    )
     head = f"{'model':<20}{'params':>12}{'GMACs(3s)':>11}{'cpu fwd+bwd s':>15}"
     head += f"{'reference s':>13}" if args.reference_root else ""
     head += f"{'gpu bf16 /s':>13}{'gpu fp32 /s':>13}" if gpu else ""
@@ -208,8 +226,10 @@ def main(argv=None) -> int:
         if args.reference_root:
             row += f"{statistics.median(theirs):>13.3f}" if theirs else f"{ref_cell:>13}"
         if gpu:
-            row += (f"{gpu_samples_per_s(build_model(name), 'bf16', feat_dim=feat_dim):>13.0f}"
-                    f"{gpu_samples_per_s(build_model(name), 'fp32', feat_dim=feat_dim):>13.0f}")
+            row += (
+                f"{gpu_samples_per_s(build_model(name), 'bf16', feat_dim=feat_dim):>13.0f}"
+                f"{gpu_samples_per_s(build_model(name), 'fp32', feat_dim=feat_dim):>13.0f}"
+            )
         print(row, flush=True)
     for line in notes:
         print(line)

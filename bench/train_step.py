@@ -14,6 +14,7 @@ dense peak for that precision; the FLOPs of one step are counted once with torch
 (matmul and convolution, forward and backward). `--markdown` prints rows in bench/RESULTS.md's
 layout (`model | precision | pipeline | per-card batch | samples/s | MFU % | GPU | torch | date | command`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,6 @@ from speakerlab.engine.distributed import DistInfo  # noqa: E402
 from speakerlab.engine.precision import resolve_precision  # noqa: E402
 from speakerlab.engine.setup import build_frontend, build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402,E501
 from speakerlab.features import compute_features  # noqa: E402
-
 
 # Dense peak TFLOP/s per card and precision (vendor data sheets, SXM parts; no sparsity).
 PEAK_TFLOPS = {
@@ -64,9 +64,15 @@ def step_flops(net, feats, labels) -> float:
 
 
 def bench_one(name, precision, batch, args, device):
-    raw = {"model": {"name": name}, "data": {"train": args.data or "unused", "crop_seconds": args.crop},
-           "hardware": {"device": device.type, "precision": "fp32" if precision == "tf32" else precision,
-                        "num_workers": args.workers}}
+    raw = {
+        "model": {"name": name},
+        "data": {"train": args.data or "unused", "crop_seconds": args.crop},
+        "hardware": {
+            "device": device.type,
+            "precision": "fp32" if precision == "tf32" else precision,
+            "num_workers": args.workers,
+        },
+    }
     cfg = load_config(raw=raw)
     prec = resolve_precision(cfg.hardware.precision, device, tf32=precision != "fp32")
     num_speakers = 1000
@@ -145,8 +151,10 @@ def main(argv=None) -> int:
     batches = args.batches or ([64, 128] if device.type == "cuda" else [16])
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"# command: python {' '.join(map(shlex.quote, sys.argv))}")
-    print(f"# device: {device.type} ({gpu}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"crop {args.crop}s, {args.steps} timed steps after {args.warmup} warm-up")
+    print(
+        f"# device: {device.type} ({gpu}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"crop {args.crop}s, {args.steps} timed steps after {args.warmup} warm-up"
+    )
     print(f"{'model':<18}{'precision':<10}{'batch':>6}  {'pipeline':<10}{'samples/s':>10}{'s/step':>9}{'MFU %':>8}")
     command = "python " + " ".join(map(shlex.quote, sys.argv))
     for name in args.models:
@@ -161,11 +169,16 @@ def main(argv=None) -> int:
                         peak = peak_tflops(gpu, precision) if device.type == "cuda" else None
                         mfu = f"{100 * flop_s / (peak * 1e12):.1f}" if peak else "-"
                         if args.markdown:
-                            print(f"| {name} | {precision} | {pipe} | {batch} | {sps:.0f} | {mfu} | {gpu} | "
-                                  f"{torch.__version__} | {time.strftime('%Y-%m-%d')} | `{command}` |", flush=True)
+                            print(
+                                f"| {name} | {precision} | {pipe} | {batch} | {sps:.0f} | {mfu} | {gpu} | "
+                                f"{torch.__version__} | {time.strftime('%Y-%m-%d')} | `{command}` |",
+                                flush=True,
+                            )
                         else:
-                            print(f"{name:<18}{precision:<10}{batch:>6}  {pipe:<10}{sps:>10.1f}{sec:>9.3f}{mfu:>8}",
-                                  flush=True)
+                            print(
+                                f"{name:<18}{precision:<10}{batch:>6}  {pipe:<10}{sps:>10.1f}{sec:>9.3f}{mfu:>8}",
+                                flush=True,
+                            )
                     except torch.OutOfMemoryError:
                         print(f"{name:<18}{precision:<10}{batch:>6}  {pipe:<10}{'OOM':>10}", flush=True)
                     finally:

@@ -3,6 +3,7 @@
 Training expects 16 kHz mono; other rates or channel counts raise `AudioError` naming the file
 (resampling belongs to the data pipeline, not here).
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -55,8 +56,9 @@ def read_segment(path: str, start: int, num_samples: int, sample_rate: int = 160
     return wave[:, 0]
 
 
-def read_crop(path: str, num_samples: int, total: int, rng: np.random.Generator,
-              sample_rate: int = 16000) -> np.ndarray:
+def read_crop(
+    path: str, num_samples: int, total: int, rng: np.random.Generator, sample_rate: int = 16000
+) -> np.ndarray:
     """A random `(num_samples,)` float32 crop of a file with `total` samples.
 
     Only the frames of the crop are read from disk (soundfile seeks; no full decode). An utterance
@@ -71,14 +73,15 @@ def read_crop(path: str, num_samples: int, total: int, rng: np.random.Generator,
         raise AudioError(f"{path}: empty audio file")
     reps = -(-num_samples // wave.shape[0])
     start = int(rng.integers(0, wave.shape[0]))  # random phase of the repetition
-    return np.tile(wave, reps + 1)[start:start + num_samples]
+    return np.tile(wave, reps + 1)[start : start + num_samples]
 
 
 FLOAT_SUBTYPES = ("FLOAT", "DOUBLE")
 
 
-def read_crop_int16(path: str, num_samples: int, total: int, rng: np.random.Generator,
-                    sample_rate: int = 16000) -> Tuple[np.ndarray, bool]:
+def read_crop_int16(
+    path: str, num_samples: int, total: int, rng: np.random.Generator, sample_rate: int = 16000
+) -> Tuple[np.ndarray, bool]:
     """`read_crop` (same draw, same repetition of short files) as `(num_samples,)` int16, and whether
     the samples were finite.
 
@@ -89,8 +92,9 @@ def read_crop_int16(path: str, num_samples: int, total: int, rng: np.random.Gene
     try:
         with sf.SoundFile(path) as f:
             if f.samplerate != sample_rate or f.channels != 1:
-                raise AudioError(f"{path}: expected {sample_rate} Hz mono, "
-                                 f"got {f.samplerate} Hz x {f.channels} channels")
+                raise AudioError(
+                    f"{path}: expected {sample_rate} Hz mono, got {f.samplerate} Hz x {f.channels} channels"
+                )
             is_float = f.subtype in FLOAT_SUBTYPES
             dtype = "float32" if is_float else "int16"
             if total >= num_samples:
@@ -98,14 +102,15 @@ def read_crop_int16(path: str, num_samples: int, total: int, rng: np.random.Gene
                 f.seek(start)
                 wave = f.read(num_samples, dtype=dtype)
                 if wave.shape[0] != num_samples:  # header claimed more frames than the file holds
-                    raise AudioError(f"{path}: truncated file, read {wave.shape[0]} of {num_samples} "
-                                     f"samples at {start}")
+                    raise AudioError(
+                        f"{path}: truncated file, read {wave.shape[0]} of {num_samples} samples at {start}"
+                    )
             else:
                 wave = f.read(dtype=dtype)
                 if wave.shape[0] == 0:
                     raise AudioError(f"{path}: empty audio file")
                 start = int(rng.integers(0, wave.shape[0]))  # random phase of the repetition
-                wave = np.tile(wave, -(-num_samples // wave.shape[0]) + 1)[start:start + num_samples]
+                wave = np.tile(wave, -(-num_samples // wave.shape[0]) + 1)[start : start + num_samples]
     except AudioError:
         raise
     except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses

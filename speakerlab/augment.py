@@ -32,6 +32,7 @@ import numpy as np
 from speakerlab.config import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
 from speakerlab.noise_bank import KINDS, LIST_FILES, NoiseBank, bank_problem, build_bank  # noqa: F401
 from speakerlab.speed import input_length, resample_ratio
+
 INT16_SCALE = 1.0 / 32768.0  # int16 -> float as soundfile reads PCM_16 (the features' input scale)
 
 
@@ -63,9 +64,15 @@ class Augmenter:
     `snr`: {kind: (lo, hi) dB} overriding DEFAULT_SNR; `babble_speakers`: (lo, hi) files summed.
     Raises ValueError when the bank lacks files of an enabled kind."""
 
-    def __init__(self, bank: NoiseBank, prob: float = 0.6, kinds: Sequence[str] = KINDS,
-                 snr: Optional[Dict[str, Sequence[float]]] = None,
-                 babble_speakers: Sequence[int] = DEFAULT_BABBLE_SPEAKERS, reverb_noise_prob: float = 0.0):
+    def __init__(
+        self,
+        bank: NoiseBank,
+        prob: float = 0.6,
+        kinds: Sequence[str] = KINDS,
+        snr: Optional[Dict[str, Sequence[float]]] = None,
+        babble_speakers: Sequence[int] = DEFAULT_BABBLE_SPEAKERS,
+        reverb_noise_prob: float = 0.0,
+    ):
         unknown = sorted(set(kinds) - set(KINDS))
         if unknown or not kinds:
             raise ValueError(f"augmentation kinds must be a non-empty subset of {KINDS}, got {list(kinds)}")
@@ -109,8 +116,9 @@ class Augmenter:
             return self._additive(extra, rng, n, rir_index, rir)
         return Picked(Draw("reverb", rir_index), rir, [])
 
-    def _additive(self, kind: str, rng: np.random.Generator, n: int, rir_index: int,
-                  rir: Optional[np.ndarray]) -> Picked:
+    def _additive(
+        self, kind: str, rng: np.random.Generator, n: int, rir_index: int, rir: Optional[np.ndarray]
+    ) -> Picked:
         pool = self.bank.count(kind)
         if kind == "babble":
             lo, hi = self.babble_speakers
@@ -137,8 +145,9 @@ def open_augmenter(settings, sample_rate: int, log=print) -> Augmenter:
         log(f"{stale}: building it (python -m speakerlab.noise_bank --lists {lists} --out {root})")
         build_bank(lists, root, settings.kinds, sample_rate, log)
     snr = {"noise": settings.noise_snr, "music": settings.music_snr, "babble": settings.babble_snr}
-    aug = Augmenter(NoiseBank(root), settings.prob, settings.kinds, snr, settings.babble_speakers,
-                    settings.reverb_noise_prob)
+    aug = Augmenter(
+        NoiseBank(root), settings.prob, settings.kinds, snr, settings.babble_speakers, settings.reverb_noise_prob
+    )
     log(aug.describe())
     return aug
 
@@ -173,7 +182,7 @@ def reverberate(wave: np.ndarray, rir: np.ndarray) -> np.ndarray:
     if n == 0 or not np.any(rir):
         return wave
     peak = int(np.argmax(np.abs(rir)))
-    out = fftconvolve(wave.astype(np.float64), rir.astype(np.float64))[peak:peak + n]
+    out = fftconvolve(wave.astype(np.float64), rir.astype(np.float64))[peak : peak + n]
     pin, pout = power(wave), power(out)
     return out * np.sqrt(pin / pout) if pout > 0.0 else out
 
@@ -194,12 +203,15 @@ def reference_wave(wave: np.ndarray, speed_factor: float, crop: int, picked: Pic
     x = wave.astype(np.float64) * INT16_SCALE
     if speed_factor != 1.0:
         up, down = resample_ratio(speed_factor)
-        x = resample_poly(x[:input_length(crop, speed_factor)], up, down)
+        x = resample_poly(x[: input_length(crop, speed_factor)], up, down)
     x = x[:crop]
     if picked.rir is not None:
         x = reverberate(x, picked.rir.astype(np.float64))
     if picked.noise:
-        noise = picked.noise[0].astype(np.float64) if len(picked.noise) == 1 else \
-            babble_mix([s.astype(np.float64) for s in picked.noise])
+        noise = (
+            picked.noise[0].astype(np.float64)
+            if len(picked.noise) == 1
+            else babble_mix([s.astype(np.float64) for s in picked.noise])
+        )
         x = add_at_snr(x, noise, picked.draw.snr_db)
     return x

@@ -5,6 +5,7 @@
 The result is a full checkpoint (model name + arguments, speaker map, config) without optimizer
 state: use it for extraction or as `train.init_from` of a fine-tuning run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,13 @@ def main(argv=None) -> int:
     if not files:
         print(f"error: no epoch checkpoints under {args.exp_dir}/checkpoints", file=sys.stderr)
         return 2
-    chosen = files[-args.last:]
+    chosen = files[-args.last :]
     if len(chosen) < args.last:
-        print(f"average: only {len(chosen)} epoch checkpoint(s) kept; averaging those "
-              f"(raise train.keep_checkpoints to keep more)", file=sys.stderr)
+        print(
+            f"average: only {len(chosen)} epoch checkpoint(s) kept; averaging those "
+            f"(raise train.keep_checkpoints to keep more)",
+            file=sys.stderr,
+        )
     out = Path(args.out) if args.out else Path(args.exp_dir) / "checkpoints" / "avg.pt"
     save_checkpoint(out, average_checkpoints(chosen))
     print(f"average: {', '.join(p.name for p in chosen)} -> {out}", file=sys.stderr)

@@ -34,13 +34,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output prefix: <out>.result")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
-    embedder = Embedder(MeanOverTime(), FeatureSpec(FbankConfig(dither=0.0), mean_norm=False),
-                        resolve_device(args.device), "mean log-mel")
+    embedder = Embedder(
+        MeanOverTime(),
+        FeatureSpec(FbankConfig(dither=0.0), mean_norm=False),
+        resolve_device(args.device),
+        "mean log-mel",
+    )
     ids, emb = embed_data_dir(embedder, args.data)
     trials = Path(args.data) / "trials"
     _, labels, eer, dcf = evaluate(ids, emb, trials)
-    result = (f"{trials}: mean log-mel baseline, {len(labels)} trials: EER {eer * 100:.2f}% "
-              f"minDCF(p_target=0.01) {dcf:.4f}")
+    result = (
+        f"{trials}: mean log-mel baseline, {len(labels)} trials: EER {eer * 100:.2f}% minDCF(p_target=0.01) {dcf:.4f}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.result").write_text(result + "\n")
     print(result)

@@ -8,6 +8,7 @@ number of loader workers; and a run resumed at step k continues with exactly the
 would have seen. Speed perturbation and augmentation (speakerlab.augment) draw from the same
 per-item generator, so augmented samples keep that guarantee.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -34,9 +35,17 @@ class CropDataset(Dataset):
     training device (`speakerlab.augment_batch.Frontend`).
     """
 
-    def __init__(self, paths: Sequence[str], labels: Sequence[int], lengths: Sequence[int],
-                 crop_samples: int, sample_rate: int = 16000, augment: Optional[Augmenter] = None,
-                 speed_factors: Sequence[float] = (), speed_prob: float = 0.0):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        labels: Sequence[int],
+        lengths: Sequence[int],
+        crop_samples: int,
+        sample_rate: int = 16000,
+        augment: Optional[Augmenter] = None,
+        speed_factors: Sequence[float] = (),
+        speed_prob: float = 0.0,
+    ):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
         self.paths, self.labels, self.lengths = list(paths), list(labels), list(lengths)
@@ -59,17 +68,23 @@ class CropDataset(Dataset):
         wave = np.zeros(self.read_samples, dtype=np.int16)
         wave[:need], finite = read_crop_int16(self.paths[index], need, self.lengths[index], rng, self.sample_rate)
         picked = self.augment.pick(rng, self.crop_samples) if self.augment is not None else None
-        return {"wave": wave, "finite": finite, "label": self.labels[index], "index": index, "speed": speed,
-                "picked": picked}
+        return {
+            "wave": wave,
+            "finite": finite,
+            "label": self.labels[index],
+            "index": index,
+            "speed": speed,
+            "picked": picked,
+        }
 
 
 def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     """Dataset items -> one batch (runs in the loader worker). B items, R reverberated, S noise segments:
 
-      wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
-      label / index / speed (B,) int64; snr (B,) float32 (nan: no additive noise);
-      rir (R, L) int16 zero-padded, rir_item (R,) int64 the batch row of each;
-      noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host).
+    wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
+    label / index / speed (B,) int64; snr (B,) float32 (nan: no additive noise);
+    rir (R, L) int16 zero-padded, rir_item (R,) int64 the batch row of each;
+    noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host).
     """
     b = len(items)
     picked = [it["picked"] for it in items]
@@ -77,20 +92,26 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     segs = [(i, s) for i, p in enumerate(picked) if p is not None for s in p.noise]
     rir = np.zeros((len(rirs), max((r.shape[0] for _, r in rirs), default=1)), dtype=np.int16)
     for row, (_, r) in enumerate(rirs):
-        rir[row, :r.shape[0]] = r
+        rir[row, : r.shape[0]] = r
     noise = np.stack([s for _, s in segs]) if segs else np.zeros((0, 1), dtype=np.int16)
     draws = [p.draw if p is not None else Draw() for p in picked]
 
     def ints(values) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int64)
 
-    return {"wave": torch.from_numpy(np.stack([it["wave"] for it in items])),
-            "finite": torch.tensor([bool(it["finite"]) for it in items]),
-            "label": ints(it["label"] for it in items), "index": ints(it["index"] for it in items),
-            "speed": ints(it["speed"] for it in items),
-            "snr": torch.tensor([d.snr_db for d in draws], dtype=torch.float32).reshape(b),
-            "rir": torch.from_numpy(rir), "rir_item": ints(i for i, _ in rirs),
-            "noise": torch.from_numpy(noise), "noise_item": ints(i for i, _ in segs), "draws": draws}
+    return {
+        "wave": torch.from_numpy(np.stack([it["wave"] for it in items])),
+        "finite": torch.tensor([bool(it["finite"]) for it in items]),
+        "label": ints(it["label"] for it in items),
+        "index": ints(it["index"] for it in items),
+        "speed": ints(it["speed"] for it in items),
+        "snr": torch.tensor([d.snr_db for d in draws], dtype=torch.float32).reshape(b),
+        "rir": torch.from_numpy(rir),
+        "rir_item": ints(i for i, _ in rirs),
+        "noise": torch.from_numpy(noise),
+        "noise_item": ints(i for i, _ in segs),
+        "draws": draws,
+    }
 
 
 class GlobalBatchSampler(Sampler[List[Item]]):
@@ -101,11 +122,21 @@ class GlobalBatchSampler(Sampler[List[Item]]):
     changes with the permutation, so every item is still seen across epochs).
     """
 
-    def __init__(self, num_items: int, global_batch: int, micro_batch: int, accumulation: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        num_items: int,
+        global_batch: int,
+        micro_batch: int,
+        accumulation: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
         if micro_batch * accumulation * world_size != global_batch:
-            raise ValueError(f"global batch {global_batch} != micro batch {micro_batch} x accumulation "
-                             f"{accumulation} x world size {world_size}")
+            raise ValueError(
+                f"global batch {global_batch} != micro batch {micro_batch} x accumulation "
+                f"{accumulation} x world size {world_size}"
+            )
         if num_items < global_batch:
             raise ValueError(f"{num_items} training utterances are fewer than one global batch ({global_batch})")
         self.num_items, self.global_batch = num_items, global_batch

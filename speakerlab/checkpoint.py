@@ -83,17 +83,28 @@ class Checkpoint:
     averaged_from: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA, "model_name": self.model_name, "model_args": dict(self.model_args),
-                "model": self.model, "features": self.features.to_dict(), "speakers": list(self.speakers),
-                "classifier": self.classifier, "step": self.step, "epoch": self.epoch,
-                "resume": None if self.resume is None else self.resume.to_dict(), "config": self.config,
-                "averaged_from": list(self.averaged_from)}
+        return {
+            "schema": SCHEMA,
+            "model_name": self.model_name,
+            "model_args": dict(self.model_args),
+            "model": self.model,
+            "features": self.features.to_dict(),
+            "speakers": list(self.speakers),
+            "classifier": self.classifier,
+            "step": self.step,
+            "epoch": self.epoch,
+            "resume": None if self.resume is None else self.resume.to_dict(),
+            "config": self.config,
+            "averaged_from": list(self.averaged_from),
+        }
 
     @classmethod
     def from_dict(cls, raw: Dict[str, Any], where: PathLike = "checkpoint") -> "Checkpoint":
         if not isinstance(raw, dict) or "model_name" not in raw or "model" not in raw:
-            raise CheckpointError(f"{where}: not a speakerlab checkpoint (no model_name/model); for a 3D-Speaker "
-                                  "state dict use --3dspeaker NAME --weights FILE")
+            raise CheckpointError(
+                f"{where}: not a speakerlab checkpoint (no model_name/model); for a 3D-Speaker "
+                "state dict use --3dspeaker NAME --weights FILE"
+            )
         schema = raw.get("schema", 1)
         try:
             if schema == 1:
@@ -101,10 +112,19 @@ class Checkpoint:
             if schema != SCHEMA:
                 raise CheckpointError(f"{where}: checkpoint schema {schema} is newer than this speakerlab ({SCHEMA})")
             resume = raw.get("resume")
-            return cls(raw["model_name"], dict(raw["model_args"]), raw["model"], FeatureSpec.from_dict(raw["features"]),
-                       list(raw.get("speakers", [])), raw.get("classifier"), int(raw.get("step", 0)),
-                       int(raw.get("epoch", 0)), None if resume is None else ResumeState(**resume),
-                       raw.get("config") or {}, list(raw.get("averaged_from", [])))
+            return cls(
+                raw["model_name"],
+                dict(raw["model_args"]),
+                raw["model"],
+                FeatureSpec.from_dict(raw["features"]),
+                list(raw.get("speakers", [])),
+                raw.get("classifier"),
+                int(raw.get("step", 0)),
+                int(raw.get("epoch", 0)),
+                None if resume is None else ResumeState(**resume),
+                raw.get("config") or {},
+                list(raw.get("averaged_from", [])),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed checkpoint (schema {schema}): {e!r}") from None
 
@@ -113,17 +133,37 @@ def _from_schema1(raw: Dict[str, Any]) -> Checkpoint:
     """Files written before the schema: features and sample rate lived in the stored training config."""
     config = raw.get("config") or {}
     f, data = config["features"], config.get("data", {})
-    fbank = FbankConfig(sample_rate=int(data.get("sample_rate", 16000)), num_mel_bins=int(f["num_mel_bins"]),
-                        frame_length_ms=float(f["frame_length_ms"]), frame_shift_ms=float(f["frame_shift_ms"]),
-                        window_type=str(f["window_type"]), dither=0.0)
+    fbank = FbankConfig(
+        sample_rate=int(data.get("sample_rate", 16000)),
+        num_mel_bins=int(f["num_mel_bins"]),
+        frame_length_ms=float(f["frame_length_ms"]),
+        frame_shift_ms=float(f["frame_shift_ms"]),
+        window_type=str(f["window_type"]),
+        dither=0.0,
+    )
     resume = None
     if "optimizer" in raw:
-        resume = ResumeState(raw["optimizer"], raw.get("scaler", {}), int(raw.get("step_in_epoch", 0)),
-                             int(raw.get("skipped_steps", 0)), raw.get("rng_cpu"), list(raw.get("rng_cuda", [])))
-    return Checkpoint(raw["model_name"], dict(raw["model_args"]), raw["model"],
-                      FeatureSpec(fbank, bool(f.get("mean_norm", True))), list(raw.get("speakers", [])),
-                      raw.get("classifier"), int(raw.get("step", 0)), int(raw.get("epoch", 0)), resume, config,
-                      list(raw.get("averaged_from", [])))
+        resume = ResumeState(
+            raw["optimizer"],
+            raw.get("scaler", {}),
+            int(raw.get("step_in_epoch", 0)),
+            int(raw.get("skipped_steps", 0)),
+            raw.get("rng_cpu"),
+            list(raw.get("rng_cuda", [])),
+        )
+    return Checkpoint(
+        raw["model_name"],
+        dict(raw["model_args"]),
+        raw["model"],
+        FeatureSpec(fbank, bool(f.get("mean_norm", True))),
+        list(raw.get("speakers", [])),
+        raw.get("classifier"),
+        int(raw.get("step", 0)),
+        int(raw.get("epoch", 0)),
+        resume,
+        config,
+        list(raw.get("averaged_from", [])),
+    )
 
 
 def content_digest(value: Any) -> str:
@@ -199,8 +239,10 @@ def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
     if isinstance(raw, dict) and "digest" in raw:
         stored = raw.pop("digest")
         if content_digest(raw) != stored:
-            raise CheckpointError(f"checkpoint {path} is corrupt: its contents do not match the digest written "
-                                  "with it (a damaged or partly overwritten file)")
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: its contents do not match the digest written "
+                "with it (a damaged or partly overwritten file)"
+            )
     return Checkpoint.from_dict(raw, path)
 
 
@@ -221,8 +263,9 @@ def run_checkpoints(ckpt_dir: PathLike) -> List[Path]:
     return sorted(named, key=_order, reverse=True)
 
 
-def load_latest(ckpt_dir: PathLike, map_location="cpu",
-                warn: Callable[[str], None] = lambda m: None) -> Optional[Tuple[Path, Checkpoint]]:
+def load_latest(
+    ckpt_dir: PathLike, map_location="cpu", warn: Callable[[str], None] = lambda m: None
+) -> Optional[Tuple[Path, Checkpoint]]:
     """The newest intact checkpoint of a run, or None when there is none. A newer file that cannot be
     read or fails its digest is reported through `warn` and passed over; when every file is bad the
     error names them all."""

@@ -6,6 +6,7 @@ line (`train.epochs=2`, `model.args.embedding_size=192`) are parsed as YAML scal
 the same way. Runtime values (world size, per-device batch, accumulation) are never written back
 here: they are passed around as arguments and logged.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,9 +31,16 @@ DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0
 DEFAULT_BABBLE_SPEAKERS = (3, 7)
 
 
-def setting(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
-            lt: Optional[float] = None, choices: Optional[tuple] = None,
-            check: Optional[Callable[[Any], Optional[str]]] = None):
+def setting(
+    default: Any,
+    *,
+    ge: Optional[float] = None,
+    gt: Optional[float] = None,
+    le: Optional[float] = None,
+    lt: Optional[float] = None,
+    choices: Optional[tuple] = None,
+    check: Optional[Callable[[Any], Optional[str]]] = None,
+):
     """A settings field with its rule: bounds (`ge`/`gt`/`le`/`lt`), allowed `choices`, or `check(value)`
     returning what is wrong (None when fine). Lists and dicts are copied per instance."""
     rule = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
@@ -43,12 +51,14 @@ def setting(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = N
 
 def _pair(lo_min: Optional[float] = None) -> Callable[[Any], Optional[str]]:
     """Rule of a `[lo, hi]` range setting (lo <= hi, optionally lo >= lo_min)."""
+
     def check(v):
         if len(v) != 2 or v[0] > v[1]:
             return f"must be [lo, hi] with lo <= hi, got {v}"
         if lo_min is not None and v[0] < lo_min:
             return f"must start at >= {lo_min}, got {v}"
         return None
+
     return check
 
 
@@ -79,30 +89,30 @@ def _batch(v) -> Optional[str]:
 
 @dataclass
 class DataSettings:
-    train: str = ""                                         # Kaldi data dir with wav.scp, utt2spk (required)
-    val: Optional[str] = None                               # data dir with trials, scored every train.val_every epochs
+    train: str = ""  # Kaldi data dir with wav.scp, utt2spk (required)
+    val: Optional[str] = None  # data dir with trials, scored every train.val_every epochs
     sample_rate: int = setting(16000, ge=1000, le=384000)
-    crop_seconds: float = setting(2.0, gt=0)                # random training crop; shorter utterances are repeated
-    check_audio: bool = False                               # re-read every header at start even with utt2num_samples
-    feats: bool = False                                     # train from <train>/feats.scp (speakerlab.feature_store);
-                                                            # no augmentation or speed perturbation then
+    crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated
+    check_audio: bool = False  # re-read every header at start even with utt2num_samples
+    feats: bool = False  # train from <train>/feats.scp (speakerlab.feature_store);
+    # no augmentation or speed perturbation then
 
 
 @dataclass
 class AugmentSettings:
-    lists: Optional[str] = None          # folder of noise/music/babble/rirs.scp (musan_rirs prepare); null: off
-    prob: float = setting(0.6, ge=0, le=1)                  # chance a crop gets one augmentation (of `kinds`)
+    lists: Optional[str] = None  # folder of noise/music/babble/rirs.scp (musan_rirs prepare); null: off
+    prob: float = setting(0.6, ge=0, le=1)  # chance a crop gets one augmentation (of `kinds`)
     kinds: List[str] = setting(list(AUGMENT_KINDS), check=_kinds)
-    noise_snr: List[float] = setting(list(DEFAULT_SNR["noise"]), check=_pair())        # dB, uniform
+    noise_snr: List[float] = setting(list(DEFAULT_SNR["noise"]), check=_pair())  # dB, uniform
     music_snr: List[float] = setting(list(DEFAULT_SNR["music"]), check=_pair())
     babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
     babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
-    reverb_noise_prob: float = setting(0.0, ge=0, le=1)     # chance a reverberated crop also gets an additive kind
-    bank: Optional[str] = None           # int16 noise bank (python -m speakerlab.noise_bank); null: <lists>/bank,
-                                         # built at start when missing or older than the lists
-    speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)   # sox `speed` factors
-    speed_prob: float = setting(0.0, ge=0, le=1)            # chance a crop is sped up by a factor != 1; 0: off
-    speed_new_speakers: bool = True      # sped-up copies are new classes: speaker + factor class x num speakers
+    reverb_noise_prob: float = setting(0.0, ge=0, le=1)  # chance a reverberated crop also gets an additive kind
+    bank: Optional[str] = None  # int16 noise bank (python -m speakerlab.noise_bank); null: <lists>/bank,
+    # built at start when missing or older than the lists
+    speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
+    speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off
+    speed_new_speakers: bool = True  # sped-up copies are new classes: speaker + factor class x num speakers
 
 
 @dataclass
@@ -111,34 +121,34 @@ class FeatureSettings:
     frame_length_ms: float = setting(25.0, gt=0)
     frame_shift_ms: float = setting(10.0, gt=0)
     window_type: str = setting("povey", choices=("povey", "hamming", "hanning", "rectangular"))
-    dither: float = setting(0.0, ge=0)                      # training only; extraction always uses 0
-    mean_norm: bool = True                                  # per-utterance mean normalisation
+    dither: float = setting(0.0, ge=0)  # training only; extraction always uses 0
+    mean_norm: bool = True  # per-utterance mean normalisation
 
 
 @dataclass
 class ModelSettings:
-    name: str = ""                       # a registered builder, see speakerlab.models.list_models() (required)
-    args: Dict[str, Any] = setting({})   # its keyword arguments, checked against the builder's signature
+    name: str = ""  # a registered builder, see speakerlab.models.list_models() (required)
+    args: Dict[str, Any] = setting({})  # its keyword arguments, checked against the builder's signature
 
 
 @dataclass
 class LossSettings:
-    name: str = setting("aam", choices=("aam", "sphereface2"))   # classifier head: additive angular margin | SphereFace2
-    scale: float = setting(32.0, gt=0)                      # cosine logits are multiplied by this
-    margin: float = setting(0.2, ge=0, lt=1.5708)           # final margin: angular (aam, radians) or cosine (sphereface2)
-    margin_start_epoch: float = setting(0.0, ge=0)          # margin is 0 before this epoch ...
-    margin_warmup_epochs: float = setting(0.0, ge=0)        # ... then rises linearly to `margin` over this many
-    sphereface2_lambda: float = setting(0.7, gt=0, lt=1)    # sphereface2: weight of the positive term
-    sphereface2_t: int = setting(3, ge=1)                   # sphereface2: exponent of the similarity adjustment
+    name: str = setting("aam", choices=("aam", "sphereface2"))  # classifier head: additive angular margin | SphereFace2
+    scale: float = setting(32.0, gt=0)  # cosine logits are multiplied by this
+    margin: float = setting(0.2, ge=0, lt=1.5708)  # final margin: angular (aam, radians) or cosine (sphereface2)
+    margin_start_epoch: float = setting(0.0, ge=0)  # margin is 0 before this epoch ...
+    margin_warmup_epochs: float = setting(0.0, ge=0)  # ... then rises linearly to `margin` over this many
+    sphereface2_lambda: float = setting(0.7, gt=0, lt=1)  # sphereface2: weight of the positive term
+    sphereface2_t: int = setting(3, ge=1)  # sphereface2: exponent of the similarity adjustment
 
 
 @dataclass
 class OptimSettings:
-    name: str = setting("sgd", choices=("sgd", "adam", "adamw"))   # sgd: the published recipes
-    lr: float = setting(0.1, gt=0)                          # peak LR for the global batch of train.global_batch_size
-    min_lr: float = setting(1e-4, ge=0)                     # end of the cosine decay (<= lr)
-    momentum: float = setting(0.9, ge=0, lt=1)              # sgd only
-    nesterov: bool = True                                   # sgd only
+    name: str = setting("sgd", choices=("sgd", "adam", "adamw"))  # sgd: the published recipes
+    lr: float = setting(0.1, gt=0)  # peak LR for the global batch of train.global_batch_size
+    min_lr: float = setting(1e-4, ge=0)  # end of the cosine decay (<= lr)
+    momentum: float = setting(0.9, ge=0, lt=1)  # sgd only
+    nesterov: bool = True  # sgd only
     weight_decay: float = setting(1e-4, ge=0)
     warmup_epochs: float = setting(1.0, ge=0)
 
@@ -146,30 +156,30 @@ class OptimSettings:
 @dataclass
 class TrainSettings:
     epochs: int = setting(10, ge=1)
-    global_batch_size: int = setting(256, ge=1)             # fixed across hardware: per-device x world x accumulation
+    global_batch_size: int = setting(256, ge=1)  # fixed across hardware: per-device x world x accumulation
     seed: int = setting(42, ge=0)
-    max_grad_norm: float = setting(5.0, ge=0)               # 0 disables clipping
-    max_consecutive_skips: int = setting(10, ge=1)          # non-finite steps in a row before training stops
-    save_every_steps: int = setting(200, ge=0)              # mid-epoch checkpoint interval (optimizer steps); 0: epoch ends
-    keep_checkpoints: int = setting(5, ge=1)                # epoch checkpoints kept (for averaging the last N)
+    max_grad_norm: float = setting(5.0, ge=0)  # 0 disables clipping
+    max_consecutive_skips: int = setting(10, ge=1)  # non-finite steps in a row before training stops
+    save_every_steps: int = setting(200, ge=0)  # mid-epoch checkpoint interval (optimizer steps); 0: epoch ends
+    keep_checkpoints: int = setting(5, ge=1)  # epoch checkpoints kept (for averaging the last N)
     log_every_steps: int = setting(10, ge=1)
-    val_every: int = setting(1, ge=1)                       # epochs between validation EERs (needs data.val)
-    init_from: Optional[str] = None      # start from this checkpoint's model + classifier weights (fine-tuning);
-                                         # ignored once the run has its own checkpoint
+    val_every: int = setting(1, ge=1)  # epochs between validation EERs (needs data.val)
+    init_from: Optional[str] = None  # start from this checkpoint's model + classifier weights (fine-tuning);
+    # ignored once the run has its own checkpoint
 
 
 @dataclass
 class HardwareSettings:
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     precision: str = setting("auto", choices=("auto", "bf16", "fp16", "fp32"))
-    tf32: bool = True                                       # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
-    per_device_batch: Union[int, str] = setting("auto", check=_batch)   # >= 1, or auto (largest of 16..128 that fits)
+    tf32: bool = True  # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
+    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto (largest of 16..128 that fits)
     num_workers: int = setting(2, ge=0)
     pin_memory: bool = True
     prefetch_factor: int = setting(2, ge=1)
-    dist_timeout_s: int = setting(1800, ge=1)               # process-group / barrier timeout
-    watchdog_s: int = setting(300, ge=5)                    # multi-process: a rank not running this long ends the job
-    memory_margin: float = setting(0.85, gt=0, le=1)        # auto batch: use at most this fraction of device memory
+    dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout
+    watchdog_s: int = setting(300, ge=5)  # multi-process: a rank not running this long ends the job
+    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of device memory
 
 
 @dataclass
@@ -246,14 +256,15 @@ def _check_rule(key: str, value: Any, rule: Dict[str, Any]) -> None:
         lo, hi = ("ge", "gt"), ("le", "lt")
         low = next(((n, rule[n]) for n in lo if rule.get(n) is not None), None)
         high = next(((n, rule[n]) for n in hi if rule.get(n) is not None), None)
-        ok = (low is None or (value >= low[1] if low[0] == "ge" else value > low[1])) and \
-            (high is None or (value <= high[1] if high[0] == "le" else value < high[1]))
+        ok = (low is None or (value >= low[1] if low[0] == "ge" else value > low[1])) and (
+            high is None or (value <= high[1] if high[0] == "le" else value < high[1])
+        )
         if not ok:
             if low and high:
                 bound = f"in {'[' if low[0] == 'ge' else '('}{low[1]:g}, {high[1]:g}{']' if high[0] == 'le' else ')'}"
             else:
                 name, limit = low or high
-                bound = f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[name]} {limit:g}"
+                bound = f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[name] } {limit:g}"
             problem = f"must be {bound}, got {value!r}"
     if problem is None and rule.get("check") is not None:
         problem = rule["check"](value)
@@ -292,11 +303,15 @@ def _validate(cfg: Config) -> None:
     if cfg.optim.min_lr > cfg.optim.lr:
         raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
     if cfg.data.feats and (cfg.augment.lists or cfg.augment.speed_prob > 0):
-        raise ConfigError("config key 'data.feats': stored features cannot be augmented; "
-                          "unset augment.lists and set augment.speed_prob to 0")
+        raise ConfigError(
+            "config key 'data.feats': stored features cannot be augmented; "
+            "unset augment.lists and set augment.speed_prob to 0"
+        )
     if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
-        raise ConfigError(f"config key 'augment.speed_factors' needs a factor other than 1 when "
-                          f"augment.speed_prob > 0, got {cfg.augment.speed_factors}")
+        raise ConfigError(
+            f"config key 'augment.speed_factors' needs a factor other than 1 when "
+            f"augment.speed_prob > 0, got {cfg.augment.speed_factors}"
+        )
 
 
 def _set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:
@@ -323,8 +338,12 @@ def parse_overrides(items: List[str]) -> List[tuple]:
     return out
 
 
-def load_config(path: Optional[Union[str, Path, List]] = None, overrides: Optional[List[str]] = None,
-                hardware: Optional[Union[str, Path]] = None, raw: Optional[Dict[str, Any]] = None) -> Config:
+def load_config(
+    path: Optional[Union[str, Path, List]] = None,
+    overrides: Optional[List[str]] = None,
+    hardware: Optional[Union[str, Path]] = None,
+    raw: Optional[Dict[str, Any]] = None,
+) -> Config:
     """Load a YAML config, apply a hardware profile and dotted overrides, and validate.
 
     `path` may be a list: later files are overlays deep-merged onto earlier ones (e.g. a base

@@ -39,8 +39,10 @@ def check_finite(names: Sequence[str], emb: np.ndarray) -> None:
     bad = [names[i] for i in np.flatnonzero(~np.isfinite(emb).all(axis=1))]
     if bad:
         shown = "\n  ".join(bad[:50]) + (f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else "")
-        raise NonFiniteEmbedding(f"{len(bad)} input(s) gave a non-finite embedding (NaN or inf in the audio?); "
-                                 f"nothing was written:\n  {shown}")
+        raise NonFiniteEmbedding(
+            f"{len(bad)} input(s) gave a non-finite embedding (NaN or inf in the audio?); "
+            f"nothing was written:\n  {shown}"
+        )
 
 
 class Embedder:
@@ -89,7 +91,6 @@ class Embedder:
                 out[i] = emb[j]
         return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
 
-
     @torch.no_grad()
     def embed_features(self, feats: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
         """Stored whole-utterance fbank `(T, F)` each (the offline feature store) -> `(N, D)` float32, batched
@@ -106,24 +107,34 @@ class Embedder:
         return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
 
 
-def length_batches(frames: Sequence[int], max_batch: int, pad_ratio: float,
-                   max_total: Optional[int] = None) -> List[List[int]]:
+def length_batches(
+    frames: Sequence[int], max_batch: int, pad_ratio: float, max_total: Optional[int] = None
+) -> List[List[int]]:
     """Indices of `frames`, sorted by length, in batches of <= max_batch whose longest is at most
     (1 + pad_ratio) x their shortest and, with `max_total`, whose longest x size is at most that (a
     bound on the padded batch, so long utterances come in small batches)."""
     order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
     batches: List[List[int]] = []
     for i in order:
-        if batches and len(batches[-1]) < max_batch and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio) \
-                and (max_total is None or frames[i] * (len(batches[-1]) + 1) <= max_total):
+        if (
+            batches
+            and len(batches[-1]) < max_batch
+            and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio)
+            and (max_total is None or frames[i] * (len(batches[-1]) + 1) <= max_total)
+        ):
             batches[-1].append(i)
         else:
             batches.append([i])
     return batches
 
 
-def load_embedder(checkpoint: Optional[Union[str, Path]] = None, *, threedspeaker: Optional[str] = None,
-                  weights: Optional[Union[str, Path]] = None, device: Union[str, torch.device] = "auto") -> Embedder:
+def load_embedder(
+    checkpoint: Optional[Union[str, Path]] = None,
+    *,
+    threedspeaker: Optional[str] = None,
+    weights: Optional[Union[str, Path]] = None,
+    device: Union[str, torch.device] = "auto",
+) -> Embedder:
     """An eval-mode `Embedder` from one of:
 
     - `checkpoint`: a speakerlab checkpoint file, or an exp dir (its newest intact checkpoint, a corrupt

@@ -8,6 +8,7 @@ Both formats take fbank features `(B, T, 80)` (input name `feats`) and return em
 has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
 input lengths.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,19 +51,28 @@ def export_onnx(model: nn.Module, path, feat_dim: Optional[int] = None, opset: i
     arg = next(iter(_forward_arg_names(model)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, example, input_names=["feats"], output_names=["embedding"],
-                                    dynamic_shapes={arg: {0: batch, 1: frames}}, opset_version=opset,
-                                    dynamo=True, external_data=False)
+        program = torch.onnx.export(
+            model,
+            example,
+            input_names=["feats"],
+            output_names=["embedding"],
+            dynamic_shapes={arg: {0: batch, 1: frames}},
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
+        )
     program.save(str(path))
 
 
 def _forward_arg_names(model: nn.Module):
     import inspect
+
     return [p for p in inspect.signature(model.forward).parameters]
 
 
-def check_export(model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim: Optional[int] = None,
-                 atol: float = 1e-4) -> float:
+def check_export(
+    model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim: Optional[int] = None, atol: float = 1e-4
+) -> float:
     """Largest |exported - PyTorch| over two input lengths; raises when above `atol`."""
     feat_dim = model_feat_dim(model, feat_dim)
     worst = 0.0
@@ -72,6 +82,7 @@ def check_export(model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim:
             ref = model.eval()(x).numpy()
         if fmt == "onnx":
             import onnxruntime as ort
+
             sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             got = sess.run(None, {"feats": x.numpy()})[0]
         else:
@@ -110,9 +121,11 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
     err = check_export(model, args.out, args.format, feat_dim=feat_dim)
-    print(f"export: {args.out} ({args.format}, {feat_dim} bins of {embedder.spec.fbank.sample_rate} Hz fbank, "
-          f"mean norm {'on' if embedder.spec.mean_norm else 'off'}); max |diff| vs PyTorch at 2 lengths: {err:.2e}",
-          file=sys.stderr)
+    print(
+        f"export: {args.out} ({args.format}, {feat_dim} bins of {embedder.spec.fbank.sample_rate} Hz fbank, "
+        f"mean norm {'on' if embedder.spec.mean_norm else 'off'}); max |diff| vs PyTorch at 2 lengths: {err:.2e}",
+        file=sys.stderr,
+    )
     return 0
 
 

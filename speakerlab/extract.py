@@ -64,8 +64,7 @@ def plan_units(lengths: Sequence[int], max_samples: int) -> Tuple[np.ndarray, np
 class UnitReader(Dataset):
     """Unit k -> `(k, (length,) float32)`: only that chunk's samples are read from disk."""
 
-    def __init__(self, paths: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray,
-                 sample_rate: int):
+    def __init__(self, paths: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray, sample_rate: int):
         self.paths, self.utt, self.start, self.length, self.sample_rate = paths, utt, start, length, sample_rate
 
     def __len__(self) -> int:
@@ -93,9 +92,20 @@ def utterance_lengths(data: DataDir, sample_rate: int) -> List[int]:
 class StreamingExtractor:
     """Embeddings of one data dir with one Embedder, in shards (see the module docstring)."""
 
-    def __init__(self, embedder: Embedder, data: DataDir, out: Path, max_seconds: float = 60.0,
-                 batch_size: int = 32, batch_seconds: float = 240.0, pad_ratio: float = 0.0,
-                 shard_units: int = 4096, num_workers: int = 2, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        embedder: Embedder,
+        data: DataDir,
+        out: Path,
+        max_seconds: float = 60.0,
+        batch_size: int = 32,
+        batch_seconds: float = 240.0,
+        pad_ratio: float = 0.0,
+        shard_units: int = 4096,
+        num_workers: int = 2,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         self.embedder, self.data, self.out = embedder, data, Path(out)
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
@@ -109,10 +119,16 @@ class StreamingExtractor:
         # Deal the length-sorted batches round-robin into shards: every shard has short and long units.
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
-        settings = {"model": embedder.name, "max_seconds": max_seconds, "batch_size": batch_size,
-                    "batch_seconds": batch_seconds, "pad_ratio": pad_ratio, "shard_units": shard_units,
-                    "units": hashlib.sha1(np.stack([self.utt, self.start, self.length]).tobytes()).hexdigest(),
-                    "utts": hashlib.sha1("\n".join(f"{u} {data.wav[u]}" for u in data.utts).encode()).hexdigest()}
+        settings = {
+            "model": embedder.name,
+            "max_seconds": max_seconds,
+            "batch_size": batch_size,
+            "batch_seconds": batch_seconds,
+            "pad_ratio": pad_ratio,
+            "shard_units": shard_units,
+            "units": hashlib.sha1(np.stack([self.utt, self.start, self.length]).tobytes()).hexdigest(),
+            "utts": hashlib.sha1("\n".join(f"{u} {data.wav[u]}" for u in data.utts).encode()).hexdigest(),
+        }
         self.manifest = {"settings": settings, "shards": n_shards, "world_size": world_size}
 
     def prepare_parts(self, log) -> None:
@@ -135,10 +151,16 @@ class StreamingExtractor:
     @torch.no_grad()
     def run_shard(self, s: int) -> None:
         units = sorted(k for b in self.shards[s] for k in b)
-        reader = UnitReader([self.data.wav[u] for u in self.data.utts], self.utt, self.start, self.length,
-                            self.embedder.sample_rate)
-        loader = DataLoader(reader, batch_sampler=self.shards[s], num_workers=self.num_workers,
-                            collate_fn=collate_units, pin_memory=self.embedder.device.type == "cuda")
+        reader = UnitReader(
+            [self.data.wav[u] for u in self.data.utts], self.utt, self.start, self.length, self.embedder.sample_rate
+        )
+        loader = DataLoader(
+            reader,
+            batch_sampler=self.shards[s],
+            num_workers=self.num_workers,
+            collate_fn=collate_units,
+            pin_memory=self.embedder.device.type == "cuda",
+        )
         emb = {}
         for ks, waves in loader:
             for k, e in zip(ks.tolist(), self.embedder(waves).cpu().numpy()):
@@ -170,8 +192,9 @@ class StreamingExtractor:
         return (sums / counts[:, None]).astype(np.float32)
 
 
-def embed_data_dir(embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0,
-                   out=None, **options) -> Tuple[List[str], np.ndarray]:
+def embed_data_dir(
+    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, out=None, **options
+) -> Tuple[List[str], np.ndarray]:
     """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings), streamed in one process.
 
     Parts go to `<out>.parts/` (a temporary dir when `out` is None). A non-finite embedding is an error
@@ -181,8 +204,15 @@ def embed_data_dir(embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio:
     data = load_data_dir(data_dir, need_speakers=False)
     data.check_audio_exists()
     with tempfile.TemporaryDirectory() as tmp:
-        ex = StreamingExtractor(embedder, data, Path(out) if out else Path(tmp) / "emb.npz", batch_size=max_batch,
-                                pad_ratio=pad_ratio, num_workers=options.pop("num_workers", 0), **options)
+        ex = StreamingExtractor(
+            embedder,
+            data,
+            Path(out) if out else Path(tmp) / "emb.npz",
+            batch_size=max_batch,
+            pad_ratio=pad_ratio,
+            num_workers=options.pop("num_workers", 0),
+            **options,
+        )
         ex.prepare_parts(lambda m: None)
         ex.run_mine()
         emb = ex.merge()
@@ -191,8 +221,9 @@ def embed_data_dir(embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio:
     return data.utts, emb
 
 
-def embed_feature_store(embedder: Embedder, data_dir, max_batch: int = 32,
-                        pad_ratio: float = 0.0) -> Tuple[List[str], np.ndarray]:
+def embed_feature_store(
+    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0
+) -> Tuple[List[str], np.ndarray]:
     """Like `embed_data_dir`, from `<data_dir>/feats.scp` (python -m speakerlab.feature_store) instead of
     the audio; the store's fbank options must be the checkpoint's (else an error naming the option)."""
     from speakerlab.feature_store import FeatureStore  # kaldiio only when the store is used
@@ -234,15 +265,23 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=32, help="units per batch at most")
     ap.add_argument("--batch-seconds", type=float, default=240.0, help="padded audio per batch at most")
-    ap.add_argument("--max-seconds", type=float, default=60.0,
-                    help="longer utterances are cut into chunks whose embeddings are averaged (0: never)")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help="longer utterances are cut into chunks whose embeddings are averaged (0: never)",
+    )
     ap.add_argument("--pad-ratio", type=float, default=0.0)
     ap.add_argument("--shard-units", type=int, default=4096, help="units per shard (the unit of resumption)")
     ap.add_argument("--num-workers", type=int, default=2, help="audio-reading loader processes")
     ap.add_argument("--kaldi", action="store_true", help="also write Kaldi ark/scp next to OUT")
-    ap.add_argument("--feats", choices=["auto", "yes", "no"], default="auto",
-                    help="read <data>/feats.scp (python -m speakerlab.feature_store) instead of decoding audio: "
-                    "yes, no, or auto (when the store exists with the checkpoint's fbank options)")
+    ap.add_argument(
+        "--feats",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="read <data>/feats.scp (python -m speakerlab.feature_store) instead of decoding audio: "
+        "yes, no, or auto (when the store exists with the checkpoint's fbank options)",
+    )
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = args.device
@@ -262,8 +301,11 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     save_embeddings(args.out, ids, emb, args.kaldi)
-    print(f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
-          f"in {time.time() - t0:.1f}s", file=sys.stderr)
+    print(
+        f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
+        f"in {time.time() - t0:.1f}s",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -289,8 +331,19 @@ def _stream(embedder: Embedder, args, rank: int, world: int):
     log = (lambda m: print(m, file=sys.stderr)) if rank == 0 else (lambda m: None)
     data = load_data_dir(args.data, need_speakers=False)
     data.check_audio_exists()
-    ex = StreamingExtractor(embedder, data, Path(args.out), args.max_seconds, args.batch_size, args.batch_seconds,
-                            args.pad_ratio, args.shard_units, args.num_workers, rank, world)
+    ex = StreamingExtractor(
+        embedder,
+        data,
+        Path(args.out),
+        args.max_seconds,
+        args.batch_size,
+        args.batch_seconds,
+        args.pad_ratio,
+        args.shard_units,
+        args.num_workers,
+        rank,
+        world,
+    )
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
     try:

@@ -68,11 +68,14 @@ class FbankConfig:
             f"window_type must be one of {WINDOW_TYPES}": self.window_type in WINDOW_TYPES,
             "num_mel_bins must be >= 3": self.num_mel_bins >= 3,
             "frames need >= 2 samples and a shift >= 1 sample": self.sample_rate > 0
-            and self.window_size >= 2 and self.window_shift >= 1,
+            and self.window_size >= 2
+            and self.window_shift >= 1,
             "preemphasis must lie in [0, 1]": 0.0 <= self.preemphasis <= 1.0,
             "dither must be >= 0": self.dither >= 0.0,
             f"need 0 <= low_freq < high_freq <= Nyquist ({nyquist} Hz)": 0.0
-            <= self.low_freq < self.effective_high_freq <= nyquist,
+            <= self.low_freq
+            < self.effective_high_freq
+            <= nyquist,
         }
         problems = [message for message, ok in checks.items() if not ok]
         if problems:
@@ -101,6 +104,7 @@ def _mel_matrix(config: FbankConfig) -> Tensor:
     Built in float32 as Kaldi's MelBanks (BaseFloat) and torchaudio do: the rounding of the
     filter edges shows in the narrow low-frequency filters at the 1e-4 level.
     """
+
     def mel(freq):
         return 1127.0 * (1.0 + freq / 700.0).log()
 
@@ -300,9 +304,14 @@ class FeatureSpec:
 def fbank_config(settings: "FeatureSettings", sample_rate: int, dither: Optional[float] = None) -> FbankConfig:
     """The fbank of a `features` config section at `sample_rate`; `dither` overrides the section's
     (inference always uses 0)."""
-    return FbankConfig(sample_rate=sample_rate, num_mel_bins=settings.num_mel_bins,
-                       frame_length_ms=settings.frame_length_ms, frame_shift_ms=settings.frame_shift_ms,
-                       window_type=settings.window_type, dither=settings.dither if dither is None else dither)
+    return FbankConfig(
+        sample_rate=sample_rate,
+        num_mel_bins=settings.num_mel_bins,
+        frame_length_ms=settings.frame_length_ms,
+        frame_shift_ms=settings.frame_shift_ms,
+        window_type=settings.window_type,
+        dither=settings.dither if dither is None else dither,
+    )
 
 
 def feature_spec(settings: "FeatureSettings", sample_rate: int) -> FeatureSpec:

@@ -29,8 +29,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.infer", description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a speakerlab checkpoint (or exp dir)")
-    src.add_argument("--3dspeaker", dest="threedspeaker", metavar="NAME",
-                     help="registered model name of a 3D-Speaker state dict given by --weights")
+    src.add_argument(
+        "--3dspeaker",
+        dest="threedspeaker",
+        metavar="NAME",
+        help="registered model name of a 3D-Speaker state dict given by --weights",
+    )
     ap.add_argument("--weights", help="3D-Speaker checkpoint file (.pt/.bin/.ckpt state dict)")
     ap.add_argument("--score", action="store_true", help="print the cosine score of exactly two files")
     ap.add_argument("--out", help="write embeddings to this .npz instead of printing them")
@@ -42,8 +46,9 @@ def main(argv=None) -> int:
     if args.score and len(args.wavs) != 2:
         ap.error("--score takes exactly two files")
     try:
-        embedder = load_embedder(args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights,
-                                 device=args.device)
+        embedder = load_embedder(
+            args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights, device=args.device
+        )
         emb = embedder.embed_waves([embedder.read(p) for p in args.wavs])
         check_finite(args.wavs, emb)
     except (CheckpointError, AudioError, NonFiniteEmbedding) as e:

@@ -3,6 +3,7 @@
 Every reader validates as it reads and raises `ListError` naming the file and line number:
 malformed lines, duplicate ids, utterances without a speaker, trial ids with no embedding.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ def _lines(path: Path):
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as e:
-                raise ListError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); "
-                                "lists must be UTF-8") from None
+                raise ListError(
+                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); lists must be UTF-8"
+                ) from None
             if line and not line.startswith("#"):
                 yield lineno, line
 
@@ -119,8 +121,7 @@ def check_trial_ids(trials: Sequence[Trial], available: Iterable[str], path) -> 
     if bad:
         t = bad[0]
         missing = t.enrol if t.enrol not in have else t.test
-        raise ListError(f"{path}:{t.line}: id '{missing}' has no embedding"
-                        f" ({len(bad)} trial line(s) affected)")
+        raise ListError(f"{path}:{t.line}: id '{missing}' has no embedding ({len(bad)} trial line(s) affected)")
 
 
 @dataclass
@@ -165,8 +166,12 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
     if not root.is_dir():
         raise ListError(f"{root}: data dir does not exist")
     wav = read_wav_scp(root / "wav.scp")
-    data = DataDir(root=root, utts=sorted(wav), wav={u: p for u, (n, p) in wav.items()},
-                   wav_line={u: n for u, (n, p) in wav.items()})
+    data = DataDir(
+        root=root,
+        utts=sorted(wav),
+        wav={u: p for u, (n, p) in wav.items()},
+        wav_line={u: n for u, (n, p) in wav.items()},
+    )
     if need_speakers or (root / "utt2spk").exists():
         u2s = read_utt2spk(root / "utt2spk")
         for utt, (lineno, _) in u2s.items():
@@ -191,8 +196,7 @@ def _check_spk2utt(path: Path, utt2spk: Dict[str, str]) -> None:
     for spk, (lineno, utts) in read_spk2utt(path).items():
         for utt in utts:
             if utt2spk.get(utt) != spk:
-                raise ListError(f"{path}:{lineno}: '{utt}' under speaker '{spk}' but utt2spk says "
-                                f"{utt2spk.get(utt)!r}")
+                raise ListError(f"{path}:{lineno}: '{utt}' under speaker '{spk}' but utt2spk says {utt2spk.get(utt)!r}")
             seen.add(utt)
     if len(seen) != len(utt2spk):
         missing = sorted(set(utt2spk) - seen)[0]

@@ -3,6 +3,7 @@
 Both map `(B, D)` embeddings and `(B,)` labels to a scalar loss and `(B, S)` cosine logits, and take
 the margin of the schedule through `set_margin` (a buffer, so it is part of the checkpoint).
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,15 @@ class SphereFace2(nn.Module):
     SphereFace2 settings; the margin given here is the schedule's final value.
     """
 
-    def __init__(self, embedding_size: int, num_classes: int, scale: float = 32.0, margin: float = 0.2,
-                 lam: float = 0.7, t: int = 3):
+    def __init__(
+        self,
+        embedding_size: int,
+        num_classes: int,
+        scale: float = 32.0,
+        margin: float = 0.2,
+        lam: float = 0.7,
+        t: int = 3,
+    ):
         super().__init__()
         if not 0.0 < lam < 1.0:
             raise ValueError(f"lam must be in (0, 1), got {lam}")

@@ -70,8 +70,9 @@ def compute_min_dcf(scores, labels, p_target: float = 0.01, c_miss: float = 1.0,
     return _min_dcf(p_miss, p_fa, p_target, c_miss, c_fa)
 
 
-def verification_metrics(scores, labels, p_targets: Sequence[float] = (0.01, 0.05), c_miss: float = 1.0,
-                         c_fa: float = 1.0) -> Dict[str, object]:
+def verification_metrics(
+    scores, labels, p_targets: Sequence[float] = (0.01, 0.05), c_miss: float = 1.0, c_fa: float = 1.0
+) -> Dict[str, object]:
     """`scores (N,)`, `labels (N,)` -> {"eer", "min_dcf": {p_target: value}, "p_miss", "p_fa"} from one sort.
 
     `p_miss`, `p_fa` (K+1,) are the whole error curves (for the DET picture)."""

@@ -32,8 +32,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
-from speakerlab.config import AUGMENT_KINDS
 from speakerlab.audio import AudioError, audio_info
+from speakerlab.config import AUGMENT_KINDS
 from speakerlab.lists import ListError, read_wav_scp
 
 KINDS = AUGMENT_KINDS

@@ -7,6 +7,7 @@ and crops can be drawn without opening files). Every problem is reported, with f
 anything is written. This is its own recipe stage: multi-GPU training then starts from prepared
 lists and no rank waits on another's preparation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,7 @@ from speakerlab.lists import DataDir, ListError, load_data_dir, read_trials, wri
 def index_lengths(data: DataDir, sample_rate: int = 16000, jobs: int = 4) -> Dict[str, int]:
     """Read every file's header: {utt: samples}. All unusable files (wrong rate or channels,
     unreadable) are reported in one ListError naming wav.scp and the line of each."""
+
     def info(utt):
         try:
             return utt, audio_info(data.wav[utt], sample_rate), None

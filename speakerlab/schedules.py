@@ -4,6 +4,7 @@ Because they depend only on the step and on epoch length in optimizer steps (fix
 batch, not by the number of GPUs), a run resumed at step k, or moved to other hardware, follows the
 same schedule.
 """
+
 from __future__ import annotations
 
 import math

@@ -76,8 +76,9 @@ def read_embeddings(path):
     return ids, emb
 
 
-def cosine_trial_scores(unit: np.ndarray, enrol: np.ndarray, test: np.ndarray,
-                        threads: Optional[int] = None) -> np.ndarray:
+def cosine_trial_scores(
+    unit: np.ndarray, enrol: np.ndarray, test: np.ndarray, threads: Optional[int] = None
+) -> np.ndarray:
     """Unit rows `(M, D)`, trial rows `enrol`, `test` (N,) -> `(N,)` float32 cosines.
 
     Blocks of SCORE_BLOCK trials (two row gathers and a row-wise dot product, all GIL-free numpy), split
@@ -122,8 +123,9 @@ class Scorer:
         n_tar = int(tl.target.sum())
         if n_tar in (0, len(tl)):
             kind = "target" if n_tar else "nontarget"
-            raise ListError(f"{tl.path}: all {len(tl)} trials are {kind}; EER and minDCF need target and "
-                            f"nontarget trials")
+            raise ListError(
+                f"{tl.path}: all {len(tl)} trials are {kind}; EER and minDCF need target and nontarget trials"
+            )
         return tl
 
     def set_durations(self, durations: Dict[str, float], source: str) -> None:
@@ -148,8 +150,9 @@ class Scorer:
             if bad.any():
                 i = int(np.argmax(bad))
                 row = tl.enrol[i] if np.isnan(self.logdur[tl.enrol[i]]) else tl.test[i]
-                raise ListError(f"{tl.path}:{tl.line[i]}: no duration for '{self.index.ids[row]}' in "
-                                f"{self._dur_source}")
+                raise ListError(
+                    f"{tl.path}:{tl.line[i]}: no duration for '{self.index.ids[row]}' in {self._dur_source}"
+                )
         return qmf_features(raw, tl.enrol, tl.test, self.norms, self.logdur)
 
     def scores(self, tl: TrialList) -> np.ndarray:
@@ -168,14 +171,28 @@ class Scorer:
         return "+".join(parts)
 
 
-def summarise(name: str, tl: TrialList, scores: np.ndarray, p_targets: Sequence[float], calibrated: bool,
-              keep_curves: bool = False) -> Dict:
+def summarise(
+    name: str,
+    tl: TrialList,
+    scores: np.ndarray,
+    p_targets: Sequence[float],
+    calibrated: bool,
+    keep_curves: bool = False,
+) -> Dict:
     """Metrics of one list as a JSON-ready dict (`p_miss`, `p_fa` curves added when keep_curves)."""
     m = verification_metrics(scores, tl.target, p_targets)
     n_tar = int(tl.target.sum())
-    out = {"name": name, "trials": str(tl.path), "n_trials": len(tl), "n_target": n_tar,
-           "n_nontarget": len(tl) - n_tar, "eer": m["eer"], "c_miss": 1.0, "c_fa": 1.0,
-           "min_dcf": {f"{p:g}": v for p, v in m["min_dcf"].items()}}
+    out = {
+        "name": name,
+        "trials": str(tl.path),
+        "n_trials": len(tl),
+        "n_target": n_tar,
+        "n_nontarget": len(tl) - n_tar,
+        "eer": m["eer"],
+        "c_miss": 1.0,
+        "c_fa": 1.0,
+        "min_dcf": {f"{p:g}": v for p, v in m["min_dcf"].items()},
+    }
     if calibrated:
         out["cllr"] = cllr(scores, tl.target)
         out["act_dcf"] = {f"{p:g}": act_dcf(scores, tl.target, p) for p in p_targets}
@@ -202,8 +219,10 @@ def cosine_scores(ids: Sequence[str], emb: np.ndarray, trials: List[Trial], tria
     missing = [t for t in trials if t.enrol not in pos or t.test not in pos]
     if missing:
         t = missing[0]
-        raise ListError(f"{trials_path}:{t.line}: id '{t.enrol if t.enrol not in pos else t.test}' has no embedding"
-                        f" ({len(missing)} trial line(s) affected)")
+        raise ListError(
+            f"{trials_path}:{t.line}: id '{t.enrol if t.enrol not in pos else t.test}' has no embedding"
+            f" ({len(missing)} trial line(s) affected)"
+        )
     a = np.array([pos[t.enrol] for t in trials], np.int64)
     b = np.array([pos[t.test] for t in trials], np.int64)
     return cosine_trial_scores(unit_rows(emb), a, b)
@@ -305,14 +324,28 @@ def run(args) -> List[Dict]:
         scores = scorer.scores(tl)
         s = summarise(name, tl, scores, args.p_target, scorer.qmf is not None, keep_curves=not args.no_plots)
         curves = s.pop("_curves", None)
-        s["scoring"] = {"method": scorer.method(), "embeddings": str(args.embeddings), "cohort": args.cohort,
-                        "mean_sub": bool(args.mean_sub), "asnorm_top_n": args.asnorm_top_n,
-                        "qmf_train": args.qmf_train, "qmf": scorer.qmf.describe() if scorer.qmf else None}
+        s["scoring"] = {
+            "method": scorer.method(),
+            "embeddings": str(args.embeddings),
+            "cohort": args.cohort,
+            "mean_sub": bool(args.mean_sub),
+            "asnorm_top_n": args.asnorm_top_n,
+            "qmf_train": args.qmf_train,
+            "qmf": scorer.qmf.describe() if scorer.qmf else None,
+        }
         files = {"scores": f"{prefix}.scores", "result": f"{prefix}.result", "json": f"{prefix}.json"}
         write_scores(files["scores"], tl, scores)
         if curves is not None:
-            files["det"] = str(plot_det(curves[0], curves[1], f"{prefix}.det.png", f"{name}: {s['scoring']['method']}",
-                                        s["eer"], {float(k): v for k, v in s["min_dcf"].items()}))
+            files["det"] = str(
+                plot_det(
+                    curves[0],
+                    curves[1],
+                    f"{prefix}.det.png",
+                    f"{name}: {s['scoring']['method']}",
+                    s["eer"],
+                    {float(k): v for k, v in s["min_dcf"].items()},
+                )
+            )
             files["hist"] = str(plot_histogram(scores, tl.target, f"{prefix}.hist.png", name))
         s["files"] = files
         line = result_line(s)

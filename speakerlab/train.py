@@ -21,15 +21,15 @@ import torch
 
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
+from speakerlab.embedder import NonFiniteEmbedding
 from speakerlab.engine import distributed as dist_utils
-from speakerlab.engine.monitor import Meter
 from speakerlab.engine.lock import ExpDirLock, ExpDirLocked
+from speakerlab.engine.monitor import Meter
 from speakerlab.engine.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.engine.setup import Run, build_run, load_train_config
 from speakerlab.engine.stability import TrainingStopped, batch_culprits
-from speakerlab.engine.watchdog import Watchdog
 from speakerlab.engine.validation import validation_eer
-from speakerlab.embedder import NonFiniteEmbedding
+from speakerlab.engine.watchdog import Watchdog
 from speakerlab.features import feature_spec
 from speakerlab.lists import ListError
 from speakerlab.schedules import lr_at, margin_at
@@ -39,7 +39,7 @@ from speakerlab.schedules import lr_at, margin_at
 class StepResult:
     """What one optimizer step reports (host values, read once per step)."""
 
-    updated: bool        # False when the guard skipped the step
+    updated: bool  # False when the guard skipped the step
     loss: float
     accuracy: float
     grad_norm: float
@@ -53,8 +53,9 @@ def set_schedules(run: Run) -> tuple:
     o, loss = run.cfg.optim, run.cfg.loss
     total = run.cfg.train.epochs * run.steps_per_epoch
     lr = lr_at(run.state.step, total, int(o.warmup_epochs * run.steps_per_epoch), o.lr, o.min_lr)
-    margin = margin_at(run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch,
-                       loss.margin_warmup_epochs)
+    margin = margin_at(
+        run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch, loss.margin_warmup_epochs
+    )
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     run.raw.classifier.set_margin(margin)
@@ -92,8 +93,13 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
     loss_value, correct = torch.stack([loss_sum, hits.float()]).tolist()
     overflow = run.precision.use_scaler and run.scaler.get_scale() >= 1.0
-    ok = run.guard.check(run.state.step, loss_value, grad_norm,
-                         lambda: batch_culprits(pending, run.loader.dataset.paths, run.info), overflow)
+    ok = run.guard.check(
+        run.state.step,
+        loss_value,
+        grad_norm,
+        lambda: batch_culprits(pending, run.loader.dataset.paths, run.info),
+        overflow,
+    )
     if ok:
         run.scaler.step(run.optimizer)
     run.scaler.update()
@@ -123,8 +129,11 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         if run.state.step % cfg.train.log_every_steps == 0 or done == run.steps_per_epoch:
             log_step(run, meter, result, wait, time.perf_counter() - t_log)
             wait, t_log = 0.0, time.perf_counter()
-        if cfg.train.save_every_steps and run.state.step % cfg.train.save_every_steps == 0 \
-                and done < run.steps_per_epoch:
+        if (
+            cfg.train.save_every_steps
+            and run.state.step % cfg.train.save_every_steps == 0
+            and done < run.steps_per_epoch
+        ):
             save_mid_epoch(run, done)
     run.monitor.end_progress()
     if done < run.steps_per_epoch:
@@ -152,10 +161,15 @@ def end_epoch(run: Run) -> None:
 def log_step(run: Run, meter: Meter, last: StepResult, wait: float, elapsed: float) -> None:
     steps = meter.count
     values = meter.reset() or {}
-    values = dist_utils.all_reduce_mean({**values, "data_wait_fraction": wait / max(elapsed, 1e-9)}, run.info,
-                                        run.device)
-    values.update(lr=last.lr, margin=last.margin, skipped_steps=run.guard.total,
-                  samples_per_s=max(steps, 1) * run.plan.global_batch / max(elapsed, 1e-9))
+    values = dist_utils.all_reduce_mean(
+        {**values, "data_wait_fraction": wait / max(elapsed, 1e-9)}, run.info, run.device
+    )
+    values.update(
+        lr=last.lr,
+        margin=last.margin,
+        skipped_steps=run.guard.total,
+        samples_per_s=max(steps, 1) * run.plan.global_batch / max(elapsed, 1e-9),
+    )
     values["loss_scale"] = run.scaler.get_scale() if run.precision.use_scaler else 1.0
     values["peak_memory_gb"] = peak_memory_gb(run.device)
     run.monitor.scalars(values, run.state.step)
@@ -170,6 +184,7 @@ def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
@@ -182,15 +197,26 @@ def positive_int(text: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.train", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, action="append",
-                    help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)")
+    ap.add_argument(
+        "--config",
+        required=True,
+        action="append",
+        help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)",
+    )
     ap.add_argument("--exp-dir", required=True)
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
-    ap.add_argument("--max-steps", type=positive_int, help="stop (with a checkpoint) after this many optimizer steps "
-                    "of this invocation, e.g. to fit a cluster time limit; the schedule is unaffected")
-    ap.add_argument("--force-new-schedule", action="store_true",
-                    help="resume although settings that define the schedule or data order changed (global batch, "
-                    "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings")
+    ap.add_argument(
+        "--max-steps",
+        type=positive_int,
+        help="stop (with a checkpoint) after this many optimizer steps "
+        "of this invocation, e.g. to fit a cluster time limit; the schedule is unaffected",
+    )
+    ap.add_argument(
+        "--force-new-schedule",
+        action="store_true",
+        help="resume although settings that define the schedule or data order changed (global batch, "
+        "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings",
+    )
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
     args = ap.parse_args(argv)
     exp_dir = Path(args.exp_dir)
@@ -226,8 +252,9 @@ def main(argv=None) -> int:
         if run.state.epoch < cfg.train.epochs:
             run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")
         else:
-            run.monitor.log(f"training done: {run.state.epoch} epochs, {run.state.step} steps, "
-                            f"{run.guard.total} skipped")
+            run.monitor.log(
+                f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
+            )
         return 0
     except (ExpDirLocked, ScheduleChanged) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -242,6 +269,7 @@ def main(argv=None) -> int:
         if lock is not None:
             lock.release()
         dist_utils.cleanup()
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,5 @@
 """Small builders shared by the tests: wav files and Kaldi data dirs on disk."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,9 @@ def write_wav(path: Path, samples: np.ndarray, sample_rate: int = 16000, subtype
     return path
 
 
-def make_data_dir(root: Path, utts: Dict[str, str], seconds: float = 0.5, seed: int = 0,
-                  trials: Optional[str] = None) -> Path:
+def make_data_dir(
+    root: Path, utts: Dict[str, str], seconds: float = 0.5, seed: int = 0, trials: Optional[str] = None
+) -> Path:
     """A data dir with one random wav per utterance: `utts` maps utt -> speaker."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)

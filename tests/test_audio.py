@@ -25,7 +25,7 @@ def test_crop_reads_only_the_crop(tmp_path, monkeypatch):
     assert crop.shape == (4000,) and crop.dtype == np.float32
     start = calls[0]["start"]
     assert calls[0]["frames"] == 4000  # partial read, not a full decode
-    np.testing.assert_array_equal(crop, ref[start:start + 4000])
+    np.testing.assert_array_equal(crop, ref[start : start + 4000])
 
 
 def test_crop_deterministic_per_seed(tmp_path):
@@ -67,7 +67,7 @@ def test_int16_crops_pcm_exact_float_rounded_nonfinite_flagged(tmp_path):
     pcm = write_wav(tmp_path / "pcm.wav", ints)
     crop, finite = read_crop_int16(str(pcm), 3000, 8000, np.random.default_rng(4))
     start = int(np.random.default_rng(4).integers(0, 8000 - 3000 + 1))  # the draw of read_crop
-    assert finite and crop.dtype == np.int16 and np.array_equal(crop, ints[start:start + 3000])
+    assert finite and crop.dtype == np.int16 and np.array_equal(crop, ints[start : start + 3000])
     short, _ = read_crop_int16(str(pcm), 20000, 8000, np.random.default_rng(4))
     as_float = read_crop(str(pcm), 20000, 8000, np.random.default_rng(4))
     np.testing.assert_array_equal(short, np.round(as_float * 32768).astype(np.int16))  # same tiling and phase

@@ -17,7 +17,7 @@ import torch
 from speakerlab.average import main as average_main
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from speakerlab.extract import main as extract_main
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.features import FeatureSpec
 from speakerlab.infer import main as infer_main
 from speakerlab.models import build_model
 from speakerlab.noise_bank import main as bank_main
@@ -26,14 +26,23 @@ from speakerlab.train import main as train_main
 from tests.helpers import make_data_dir, write_wav
 from tests.test_train import ROOT, tiny_config
 
-TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
-        "num_layers": [1, 1, 1]}
+TINY = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 
 
 def snapshot(folder: Path) -> dict:
     """name -> bytes of every file under `folder` (what "nothing lost or changed" compares)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} \
-        if folder.exists() else {}
+    return (
+        {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        if folder.exists()
+        else {}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +62,24 @@ def copy_exp(trained, tmp_path) -> Path:
 
 # ---------------------------------------------------------------- training: config and command line
 
-@pytest.mark.parametrize("args, message", [
-    (["train.keep_checkpoints=0"], "config key 'train.keep_checkpoints' must be >= 1, got 0"),
-    (["train.keep_checkpoints=-1"], "config key 'train.keep_checkpoints' must be >= 1, got -1"),
-    (["train.log_every_steps=0"], "config key 'train.log_every_steps' must be >= 1, got 0"),
-    (["train.val_every=0"], "config key 'train.val_every' must be >= 1, got 0"),
-    (["optim.min_lr=-0.5"], "config key 'optim.min_lr' must be >= 0, got -0.5"),
-    (["optim.min_lr=0.5"], "config key 'optim.min_lr' (0.5) must be <= optim.lr (0.05)"),
-    (["train.epocs=1"], "unknown config key 'train.epocs'"),
-    (["train.epochs=two"], "config key 'train.epochs' must be an integer, got 'two' in the command-line overrides"),
-    (["model.args.embeding_size=8"], "config key 'model.args.embeding_size': model 'campplus' has no argument"),
-    (["hardware.per_device_batch=big"], "config key 'hardware.per_device_batch' must be an integer or 'auto'"),
-    (["augment.speed_prob=2"], "config key 'augment.speed_prob' must be in [0, 1], got 2.0"),
-    (["--hardware", "tpu-9000"], "unknown hardware profile 'tpu-9000'"),
-])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train.keep_checkpoints=0"], "config key 'train.keep_checkpoints' must be >= 1, got 0"),
+        (["train.keep_checkpoints=-1"], "config key 'train.keep_checkpoints' must be >= 1, got -1"),
+        (["train.log_every_steps=0"], "config key 'train.log_every_steps' must be >= 1, got 0"),
+        (["train.val_every=0"], "config key 'train.val_every' must be >= 1, got 0"),
+        (["optim.min_lr=-0.5"], "config key 'optim.min_lr' must be >= 0, got -0.5"),
+        (["optim.min_lr=0.5"], "config key 'optim.min_lr' (0.5) must be <= optim.lr (0.05)"),
+        (["train.epocs=1"], "unknown config key 'train.epocs'"),
+        (["train.epochs=two"], "config key 'train.epochs' must be an integer, got 'two' in the command-line overrides"),
+        (["model.args.embeding_size=8"], "config key 'model.args.embeding_size': model 'campplus' has no argument"),
+        (["hardware.per_device_batch=big"], "config key 'hardware.per_device_batch' must be an integer or 'auto'"),
+        (["augment.speed_prob=2"], "config key 'augment.speed_prob' must be in [0, 1], got 2.0"),
+        (["--hardware", "tpu-9000"], "unknown hardware profile 'tpu-9000'"),
+    ],
+)
 def test_bad_setting_stops_before_anything_is_written(trained, tmp_path, capsys, args, message):
     exp = tmp_path / "new"
     assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), *args]) == 2
@@ -88,6 +101,7 @@ def test_yaml_error_names_file_and_line(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- training: data
+
 
 def test_missing_wav_named_with_its_line(trained, tmp_path, capsys):
     cfg, train = tiny_config(tmp_path, val=False)
@@ -116,7 +130,7 @@ def test_utt2spk_entry_without_audio_named(tmp_path, capsys):
 def test_stale_length_index_found_at_start(tmp_path, capsys):
     cfg, train = tiny_config(tmp_path, val=False)
     assert prepare_main(["--data", str(train)]) == 0
-    write_wav(train / "wav" / "s0-0.wav", np.zeros(4000))   # shorter than utt2num_samples says
+    write_wav(train / "wav" / "s0-0.wav", np.zeros(4000))  # shorter than utt2num_samples says
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert f"{train / 'utt2num_samples'}: 's0-0' says 9600 samples, the file has 4000" in err
@@ -145,14 +159,26 @@ def test_nan_noise_file_is_named_when_the_bank_is_built(tmp_path, capsys):
 
 # ---------------------------------------------------------------- training: exp dir and resume
 
+
 def test_changed_global_batch_is_refused_and_nothing_changes(trained, tmp_path, capsys):
     exp = copy_exp(trained, tmp_path)
     before = snapshot(exp)
-    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.global_batch_size=4",
-                       "hardware.per_device_batch=4"]) == 2
+    assert (
+        train_main(
+            [
+                "--config",
+                str(trained[0]),
+                "--exp-dir",
+                str(exp),
+                "train.global_batch_size=4",
+                "hardware.per_device_batch=4",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "train.global_batch_size: 8 in the checkpoint -> 4 now" in err and "--force-new-schedule" in err
-    assert snapshot(exp) == before   # config.yaml, train.log, checkpoints: untouched
+    assert snapshot(exp) == before  # config.yaml, train.log, checkpoints: untouched
 
 
 def test_x100_learning_rate_is_refused(trained, tmp_path, capsys):
@@ -163,8 +189,20 @@ def test_x100_learning_rate_is_refused(trained, tmp_path, capsys):
 
 def test_force_new_schedule_continues_the_weights(trained, tmp_path):
     exp = copy_exp(trained, tmp_path)
-    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=2", "optim.lr=0.02",
-                       "--force-new-schedule"]) == 0
+    assert (
+        train_main(
+            [
+                "--config",
+                str(trained[0]),
+                "--exp-dir",
+                str(exp),
+                "train.epochs=2",
+                "optim.lr=0.02",
+                "--force-new-schedule",
+            ]
+        )
+        == 0
+    )
     log = (exp / "train.log").read_text()
     assert "--force-new-schedule: train.epochs: 1 in the checkpoint -> 2 now" in log
     assert load_checkpoint(exp / "checkpoints" / "epoch_002.pt").step == 4
@@ -204,7 +242,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_resumed(trai
     newer = exp / "checkpoints" / "partial_002.pt"
     shutil.copy(good, newer)
     data = bytearray(newer.read_bytes())
-    data[len(data) // 2:len(data) // 2 + 32] = b"\x00" * 32
+    data[len(data) // 2 : len(data) // 2 + 32] = b"\x00" * 32
     newer.write_bytes(bytes(data))
     assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 0
     log = (exp / "train.log").read_text()
@@ -244,6 +282,7 @@ def test_full_disk_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- averaging
 
+
 @pytest.mark.parametrize("last", ["0", "-2"])
 def test_average_last_must_be_positive(trained, tmp_path, capsys, last):
     exp = copy_exp(trained, tmp_path)
@@ -260,16 +299,21 @@ def test_average_without_checkpoints_is_named(tmp_path, capsys):
 
 # ---------------------------------------------------------------- inference
 
+
 @pytest.fixture
 def eval_dir(tmp_path):
-    return make_data_dir(tmp_path / "eval", {"a-1": "a", "a-2": "a", "b-1": "b"}, seconds=0.5,
-                         trials="a-1 a-2 target\na-1 b-1 nontarget\n")
+    return make_data_dir(
+        tmp_path / "eval",
+        {"a-1": "a", "a-2": "a", "b-1": "b"},
+        seconds=0.5,
+        trials="a-1 a-2 target\na-1 b-1 nontarget\n",
+    )
 
 
 def test_corrupt_checkpoint_file_is_named_by_extraction(trained, tmp_path, eval_dir, capsys):
     ck = tmp_path / "c.pt"
     data = bytearray((trained[2] / "checkpoints" / "epoch_001.pt").read_bytes())
-    data[len(data) // 2:len(data) // 2 + 32] = b"\xff" * 32
+    data[len(data) // 2 : len(data) // 2 + 32] = b"\xff" * 32
     ck.write_bytes(bytes(data))
     out = tmp_path / "e.npz"
     assert extract_main(["--checkpoint", str(ck), "--data", str(eval_dir), "--out", str(out)]) == 2
@@ -289,15 +333,23 @@ def test_nan_utterance_is_named_and_no_embeddings_written(trained, tmp_path, eva
 
 def test_exp_dir_without_checkpoints_is_named(tmp_path, eval_dir, capsys):
     (tmp_path / "empty").mkdir()
-    assert extract_main(["--checkpoint", str(tmp_path / "empty"), "--data", str(eval_dir),
-                         "--out", str(tmp_path / "e.npz")]) == 2
+    assert (
+        extract_main(
+            ["--checkpoint", str(tmp_path / "empty"), "--data", str(eval_dir), "--out", str(tmp_path / "e.npz")]
+        )
+        == 2
+    )
     assert f"no checkpoint under {tmp_path / 'empty'}" in capsys.readouterr().err
 
 
 def test_state_dict_given_as_checkpoint_says_how_to_load_it(tmp_path, eval_dir, capsys):
     torch.save(build_model("campplus", **TINY).state_dict(), tmp_path / "sd.pt")
-    assert extract_main(["--checkpoint", str(tmp_path / "sd.pt"), "--data", str(eval_dir),
-                         "--out", str(tmp_path / "e.npz")]) == 2
+    assert (
+        extract_main(
+            ["--checkpoint", str(tmp_path / "sd.pt"), "--data", str(eval_dir), "--out", str(tmp_path / "e.npz")]
+        )
+        == 2
+    )
     assert "not a speakerlab checkpoint" in capsys.readouterr().err
 
 
@@ -318,6 +370,7 @@ def test_infer_with_an_unreadable_file_names_it(trained, tmp_path, capsys):
 
 # ---------------------------------------------------------------- features stage
 
+
 def test_prepare_names_a_stereo_file(tmp_path, capsys):
     root = make_data_dir(tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25)
     write_wav(root / "wav" / "b-1.wav", np.zeros((4000, 2)))
@@ -327,15 +380,25 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
 
 # ---------------------------------------------------------------- recipes
 
-@pytest.mark.parametrize("args, message", [
-    (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
-    (["--stop_stage", "9"], "--stop_stage must be a stage number from 1 to 7, got '9'"),
-    (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
-    (["--stag", "3"], "unknown option --stag"),
-    (["--http_proxy", "x"], "unknown option --http_proxy"),
-])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
+        (["--stop_stage", "9"], "--stop_stage must be a stage number from 1 to 7, got '9'"),
+        (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
+        (["--stag", "3"], "unknown option --stag"),
+        (["--http_proxy", "x"], "unknown option --http_proxy"),
+    ],
+)
 @pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb"])
 def test_recipe_option_errors(recipe, args, message, tmp_path):
-    r = subprocess.run(["bash", str(ROOT / "egs" / recipe / "run.sh"), *args], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "http_proxy": "http://proxy.invalid:3128"}, cwd=tmp_path)
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
+        cwd=tmp_path,
+    )
     assert r.returncode == 1 and message in r.stderr and r.stdout == ""

@@ -38,7 +38,7 @@ def test_resume_mid_epoch_continues_identically():
     s.set_epoch(4)
     full = list(s)
     s.set_epoch(4, start_step=3)
-    assert list(s) == full[3 * 2:]
+    assert list(s) == full[3 * 2 :]
     assert len(s) == len(full) - 6
 
 
@@ -50,8 +50,10 @@ def test_plan_mismatch_and_too_little_data():
 
 
 def test_dataset_crops_by_seed(tmp_path):
-    paths = [str(write_wav(tmp_path / f"{i}.wav", np.random.default_rng(i).integers(-999, 999, 8000).astype(np.int16)))
-             for i in range(2)]
+    paths = [
+        str(write_wav(tmp_path / f"{i}.wav", np.random.default_rng(i).integers(-999, 999, 8000).astype(np.int16)))
+        for i in range(2)
+    ]
     ds = CropDataset(paths, [0, 1], [8000, 8000], crop_samples=3000)
     a, b, c = ds[(1, 77)], ds[(1, 77)], ds[(1, 78)]
     assert a["wave"].shape == (3000,) and a["wave"].dtype == np.int16 and a["label"] == 1 and a["index"] == 1
@@ -60,7 +62,7 @@ def test_dataset_crops_by_seed(tmp_path):
     # int16 files are read as they are: the crop is a slice of the file at the drawn offset.
     whole = sf.read(paths[1], dtype="int16")[0]
     start = int(np.random.default_rng(77).integers(0, 8000 - 3000 + 1))
-    assert np.array_equal(a["wave"], whole[start:start + 3000])
+    assert np.array_equal(a["wave"], whole[start : start + 3000])
     batch = collate([a, c])
     assert batch["wave"].shape == (2, 3000) and batch["wave"].dtype == torch.int16
     assert batch["label"].tolist() == [1, 1] and batch["rir"].shape[0] == batch["noise"].shape[0] == 0

@@ -7,27 +7,53 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import (Checkpoint, CheckpointError, ResumeState, average_checkpoints, checkpoint_files,
-                                   latest_checkpoint, load_checkpoint, load_given, load_latest, prune_checkpoints,
-                                   rebuild_model, remove_stale_temp_files, save_checkpoint)
+from speakerlab.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ResumeState,
+    average_checkpoints,
+    checkpoint_files,
+    latest_checkpoint,
+    load_checkpoint,
+    load_given,
+    load_latest,
+    prune_checkpoints,
+    rebuild_model,
+    remove_stale_temp_files,
+    save_checkpoint,
+)
 from speakerlab.embedder import load_embedder
 from speakerlab.extract import load_embeddings
 from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.models import build_model
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"
-TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
-        "num_layers": [1, 1, 1]}
+TINY = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 
 
 def tiny_checkpoint(step=3, epoch=1, seed=0, resume=True, **over) -> Checkpoint:
     torch.manual_seed(seed)
     model = build_model("campplus", **TINY)
     state = ResumeState({"state": {}, "param_groups": []}, {}, 2, 1, torch.get_rng_state()) if resume else None
-    fields = dict(model_name="campplus", model_args=dict(TINY), model=model.state_dict(),
-                  features=FeatureSpec(FbankConfig(sample_rate=8000, num_mel_bins=80), mean_norm=False),
-                  speakers=["a", "b"], classifier={"weight": torch.randn(2, 16)}, step=step, epoch=epoch,
-                  resume=state, config={"anything": {"renamed_key": 1}})
+    fields = dict(
+        model_name="campplus",
+        model_args=dict(TINY),
+        model=model.state_dict(),
+        features=FeatureSpec(FbankConfig(sample_rate=8000, num_mel_bins=80), mean_norm=False),
+        speakers=["a", "b"],
+        classifier={"weight": torch.randn(2, 16)},
+        step=step,
+        epoch=epoch,
+        resume=state,
+        config={"anything": {"renamed_key": 1}},
+    )
     fields.update(over)
     return Checkpoint(**fields)
 
@@ -36,8 +62,14 @@ def test_round_trip_keeps_every_field(tmp_path):
     ck = tiny_checkpoint()
     save_checkpoint(tmp_path / "c.pt", ck)
     back = load_checkpoint(tmp_path / "c.pt")
-    assert (back.model_name, back.model_args, back.speakers, back.step, back.epoch, back.config) == \
-        (ck.model_name, ck.model_args, ck.speakers, ck.step, ck.epoch, ck.config)
+    assert (back.model_name, back.model_args, back.speakers, back.step, back.epoch, back.config) == (
+        ck.model_name,
+        ck.model_args,
+        ck.speakers,
+        ck.step,
+        ck.epoch,
+        ck.config,
+    )
     assert back.features == ck.features and back.features.sample_rate == 8000 and not back.features.mean_norm
     assert (back.resume.step_in_epoch, back.resume.skipped_steps) == (2, 1)
     assert torch.equal(back.resume.rng_cpu, ck.resume.rng_cpu)
@@ -89,7 +121,7 @@ def test_newest_by_name_and_prune(tmp_path):
     assert latest_checkpoint(d).name == "epoch_003.pt"
     save_checkpoint(d / "partial_004.pt", tiny_checkpoint(step=35, epoch=3))
     assert latest_checkpoint(d).name == "partial_004.pt"
-    save_checkpoint(d / "partial_003.pt", tiny_checkpoint(step=25, epoch=2))   # left by a crash: older
+    save_checkpoint(d / "partial_003.pt", tiny_checkpoint(step=25, epoch=2))  # left by a crash: older
     assert latest_checkpoint(d).name == "partial_004.pt"
     assert load_given(tmp_path / "exp")[0] == d / "partial_004.pt"
     assert load_given(d / "epoch_001.pt")[1].step == 10
@@ -114,7 +146,7 @@ def corrupt(path: Path) -> None:
     """Flip bytes inside the largest tensor's data, leaving the zip structure readable."""
     data = bytearray(path.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 64] = bytes(b ^ 0x5A for b in data[mid:mid + 64])
+    data[mid : mid + 64] = bytes(b ^ 0x5A for b in data[mid : mid + 64])
     path.write_bytes(bytes(data))
 
 
@@ -136,7 +168,7 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path):
 
 def test_old_truncated_checkpoint_is_never_opened(tmp_path):
     save_checkpoint(tmp_path / "epoch_001.pt", tiny_checkpoint(step=10, epoch=1))
-    (tmp_path / "epoch_001.pt").write_bytes((tmp_path / "epoch_001.pt").read_bytes()[:1000])   # truncated
+    (tmp_path / "epoch_001.pt").write_bytes((tmp_path / "epoch_001.pt").read_bytes()[:1000])  # truncated
     save_checkpoint(tmp_path / "epoch_002.pt", tiny_checkpoint(step=20, epoch=2))
     warnings = []
     assert load_latest(tmp_path, warn=warnings.append)[1].step == 20 and warnings == []
@@ -144,7 +176,7 @@ def test_old_truncated_checkpoint_is_never_opened(tmp_path):
 
 def test_failed_write_leaves_no_temp_file_and_stale_ones_are_removed(tmp_path, monkeypatch):
     save_checkpoint(tmp_path / "epoch_001.pt", tiny_checkpoint(step=10))
-    (tmp_path / ".epoch_002.pt.tmp4242").write_bytes(b"half a checkpoint")   # a killed run's
+    (tmp_path / ".epoch_002.pt.tmp4242").write_bytes(b"half a checkpoint")  # a killed run's
     assert [p.name for p in remove_stale_temp_files(tmp_path)] == [".epoch_002.pt.tmp4242"]
 
     def full_disk(obj, f):
@@ -169,8 +201,9 @@ def test_average_and_rebuild(tmp_path):
     assert avg.resume is None and avg.averaged_from == [str(p) for p in paths]
     model = rebuild_model(avg)
     assert not model.training and model(torch.randn(1, 50, 80)).shape == (1, 16)
-    other = tiny_checkpoint(model_name="ecapa_tdnn_c512", model=build_model("ecapa_tdnn_c512").state_dict(),
-                            model_args={})
+    other = tiny_checkpoint(
+        model_name="ecapa_tdnn_c512", model=build_model("ecapa_tdnn_c512").state_dict(), model_args={}
+    )
     save_checkpoint(tmp_path / "other.pt", other)
     with pytest.raises(ValueError, match="different models"):
         average_checkpoints([paths[0], tmp_path / "other.pt"])

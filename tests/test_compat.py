@@ -5,6 +5,7 @@ published parameter count, and the reference model's embeddings for a synthetic 
 (deterministic fill rule + BatchNorm calibration) and a synthetic input; see fill_state_dict,
 calibrate and make_input below.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,12 @@ ARCHITECTURES = ["campplus", "eres2net_base", "eres2net_large", "eres2netv2", "e
 
 # Reference constructor arguments that have a different name in our builders; arguments not
 # listed (e.g. channel widths) are implied by the builder's name and not passed on.
-_KWARG_NAMES = {"feat_dim": "feat_dim", "input_size": "feat_dim",
-                "embedding_size": "embedding_size", "lin_neurons": "embedding_size"}
+_KWARG_NAMES = {
+    "feat_dim": "feat_dim",
+    "input_size": "feat_dim",
+    "embedding_size": "embedding_size",
+    "lin_neurons": "embedding_size",
+}
 
 
 def load_fixture(arch: str) -> dict:

@@ -14,25 +14,36 @@ def write(tmp_path, text):
 
 
 def test_defaults_and_overrides(tmp_path):
-    cfg = load_config(write(tmp_path, BASE), ["train.epochs=3", "optim.lr=0.5", "model.args.embedding_size=64",
-                                              "hardware.per_device_batch=32", "data.val=null"])
+    cfg = load_config(
+        write(tmp_path, BASE),
+        [
+            "train.epochs=3",
+            "optim.lr=0.5",
+            "model.args.embedding_size=64",
+            "hardware.per_device_batch=32",
+            "data.val=null",
+        ],
+    )
     assert isinstance(cfg, Config)
     assert cfg.train.epochs == 3 and cfg.optim.lr == 0.5 and isinstance(cfg.optim.lr, float)
     assert cfg.model.args == {"embedding_size": 64}
     assert cfg.hardware.per_device_batch == 32 and cfg.data.val is None
 
 
-@pytest.mark.parametrize("text,match", [
-    (BASE + "train:\n  epoch: 3\n", "unknown config key 'train.epoch'"),
-    (BASE + "trian:\n  epochs: 3\n", "unknown config key 'trian'"),
-    (BASE + "train:\n  epochs: two\n", "config key 'train.epochs' must be an integer"),
-    (BASE + "train:\n  epochs: 2.5\n", "config key 'train.epochs' must be an integer"),
-    (BASE + "optim:\n  nesterov: 1\n", "config key 'optim.nesterov' must be true/false"),
-    (BASE + "hardware:\n  precision: fp8\n", "config key 'hardware.precision' must be one of"),
-    (BASE + "hardware:\n  per_device_batch: big\n", "hardware.per_device_batch"),
-    (BASE + "train: 5\n", "config section 'train' must be a mapping"),
-    ("data:\n  train: x\n", "config key 'model.name' is required"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        (BASE + "train:\n  epoch: 3\n", "unknown config key 'train.epoch'"),
+        (BASE + "trian:\n  epochs: 3\n", "unknown config key 'trian'"),
+        (BASE + "train:\n  epochs: two\n", "config key 'train.epochs' must be an integer"),
+        (BASE + "train:\n  epochs: 2.5\n", "config key 'train.epochs' must be an integer"),
+        (BASE + "optim:\n  nesterov: 1\n", "config key 'optim.nesterov' must be true/false"),
+        (BASE + "hardware:\n  precision: fp8\n", "config key 'hardware.precision' must be one of"),
+        (BASE + "hardware:\n  per_device_batch: big\n", "hardware.per_device_batch"),
+        (BASE + "train: 5\n", "config section 'train' must be a mapping"),
+        ("data:\n  train: x\n", "config key 'model.name' is required"),
+    ],
+)
 def test_bad_configs_name_the_key(tmp_path, text, match):
     p = write(tmp_path, text)
     with pytest.raises(ConfigError, match=match) as e:
@@ -81,20 +92,23 @@ def test_overlay_deep_merges(tmp_path):
     assert str(e.value).endswith(f" in {base}, {over}")
 
 
-@pytest.mark.parametrize("override,match", [
-    ("train.log_every_steps=0", "'train.log_every_steps' must be >= 1, got 0"),
-    ("train.val_every=0", "'train.val_every' must be >= 1, got 0"),
-    ("train.keep_checkpoints=0", "'train.keep_checkpoints' must be >= 1, got 0"),
-    ("train.keep_checkpoints=-1", "'train.keep_checkpoints' must be >= 1, got -1"),
-    ("optim.min_lr=-0.5", "'optim.min_lr' must be >= 0, got -0.5"),
-    ("optim.lr=0", "'optim.lr' must be > 0, got 0"),
-    ("optim.momentum=1.0", "'optim.momentum' must be in \\[0, 1\\), got 1.0"),
-    ("loss.margin=2", "'loss.margin' must be in \\[0, 1.5708\\), got 2.0"),
-    ("data.crop_seconds=0", "'data.crop_seconds' must be > 0"),
-    ("hardware.memory_margin=1.5", "'hardware.memory_margin' must be in \\(0, 1\\], got 1.5"),
-    ("hardware.num_workers=-1", "'hardware.num_workers' must be >= 0"),
-    ("features.num_mel_bins=0", "'features.num_mel_bins' must be in \\[1, 512\\], got 0"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("train.log_every_steps=0", "'train.log_every_steps' must be >= 1, got 0"),
+        ("train.val_every=0", "'train.val_every' must be >= 1, got 0"),
+        ("train.keep_checkpoints=0", "'train.keep_checkpoints' must be >= 1, got 0"),
+        ("train.keep_checkpoints=-1", "'train.keep_checkpoints' must be >= 1, got -1"),
+        ("optim.min_lr=-0.5", "'optim.min_lr' must be >= 0, got -0.5"),
+        ("optim.lr=0", "'optim.lr' must be > 0, got 0"),
+        ("optim.momentum=1.0", "'optim.momentum' must be in \\[0, 1\\), got 1.0"),
+        ("loss.margin=2", "'loss.margin' must be in \\[0, 1.5708\\), got 2.0"),
+        ("data.crop_seconds=0", "'data.crop_seconds' must be > 0"),
+        ("hardware.memory_margin=1.5", "'hardware.memory_margin' must be in \\(0, 1\\], got 1.5"),
+        ("hardware.num_workers=-1", "'hardware.num_workers' must be >= 0"),
+        ("features.num_mel_bins=0", "'features.num_mel_bins' must be in \\[1, 512\\], got 0"),
+    ],
+)
 def test_out_of_range_values_name_the_key_and_the_override(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match) as e:
         load_config(write(tmp_path, BASE), [override])
@@ -120,8 +134,9 @@ def test_every_numeric_setting_has_a_range_rule():
         for f in dataclasses.fields(cls):
             if hints[f.name] in (int, float):
                 rule = f.metadata
-                assert any(rule.get(k) is not None for k in ("ge", "gt", "le", "lt", "choices", "check")), \
+                assert any(rule.get(k) is not None for k in ("ge", "gt", "le", "lt", "choices", "check")), (
                     f"{section.name}.{f.name} has no rule"
+                )
 
 
 def test_model_args_are_checked_against_the_builder(tmp_path):
@@ -138,8 +153,8 @@ def test_model_args_are_checked_against_the_builder(tmp_path):
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SHIPPED = sorted(p.name for p in CONF.glob("*.yaml"))
 CORPORA = ("3dspeaker", "voxceleb", "cnceleb")
-REDIMNET2 = tuple(f"redimnet2_b{i}" for i in range(7))   # registered on another branch
-_NETS = {}   # (model, args, features, head) -> (logits shape, loss finite): each distinct net is built once
+REDIMNET2 = tuple(f"redimnet2_b{i}" for i in range(7))  # registered on another branch
+_NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each distinct net is built once
 
 
 def _train_config(name):
@@ -168,9 +183,16 @@ def test_every_shipped_config_builds_its_model_and_head(name):
         pytest.skip(f"{model} is not registered in this tree (ReDimNet2 is added on another branch)")
     cfg = _train_config(name)
     l = cfg.loss
-    key = (cfg.model.name, json.dumps(cfg.model.args, sort_keys=True), cfg.features.num_mel_bins, l.name, l.scale,
-           l.sphereface2_lambda, l.sphereface2_t)
-    if key not in _NETS:   # the same key builds the same net: its forward is checked once
+    key = (
+        cfg.model.name,
+        json.dumps(cfg.model.args, sort_keys=True),
+        cfg.features.num_mel_bins,
+        l.name,
+        l.scale,
+        l.sphereface2_lambda,
+        l.sphereface2_t,
+    )
+    if key not in _NETS:  # the same key builds the same net: its forward is checked once
         torch.manual_seed(0)
         net = build_net(cfg, 7, contextlib.nullcontext)
         with torch.no_grad():

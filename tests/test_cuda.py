@@ -43,14 +43,14 @@ def test_fp16_grad_scaler_scale_and_the_guard_on_an_overflow():
     with precision.autocast():
         emb = model(torch.randn(4, 200, 80, device="cuda"))
     loss, _ = head(emb, torch.tensor([0, 1, 2, 3], device="cuda"))
-    scaler.scale(loss * 1e30).backward()   # overflows fp16 gradients at any scale
+    scaler.scale(loss * 1e30).backward()  # overflows fp16 gradients at any scale
     scaler.unscale_(opt)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0).item()
     ok = guard.check(0, float(loss), norm, lambda: [], fp16_overflow=scaler.get_scale() >= 1.0)
     scaler.step(opt)
     scaler.update()
     assert not ok and not math.isfinite(norm) and scaler.get_scale() < start
-    assert guard.total == 0 and "fp16 gradient overflow" in logs[0]   # the scaler's business, not counted
+    assert guard.total == 0 and "fp16 gradient overflow" in logs[0]  # the scaler's business, not counted
 
 
 def test_device_fbank_equals_the_cpu_fbank():
@@ -72,10 +72,24 @@ def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
     from tests.test_train import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=True)
-    r = subprocess.run([sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir",
-                        str(tmp_path / "e"), "hardware.device=cuda", "hardware.precision=bf16",
-                        "hardware.per_device_batch=auto"], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speakerlab.train",
+            "--config",
+            str(cfg),
+            "--exp-dir",
+            str(tmp_path / "e"),
+            "hardware.device=cuda",
+            "hardware.precision=bf16",
+            "hardware.per_device_batch=auto",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     log = (tmp_path / "e" / "train.log").read_text()
     assert "precision bf16 on cuda" in log and "training done" in log
@@ -87,10 +101,25 @@ def test_nccl_two_processes(tmp_path):
     from tests.test_train import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=False)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
-                        "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "d"),
-                        "hardware.device=cuda"], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29561",
+            "-m",
+            "speakerlab.train",
+            "--config",
+            str(cfg),
+            "--exp-dir",
+            str(tmp_path / "d"),
+            "hardware.device=cuda",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 device(s)" in (tmp_path / "d" / "train.log").read_text()
-

@@ -1,6 +1,7 @@
 """speakerlab.datasets: download / md5 / resume / join / safe extraction, and each corpus's prepare step
 on small fake archives laid out like the published ones. No network: "downloads" come from a fake
 opener or from file:// URLs."""
+
 import io
 import os
 import shutil
@@ -62,6 +63,7 @@ def check_data_dir(root: Path, trials=()):
 
 # ---------------------------------------------------------------- download mechanics
 
+
 class FakeResponse(io.BytesIO):
     def __init__(self, body, status, headers, break_after=None):
         super().__init__(body)
@@ -92,7 +94,7 @@ class FakeOpener:
             raise HTTPError(url, 404, "Not Found", {}, None)
         data, start, status = self.files[url], 0, 200
         if rng and self.honor_range:
-            start, status = int(rng[len("bytes="):-1]), 206
+            start, status = int(rng[len("bytes=") : -1]), 206
         headers = {"Content-Length": str(len(data) - start)}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
@@ -100,7 +102,7 @@ class FakeOpener:
         return FakeResponse(data[start:], status, headers, brk)
 
 
-DATA = bytes(range(256)) * 40   # 10 KiB
+DATA = bytes(range(256)) * 40  # 10 KiB
 URL = "https://example.org/corpus/file.zip"
 
 
@@ -139,7 +141,7 @@ def test_server_ignoring_range_restarts_the_file(tmp_path):
 
 
 def test_progress_resets_retries_and_a_dead_link_gives_up(tmp_path):
-    opener, waits = FakeOpener({URL: DATA}, break_every=1000), []   # 1000 bytes per connection
+    opener, waits = FakeOpener({URL: DATA}, break_every=1000), []  # 1000 bytes per connection
     dest = download(URL, tmp_path / "a.zip", md5(DATA), opener=opener, retries=2, sleep=waits.append)
     assert dest.read_bytes() == DATA
     assert len(opener.requests) == 11 and set(waits) == {2.0}
@@ -159,13 +161,19 @@ def test_missing_file_is_not_retried(tmp_path):
 
 def test_mirror_and_url_overrides_and_part_joining(tmp_path):
     parts = split(DATA, 3)
-    archive = Archive("big.zip", md5(DATA), "https://official.example/x",
-                      parts=tuple(Part(f"big.zip.p{i}") for i in range(3)))
+    archive = Archive(
+        "big.zip", md5(DATA), "https://official.example/x", parts=tuple(Part(f"big.zip.p{i}") for i in range(3))
+    )
     files = {f"https://mirror.example/big.zip.p{i}": parts[i] for i in range(2)}
     files["https://elsewhere.example/p2"] = parts[2]
     opener = FakeOpener(files)
-    [path] = fetch_archives([archive], tmp_path, mirror="https://mirror.example/", opener=opener,
-                            urls={"big.zip.p2": "https://elsewhere.example/p2"})
+    [path] = fetch_archives(
+        [archive],
+        tmp_path,
+        mirror="https://mirror.example/",
+        opener=opener,
+        urls={"big.zip.p2": "https://elsewhere.example/p2"},
+    )
     assert path.read_bytes() == DATA and sorted(p.name for p in tmp_path.iterdir()) == ["big.zip", "big.zip.md5ok"]
     with pytest.raises(ChecksumError, match="joined.zip: md5 .* of the joined parts"):
         (tmp_path / "a").write_bytes(b"1")
@@ -178,13 +186,15 @@ def test_archive_dir_is_used_without_downloading(tmp_path):
     (tmp_path / "have" / "whole.tar.gz").write_bytes(DATA)
     opener = FakeOpener({})
     assert fetch_archives([a], tmp_path / "dl", archive_dir=tmp_path / "have", opener=opener) == [
-        tmp_path / "have" / "whole.tar.gz"]
+        tmp_path / "have" / "whole.tar.gz"
+    ]
     assert opener.requests == []
     with pytest.raises(DownloadError, match="other.zip: not found in --archive-dir"):
         fetch_archives([Archive("other.zip", None, "x")], tmp_path / "dl", archive_dir=tmp_path / "have")
 
 
 # ---------------------------------------------------------------- extraction
+
 
 def test_extract_refuses_zip_path_traversal(tmp_path):
     (tmp_path / "bad.zip").write_bytes(zip_bytes({"ok.txt": b"1", "../evil.txt": b"2"}))
@@ -197,8 +207,7 @@ def test_extract_refuses_zip_path_traversal(tmp_path):
 def test_extract_refuses_tar_members_escaping(tmp_path, kind):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        info = tarfile.TarInfo({"dotdot": "a/../../evil", "absolute": str(tmp_path / "evil"),
-                                "symlink": "link"}[kind])
+        info = tarfile.TarInfo({"dotdot": "a/../../evil", "absolute": str(tmp_path / "evil"), "symlink": "link"}[kind])
         if kind == "symlink":
             info.type, info.linkname = tarfile.SYMTYPE, "../../outside"
             tf.addfile(info)
@@ -216,15 +225,16 @@ def test_extract_tar_and_skip_when_done(tmp_path):
     extract(tmp_path / "a.tar.gz", tmp_path / "out")
     assert (tmp_path / "out/top/x.txt").read_bytes() == b"1"
     (tmp_path / "out/top/x.txt").unlink()
-    extract(tmp_path / "a.tar.gz", tmp_path / "out")   # marker: not unpacked again
+    extract(tmp_path / "a.tar.gz", tmp_path / "out")  # marker: not unpacked again
     assert not (tmp_path / "out/top/x.txt").exists()
 
 
 # ---------------------------------------------------------------- VoxCeleb
 
+
 def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys):
     blobs = vox_blobs()
-    joined = ("vox1_dev_wav.zip", "vox2_aac.zip")   # published only as parts
+    joined = ("vox1_dev_wav.zip", "vox2_aac.zip")  # published only as parts
     mirror = serve(tmp_path / "server", {k: v for k, v in blobs.items() if k not in joined})
     dl, raw, data = str(tmp_path / "dl"), str(tmp_path / "raw"), tmp_path / "data"
     # the published md5s cannot match fake archives: an error naming the file
@@ -233,8 +243,15 @@ def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(voxceleb, "PARTS", with_md5(voxceleb.PARTS, blobs))
     assert voxceleb.main(["download", "--download-dir", dl, "--mirror", mirror]) == 0
     assert sorted(p.name for p in Path(dl).iterdir() if not p.name.endswith(".md5ok")) == sorted(
-        ["vox1_dev_wav.zip", "vox1_test_wav.zip", "vox2_aac.zip", "veri_test2.txt", "list_test_all2.txt",
-         "list_test_hard2.txt"])   # parts were joined, verified and removed
+        [
+            "vox1_dev_wav.zip",
+            "vox1_test_wav.zip",
+            "vox2_aac.zip",
+            "veri_test2.txt",
+            "list_test_all2.txt",
+            "list_test_hard2.txt",
+        ]
+    )  # parts were joined, verified and removed
     assert voxceleb.main(["extract", "--download-dir", dl, "--raw-dir", raw]) == 0
     assert (tmp_path / "raw/voxceleb2/dev/aac/id00012/21Uxsk56VDQ/00001.m4a").is_file()
 
@@ -246,9 +263,11 @@ def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys
     assert len(full.utts) == 8
     assert (data / "vox1_test/trials").read_text() == (
         "id10270-x6uYqmx31kE-00001 id10270-8jEAjG6SegY-00008 target\n"
-        "id10270-x6uYqmx31kE-00001 id10271-1gtz-CUIygI-00001 nontarget\n")
-    assert (data / "vox1/trials_vox1_e_clean").read_text().splitlines()[1] == \
-        "id10001-1zcIwhmdeo4-00002 id10002-0_laIeN-Q44-00001 nontarget"
+        "id10270-x6uYqmx31kE-00001 id10271-1gtz-CUIygI-00001 nontarget\n"
+    )
+    assert (data / "vox1/trials_vox1_e_clean").read_text().splitlines()[
+        1
+    ] == "id10001-1zcIwhmdeo4-00002 id10002-0_laIeN-Q44-00001 nontarget"
 
     # VoxCeleb2: without ffmpeg the error says how to install it; a stand-in ffmpeg checks the plumbing
     with monkeypatch.context() as m:
@@ -269,8 +288,21 @@ def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys
 def test_voxceleb_convert_with_real_ffmpeg(tmp_path):
     src = tmp_path / "raw/voxceleb2/dev/aac/id00012/21Uxsk56VDQ/00001.m4a"
     src.parent.mkdir(parents=True)
-    subprocess.run(["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "sine=frequency=440:duration=0.3:sample_rate=44100",
-                    "-c:a", "aac", str(src)], check=True)
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=frequency=440:duration=0.3:sample_rate=44100",
+            "-c:a",
+            "aac",
+            str(src),
+        ],
+        check=True,
+    )
     assert voxceleb.convert(tmp_path / "raw", jobs=1) == 1
     info = sf.info(str(tmp_path / "raw/voxceleb2/dev/wav/id00012/21Uxsk56VDQ/00001.wav"))
     assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
@@ -283,16 +315,17 @@ def test_voxceleb_missing_folder_is_named(tmp_path, capsys):
 
 # ---------------------------------------------------------------- 3D-Speaker
 
+
 def test_threedspeaker_from_archive_dir(tmp_path, monkeypatch):
     blobs = threedspeaker_blobs()
-    have = tmp_path / "have"   # the user's own copies: the six parts, not the joined train.tar.gz
+    have = tmp_path / "have"  # the user's own copies: the six parts, not the joined train.tar.gz
     serve(have, {k: v for k, v in blobs.items() if k != "train.tar.gz"})
     monkeypatch.setattr(threedspeaker, "PARTS", with_md5(threedspeaker.PARTS, blobs))
     dl, raw, data = str(tmp_path / "dl"), str(tmp_path / "raw"), tmp_path / "data"
     args = ["--download-dir", dl, "--archive-dir", str(have)]
     assert threedspeaker.main(["download", "--mirror", "https://unreachable.invalid", *args]) == 0
-    assert sorted(os.listdir(have)) == sorted(k for k in blobs if k != "train.tar.gz")   # left untouched
-    assert [n for n in sorted(os.listdir(dl)) if not n.endswith(".md5ok")] == ["train.tar.gz"]   # joined
+    assert sorted(os.listdir(have)) == sorted(k for k in blobs if k != "train.tar.gz")  # left untouched
+    assert [n for n in sorted(os.listdir(dl)) if not n.endswith(".md5ok")] == ["train.tar.gz"]  # joined
     assert threedspeaker.main(["extract", *args, "--raw-dir", raw]) == 0
     assert threedspeaker.main(["prepare", "--raw-dir", raw, "--data", str(data)]) == 0
     train = check_data_dir(data / "3dspeaker_train")
@@ -301,9 +334,11 @@ def test_threedspeaker_from_archive_dir(tmp_path, monkeypatch):
     test = check_data_dir(data / "3dspeaker_test", names)
     assert not any("Device09" in u for u in test.utts) and len(test.utts) == 4
     assert (data / "3dspeaker_test/trials_cross_dialect").read_text() == (
-        "S102-D01_Dis01_101 S102-D02_Dis03_102 target\nS101_Device01_001 S102-D02_Dis03_102 nontarget\n")
-    assert (data / "3dspeaker_test/trials_cross_device").read_text().split("\n")[1] == \
-        "S101_Device01_001 S102-D01_Dis01_101 nontarget"
+        "S102-D01_Dis01_101 S102-D02_Dis03_102 target\nS101_Device01_001 S102-D02_Dis03_102 nontarget\n"
+    )
+    assert (data / "3dspeaker_test/trials_cross_device").read_text().split("\n")[
+        1
+    ] == "S101_Device01_001 S102-D01_Dis01_101 nontarget"
 
 
 def test_threedspeaker_trial_on_left_out_device(tmp_path):
@@ -317,6 +352,7 @@ def test_threedspeaker_trial_on_left_out_device(tmp_path):
 
 # ---------------------------------------------------------------- CN-Celeb
 
+
 def test_cnceleb_download_extract_prepare(tmp_path, monkeypatch):
     blobs = cnceleb_blobs()
     mirror = serve(tmp_path / "server", {k: v for k, v in blobs.items() if k != "cn-celeb2_v2.tar.gz"})
@@ -326,7 +362,7 @@ def test_cnceleb_download_extract_prepare(tmp_path, monkeypatch):
     assert cnceleb.main(["extract", "--download-dir", dl, "--raw-dir", raw]) == 0
     assert cnceleb.main(["prepare", "--raw-dir", raw, "--data", str(data)]) == 0
     train = check_data_dir(data / "cnceleb_train")
-    assert train.speakers == ["id00000", "id00001", "id10000", "id10001"]   # dev.lst + CN-Celeb2, not id00800
+    assert train.speakers == ["id00000", "id00001", "id10000", "id10001"]  # dev.lst + CN-Celeb2, not id00800
     assert "id00000-singing-01-001" in train.utts and all(p.endswith(".flac") for p in train.wav.values())
     ev = check_data_dir(data / "cnceleb_eval", ["trials"])
     assert ev.utt2spk["id00800-enroll"] == "id00800"
@@ -345,6 +381,7 @@ def test_cnceleb_missing_speaker_folder_is_named(tmp_path):
 
 # ---------------------------------------------------------------- MUSAN / RIRS_NOISES
 
+
 @pytest.fixture(scope="module")
 def synth_corpus(tmp_path_factory):
     """A tiny corpus of egs/mini's generator: its musan/ and RIRS_NOISES/ trees mimic the archives."""
@@ -361,8 +398,11 @@ def test_musan_rirs_prepare_on_the_synthetic_corpus(synth_corpus, tmp_path):
         expected = sorted(p.stem for p in (corpus / "musan" / category).rglob("*.wav"))
         assert [u for u, _ in lines] == expected and all(os.path.isfile(p) and os.path.isabs(p) for _, p in lines)
     rirs = dict(line.split() for line in (out / "rirs.scp").read_text().splitlines())
-    listed = [line.split()[1] for size in musan_rirs.ROOMS
-              for line in (corpus / "RIRS_NOISES/simulated_rirs" / size / "rir_list").read_text().splitlines()]
+    listed = [
+        line.split()[1]
+        for size in musan_rirs.ROOMS
+        for line in (corpus / "RIRS_NOISES/simulated_rirs" / size / "rir_list").read_text().splitlines()
+    ]
     assert sorted(rirs) == sorted(listed) and all(os.path.isfile(p) for p in rirs.values())
     assert "smallroom-Room001-00001" in rirs and "real" not in " ".join(rirs.values())
     shutil.rmtree(corpus / "musan" / "music")
@@ -371,6 +411,7 @@ def test_musan_rirs_prepare_on_the_synthetic_corpus(synth_corpus, tmp_path):
 
 
 # ---------------------------------------------------------------- recipes
+
 
 @pytest.mark.parametrize("recipe", ["voxceleb", "3dspeaker", "cnceleb"])
 def test_recipe_parses_and_prints_help(recipe):
@@ -384,17 +425,38 @@ def test_recipe_parses_and_prints_help(recipe):
 @pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages for this interpreter")
 def test_cnceleb_recipe_stages_1_to_2_on_fake_archives(synth_corpus, tmp_path):
     """The shell plumbing of a real recipe: --archive_dir, data preparation (stage 1), features (stage 2)."""
-    blobs = {k: v for k, v in cnceleb_blobs().items() if k != "cn-celeb2_v2.tar.gz"}   # parts only
+    blobs = {k: v for k, v in cnceleb_blobs().items() if k != "cn-celeb2_v2.tar.gz"}  # parts only
     blobs.update(musan_rirs_blobs(synth_corpus))
     have = tmp_path / "have"
     serve(have, blobs)
-    r = subprocess.run(["bash", str(REPO / "egs/cnceleb/run.sh"), "--stage", "1", "--stop_stage", "2",
-                        "--archive_dir", str(have), "--download_opts", "--skip-md5 --jobs 1",
-                        "--download_dir", str(tmp_path / "dl"), "--raw_dir", str(tmp_path / "raw"),
-                        "--data", str(tmp_path / "data"), "--jobs", "1"],
-                       capture_output=True, text=True, timeout=120, env=recipe_env())
+    r = subprocess.run(
+        [
+            "bash",
+            str(REPO / "egs/cnceleb/run.sh"),
+            "--stage",
+            "1",
+            "--stop_stage",
+            "2",
+            "--archive_dir",
+            str(have),
+            "--download_opts",
+            "--skip-md5 --jobs 1",
+            "--download_dir",
+            str(tmp_path / "dl"),
+            "--raw_dir",
+            str(tmp_path / "raw"),
+            "--data",
+            str(tmp_path / "data"),
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=recipe_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(os.listdir(tmp_path / "dl")) == ["cn-celeb2_v2.tar.gz"]   # joined from the user's parts
+    assert sorted(os.listdir(tmp_path / "dl")) == ["cn-celeb2_v2.tar.gz"]  # joined from the user's parts
     for name in ("cnceleb_train", "cnceleb_eval"):
-        assert (tmp_path / "data" / name / "utt2num_samples").is_file()    # the index stage ran
+        assert (tmp_path / "data" / name / "utt2num_samples").is_file()  # the index stage ran
     assert len((tmp_path / "data/musan_rirs/rirs.scp").read_text().splitlines()) == 18

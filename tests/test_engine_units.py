@@ -10,8 +10,17 @@ from speakerlab.engine.setup import build_net, build_optimizer
 from speakerlab.loss import AAMSoftmax, SphereFace2
 
 
-@pytest.mark.parametrize("device,want", [("cuda:3", "cuda"), ("cuda", "cuda"), ("cpu", "cpu"),
-                                          (torch.device("cuda", 1), "cuda"), ("cpu:0", "cpu"), ("mps", "mps")])
+@pytest.mark.parametrize(
+    "device,want",
+    [
+        ("cuda:3", "cuda"),
+        ("cuda", "cuda"),
+        ("cpu", "cpu"),
+        (torch.device("cuda", 1), "cuda"),
+        ("cpu:0", "cpu"),
+        ("mps", "mps"),
+    ],
+)
 def test_device_type_normalisation(device, want):
     assert device_type(device) == want
 
@@ -44,8 +53,9 @@ def test_precision_resolution_on_cpu():
     assert not scaler.is_enabled()
 
 
-@pytest.mark.parametrize("world,maxb,want", [(1, 128, (128, 2)), (4, 64, (64, 1)), (1, 48, (32, 8)),
-                                              (2, 16, (16, 8)), (4, 128, (64, 1))])
+@pytest.mark.parametrize(
+    "world,maxb,want", [(1, 128, (128, 2)), (4, 64, (64, 1)), (1, 48, (32, 8)), (2, 16, (16, 8)), (4, 128, (64, 1))]
+)
 def test_plan_batches(world, maxb, want):
     plan = plan_batches(256, world, maxb)
     assert (plan.per_device, plan.accumulation) == want
@@ -75,14 +85,25 @@ def test_auto_batch_with_fake_memory_limit():
 
 
 # A CAM++ small enough for a training step in well under a second.
-_TINY_CAMPPLUS = {"embedding_size": 16, "growth_rate": 8, "init_channels": 16, "m_channels": 4,
-                  "fcm_blocks": [1, 1], "num_layers": [1, 1, 1]}
+_TINY_CAMPPLUS = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "init_channels": 16,
+    "m_channels": 4,
+    "fcm_blocks": [1, 1],
+    "num_layers": [1, 1, 1],
+}
 
 
 @pytest.mark.parametrize("name,head", [("aam", AAMSoftmax), ("sphereface2", SphereFace2)])
 def test_build_net_picks_the_loss_head_and_trains_one_step(name, head):
-    cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"},
-                           "loss": {"name": name, "sphereface2_t": 2}})
+    cfg = load_config(
+        raw={
+            "model": {"name": "campplus", "args": _TINY_CAMPPLUS},
+            "data": {"train": "x"},
+            "loss": {"name": name, "sphereface2_t": 2},
+        }
+    )
     torch.manual_seed(0)
     net = build_net(cfg, num_speakers=7, autocast=contextlib.nullcontext)
     assert type(net.classifier) is head

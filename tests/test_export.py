@@ -1,4 +1,5 @@
 """Every registered model exports to TorchScript and ONNX (dynamic time axis), checked against PyTorch."""
+
 import pytest
 import torch
 

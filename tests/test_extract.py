@@ -11,16 +11,23 @@ from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.models import build_model
 from tests.helpers import make_data_dir, write_wav
 
-TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
-        "num_layers": [1, 1, 1]}
+TINY = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 
 
 @pytest.fixture
 def ckpt(tmp_path):
     torch.manual_seed(0)
     path = tmp_path / "c.pt"
-    save_checkpoint(path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(),
-                                     FeatureSpec(FbankConfig())))
+    save_checkpoint(
+        path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(), FeatureSpec(FbankConfig()))
+    )
     return path
 
 

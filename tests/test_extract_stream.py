@@ -18,8 +18,14 @@ from speakerlab.models import build_model
 from tests.helpers import write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8,
-        "num_layers": [1, 1, 1]}
+TINY = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 
 
 def make_dir(root: Path, n: int, seconds, seed: int = 0) -> Path:
@@ -41,8 +47,9 @@ def make_dir(root: Path, n: int, seconds, seed: int = 0) -> Path:
 def ckpt(tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("ck") / "c.pt"
-    save_checkpoint(path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(),
-                                     FeatureSpec(FbankConfig())))
+    save_checkpoint(
+        path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(), FeatureSpec(FbankConfig()))
+    )
     return path
 
 
@@ -51,22 +58,39 @@ def test_plan_units_cuts_long_utterances_into_equal_chunks():
     assert utt.tolist() == [0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3]
     assert length.tolist() == [100, 83, 84, 83, 100, 100, 100, 75, 75, 76, 75]
     assert start.tolist() == [0, 0, 83, 167, 0, 100, 200, 0, 75, 150, 226]
-    assert plan_units([500], 0)[2].tolist() == [500]   # 0: never cut
+    assert plan_units([500], 0)[2].tolist() == [500]  # 0: never cut
 
 
 def test_chunked_embeddings_are_the_mean_of_their_chunks(ckpt, tmp_path):
     data = make_dir(tmp_path / "d", 5, [0.6, 2.2, 0.8])
     embedder = load_embedder(ckpt, device="cpu")
     out = tmp_path / "e.npz"
-    assert main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--max-seconds", "1.0",
-                 "--num-workers", "0", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "--checkpoint",
+                str(ckpt),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--max-seconds",
+                "1.0",
+                "--num-workers",
+                "0",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     ids, emb = load_embeddings(out)
     scp = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
     for i, utt in enumerate(ids):
         wave = embedder.read(scp[utt])
-        if len(wave) <= 16000:   # short: embedded whole, as without chunking
+        if len(wave) <= 16000:  # short: embedded whole, as without chunking
             expected = embedder.embed_waves([wave])[0]
-        else:                    # 2.2 s: three chunks of 11733/11734 samples, averaged
+        else:  # 2.2 s: three chunks of 11733/11734 samples, averaged
             edges = np.linspace(0, len(wave), 4).round().astype(int)
             expected = embedder.embed_waves([wave[a:b] for a, b in zip(edges[:-1], edges[1:])]).mean(axis=0)
         np.testing.assert_allclose(emb[i], expected, rtol=1e-4, atol=1e-5)
@@ -76,13 +100,26 @@ def test_chunked_embeddings_are_the_mean_of_their_chunks(ckpt, tmp_path):
 def test_rerun_skips_finished_shards_and_changed_settings_start_again(ckpt, tmp_path, capsys):
     data = make_dir(tmp_path / "d", 12, [0.5, 0.7, 0.9, 1.1])
     out = tmp_path / "e.npz"
-    args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--shard-units", "3",
-            "--num-workers", "0", "--device", "cpu"]
+    args = [
+        "--checkpoint",
+        str(ckpt),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--shard-units",
+        "3",
+        "--num-workers",
+        "0",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     _, whole = load_embeddings(out)
     # A run that was killed after its first shard: the same command finishes the other three.
-    ex = StreamingExtractor(load_embedder(ckpt, device="cpu"), load_data_dir(data, need_speakers=False), out,
-                            shard_units=3, num_workers=0)
+    ex = StreamingExtractor(
+        load_embedder(ckpt, device="cpu"), load_data_dir(data, need_speakers=False), out, shard_units=3, num_workers=0
+    )
     ex.prepare_parts(print)
     ex.run_shard(0)
     capsys.readouterr()
@@ -101,8 +138,24 @@ def test_kaldi_output_is_readable_by_kaldiio(ckpt, tmp_path):
 
     data = make_dir(tmp_path / "d", 4, [0.5, 0.8])
     out = tmp_path / "e.npz"
-    assert main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--kaldi", "--num-workers", "0",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "--checkpoint",
+                str(ckpt),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--kaldi",
+                "--num-workers",
+                "0",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     ids, emb = load_embeddings(out)
     scp = kaldiio.load_scp(str(tmp_path / "e.scp"))
     assert sorted(scp) == ids
@@ -117,12 +170,39 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
     data = make_dir(tmp_path / "d", 20, [0.5, 0.7, 1.3, 2.5])
     one, two = tmp_path / "one.npz", tmp_path / "two.npz"
-    common = ["--checkpoint", str(ckpt), "--data", str(data), "--shard-units", "4", "--max-seconds", "1.0",
-              "--num-workers", "0", "--device", "cpu"]
+    common = [
+        "--checkpoint",
+        str(ckpt),
+        "--data",
+        str(data),
+        "--shard-units",
+        "4",
+        "--max-seconds",
+        "1.0",
+        "--num-workers",
+        "0",
+        "--device",
+        "cpu",
+    ]
     assert main([*common, "--out", str(one)]) == 0
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
-                        "-m", "speakerlab.extract", *common, "--out", str(two)], env=ENV, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29541",
+            "-m",
+            "speakerlab.extract",
+            *common,
+            "--out",
+            str(two),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 0 embedded" in r.stderr and "rank 1 embedded" in r.stderr
     (ids1, e1), (ids2, e2) = load_embeddings(one), load_embeddings(two)
@@ -145,9 +225,29 @@ def test_peak_memory_grows_less_than_20_percent_with_5x_more_audio(ckpt, tmp_pat
     peaks = []
     for name, n in (("small", 20), ("large", 100)):
         data = make_dir(tmp_path / name, n, [15.0], seed=n)
-        r = subprocess.run([sys.executable, "-c", PEAK, "--checkpoint", str(ckpt), "--data", str(data), "--out",
-                            str(tmp_path / f"{name}.npz"), "--num-workers", "0", "--batch-seconds", "60",
-                            "--device", "cpu"], env=ENV, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                PEAK,
+                "--checkpoint",
+                str(ckpt),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / f"{name}.npz"),
+                "--num-workers",
+                "0",
+                "--batch-seconds",
+                "60",
+                "--device",
+                "cpu",
+            ],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         peaks.append(int(r.stdout.split()[-1]))
     assert peaks[1] < 1.2 * peaks[0], f"peak RSS {peaks[0] / 1024:.0f} MB -> {peaks[1] / 1024:.0f} MB"

@@ -187,7 +187,9 @@ def test_use_energy_column():
 
     silence = torch.zeros(1, 800)
     assert (Fbank(use_energy=True)(silence)[..., 0] == 0.0).all()
-    torch.testing.assert_close(Fbank(use_energy=True, energy_floor=0.0)(silence), torch.full((1, 3, 81), math.log(EPS32)))
+    torch.testing.assert_close(
+        Fbank(use_energy=True, energy_floor=0.0)(silence), torch.full((1, 3, 81), math.log(EPS32))
+    )
 
 
 def test_inputs_convenience_and_buffers():

@@ -11,8 +11,16 @@ from pathlib import Path
 from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
-INFERENCE = ["speakerlab.extract", "speakerlab.infer", "speakerlab.export", "speakerlab.embedder",
-             "speakerlab.score", "speakerlab.baseline", "speakerlab.cli", "speakerlab.resample"]
+INFERENCE = [
+    "speakerlab.extract",
+    "speakerlab.infer",
+    "speakerlab.export",
+    "speakerlab.embedder",
+    "speakerlab.score",
+    "speakerlab.baseline",
+    "speakerlab.cli",
+    "speakerlab.resample",
+]
 
 
 def module_name(path: Path) -> str:
@@ -32,8 +40,10 @@ def import_graph() -> Dict[str, Set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 # `from speakerlab.models import campplus` imports the submodule when there is one
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                           for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
             else:
                 continue
             deps |= {t for t in targets if t.startswith("speakerlab") and t in modules and t != name}
@@ -65,8 +75,10 @@ def test_inference_side_never_reaches_the_training_engine():
 
 
 def test_inference_imports_load_no_engine_module():
-    code = ("import speakerlab.extract, speakerlab.infer, speakerlab.export, speakerlab.cli, sys; "
-            "print([m for m in sys.modules if m.startswith('speakerlab.engine')])")
+    code = (
+        "import speakerlab.extract, speakerlab.infer, speakerlab.export, speakerlab.cli, sys; "
+        "print([m for m in sys.modules if m.startswith('speakerlab.engine')])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -2,8 +2,7 @@ import re
 
 import pytest
 
-from speakerlab.lists import (ListError, check_trial_ids, load_data_dir, read_trials, read_utt2num_samples,
-                              read_wav_scp)
+from speakerlab.lists import ListError, check_trial_ids, load_data_dir, read_trials, read_utt2num_samples, read_wav_scp
 from tests.helpers import make_data_dir
 
 
@@ -79,7 +78,10 @@ def test_trials_parse_and_validate(tmp_path):
     p.write_text("a-1 a-2 target\na-1 b-1 nontarget\n\nb-1 a-2 0\n")
     trials = read_trials(p)
     assert [(t.enrol, t.test, t.target, t.line) for t in trials] == [
-        ("a-1", "a-2", True, 1), ("a-1", "b-1", False, 2), ("b-1", "a-2", False, 4)]
+        ("a-1", "a-2", True, 1),
+        ("a-1", "b-1", False, 2),
+        ("b-1", "a-2", False, 4),
+    ]
     with pytest.raises(ListError, match=re.escape(f"{p}:2: id 'b-1' has no embedding (2 trial line(s) affected)")):
         check_trial_ids(trials, ["a-1", "a-2"], p)
     p.write_text("a-1 a-2 maybe\n")

@@ -19,8 +19,7 @@ def test_aam_logits_apply_margin_to_target_only():
     logits = 10.0 * want_cos.clone()
     idx = torch.arange(4)
     tgt = theta[idx, labels] + 0.3
-    logits[idx, labels] = 10.0 * torch.where(tgt < math.pi, torch.cos(tgt),
-                                             want_cos[idx, labels] - 0.3 * math.sin(0.3))
+    logits[idx, labels] = 10.0 * torch.where(tgt < math.pi, torch.cos(tgt), want_cos[idx, labels] - 0.3 * math.sin(0.3))
     torch.testing.assert_close(loss, F.cross_entropy(logits, labels), rtol=1e-5, atol=1e-5)
 
 
@@ -108,10 +107,10 @@ def test_lr_schedule_shape():
     total, warm, peak, low = 100, 10, 1.0, 0.01
     lrs = [lr_at(s, total, warm, peak, low) for s in range(total + 1)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
-    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))          # warmup rises
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))            # cosine falls
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))  # warmup rises
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine falls
     assert lrs[total] == pytest.approx(low)
-    assert lrs[55] == pytest.approx(low + 0.5 * (peak - low))         # half way through the decay
+    assert lrs[55] == pytest.approx(low + 0.5 * (peak - low))  # half way through the decay
 
 
 def test_margin_schedule():
@@ -128,6 +127,7 @@ def test_schedules_depend_on_global_step_only():
     optimizer step k sees the same utterances and crops, so LR and margin (functions of the global step
     and steps per epoch) meet the same data."""
     from speakerlab.batches import GlobalBatchSampler
+
     one = GlobalBatchSampler(1000, 64, 64, 1, 0, 1, seed=3)
     ranks = [GlobalBatchSampler(1000, 64, 16, 1, r, 4, seed=3) for r in range(4)]
     acc = GlobalBatchSampler(1000, 64, 16, 4, 0, 1, seed=3)
@@ -137,9 +137,9 @@ def test_schedules_depend_on_global_step_only():
     by_one = [sorted(b) for b in one]
     by_ranks = [sorted(sum(parts, [])) for parts in zip(*(list(r) for r in ranks))]
     micro = list(acc)
-    by_acc = [sorted(sum(micro[4 * k:4 * k + 4], [])) for k in range(15)]
+    by_acc = [sorted(sum(micro[4 * k : 4 * k + 4], [])) for k in range(15)]
     assert by_one == by_ranks == by_acc
-    assert len({i for b in by_one for i, _ in b}) == 15 * 64   # no utterance twice within the epoch
+    assert len({i for b in by_one for i, _ in b}) == 15 * 64  # no utterance twice within the epoch
     lrs = [lr_at(k, 150, 15, 0.1, 1e-4) for k in range(150)]
     margins = [margin_at(k, one.steps_per_epoch, 0.2, 1, 2) for k in range(150)]
     assert lrs == [lr_at(k, 10 * acc.steps_per_epoch, acc.steps_per_epoch, 0.1, 1e-4) for k in range(150)]

@@ -2,6 +2,7 @@
 
 Inputs are kept to batch 2 and a few hundred frames so the whole registry runs in seconds.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -154,16 +155,30 @@ def test_channels_last_matches(model):
 # Gemini_DF_ResNet at their VoxCeleb settings: 80 bins, 256-D, one embedding layer), which the
 # builders must reproduce for those checkpoints to load.
 WESPEAKER_KEYS = {
-    "resnet221": {"conv1.weight": (32, 1, 3, 3), "layer1.0.shortcut.0.weight": (128, 32, 1, 1),
-                  "layer3.47.conv3.weight": (512, 128, 1, 1), "layer4.2.bn3.running_var": (1024,),
-                  "seg_1.weight": (256, 2 * 1024 * 10)},
-    "resnet293": {"layer1.9.conv2.weight": (32, 32, 3, 3), "layer3.63.bn1.weight": (128,),
-                  "layer4.0.shortcut.1.weight": (1024,), "seg_1.weight": (256, 2 * 1024 * 10)},
-    "gemini_dfresnet114": {"downsample_layers.0.0.weight": (32, 1, 3, 3),
-                           "downsample_layers.4.0.weight": (256, 128, 3, 3),
-                           "stages.2.26.conv2.weight": (512, 1, 3, 3), "seg_1.weight": (256, 2 * 256 * 5)},
-    "gemini_dfresnet183": {"stages.1.7.conv1.weight": (256, 64, 1, 1), "stages.2.44.conv3.weight": (128, 512, 1, 1),
-                           "seg_1.bias": (256,)},
+    "resnet221": {
+        "conv1.weight": (32, 1, 3, 3),
+        "layer1.0.shortcut.0.weight": (128, 32, 1, 1),
+        "layer3.47.conv3.weight": (512, 128, 1, 1),
+        "layer4.2.bn3.running_var": (1024,),
+        "seg_1.weight": (256, 2 * 1024 * 10),
+    },
+    "resnet293": {
+        "layer1.9.conv2.weight": (32, 32, 3, 3),
+        "layer3.63.bn1.weight": (128,),
+        "layer4.0.shortcut.1.weight": (1024,),
+        "seg_1.weight": (256, 2 * 1024 * 10),
+    },
+    "gemini_dfresnet114": {
+        "downsample_layers.0.0.weight": (32, 1, 3, 3),
+        "downsample_layers.4.0.weight": (256, 128, 3, 3),
+        "stages.2.26.conv2.weight": (512, 1, 3, 3),
+        "seg_1.weight": (256, 2 * 256 * 5),
+    },
+    "gemini_dfresnet183": {
+        "stages.1.7.conv1.weight": (256, 64, 1, 1),
+        "stages.2.44.conv3.weight": (128, 512, 1, 1),
+        "seg_1.bias": (256,),
+    },
 }
 
 

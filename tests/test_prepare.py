@@ -8,8 +8,9 @@ from tests.helpers import make_data_dir, write_wav
 
 
 def test_prepare_writes_lengths_and_spk2utt(tmp_path):
-    root = make_data_dir(tmp_path / "d", {"a-1": "a", "a-2": "a", "b-1": "b"}, seconds=0.25,
-                         trials="a-1 a-2 target\na-1 b-1 nontarget\n")
+    root = make_data_dir(
+        tmp_path / "d", {"a-1": "a", "a-2": "a", "b-1": "b"}, seconds=0.25, trials="a-1 a-2 target\na-1 b-1 nontarget\n"
+    )
     summary = prepare(root, jobs=2)
     assert summary == f"{root}: 3 utterances, 2 speakers, 0.00 h"
     assert (root / "utt2num_samples").read_text() == "a-1 4000\na-2 4000\nb-1 4000\n"
@@ -30,8 +31,9 @@ def test_every_unusable_file_is_reported_with_its_line_and_nothing_written(tmp_p
 
 
 def test_trial_with_unknown_utterance_names_the_trials_line(tmp_path, capsys):
-    root = make_data_dir(tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25,
-                         trials="a-1 b-1 nontarget\na-1 c-9 target\n")
+    root = make_data_dir(
+        tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25, trials="a-1 b-1 nontarget\na-1 c-9 target\n"
+    )
     assert main(["--data", str(root)]) == 2
     assert f"{root / 'trials'}:2: 'c-9' is not in {root / 'wav.scp'}" in capsys.readouterr().err
     assert not (root / "utt2num_samples").exists()

@@ -1,4 +1,5 @@
 """Smoke run of the whole egs/mini recipe on a tiny corpus, through run.sh as a user runs it."""
+
 import os
 import re
 import subprocess
@@ -15,8 +16,13 @@ RUN = ROOT / "egs" / "mini" / "run.sh"
 
 def run_recipe(tmp_path, *args, check=True):
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    r = subprocess.run(["bash", str(RUN), "--data", str(tmp_path / "data"), "--exp", str(tmp_path / "exp"), *args],
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        ["bash", str(RUN), "--data", str(tmp_path / "data"), "--exp", str(tmp_path / "exp"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return r
@@ -24,12 +30,27 @@ def run_recipe(tmp_path, *args, check=True):
 
 @pytest.mark.slow
 def test_mini_recipe_end_to_end(tmp_path):
-    corpus = ("--num-train-speakers 6 --num-val-speakers 3 --num-test-speakers 3 --utts-per-speaker 6 "
-              "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0")
-    train = ("train.epochs=2 train.global_batch_size=12 hardware.per_device_batch=6 data.crop_seconds=1.0 "
-             "model.args.num_layers=[1,1,1]")
-    r = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stop_stage", "7",
-                   "--average_last", "2", "--lm_config", str(ROOT / "conf" / "mini_finetune_lm.yaml"))
+    corpus = (
+        "--num-train-speakers 6 --num-val-speakers 3 --num-test-speakers 3 --utts-per-speaker 6 "
+        "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
+    )
+    train = (
+        "train.epochs=2 train.global_batch_size=12 hardware.per_device_batch=6 data.crop_seconds=1.0 "
+        "model.args.num_layers=[1,1,1]"
+    )
+    r = run_recipe(
+        tmp_path,
+        "--corpus_opts",
+        corpus,
+        "--train_overrides",
+        train,
+        "--stop_stage",
+        "7",
+        "--average_last",
+        "2",
+        "--lm_config",
+        str(ROOT / "conf" / "mini_finetune_lm.yaml"),
+    )
     out = r.stdout + r.stderr
     for n in range(1, 8):
         assert f"stage {n}:" in out
@@ -58,21 +79,29 @@ def test_recipe_rejects_unknown_option(tmp_path):
 
 
 def test_environment_variables_are_not_options(tmp_path):
-    r = subprocess.run(["bash", str(RUN), "--http_proxy", "x"], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "http_proxy": "http://proxy.invalid:3128"})
+    r = subprocess.run(
+        ["bash", str(RUN), "--http_proxy", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
+    )
     assert r.returncode == 1 and "unknown option --http_proxy" in r.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
-    (["--stop_stage", "8"], "--stop_stage must be a stage number from 1 to 7, got '8'"),
-    (["--stage", "0"], "--stage must be a stage number from 1 to 7, got '0'"),
-    (["--stage", "4", "--stop_stage", "3"], "--stage 4 is after --stop_stage 3"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
+        (["--stop_stage", "8"], "--stop_stage must be a stage number from 1 to 7, got '8'"),
+        (["--stage", "0"], "--stage must be a stage number from 1 to 7, got '0'"),
+        (["--stage", "4", "--stop_stage", "3"], "--stage 4 is after --stop_stage 3"),
+    ],
+)
 def test_bad_stage_numbers_are_errors(tmp_path, args, message):
     r = run_recipe(tmp_path, *args, check=False)
     assert r.returncode == 1 and message in r.stderr
-    assert not (tmp_path / "data").exists()   # nothing ran
+    assert not (tmp_path / "data").exists()  # nothing ran
 
 
 def test_recipe_help_lists_options():

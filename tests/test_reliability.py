@@ -29,8 +29,13 @@ def test_sigkill_at_random_points_then_same_command_ends_with_the_uninterrupted_
     cfg, _ = tiny_config(tmp_path, val=False)
     args = ["--config", str(cfg), "train.epochs=10"]
     ref = tmp_path / "ref"
-    r = subprocess.run([sys.executable, "-m", "speakerlab.train", *args, "--exp-dir", str(ref)], env=ENV,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "speakerlab.train", *args, "--exp-dir", str(ref)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
 
     exp = tmp_path / "killed"
@@ -39,17 +44,25 @@ def test_sigkill_at_random_points_then_same_command_ends_with_the_uninterrupted_
     rng = random.Random(20261122)
     # Events per full run: a checkpoint write per step (20), 8 crops per step (160), 20 steps. Early
     # counts, so that each killed run gets at most about one step further and all 12 kills happen.
-    points = [("write", rng.randint(1, 2)) for _ in range(4)] + [("load", rng.randint(1, 12)) for _ in range(4)] + \
-             [("step", rng.randint(1, 2)) for _ in range(4)]
+    points = (
+        [("write", rng.randint(1, 2)) for _ in range(4)]
+        + [("load", rng.randint(1, 12)) for _ in range(4)]
+        + [("step", rng.randint(1, 2)) for _ in range(4)]
+    )
     rng.shuffle(points)
     kinds_hit, kills = set(), 0
     for kind, n in points:
         expected = newest_complete(ckpts)
         expected_step = None if expected is None else load_checkpoint(expected).step
         torn_before = sorted(p.name for p in ckpts.glob(".*.tmp*")) if ckpts.is_dir() else []
-        r = subprocess.run([sys.executable, str(ROOT / "tests" / "crash_points.py"), kind, str(n), "--", *cmd],
-                           env=ENV, capture_output=True, text=True, timeout=300)
-        if r.returncode == 0:   # finished before the event came (a resumed run has fewer events)
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "crash_points.py"), kind, str(n), "--", *cmd],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if r.returncode == 0:  # finished before the event came (a resumed run has fewer events)
             break
         assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
         kinds_hit.add(kind)
@@ -63,8 +76,9 @@ def test_sigkill_at_random_points_then_same_command_ends_with_the_uninterrupted_
         for name in torn_before:
             assert f"removed {ckpts / name}, left mid-write" in r.stderr
     assert kinds_hit == {"write", "load", "step"} and kills >= 10
-    r = subprocess.run([sys.executable, "-m", "speakerlab.train", *cmd], env=ENV, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "speakerlab.train", *cmd], env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert not list(ckpts.glob(".*.tmp*"))
     a, b = load_checkpoint(ref / "checkpoints" / "epoch_010.pt"), load_checkpoint(ckpts / "epoch_010.pt")
@@ -90,8 +104,21 @@ def _worker_pids(parent: int) -> dict:
 
 
 def _start_torchrun(cfg, exp, port, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(exp), "train.epochs=40", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={port}",
+        "-m",
+        "speakerlab.train",
+        "--config",
+        str(cfg),
+        "--exp-dir",
+        str(exp),
+        "train.epochs=40",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:

@@ -11,10 +11,28 @@ from speakerlab.synth.__main__ import main, parse_args, speaker_traits
 
 MIN_DUR, MAX_DUR = 0.5, 1.0  # train utterances
 EVAL_MIN_DUR, EVAL_MAX_DUR = 1.1, 1.4  # val / test utterances
-TINY = ["--num-train-speakers", "4", "--num-val-speakers", "2", "--num-test-speakers", "3",
-        "--utts-per-speaker", "3", "--eval-utts-per-speaker", "3",
-        "--min-dur", str(MIN_DUR), "--max-dur", str(MAX_DUR),
-        "--eval-min-dur", str(EVAL_MIN_DUR), "--eval-max-dur", str(EVAL_MAX_DUR), "--seed", "7"]
+TINY = [
+    "--num-train-speakers",
+    "4",
+    "--num-val-speakers",
+    "2",
+    "--num-test-speakers",
+    "3",
+    "--utts-per-speaker",
+    "3",
+    "--eval-utts-per-speaker",
+    "3",
+    "--min-dur",
+    str(MIN_DUR),
+    "--max-dur",
+    str(MAX_DUR),
+    "--eval-min-dur",
+    str(EVAL_MIN_DUR),
+    "--eval-max-dur",
+    str(EVAL_MAX_DUR),
+    "--seed",
+    "7",
+]
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +153,26 @@ def test_utterance_shape_and_level(num_samples):
 
 def test_rerun_is_skipped_and_changed_options_rewrite(tmp_path):
     out = str(tmp_path / "c")
-    small = ["--num-train-speakers", "1", "--num-val-speakers", "2", "--num-test-speakers", "2",
-             "--utts-per-speaker", "2", "--eval-utts-per-speaker", "2", "--min-dur", "0.3", "--max-dur", "0.3",
-             "--eval-min-dur", "0.3", "--eval-max-dur", "0.3"]
+    small = [
+        "--num-train-speakers",
+        "1",
+        "--num-val-speakers",
+        "2",
+        "--num-test-speakers",
+        "2",
+        "--utts-per-speaker",
+        "2",
+        "--eval-utts-per-speaker",
+        "2",
+        "--min-dur",
+        "0.3",
+        "--max-dur",
+        "0.3",
+        "--eval-min-dur",
+        "0.3",
+        "--eval-max-dur",
+        "0.3",
+    ]
     assert main(["--out", out, *small]) == 0
     scp = os.path.join(out, "train", "wav.scp")
     stamp = os.stat(scp).st_mtime_ns
@@ -149,12 +184,15 @@ def test_rerun_is_skipped_and_changed_options_rewrite(tmp_path):
     assert not os.path.exists(os.path.join(out, "wav", "train", "spk0000", "spk0000-0001.wav"))
 
 
-@pytest.mark.parametrize("bad, message", [
-    (["--min-dur", "3", "--max-dur", "2"], "need 0.1 <= --min-dur <= --max-dur, got 3.0, 2.0"),
-    (["--eval-min-dur", "9"], "need 0.1 <= --eval-min-dur <= --eval-max-dur, got 9.0, 8.0"),
-    (["--num-test-speakers", "1"], "val and test need >= 2 speakers with >= 2 utterances"),
-    (["--jobs", "0"], "--jobs must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--min-dur", "3", "--max-dur", "2"], "need 0.1 <= --min-dur <= --max-dur, got 3.0, 2.0"),
+        (["--eval-min-dur", "9"], "need 0.1 <= --eval-min-dur <= --eval-max-dur, got 9.0, 8.0"),
+        (["--num-test-speakers", "1"], "val and test need >= 2 speakers with >= 2 utterances"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
+    ],
+)
 def test_bad_options_are_refused(bad, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--out", str(tmp_path), *bad])

@@ -1,4 +1,5 @@
 """Training engine end to end on a tiny model and corpus (CPU, seconds per run)."""
+
 import json
 import os
 import re
@@ -29,22 +30,27 @@ def tiny_config(tmp_path, val=True, extra=""):
     utts = {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(4)}
     train = make_data_dir(tmp_path / "train", utts, seconds=0.6)
     trials = "".join(f"s{a}-0 s{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(4) for b in range(4))
-    valdir = make_data_dir(tmp_path / "val", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(2)},
-                           seconds=0.7, seed=1, trials=trials)
+    valdir = make_data_dir(
+        tmp_path / "val", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(2)}, seconds=0.7, seed=1, trials=trials
+    )
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(TINY_MODEL + f"""
-data: {{train: {train}, val: {valdir if val else 'null'}, crop_seconds: 0.5}}
+    cfg.write_text(
+        TINY_MODEL
+        + f"""
+data: {{train: {train}, val: {valdir if val else "null"}, crop_seconds: 0.5}}
 loss: {{margin: 0.2, margin_start_epoch: 0, margin_warmup_epochs: 1}}
 optim: {{lr: 0.05, warmup_epochs: 0.5}}
 train: {{epochs: 2, global_batch_size: 8, log_every_steps: 1, save_every_steps: 1, max_consecutive_skips: 2}}
 hardware: {{device: cpu, precision: fp32, per_device_batch: 4, num_workers: 0, pin_memory: false}}
-{extra}""")
+{extra}"""
+    )
     return cfg, train
 
 
 def losses(exp):
-    return {r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r}
+    return {
+        r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    }
 
 
 def test_resume_equals_uninterrupted(tmp_path):
@@ -72,8 +78,18 @@ def test_checkpoint_alone_rebuilds_model(tmp_path):
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "e"), "train.epochs=1"]) == 0
     path = tmp_path / "e" / "checkpoints" / "epoch_001.pt"
     raw = torch.load(path, weights_only=True)
-    assert raw["schema"] == 2 and {"model_name", "model_args", "model", "features", "speakers", "classifier",
-                                   "step", "epoch", "resume", "config"} <= set(raw)
+    assert raw["schema"] == 2 and {
+        "model_name",
+        "model_args",
+        "model",
+        "features",
+        "speakers",
+        "classifier",
+        "step",
+        "epoch",
+        "resume",
+        "config",
+    } <= set(raw)
     ck = load_checkpoint(path)
     assert ck.speakers == ["s0", "s1", "s2", "s3"] and ck.config["train"]["epochs"] == 1
     assert ck.features.fbank.num_mel_bins == 80 and ck.features.fbank.dither == 0.0 and ck.features.mean_norm
@@ -102,8 +118,20 @@ def test_consecutive_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
     good = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
     for wav in (train / "wav").glob("*.wav"):
         write_wav(wav, np.full(int(0.6 * 16000), np.inf, dtype=np.float32), subtype="FLOAT")
-    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "train.epochs=2", "train.save_every_steps=0",
-                       "--force-new-schedule"]) == 3
+    assert (
+        train_main(
+            [
+                "--config",
+                str(cfg),
+                "--exp-dir",
+                str(exp),
+                "train.epochs=2",
+                "train.save_every_steps=0",
+                "--force-new-schedule",
+            ]
+        )
+        == 3
+    )
     log = (exp / "train.log").read_text()
     assert "2 consecutive steps had a non-finite loss or gradient" in log
     after = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")
@@ -131,13 +159,27 @@ def test_bad_config_key_is_reported(tmp_path, capsys):
 
 def test_tensorboard_has_every_scalar(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     cfg, _ = tiny_config(tmp_path, val=True)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "t"), "train.epochs=1"]) == 0
     acc = EventAccumulator(str(tmp_path / "t" / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    want = {f"train/{k}" for k in ("loss", "accuracy", "lr", "margin", "grad_norm", "loss_scale",
-                                   "samples_per_s", "data_wait_fraction", "peak_memory_gb", "skipped_steps")}
+    want = {
+        f"train/{k}"
+        for k in (
+            "loss",
+            "accuracy",
+            "lr",
+            "margin",
+            "grad_norm",
+            "loss_scale",
+            "samples_per_s",
+            "data_wait_fraction",
+            "peak_memory_gb",
+            "skipped_steps",
+        )
+    }
     assert want | {"val/eer"} <= tags
 
 
@@ -177,8 +219,19 @@ def test_torchrun_two_processes(tmp_path):
     cfg, _ = tiny_config(tmp_path, val=True)
     exp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-           "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(exp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29517",
+        "-m",
+        "speakerlab.train",
+        "--config",
+        str(cfg),
+        "--exp-dir",
+        str(exp),
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     log = (exp / "train.log").read_text()
@@ -200,6 +253,7 @@ def test_torchrun_two_processes(tmp_path):
 
 def test_average_then_large_margin_finetune(tmp_path):
     from speakerlab.average import main as average_main
+
     cfg, _ = tiny_config(tmp_path, val=False)
     exp = tmp_path / "base"
     assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "train.keep_checkpoints=2"]) == 0
@@ -212,8 +266,21 @@ def test_average_then_large_margin_finetune(tmp_path):
     assert avg.resume is None and avg.averaged_from and avg.classifier is not None
     lm = tmp_path / "lm"
     overlay = ROOT / "conf" / "mini_finetune_lm.yaml"
-    assert train_main(["--config", str(cfg), "--config", str(overlay), "--exp-dir", str(lm),
-                       f"train.init_from={exp / 'checkpoints' / 'avg.pt'}", "data.crop_seconds=0.55"]) == 0
+    assert (
+        train_main(
+            [
+                "--config",
+                str(cfg),
+                "--config",
+                str(overlay),
+                "--exp-dir",
+                str(lm),
+                f"train.init_from={exp / 'checkpoints' / 'avg.pt'}",
+                "data.crop_seconds=0.55",
+            ]
+        )
+        == 0
+    )
     log = (lm / "train.log").read_text()
     assert f"initialised from {exp / 'checkpoints' / 'avg.pt'}" in log
     rows = [json.loads(r) for r in (lm / "metrics.jsonl").read_text().splitlines()]

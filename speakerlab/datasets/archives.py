@@ -3,6 +3,7 @@
 A member that would land outside the folder (absolute path, `..`, a link pointing out, a device
 file) is refused before anything is written for it; a marker file makes re-runs skip the work.
 """
+
 from __future__ import annotations
 
 import os

@@ -29,6 +29,7 @@ and a trial line compares it with a test utterance: `id00800-enroll id00800-sing
 (Averaging per-utterance embeddings of the enroll.map utterances instead, which some toolkits also
 report, would need a scorer that averages; it is not done here.)
 """
+
 from __future__ import annotations
 
 import os
@@ -36,18 +37,40 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import Dict, Sequence
 
-from speakerlab.datasets.common import (DatasetError, check_count, download_step, extract_step, iter_list,
-                                        make_parser, parse_label, require_dir, run, write_data_dir, write_trials)
+from speakerlab.datasets.common import (
+    DatasetError,
+    check_count,
+    download_step,
+    extract_step,
+    iter_list,
+    make_parser,
+    parse_label,
+    require_dir,
+    run,
+    write_data_dir,
+    write_trials,
+)
 from speakerlab.datasets.download import Archive, Part
 
 OPENSLR = "https://www.openslr.org/resources/82"
 PARTS = {
     "cnceleb1": (Archive("cn-celeb_v2.tar.gz", "7ab1b214028a7439e26608b2d5a0336c", OPENSLR),),
-    "cnceleb2": (Archive("cn-celeb2_v2.tar.gz", "55c47cf0b6d0bf793e88bf79d5dfc660", OPENSLR,
-                         parts=tuple(Part(f"cn-celeb2_v2.tar.gza{c}") for c in "abc")),),
+    "cnceleb2": (
+        Archive(
+            "cn-celeb2_v2.tar.gz",
+            "55c47cf0b6d0bf793e88bf79d5dfc660",
+            OPENSLR,
+            parts=tuple(Part(f"cn-celeb2_v2.tar.gza{c}") for c in "abc"),
+        ),
+    ),
 }
-PUBLISHED = {"cnceleb1 dev speakers": 797, "cnceleb2 speakers": 1996, "enrolments": 196,
-             "test utterances": 17777, "trials": 3484292}
+PUBLISHED = {
+    "cnceleb1 dev speakers": 797,
+    "cnceleb2 speakers": 1996,
+    "enrolments": 196,
+    "test utterances": 17777,
+    "trials": 3484292,
+}
 AUDIO_EXT = (".flac", ".wav")
 HINT = "run `python -m speakerlab.datasets.cnceleb extract --parts {}` (or check --raw-dir)"
 
@@ -77,8 +100,10 @@ def speaker_utts(corpus: Path, spk_list: Path) -> Dict[str, str]:
 def prepare_train(raw: Path, data: Path, parts: Sequence[str]) -> None:
     """DATA/cnceleb_train from the CN-Celeb1 dev speakers and/or CN-Celeb2."""
     wav: Dict[str, str] = {}
-    for part, corpus, spk_list, name in (("cnceleb1", "CN-Celeb_flac", "dev/dev.lst", "cnceleb1 dev speakers"),
-                                         ("cnceleb2", "CN-Celeb2_flac", "spk.lst", "cnceleb2 speakers")):
+    for part, corpus, spk_list, name in (
+        ("cnceleb1", "CN-Celeb_flac", "dev/dev.lst", "cnceleb1 dev speakers"),
+        ("cnceleb2", "CN-Celeb2_flac", "spk.lst", "cnceleb2 speakers"),
+    ):
         if part not in parts:
             continue
         root = require_dir(raw / corpus, HINT.format(part))
@@ -87,8 +112,10 @@ def prepare_train(raw: Path, data: Path, parts: Sequence[str]) -> None:
         check_count(name, len(spks), PUBLISHED[name])
         clash = spks & {u.split("-", 1)[0] for u in wav}
         if clash:
-            raise DatasetError(f"speaker id {sorted(clash)[0]} of {root / spk_list} is also a CN-Celeb1 speaker; "
-                               f"the two corpora would be merged wrongly")
+            raise DatasetError(
+                f"speaker id {sorted(clash)[0]} of {root / spk_list} is also a CN-Celeb1 speaker; "
+                f"the two corpora would be merged wrongly"
+            )
         wav.update(utts)
     write_data_dir(data / "cnceleb_train", wav, {u: u.split("-", 1)[0] for u in wav})
 
@@ -117,6 +144,7 @@ def prepare_eval(raw: Path, data: Path) -> None:
         for lineno, f in iter_list(src, 3):
             test = test_ids.get(f[1]) or PurePosixPath(f[1]).stem
             yield f[0], test, parse_label(f[2], f"{src}:{lineno}"), lineno
+
     check_count("cnceleb_eval trials", write_trials(out / "trials", rows(), set(wav), src), PUBLISHED["trials"])
 
 
@@ -134,11 +162,15 @@ def main(argv=None) -> int:
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--data", default="data", help="output folder for the data dirs")
     p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS))
-    return run(ap, argv, {
-        "download": lambda a: download_step(a, PARTS),
-        "extract": lambda a: extract_step(a, PARTS),
-        "prepare": lambda a: prepare(a.raw_dir, a.data, a.parts),
-    })
+    return run(
+        ap,
+        argv,
+        {
+            "download": lambda a: download_step(a, PARTS),
+            "extract": lambda a: extract_step(a, PARTS),
+            "prepare": lambda a: prepare(a.raw_dir, a.data, a.parts),
+        },
+    )
 
 
 if __name__ == "__main__":

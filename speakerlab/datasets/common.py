@@ -3,6 +3,7 @@
 Every corpus CLI has the same `download` and `extract` subcommands (built by `make_parser`) over
 its own table of `Archive`s, grouped in named parts (`vox1`, `vox2`, ...), plus its own `prepare`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def require_file(path, hint: str = "") -> Path:
 def check_count(what: str, have: int, published: Optional[int]) -> None:
     """Warn (not fail) when a count differs from the published corpus: subsets are legitimate."""
     if published is not None and have != published:
-        log(f"warning: {what}: found {have}, the published corpus has {published} "
-            f"(incomplete download/extraction, a different release, or a deliberate subset)")
+        log(
+            f"warning: {what}: found {have}, the published corpus has {published} "
+            f"(incomplete download/extraction, a different release, or a deliberate subset)"
+        )
 
 
 def iter_list(path, min_fields: int = 1) -> Iterator[Tuple[int, List[str]]]:
@@ -73,8 +76,9 @@ def write_data_dir(root, wav: Dict[str, str], utt2spk: Dict[str, str]) -> str:
         raise DatasetError(f"{root}: no utterances found")
     for utt, spk in utt2spk.items():
         if not utt.startswith(spk) or any(c.isspace() for c in utt + spk):
-            raise DatasetError(f"{root}: utterance id '{utt}' must start with its speaker id '{spk}' "
-                               f"and contain no whitespace")
+            raise DatasetError(
+                f"{root}: utterance id '{utt}' must start with its speaker id '{spk}' and contain no whitespace"
+            )
         if any(c.isspace() for c in wav[utt]):
             raise DatasetError(f"{root}: audio path of '{utt}' contains whitespace: {wav[utt]!r}")
     root.mkdir(parents=True, exist_ok=True)
@@ -131,13 +135,16 @@ def write_trials(path, rows: Iterable[Tuple[str, str, bool, int]], utts: Set[str
         if not stats["n"]:
             raise DatasetError(f"{source}: no trials")
         lineno, u = stats["first"]
-        raise DatasetError(f"{source}:{lineno}: '{u}' is not an utterance of {path.parent / 'wav.scp'} "
-                           f"({stats['bad']} trial id(s) affected; is the corpus fully extracted?)")
+        raise DatasetError(
+            f"{source}:{lineno}: '{u}' is not an utterance of {path.parent / 'wav.scp'} "
+            f"({stats['bad']} trial id(s) affected; is the corpus fully extracted?)"
+        )
     log(f"{path}: {stats['n']} trials ({stats['target']} target)")
     return stats["n"]
 
 
 # ---------------------------------------------------------------- command line
+
 
 def _none_if_empty(text: str) -> Optional[str]:
     return text or None
@@ -150,25 +157,44 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
     """
     ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="step", required=True)
-    for step, text in (("download", "fetch the archives (or verify those in --archive-dir)"),
-                       ("extract", "unpack the archives into --raw-dir")):
+    for step, text in (
+        ("download", "fetch the archives (or verify those in --archive-dir)"),
+        ("extract", "unpack the archives into --raw-dir"),
+    ):
         p = sub.add_parser(step, help=text, description=text)
-        p.add_argument("--parts", nargs="+", choices=sorted(parts), default=list(parts),
-                       help=f"which archives (default: all of {' '.join(parts)})")
+        p.add_argument(
+            "--parts",
+            nargs="+",
+            choices=sorted(parts),
+            default=list(parts),
+            help=f"which archives (default: all of {' '.join(parts)})",
+        )
         p.add_argument("--download-dir", default="data/download", help="where archives are downloaded/joined")
-        p.add_argument("--archive-dir", type=_none_if_empty, default=None,
-                       help="folder already holding the archives (or their parts): nothing is downloaded")
+        p.add_argument(
+            "--archive-dir",
+            type=_none_if_empty,
+            default=None,
+            help="folder already holding the archives (or their parts): nothing is downloaded",
+        )
         if step == "download":
-            p.add_argument("--mirror", type=_none_if_empty, default=None,
-                           help="base URL replacing the official hosts: every file from <mirror>/<file name>")
-            p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
-                           help="URL of one file (repeatable), e.g. vox1_test_wav.zip=https://...")
+            p.add_argument(
+                "--mirror",
+                type=_none_if_empty,
+                default=None,
+                help="base URL replacing the official hosts: every file from <mirror>/<file name>",
+            )
+            p.add_argument(
+                "--url",
+                action="append",
+                default=[],
+                metavar="NAME=URL",
+                help="URL of one file (repeatable), e.g. vox1_test_wav.zip=https://...",
+            )
             p.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
             p.add_argument("--retries", type=int, default=5)
             p.add_argument("--skip-md5", action="store_true", help="accept files whose md5 differs")
             p.add_argument("--keep-parts", action="store_true", help="keep split-archive parts after joining")
-            p.add_argument("--user", default=None,
-                           help=f"HTTP basic-auth user (password from ${PASSWORD_ENV})")
+            p.add_argument("--user", default=None, help=f"HTTP basic-auth user (password from ${PASSWORD_ENV})")
         else:
             p.add_argument("--raw-dir", default="data/raw", help="where the corpus is unpacked")
     return ap, sub
@@ -187,9 +213,18 @@ def download_step(args, parts: Dict[str, Sequence[Archive]], opener=None) -> Non
         name, url = item.split("=", 1)
         urls[name] = url
     opener = opener or make_opener(args.user, os.environ.get(PASSWORD_ENV))
-    paths = fetch_archives(_selected(parts, args.parts), args.download_dir, archive_dir=args.archive_dir,
-                           mirror=args.mirror, urls=urls, check_md5=not args.skip_md5, keep_parts=args.keep_parts,
-                           jobs=args.jobs, opener=opener, retries=args.retries)
+    paths = fetch_archives(
+        _selected(parts, args.parts),
+        args.download_dir,
+        archive_dir=args.archive_dir,
+        mirror=args.mirror,
+        urls=urls,
+        check_md5=not args.skip_md5,
+        keep_parts=args.keep_parts,
+        jobs=args.jobs,
+        opener=opener,
+        retries=args.retries,
+    )
     for p in paths:
         log(f"ready: {p}")
 

@@ -11,6 +11,7 @@
                  from there (parts are joined into the download dir).
 Unpacking is in `archives.py`.
 """
+
 from __future__ import annotations
 
 import errno
@@ -26,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.error import HTTPError, URLError
 from urllib.request import HTTPBasicAuthHandler, HTTPPasswordMgrWithDefaultRealm, Request, build_opener
 
-CHUNK = 1 << 22          # 4 MiB reads for hashing, copying and downloading
+CHUNK = 1 << 22  # 4 MiB reads for hashing, copying and downloading
 PROGRESS_EVERY_S = 30.0
 
 
@@ -49,6 +50,7 @@ class _Truncated(OSError):
 @dataclass(frozen=True)
 class Part:
     """One file of a split archive, with its published md5 when there is one."""
+
     name: str
     md5: Optional[str] = None
 
@@ -61,6 +63,7 @@ class Archive:
     joined in order into `name`. `md5` is that of the whole file (None: none is published). `dest`
     is the folder under the raw dir that the extract step unpacks (or copies) it into.
     """
+
     name: str
     md5: Optional[str]
     base_url: str
@@ -81,6 +84,7 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- md5
+
 
 def md5sum(path) -> str:
     """Hex md5 of a file, read in CHUNK-sized pieces (archives are far larger than memory)."""
@@ -128,12 +132,15 @@ def verify_md5(path, md5: Optional[str], marker_dir=None) -> None:
     log(f"checking md5 of {path}")
     got = md5sum(path)
     if got != md5.lower():
-        raise ChecksumError(f"{path}: md5 {got} does not match the published {md5}; the file is corrupt or "
-                            f"not the published release (delete it and download again, or pass --skip-md5)")
+        raise ChecksumError(
+            f"{path}: md5 {got} does not match the published {md5}; the file is corrupt or "
+            f"not the published release (delete it and download again, or pass --skip-md5)"
+        )
     _write_marker(path, md5, marker_dir)
 
 
 # ---------------------------------------------------------------- download
+
 
 def make_opener(user: Optional[str] = None, password: Optional[str] = None):
     """A urllib opener; with `user`, it answers HTTP basic-auth challenges (e.g. the VoxCeleb host)."""
@@ -187,8 +194,17 @@ def _retryable(e: BaseException) -> bool:
     return isinstance(e, (OSError, http.client.HTTPException))
 
 
-def download(url: str, dest, md5: Optional[str] = None, *, retries: int = 5, backoff_s: float = 2.0,
-             timeout_s: float = 60.0, opener=None, sleep: Callable[[float], None] = time.sleep) -> Path:
+def download(
+    url: str,
+    dest,
+    md5: Optional[str] = None,
+    *,
+    retries: int = 5,
+    backoff_s: float = 2.0,
+    timeout_s: float = 60.0,
+    opener=None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Path:
     """Fetch `url` into `dest` and return `dest`.
 
     An existing `dest` is only checked (md5). Data accumulates in `<dest>.part`, so a broken
@@ -217,8 +233,9 @@ def download(url: str, dest, md5: Optional[str] = None, *, retries: int = 5, bac
                 raise DownloadError(f"{dest.name}: cannot download {url}: {e}") from e
             failures = 1 if part.exists() and part.stat().st_size > before else failures + 1
             if failures > retries:
-                raise DownloadError(f"{dest.name}: {url} failed {failures} times in a row ({e}); {part} is kept, "
-                                    f"re-run to resume") from e
+                raise DownloadError(
+                    f"{dest.name}: {url} failed {failures} times in a row ({e}); {part} is kept, re-run to resume"
+                ) from e
             delay = backoff_s * 2 ** (failures - 1)
             log(f"{dest.name}: {e}; retrying in {delay:.0f} s")
             sleep(delay)
@@ -226,9 +243,11 @@ def download(url: str, dest, md5: Optional[str] = None, *, retries: int = 5, bac
         got = md5sum(part)
         if got != md5.lower():
             part.unlink()  # resuming corrupt data can never succeed
-            raise ChecksumError(f"{dest}: md5 {got} of the download from {url} does not match the published "
-                                f"{md5}; the download was deleted (re-run, or pass --skip-md5 if the publisher "
-                                f"changed the file)")
+            raise ChecksumError(
+                f"{dest}: md5 {got} of the download from {url} does not match the published "
+                f"{md5}; the download was deleted (re-run, or pass --skip-md5 if the publisher "
+                f"changed the file)"
+            )
     os.replace(part, dest)
     if md5 is not None:
         _write_marker(dest, md5)
@@ -253,8 +272,10 @@ def join_parts(parts: Sequence[Path], dest, md5: Optional[str] = None) -> Path:
     if md5 is not None and h.hexdigest() != md5.lower():
         tmp.unlink()
         names = ", ".join(str(p) for p in parts)
-        raise ChecksumError(f"{dest}: md5 {h.hexdigest()} of the joined parts ({names}) does not match the "
-                            f"published {md5}; a part is corrupt or missing")
+        raise ChecksumError(
+            f"{dest}: md5 {h.hexdigest()} of the joined parts ({names}) does not match the "
+            f"published {md5}; a part is corrupt or missing"
+        )
     os.replace(tmp, dest)
     if md5 is not None:
         _write_marker(dest, md5)
@@ -268,10 +289,20 @@ def url_for(name: str, base_url: str, mirror: Optional[str] = None, urls: Option
     return f"{(mirror or base_url).rstrip('/')}/{name}"
 
 
-def fetch_archives(archives: Sequence[Archive], download_dir, *, archive_dir=None, mirror: Optional[str] = None,
-                   urls: Optional[Dict[str, str]] = None, check_md5: bool = True, keep_parts: bool = False,
-                   jobs: int = 4, opener=None, retries: int = 5, sleep: Callable[[float], None] = time.sleep
-                   ) -> List[Path]:
+def fetch_archives(
+    archives: Sequence[Archive],
+    download_dir,
+    *,
+    archive_dir=None,
+    mirror: Optional[str] = None,
+    urls: Optional[Dict[str, str]] = None,
+    check_md5: bool = True,
+    keep_parts: bool = False,
+    jobs: int = 4,
+    opener=None,
+    retries: int = 5,
+    sleep: Callable[[float], None] = time.sleep,
+) -> List[Path]:
     """Make every archive available as one verified file; returns their paths.
 
     Without `archive_dir`: download (in `jobs` threads) into `download_dir`, join split archives
@@ -299,12 +330,18 @@ def fetch_archives(archives: Sequence[Archive], download_dir, *, archive_dir=Non
 
     def fetch(item):
         a, p = item
-        return download(url_for(p.name, a.base_url, mirror, urls), download_dir / p.name, md5_of(p.md5),
-                        retries=retries, opener=opener, sleep=sleep)
+        return download(
+            url_for(p.name, a.base_url, mirror, urls),
+            download_dir / p.name,
+            md5_of(p.md5),
+            retries=retries,
+            opener=opener,
+            sleep=sleep,
+        )
 
     errors = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for item, fut in [(item, pool.submit(fetch, item)) for item in todo]:
+        for fut in [pool.submit(fetch, item) for item in todo]:
             try:
                 fut.result()
             except DownloadError as e:

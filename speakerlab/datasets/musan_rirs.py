@@ -18,6 +18,7 @@ The synthetic corpus of egs/mini (`python -m speakerlab.synth --out DIR`) writes
   babble.scp  MUSAN speech (summed into babble by the augmentation), e.g. speech-librivox-0000
   rirs.scp    simulated RIRs from the rir_list of each chosen room size, id = its --rir-id
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,16 @@ import sys
 from pathlib import Path
 from typing import Dict, Sequence
 
-from speakerlab.datasets.common import (DatasetError, check_count, download_step, extract_step, iter_list,
-                                        make_parser, require_dir, run)
+from speakerlab.datasets.common import (
+    DatasetError,
+    check_count,
+    download_step,
+    extract_step,
+    iter_list,
+    make_parser,
+    require_dir,
+    run,
+)
 from speakerlab.datasets.download import Archive, log
 from speakerlab.lists import write_table
 
@@ -110,13 +119,22 @@ def main(argv=None) -> int:
     p = sub.add_parser("prepare", help="write noise.scp, music.scp, babble.scp, rirs.scp")
     p.add_argument("--raw-dir", default="data/raw", help="folder holding musan/ and RIRS_NOISES/")
     p.add_argument("--out", default="data/musan_rirs", help="output folder for the lists")
-    p.add_argument("--rooms", nargs="+", choices=ROOMS, default=list(ROOMS),
-                   help="simulated room sizes whose RIRs are listed (default: all three)")
-    return run(ap, argv, {
-        "download": lambda a: download_step(a, PARTS),
-        "extract": lambda a: extract_step(a, PARTS),
-        "prepare": lambda a: prepare(a.raw_dir, a.out, a.rooms),
-    })
+    p.add_argument(
+        "--rooms",
+        nargs="+",
+        choices=ROOMS,
+        default=list(ROOMS),
+        help="simulated room sizes whose RIRs are listed (default: all three)",
+    )
+    return run(
+        ap,
+        argv,
+        {
+            "download": lambda a: download_step(a, PARTS),
+            "extract": lambda a: extract_step(a, PARTS),
+            "prepare": lambda a: prepare(a.raw_dir, a.out, a.rooms),
+        },
+    )
 
 
 if __name__ == "__main__":

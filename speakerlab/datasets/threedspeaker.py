@@ -17,6 +17,7 @@ Utterances recorded by Device09 are left out, as the 3D-Speaker recipes do (--ke
 them). An utterance id that does not already start with its speaker id is renamed `<spk>-<utt>`
 (trials follow the same renaming), so that sorted lists keep each speaker's utterances together.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,31 +25,53 @@ import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
-from speakerlab.datasets.common import (DatasetError, check_count, download_step, extract_step, make_parser,
-                                        parse_label, iter_list, require_dir, require_file, run, write_data_dir,
-                                        write_trials)
+from speakerlab.datasets.common import (
+    DatasetError,
+    check_count,
+    download_step,
+    extract_step,
+    iter_list,
+    make_parser,
+    parse_label,
+    require_dir,
+    require_file,
+    run,
+    write_data_dir,
+    write_trials,
+)
 from speakerlab.datasets.download import Archive, Part, log
 
 OSS = "https://speech-lab-share-data.oss-cn-shanghai.aliyuncs.com/3D-Speaker"
-_TRAIN_PART_MD5 = {"a": "4109addde41d88760947263f18117ac3", "b": "5a17ef2fa28b1b9e340277edffb8b51c",
-                   "c": "bd2ce08f5b51005b66afe484b01a4a59", "d": "5cd31d961d2d5211aea38b8b95f7239a",
-                   "e": "58f3fb7d28ae7f4b65ee35a1ed7ab106", "f": "be64551c030e8087562a10df2c74ccb1"}
+_TRAIN_PART_MD5 = {
+    "a": "4109addde41d88760947263f18117ac3",
+    "b": "5a17ef2fa28b1b9e340277edffb8b51c",
+    "c": "bd2ce08f5b51005b66afe484b01a4a59",
+    "d": "5cd31d961d2d5211aea38b8b95f7239a",
+    "e": "58f3fb7d28ae7f4b65ee35a1ed7ab106",
+    "f": "be64551c030e8087562a10df2c74ccb1",
+}
 PARTS = {
     "3dspeaker": (
-        Archive("train.tar.gz", "c2cea55fd22a2b867d295fb35a2d3340", OSS, dest="3dspeaker",
-                parts=tuple(Part(f"train.tar.gz-part-{c}", m) for c, m in _TRAIN_PART_MD5.items())),
+        Archive(
+            "train.tar.gz",
+            "c2cea55fd22a2b867d295fb35a2d3340",
+            OSS,
+            dest="3dspeaker",
+            parts=tuple(Part(f"train.tar.gz-part-{c}", m) for c, m in _TRAIN_PART_MD5.items()),
+        ),
         Archive("test.tar.gz", "45972606dd10d3f7c1c31f27acdfbed7", OSS, dest="3dspeaker"),
         Archive("3dspeaker_files.tar.gz", None, OSS, dest="3dspeaker"),  # no md5 is published
     ),
 }
 TRIAL_LISTS = ("cross_device", "cross_distance", "cross_dialect")
-TRAIN_SPEAKERS = 10000   # the speaker-classifier size of the 3D-Speaker training configs
+TRAIN_SPEAKERS = 10000  # the speaker-classifier size of the 3D-Speaker training configs
 EXCLUDED_DEVICE = "Device09"
 _LABEL_TOKENS = {"1", "0", "target", "nontarget"}
 
 
-def read_split(root: Path, split: str, keep_device09: bool = False) -> Tuple[Dict[str, str], Dict[str, str],
-                                                                              Dict[str, str]]:
+def read_split(
+    root: Path, split: str, keep_device09: bool = False
+) -> Tuple[Dict[str, str], Dict[str, str], Dict[str, str]]:
     """`files/<split>_wav.scp` + `<split>_utt2spk` -> (wav, utt2spk, rename).
 
     `wav` and `utt2spk` use the new ids; `rename` maps each official id that was kept to its new
@@ -72,8 +95,10 @@ def read_split(root: Path, split: str, keep_device09: bool = False) -> Tuple[Dic
         wav[new], spk[new], rename[utt] = str(root / rel), s, new
     missing = [p for p in wav.values() if not os.path.isfile(p)]
     if missing:
-        raise DatasetError(f"{len(missing)} audio file(s) listed in {scp} do not exist, e.g. {missing[0]}; "
-                           f"is {split}.tar.gz fully extracted into {root}?")
+        raise DatasetError(
+            f"{len(missing)} audio file(s) listed in {scp} do not exist, e.g. {missing[0]}; "
+            f"is {split}.tar.gz fully extracted into {root}?"
+        )
     if dropped:
         log(f"{split}: left out {dropped} {EXCLUDED_DEVICE} utterances")
     return wav, spk, rename
@@ -81,6 +106,7 @@ def read_split(root: Path, split: str, keep_device09: bool = False) -> Tuple[Dic
 
 def convert_trials(src: Path, dst: Path, rename: Dict[str, str], keep_device09: bool) -> int:
     """An official trials file -> `enrol test target|nontarget` over the renamed test utterances."""
+
     def rows():
         for lineno, f in iter_list(src, 3):
             where = f"{src}:{lineno}"
@@ -92,16 +118,20 @@ def convert_trials(src: Path, dst: Path, rename: Dict[str, str], keep_device09: 
                 label, enrol, test = f[0], f[1], f[2]
             for u in (enrol, test):
                 if u not in rename and EXCLUDED_DEVICE in u and not keep_device09:
-                    raise DatasetError(f"{where}: '{u}' was recorded by {EXCLUDED_DEVICE}, which is left out; "
-                                       f"pass --keep-device09 to keep those utterances")
+                    raise DatasetError(
+                        f"{where}: '{u}' was recorded by {EXCLUDED_DEVICE}, which is left out; "
+                        f"pass --keep-device09 to keep those utterances"
+                    )
             yield rename.get(enrol, enrol), rename.get(test, test), parse_label(label, where), lineno
+
     return write_trials(dst, rows(), set(rename.values()), src)
 
 
 def prepare(raw_dir, data, keep_device09: bool = False) -> None:
     """Write DATA/3dspeaker_train and DATA/3dspeaker_test (+ its three trial lists)."""
-    root = require_dir(Path(raw_dir) / "3dspeaker",
-                       "run `python -m speakerlab.datasets.threedspeaker extract` (or check --raw-dir)")
+    root = require_dir(
+        Path(raw_dir) / "3dspeaker", "run `python -m speakerlab.datasets.threedspeaker extract` (or check --raw-dir)"
+    )
     # Audio folders are not checked by name: the lists say where each file is, and read_split
     # reports any listed file that is missing.
     data = Path(data)
@@ -111,8 +141,12 @@ def prepare(raw_dir, data, keep_device09: bool = False) -> None:
     wav, spk, rename = read_split(root, "test", keep_device09)
     write_data_dir(data / "3dspeaker_test", wav, spk)
     for name in TRIAL_LISTS:
-        convert_trials(require_file(root / "files" / f"trials_{name}"), data / "3dspeaker_test" / f"trials_{name}",
-                       rename, keep_device09)
+        convert_trials(
+            require_file(root / "files" / f"trials_{name}"),
+            data / "3dspeaker_test" / f"trials_{name}",
+            rename,
+            keep_device09,
+        )
 
 
 def main(argv=None) -> int:
@@ -121,11 +155,15 @@ def main(argv=None) -> int:
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--data", default="data", help="output folder for the data dirs")
     p.add_argument("--keep-device09", action="store_true", help=f"keep {EXCLUDED_DEVICE} utterances")
-    return run(ap, argv, {
-        "download": lambda a: download_step(a, PARTS),
-        "extract": lambda a: extract_step(a, PARTS),
-        "prepare": lambda a: prepare(a.raw_dir, a.data, a.keep_device09),
-    })
+    return run(
+        ap,
+        argv,
+        {
+            "download": lambda a: download_step(a, PARTS),
+            "extract": lambda a: extract_step(a, PARTS),
+            "prepare": lambda a: prepare(a.raw_dir, a.data, a.keep_device09),
+        },
+    )
 
 
 if __name__ == "__main__":

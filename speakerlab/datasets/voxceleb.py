@@ -27,6 +27,7 @@ The VoxCeleb hosts have moved over the years and may ask for the credentials giv
 dataset's request form: pass --user (password in $SPEAKERLAB_DOWNLOAD_PASSWORD), point --mirror or
 --url at where the files are now, or fetch them yourself and pass --archive-dir.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,25 +38,46 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from speakerlab.datasets.common import (DatasetError, check_count, download_step, extract_step, make_parser,
-                                        parse_label, iter_list, require_dir, run, write_data_dir, write_trials)
+from speakerlab.datasets.common import (
+    DatasetError,
+    check_count,
+    download_step,
+    extract_step,
+    iter_list,
+    make_parser,
+    parse_label,
+    require_dir,
+    run,
+    write_data_dir,
+    write_trials,
+)
 from speakerlab.datasets.download import Archive, Part, log
 
-VGG = "https://thor.robots.ox.ac.uk/~vgg/data/voxceleb/vox1a"   # archives (historical official host)
-META = "https://mm.kaist.ac.kr/datasets/voxceleb/meta"           # trial lists (current official host)
+VGG = "https://thor.robots.ox.ac.uk/~vgg/data/voxceleb/vox1a"  # archives (historical official host)
+META = "https://mm.kaist.ac.kr/datasets/voxceleb/meta"  # trial lists (current official host)
 
 PARTS: Dict[str, Tuple[Archive, ...]] = {
     "vox1": (
-        Archive("vox1_dev_wav.zip", "ae63e55b951748cc486645f532ba230b", VGG,
-                parts=tuple(Part(f"vox1_dev_wav_parta{c}") for c in "abcd"), dest="voxceleb1/dev"),
+        Archive(
+            "vox1_dev_wav.zip",
+            "ae63e55b951748cc486645f532ba230b",
+            VGG,
+            parts=tuple(Part(f"vox1_dev_wav_parta{c}") for c in "abcd"),
+            dest="voxceleb1/dev",
+        ),
         Archive("vox1_test_wav.zip", "185fdc63c3c739954633d50379a3d102", VGG, dest="voxceleb1/test"),
         Archive("veri_test2.txt", None, META, dest="voxceleb1/meta"),
         Archive("list_test_all2.txt", None, META, dest="voxceleb1/meta"),
         Archive("list_test_hard2.txt", None, META, dest="voxceleb1/meta"),
     ),
     "vox2": (
-        Archive("vox2_aac.zip", "bbc063c46078a602ca71605645c2a402", VGG,
-                parts=tuple(Part(f"vox2_dev_aac_parta{c}") for c in "abcdefgh"), dest="voxceleb2"),
+        Archive(
+            "vox2_aac.zip",
+            "bbc063c46078a602ca71605645c2a402",
+            VGG,
+            parts=tuple(Part(f"vox2_dev_aac_parta{c}") for c in "abcdefgh"),
+            dest="voxceleb2",
+        ),
     ),
 }
 
@@ -68,10 +90,12 @@ TRIALS = {
 # data dir -> (speakers, utterances) of the published corpus
 PUBLISHED = {"vox1_dev": (1211, 148642), "vox1_test": (40, 4874), "vox2_dev": (5994, 1092009)}
 
-FFMPEG_HELP = ("ffmpeg is needed to decode the VoxCeleb2 m4a (AAC) files and was not found on PATH. Install it, "
-               "e.g. Debian/Ubuntu: sudo apt-get install ffmpeg; Fedora: sudo dnf install ffmpeg; "
-               "conda: conda install -c conda-forge ffmpeg; macOS: brew install ffmpeg; "
-               "or pass --ffmpeg /path/to/ffmpeg")
+FFMPEG_HELP = (
+    "ffmpeg is needed to decode the VoxCeleb2 m4a (AAC) files and was not found on PATH. Install it, "
+    "e.g. Debian/Ubuntu: sudo apt-get install ffmpeg; Fedora: sudo dnf install ffmpeg; "
+    "conda: conda install -c conda-forge ffmpeg; macOS: brew install ffmpeg; "
+    "or pass --ffmpeg /path/to/ffmpeg"
+)
 
 
 def walk(root, ext: str) -> List[Tuple[str, str, str]]:
@@ -83,8 +107,11 @@ def walk(root, ext: str) -> List[Tuple[str, str, str]]:
         for video in os.scandir(spk.path):
             if not video.is_dir():
                 continue
-            out.extend((spk.name, video.name, f.name[:-len(ext)]) for f in os.scandir(video.path)
-                       if f.name.endswith(ext) and f.is_file())
+            out.extend(
+                (spk.name, video.name, f.name[: -len(ext)])
+                for f in os.scandir(video.path)
+                if f.name.endswith(ext) and f.is_file()
+            )
     return sorted(out)
 
 
@@ -104,12 +131,14 @@ def utt_id(rel: str, where: str) -> str:
 
 def convert_trials(src, dst, utts) -> int:
     """Official `1|0 path path` list -> `enrol test target|nontarget` with utterance ids."""
+
     def rows():
         for lineno, f in iter_list(src, 3):
             where = f"{src}:{lineno}"
             if len(f) != 3:
                 raise DatasetError(f"{where}: expected '1|0 <enrol path> <test path>', got {' '.join(f)!r}")
             yield utt_id(f[1], where), utt_id(f[2], where), parse_label(f[0], where), lineno
+
     return write_trials(dst, rows(), set(utts), src)
 
 
@@ -132,16 +161,19 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir
         test = scan(require_dir(raw / "voxceleb1/test/wav", hint.format("vox1")))
         both = {**dev, **test}
         if len(both) != len(dev) + len(test):
-            raise DatasetError(f"utterance {sorted(set(dev) & set(test))[0]} is in both {raw / 'voxceleb1/dev'} "
-                               f"and {raw / 'voxceleb1/test'}")
+            raise DatasetError(
+                f"utterance {sorted(set(dev) & set(test))[0]} is in both {raw / 'voxceleb1/dev'} "
+                f"and {raw / 'voxceleb1/test'}"
+            )
         _check("vox1_dev", dev)
         _check("vox1_test", test)
         for name, wav in (("vox1_dev", dev), ("vox1_test", test), ("vox1", both)):
             write_data_dir(data / name, wav, _speakers(wav))
         meta = require_dir(raw / "voxceleb1/meta", hint.format("vox1"))
         for name, (official, published) in TRIALS.items():
-            check_count(f"trials {name}", convert_trials(meta / official, data / "vox1" / f"trials_{name}", both),
-                        published)
+            check_count(
+                f"trials {name}", convert_trials(meta / official, data / "vox1" / f"trials_{name}", both), published
+            )
         for name in ("trials", "trials_vox1_o_clean"):  # `trials` for the index stage, the other for recipes
             convert_trials(meta / TRIALS["vox1_o_clean"][0], data / "vox1_test" / name, test)
     if "vox2" in parts:
@@ -151,8 +183,10 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir
         if m4a_root.is_dir():
             n_m4a = len(walk(m4a_root, ".m4a"))
             if n_m4a != len(wav):
-                log(f"warning: {m4a_root} has {n_m4a} m4a files but {wav_root} has {len(wav)} wav files; "
-                    f"re-run the convert step to finish the conversion")
+                log(
+                    f"warning: {m4a_root} has {n_m4a} m4a files but {wav_root} has {len(wav)} wav files; "
+                    f"re-run the convert step to finish the conversion"
+                )
         _check("vox2_dev", wav)
         write_data_dir(data / "vox2_dev", wav, _speakers(wav))
 
@@ -162,8 +196,29 @@ def _convert_one(job: Tuple[str, str, str]) -> Optional[str]:
     ffmpeg, src, dst = job
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     tmp = dst + ".tmp"
-    r = subprocess.run([ffmpeg, "-nostdin", "-v", "error", "-y", "-i", src, "-vn", "-ac", "1", "-ar", "16000",
-                        "-acodec", "pcm_s16le", "-f", "wav", tmp], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            ffmpeg,
+            "-nostdin",
+            "-v",
+            "error",
+            "-y",
+            "-i",
+            src,
+            "-vn",
+            "-ac",
+            "1",
+            "-ar",
+            "16000",
+            "-acodec",
+            "pcm_s16le",
+            "-f",
+            "wav",
+            tmp,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 or not os.path.isfile(tmp):
         return f"{src}: ffmpeg exit {r.returncode}: {r.stderr.strip()[-300:]}"
     os.replace(tmp, dst)
@@ -178,8 +233,10 @@ def convert(raw_dir, jobs: int = 8, ffmpeg: str = "ffmpeg", src=None, dst=None) 
     exe = shutil.which(ffmpeg)
     if exe is None:
         raise DatasetError(FFMPEG_HELP)
-    src = require_dir(src or Path(raw_dir) / "voxceleb2/dev/aac",
-                      "run `python -m speakerlab.datasets.voxceleb extract --parts vox2` first")
+    src = require_dir(
+        src or Path(raw_dir) / "voxceleb2/dev/aac",
+        "run `python -m speakerlab.datasets.voxceleb extract --parts vox2` first",
+    )
     dst = Path(dst or Path(raw_dir) / "voxceleb2/dev/wav")
     files = walk(src, ".m4a")
     todo = [(exe, os.path.join(src, s, v, n + ".m4a"), os.path.join(dst, s, v, n + ".wav")) for s, v, n in files]
@@ -207,14 +264,21 @@ def main(argv=None) -> int:
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--data", default="data", help="output folder for the data dirs")
     p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS))
-    p.add_argument("--vox2-wav-dir", default=None,
-                   help="converted VoxCeleb2 dev wav tree <spk>/<video>/<n>.wav (default <raw>/voxceleb2/dev/wav)")
-    return run(ap, argv, {
-        "download": lambda a: download_step(a, PARTS),
-        "extract": lambda a: extract_step(a, PARTS),
-        "convert": lambda a: log(f"converted {convert(a.raw_dir, a.jobs, a.ffmpeg)} files"),
-        "prepare": lambda a: prepare(a.raw_dir, a.data, a.parts, a.vox2_wav_dir),
-    })
+    p.add_argument(
+        "--vox2-wav-dir",
+        default=None,
+        help="converted VoxCeleb2 dev wav tree <spk>/<video>/<n>.wav (default <raw>/voxceleb2/dev/wav)",
+    )
+    return run(
+        ap,
+        argv,
+        {
+            "download": lambda a: download_step(a, PARTS),
+            "extract": lambda a: extract_step(a, PARTS),
+            "convert": lambda a: log(f"converted {convert(a.raw_dir, a.jobs, a.ffmpeg)} files"),
+            "prepare": lambda a: prepare(a.raw_dir, a.data, a.parts, a.vox2_wav_dir),
+        },
+    )
 
 
 if __name__ == "__main__":

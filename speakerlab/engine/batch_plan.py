@@ -5,6 +5,7 @@ per-device batch, either from its profile or `auto` (the largest size in [16, 12
 forward+backward fits in memory with a safety margin). Accumulation makes up the rest, so loss
 curves and results do not depend on the card.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ class BatchPlan:
     accumulation: int
 
     def describe(self) -> str:
-        return (f"global {self.global_batch} = {self.world_size} device(s) x {self.per_device}"
-                f" x accum {self.accumulation}")
+        return (
+            f"global {self.global_batch} = {self.world_size} device(s) x {self.per_device} x accum {self.accumulation}"
+        )
 
 
 def plan_batches(global_batch: int, world_size: int, per_device_max: int) -> BatchPlan:
@@ -33,8 +35,10 @@ def plan_batches(global_batch: int, world_size: int, per_device_max: int) -> Bat
     """
     if global_batch % world_size:
         lo = global_batch - global_batch % world_size
-        raise ValueError(f"train.global_batch_size {global_batch} is not divisible by {world_size} processes; "
-                         f"use {lo} or {lo + world_size}")
+        raise ValueError(
+            f"train.global_batch_size {global_batch} is not divisible by {world_size} processes; "
+            f"use {lo} or {lo + world_size}"
+        )
     share = global_batch // world_size
     if per_device_max < 1:
         raise ValueError(f"per-device batch must be >= 1, got {per_device_max}")
@@ -44,7 +48,9 @@ def plan_batches(global_batch: int, world_size: int, per_device_max: int) -> Bat
     raise AssertionError("unreachable: accum == share always fits")
 
 
-def find_max_batch(fits: Callable[[int], bool], candidates: Iterable[int] = (128, 96, 64, 48, 32, 24, 16)) -> Optional[int]:
+def find_max_batch(
+    fits: Callable[[int], bool], candidates: Iterable[int] = (128, 96, 64, 48, 32, 24, 16)
+) -> Optional[int]:
     """The largest candidate batch size for which `fits(size)` is True (tried largest first).
 
     `fits` runs a real forward+backward at the training crop length and returns False on

@@ -4,6 +4,7 @@ One plain process is world size 1 with no process group. Under torchrun the back
 CUDA and gloo on CPU, with a configurable timeout so that a rank waiting on slow rank-0 work (a
 slow filesystem, say) fails with a clear message rather than hanging or timing out at NCCL's default.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -83,8 +84,9 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def check_shared_memory(num_workers: int, bytes_per_batch: int, prefetch_factor: int, ranks_on_node: int,
-                        log, shm_path: str = "/dev/shm") -> None:
+def check_shared_memory(
+    num_workers: int, bytes_per_batch: int, prefetch_factor: int, ranks_on_node: int, log, shm_path: str = "/dev/shm"
+) -> None:
     """Switch tensor sharing to the file system when /dev/shm cannot hold what the loaders queue.
 
     DataLoader workers pass batches through shared memory; when /dev/shm is smaller than
@@ -96,7 +98,9 @@ def check_shared_memory(num_workers: int, bytes_per_batch: int, prefetch_factor:
     need = num_workers * max(1, prefetch_factor) * bytes_per_batch * ranks_on_node * 2  # x2: pinned copies
     free = shutil.disk_usage(shm_path).free
     if free < need:
-        log(f"WARNING: {shm_path} has {free / 2**20:.0f} MiB free but the data loaders may need "
+        log(
+            f"WARNING: {shm_path} has {free / 2**20:.0f} MiB free but the data loaders may need "
             f"{need / 2**20:.0f} MiB; using the file_system sharing strategy instead (or raise the "
-            f"container's shm size, e.g. docker --shm-size=8g)")
+            f"container's shm size, e.g. docker --shm-size=8g)"
+        )
         torch.multiprocessing.set_sharing_strategy("file_system")

@@ -58,8 +58,10 @@ class ExpDirLock:
             self.path.unlink(missing_ok=True)
             return
         where = "this machine" if host == socket.gethostname() else f"host {host}"
-        raise ExpDirLocked(f"{self.path.parent} is in use by process {pid} on {where} (since {since}); "
-                           f"wait for it to finish, or use another --exp-dir. If that run is gone, delete {self.path}")
+        raise ExpDirLocked(
+            f"{self.path.parent} is in use by process {pid} on {where} (since {since}); "
+            f"wait for it to finish, or use another --exp-dir. If that run is gone, delete {self.path}"
+        )
 
     def release(self) -> None:
         if self.held:

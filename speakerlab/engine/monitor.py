@@ -1,4 +1,5 @@
 """What a run reports: a plain-text log, tensorboard scalars and a progress bar (main process only)."""
+
 from __future__ import annotations
 
 import sys
@@ -42,18 +43,21 @@ class Monitor:
         path = self.exp_dir / "metrics.jsonl"
         if path.exists():
             import json
+
             kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
             path.write_text("".join(ln + "\n" for ln in kept))
 
     def _open_tb(self, purge_step=None) -> None:
         if self._tb is None and self._want_tb:
             from torch.utils.tensorboard import SummaryWriter  # imported here: slow, main rank only
+
             self._tb = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"), purge_step=purge_step)
 
     def metrics(self, values: Dict[str, float], step: int, **extra) -> None:
         """Append one line to `<exp>/metrics.jsonl` (what tests and scripts read)."""
         if self.enabled:
             import json
+
             with open(self.exp_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, **extra, **values}) + "\n")
 
@@ -84,8 +88,10 @@ class Monitor:
         if not self.enabled:
             return None
         from tqdm import tqdm
-        self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False,
-                         disable=not sys.stderr.isatty())
+
+        self._bar = tqdm(
+            total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False, disable=not sys.stderr.isatty()
+        )
         return self._bar
 
     def end_progress(self) -> None:

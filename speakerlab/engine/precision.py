@@ -5,6 +5,7 @@ needs loss scaling and has produced NaN losses mid-training on GPUs without bf16
 matmuls and convolutions is set from the config in every case, because PyTorch's default
 (off for matmul since 1.12) silently halves fp32 speed on Ampere and newer cards.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,8 @@ def device_type(device: Union[str, torch.device]) -> str:
 class Precision:
     """The resolved precision of a run."""
 
-    name: str                       # bf16 | fp16 | fp32
-    dtype: Optional[torch.dtype]    # autocast dtype, None for fp32
+    name: str  # bf16 | fp16 | fp32
+    dtype: Optional[torch.dtype]  # autocast dtype, None for fp32
     device_type: str
     tf32: bool
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from speakerlab.checkpoint import (Checkpoint, ResumeState, load_checkpoint, load_latest, prune_checkpoints,
-                                   run_checkpoints, save_checkpoint)
+from speakerlab.checkpoint import (
+    Checkpoint,
+    ResumeState,
+    load_checkpoint,
+    load_latest,
+    prune_checkpoints,
+    run_checkpoints,
+    save_checkpoint,
+)
 from speakerlab.engine.setup import Run
 from speakerlab.features import feature_spec
 
@@ -14,12 +21,26 @@ from speakerlab.features import feature_spec
 def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
     """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run."""
     cfg = run.cfg
-    resume = ResumeState(run.optimizer.state_dict(), run.scaler.state_dict(), step_in_epoch, run.guard.total,
-                         torch.get_rng_state(),
-                         torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [])
-    return Checkpoint(cfg.model.name, dict(cfg.model.args), run.raw.model.state_dict(),
-                      feature_spec(cfg.features, cfg.data.sample_rate), list(run.speakers),
-                      run.raw.classifier.state_dict(), run.state.step, run.state.epoch, resume, cfg.to_dict())
+    resume = ResumeState(
+        run.optimizer.state_dict(),
+        run.scaler.state_dict(),
+        step_in_epoch,
+        run.guard.total,
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
+    )
+    return Checkpoint(
+        cfg.model.name,
+        dict(cfg.model.args),
+        run.raw.model.state_dict(),
+        feature_spec(cfg.features, cfg.data.sample_rate),
+        list(run.speakers),
+        run.raw.classifier.state_dict(),
+        run.state.step,
+        run.state.epoch,
+        resume,
+        cfg.to_dict(),
+    )
 
 
 def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
@@ -66,19 +87,39 @@ class ScheduleChanged(RuntimeError):
 
 # Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
 # epoch) or the data order. The hardware section is free to change: results do not depend on it.
-SCHEDULE_KEYS = ("model.name", "model.args", "loss.name", "data.train", "data.crop_seconds", "train.global_batch_size",
-                 "train.epochs", "train.seed", "optim.name", "optim.lr", "optim.min_lr", "optim.warmup_epochs",
-                 "loss.scale", "loss.margin", "loss.margin_start_epoch", "loss.margin_warmup_epochs")
+SCHEDULE_KEYS = (
+    "model.name",
+    "model.args",
+    "loss.name",
+    "data.train",
+    "data.crop_seconds",
+    "train.global_batch_size",
+    "train.epochs",
+    "train.seed",
+    "optim.name",
+    "optim.lr",
+    "optim.min_lr",
+    "optim.warmup_epochs",
+    "loss.scale",
+    "loss.margin",
+    "loss.margin_start_epoch",
+    "loss.margin_warmup_epochs",
+)
 
 
 def schedule_changes(stored: dict, now: dict) -> list:
     """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts)."""
+
     def get(d, key):
         for part in key.split("."):
             d = d.get(part) if isinstance(d, dict) else None
         return d
-    return [f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now" for k in SCHEDULE_KEYS
-            if get(stored, k) != get(now, k)]
+
+    return [
+        f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now"
+        for k in SCHEDULE_KEYS
+        if get(stored, k) != get(now, k)
+    ]
 
 
 def resume(run: Run, force_new_schedule: bool = False) -> int:
@@ -96,10 +137,13 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
     path, ckpt = found
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
     if changes and not force_new_schedule:
-        raise ScheduleChanged(f"{run.exp_dir} was trained with other settings than this command's; resuming would "
-                              "continue a different schedule or data order:\n  " + "\n  ".join(changes) +
-                              "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
-                              "continue these weights under the new settings")
+        raise ScheduleChanged(
+            f"{run.exp_dir} was trained with other settings than this command's; resuming would "
+            "continue a different schedule or data order:\n  "
+            + "\n  ".join(changes)
+            + "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
+            "continue these weights under the new settings"
+        )
     if ckpt.resume is None:
         raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
     _load_weights(run, ckpt, path, "use a new --exp-dir")
@@ -111,8 +155,10 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         torch.cuda.set_rng_state_all([s.cpu() for s in ckpt.resume.rng_cuda])
     if changes:
         run.state.step = run.state.epoch * run.steps_per_epoch
-        run.monitor.log(f"--force-new-schedule: {'; '.join(changes)}; epoch {run.state.epoch + 1} starts again "
-                        f"at global step {run.state.step}")
+        run.monitor.log(
+            f"--force-new-schedule: {'; '.join(changes)}; epoch {run.state.epoch + 1} starts again "
+            f"at global step {run.state.step}"
+        )
         run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")
         return 0
     run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")

@@ -1,6 +1,7 @@
 """The composition root of training: the one place that sees the whole config. It checks the config
 against the model registry, then builds a run's parts from their own settings sections (data,
 augmentation, features, model + classifier, optimizer, batch plan, loader) into a `Run`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,9 @@ from speakerlab.engine.stability import NonFiniteGuard
 from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.features import Fbank, fbank_config, num_frames
 from speakerlab.lists import DataDir, ListError, load_data_dir
-from speakerlab.prepare import index_lengths
 from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.models import build_model, model_args_problems
+from speakerlab.prepare import index_lengths
 from speakerlab.speed import speed_speaker_names
 
 
@@ -89,9 +90,11 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
         raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
     stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
     if stale:
-        raise ListError(f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
-                        f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-                        "re-run the features stage (python -m speakerlab.prepare)")
+        raise ListError(
+            f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
+            f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
+            "re-run the features stage (python -m speakerlab.prepare)"
+        )
     if checked is data:
         data.num_samples = lengths
     log(f"training data {data.root}: {len(data.utts)} utterances, {len(data.speakers)} speakers")
@@ -111,8 +114,13 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
 def build_frontend(cfg: Config, fbank: Fbank, num_speakers: int) -> Frontend:
     """Loader batch -> (features, labels) on fbank's device: speed, reverb, noise, fbank, mean norm."""
     a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
-    return Frontend(fbank, crop, cfg.features.mean_norm, a.speed_factors if a.speed_prob > 0 else (),
-                    num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None)
+    return Frontend(
+        fbank,
+        crop,
+        cfg.features.mean_norm,
+        a.speed_factors if a.speed_prob > 0 else (),
+        num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None,
+    )
 
 
 def class_names(cfg: Config, speakers: List[str]) -> List[str]:
@@ -124,8 +132,14 @@ def class_names(cfg: Config, speakers: List[str]) -> List[str]:
 def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
     """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
     fb = fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0)
-    return FeatureCropDataset(FeatureStore(data.root, fb), data.utts, [data.wav[u] for u in data.utts],
-                              [spk2idx[data.utt2spk[u]] for u in data.utts], crop, fb)
+    return FeatureCropDataset(
+        FeatureStore(data.root, fb),
+        data.utts,
+        [data.wav[u] for u in data.utts],
+        [spk2idx[data.utt2spk[u]] for u in data.utts],
+        crop,
+        fb,
+    )
 
 
 def make_fbank(cfg: Config, device: torch.device) -> Fbank:
@@ -139,8 +153,14 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
         dim = model.eval()(torch.zeros(1, 200, cfg.features.num_mel_bins)).shape[-1]
     model.train()
     if cfg.loss.name == "sphereface2":
-        classifier = SphereFace2(dim, num_speakers, scale=cfg.loss.scale, margin=0.0,
-                                 lam=cfg.loss.sphereface2_lambda, t=cfg.loss.sphereface2_t)
+        classifier = SphereFace2(
+            dim,
+            num_speakers,
+            scale=cfg.loss.scale,
+            margin=0.0,
+            lam=cfg.loss.sphereface2_lambda,
+            t=cfg.loss.sphereface2_t,
+        )
     else:
         classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
     return SpeakerNet(model, classifier, autocast)
@@ -161,25 +181,53 @@ def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov)
 
 
-def make_loader(cfg: Config, data: DataDir, spk2idx: Dict[str, int], plan: BatchPlan, info: DistInfo,
-                pin_memory: bool, augmenter: Optional[Augmenter] = None):
+def make_loader(
+    cfg: Config,
+    data: DataDir,
+    spk2idx: Dict[str, int],
+    plan: BatchPlan,
+    info: DistInfo,
+    pin_memory: bool,
+    augmenter: Optional[Augmenter] = None,
+):
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
-    dataset = CropDataset([data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts],
-                          [data.num_samples[u] for u in data.utts], crop, cfg.data.sample_rate, augmenter,
-                          cfg.augment.speed_factors, cfg.augment.speed_prob) if not cfg.data.feats else \
-        feature_dataset(cfg, data, spk2idx, crop)
-    sampler = GlobalBatchSampler(len(dataset), plan.global_batch, plan.per_device, plan.accumulation,
-                                 info.rank, info.world_size, cfg.train.seed)
+    dataset = (
+        CropDataset(
+            [data.wav[u] for u in data.utts],
+            [spk2idx[data.utt2spk[u]] for u in data.utts],
+            [data.num_samples[u] for u in data.utts],
+            crop,
+            cfg.data.sample_rate,
+            augmenter,
+            cfg.augment.speed_factors,
+            cfg.augment.speed_prob,
+        )
+        if not cfg.data.feats
+        else feature_dataset(cfg, data, spk2idx, crop)
+    )
+    sampler = GlobalBatchSampler(
+        len(dataset), plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed
+    )
     hw = cfg.hardware
     extra = {"prefetch_factor": hw.prefetch_factor, "persistent_workers": False} if hw.num_workers > 0 else {}
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=hw.num_workers,
-                                         pin_memory=pin_memory, collate_fn=collate_feats if cfg.data.feats else collate,
-                                         **extra)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=hw.num_workers,
+        pin_memory=pin_memory,
+        collate_fn=collate_feats if cfg.data.feats else collate,
+        **extra,
+    )
     return loader, sampler
 
 
-def choose_plan(cfg: Config, info: DistInfo, device: torch.device, probe: Optional[Callable[[int], bool]],
-                log: Callable[[str], None]) -> BatchPlan:
+def choose_plan(
+    cfg: Config,
+    info: DistInfo,
+    device: torch.device,
+    probe: Optional[Callable[[int], bool]],
+    log: Callable[[str], None],
+) -> BatchPlan:
     """The batch plan: per-device batch from the config, or `auto`: the largest of 16..128 for which
     `probe(batch)` says it fits (CUDA passes `cuda_probe`); without a probe (CPU) auto means 64."""
     pdb = cfg.hardware.per_device_batch
@@ -188,8 +236,10 @@ def choose_plan(cfg: Config, info: DistInfo, device: torch.device, probe: Option
         if probe is not None:
             found = find_max_batch(probe)
             if found is None:
-                raise RuntimeError(f"per_device_batch auto: even a batch of 16 does not fit on {device}; "
-                                   "lower data.crop_seconds or use a smaller model")
+                raise RuntimeError(
+                    f"per_device_batch auto: even a batch of 16 does not fit on {device}; "
+                    "lower data.crop_seconds or use a smaller model"
+                )
             pdb = found
             if info.enabled:  # every rank must use the same micro batch: take the smallest card's
                 t = torch.tensor([pdb], device=device)
@@ -201,8 +251,9 @@ def choose_plan(cfg: Config, info: DistInfo, device: torch.device, probe: Option
     return plan_batches(cfg.train.global_batch_size, info.world_size, int(pdb))
 
 
-def cuda_probe(net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: int, device: torch.device,
-               margin: float) -> Callable[[int], bool]:
+def cuda_probe(
+    net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: int, device: torch.device, margin: float
+) -> Callable[[int], bool]:
     """`fits(batch)`: a real forward+backward at the crop length; False on OOM or peak > margin x memory."""
     total = torch.cuda.get_device_properties(device).total_memory
 
@@ -229,8 +280,8 @@ def cuda_probe(net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: i
 class RunState:
     """Where a run is: the only values that change as it trains (besides weights and optimizer)."""
 
-    step: int = 0              # optimizer steps done: the clock of the LR and margin schedules
-    epoch: int = 0             # epochs completed
+    step: int = 0  # optimizer steps done: the clock of the LR and margin schedules
+    epoch: int = 0  # epochs completed
 
 
 @dataclass
@@ -242,16 +293,16 @@ class Run:
     info: DistInfo
     device: torch.device
     precision: Precision
-    net: nn.Module                    # DDP-wrapped when distributed
-    raw: SpeakerNet                   # the SpeakerNet itself
+    net: nn.Module  # DDP-wrapped when distributed
+    raw: SpeakerNet  # the SpeakerNet itself
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    frontend: Frontend                # loader batch -> (features, labels): speed, augmentation, fbank
+    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, fbank
     loader: torch.utils.data.DataLoader
     sampler: GlobalBatchSampler
     plan: BatchPlan
     monitor: Monitor
-    speakers: List[str]               # the classifier's classes (sped-up copies included)
+    speakers: List[str]  # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
 
@@ -280,16 +331,27 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     fbank = make_fbank(cfg, device)
     frontend = build_frontend(cfg, fbank, len(data.speakers))
     crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
-    probe = cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device,
-                       cfg.hardware.memory_margin) if device.type == "cuda" else None
+    probe = (
+        cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
+        if device.type == "cuda"
+        else None
+    )
     plan = choose_plan(cfg, info, device, probe, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
-    dist_utils.check_shared_memory(cfg.hardware.num_workers, plan.per_device * loader.dataset.crop_samples * 4,
-                                   cfg.hardware.prefetch_factor, ranks_on_node, monitor.log)
-    ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None) \
-        if info.enabled else net
+    dist_utils.check_shared_memory(
+        cfg.hardware.num_workers,
+        plan.per_device * loader.dataset.crop_samples * 4,
+        cfg.hardware.prefetch_factor,
+        ranks_on_node,
+        monitor.log,
+    )
+    ddp = (
+        nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+        if info.enabled
+        else net
+    )
 
     def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
         flag = torch.tensor([float(bad)], device=device)
@@ -298,8 +360,27 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         return bool(flag.item())
 
     guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log, any_rank)
-    run = Run(cfg, exp_dir, info, device, precision, ddp, net, build_optimizer(cfg, net), precision.grad_scaler(),
-              frontend, loader, sampler, plan, monitor, speakers, guard, RunState())
-    monitor.log(f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
-                f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params")
+    run = Run(
+        cfg,
+        exp_dir,
+        info,
+        device,
+        precision,
+        ddp,
+        net,
+        build_optimizer(cfg, net),
+        precision.grad_scaler(),
+        frontend,
+        loader,
+        sampler,
+        plan,
+        monitor,
+        speakers,
+        guard,
+        RunState(),
+    )
+    monitor.log(
+        f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
+        f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params"
+    )
     return run

@@ -5,6 +5,7 @@ whose features are non-finite when there are any, e.g. a wav holding NaN samples
 `max_consecutive` skipped steps in a row training stops with `TrainingStopped`, before any further
 checkpoint is written, so the last good checkpoint is intact.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,12 @@ class NonFiniteGuard:
     `log(message)` reports skips; `any_rank(bad) -> bool` makes the verdict the same on every rank
     (an all-reduce under DDP; the identity in one process)."""
 
-    def __init__(self, max_consecutive: int, log: Callable[[str], None] = print,
-                 any_rank: Callable[[bool], bool] = lambda bad: bad):
+    def __init__(
+        self,
+        max_consecutive: int,
+        log: Callable[[str], None] = print,
+        any_rank: Callable[[bool], bool] = lambda bad: bad,
+    ):
         self.max_consecutive = max_consecutive
         self.log, self.any_rank = log, any_rank
         self.consecutive = 0
@@ -37,8 +42,9 @@ class NonFiniteGuard:
         host sync in the training step); it is read only when a step turns out non-finite."""
         return ~torch.isfinite(feats).flatten(1).all(dim=1)
 
-    def check(self, step: int, loss: float, grad_norm: float, culprits: Callable[[], List[str]],
-              fp16_overflow: bool = False) -> bool:
+    def check(
+        self, step: int, loss: float, grad_norm: float, culprits: Callable[[], List[str]], fp16_overflow: bool = False
+    ) -> bool:
         """True when step `step` may update the weights. `culprits()` names the files of the step's
         batch whose input was non-finite (called only for a bad step, on every rank). `fp16_overflow`:
         the GradScaler is active at a scale >= 1, so a non-finite gradient may be its overflow."""
@@ -54,14 +60,18 @@ class NonFiniteGuard:
             return False
         self.total += 1
         self.consecutive += 1
-        cause = (f"non-finite input features in {', '.join(bad_files[:8])}" if bad_files
-                 else f"loss {loss:.4g}, gradient norm {grad_norm:.4g} (no input was non-finite)")
+        cause = (
+            f"non-finite input features in {', '.join(bad_files[:8])}"
+            if bad_files
+            else f"loss {loss:.4g}, gradient norm {grad_norm:.4g} (no input was non-finite)"
+        )
         self.log(f"step {step} skipped (#{self.total}, {self.consecutive} in a row): {cause}")
         if self.consecutive >= self.max_consecutive:
             raise TrainingStopped(
                 f"{self.consecutive} consecutive steps had a non-finite loss or gradient (last: {cause}); "
                 "check the audio named above, lower optim.lr, or use bf16/fp32 instead of fp16. "
-                "The last checkpoint in the exp dir is from before these steps and can be resumed.")
+                "The last checkpoint in the exp dir is from before these steps and can be resumed."
+            )
         return False
 
 

@@ -24,8 +24,15 @@ _KEY = "speakerlab/heartbeat/{}"
 
 
 class Watchdog(threading.Thread):
-    def __init__(self, rank: int, world_size: int, timeout_s: float, log: Callable[[str], None] = print,
-                 store=None, interval_s: float = 0.0):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        log: Callable[[str], None] = print,
+        store=None,
+        interval_s: float = 0.0,
+    ):
         super().__init__(name="speakerlab-watchdog", daemon=True)
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.log = log
@@ -55,9 +62,11 @@ class Watchdog(threading.Thread):
                 return
             stalled = [r for r in others if now - last_change[r] > self.timeout_s]
             if stalled and not self._stop.is_set():
-                message = (f"rank {self.rank}: rank(s) {', '.join(map(str, stalled))} have not run for more than "
-                           f"{self.timeout_s:g} s (hardware.watchdog_s): the process is stopped or its machine "
-                           "is frozen; ending the job. Re-run the same command to resume from the last checkpoint.")
+                message = (
+                    f"rank {self.rank}: rank(s) {', '.join(map(str, stalled))} have not run for more than "
+                    f"{self.timeout_s:g} s (hardware.watchdog_s): the process is stopped or its machine "
+                    "is frozen; ending the job. Re-run the same command to resume from the last checkpoint."
+                )
                 self.log(message)
                 print(message, file=sys.stderr, flush=True)
                 os._exit(EXIT_STALLED)

@@ -1,7 +1,7 @@
 """Speaker-embedding models, one file per family, registered by builder name.
 
-    from speakerlab.models import build_model, list_models
-    model = build_model("campplus", feat_dim=80, embedding_size=192)   # (B, T, 80) -> (B, 192)
+from speakerlab.models import build_model, list_models
+model = build_model("campplus", feat_dim=80, embedding_size=192)   # (B, T, 80) -> (B, 192)
 """
 
 # Importing a family module registers its builders.

@@ -4,6 +4,7 @@ All feature maps are laid out `(B, C, F, T)`: channels, frequency bins, frames. 
 parameter names follow the 3D-Speaker checkpoints (`conv1`, `bns.0`, `fuse_models.0.local_att.3`,
 `seg_1`, ...) so that released state dicts load with `strict=True`.
 """
+
 from __future__ import annotations
 
 import math
@@ -92,8 +93,16 @@ class Res2NetBlock(nn.Module):
     projected by a 1x1 conv; a (projection) shortcut is added and a clipped ReLU closes the block.
     """
 
-    def __init__(self, in_planes: int, planes: int, stride: int = 1, base_width: int = 32,
-                 scale: int = 2, expansion: int = 2, fuse: bool = False):
+    def __init__(
+        self,
+        in_planes: int,
+        planes: int,
+        stride: int = 1,
+        base_width: int = 32,
+        scale: int = 2,
+        expansion: int = 2,
+        fuse: bool = False,
+    ):
         super().__init__()
         width = int(math.floor(planes * (base_width / 64.0)))
         out_planes = planes * expansion
@@ -151,8 +160,9 @@ class EmbeddingHead(nn.Module):
         return embed
 
 
-def resnet_stages(m_channels: int, num_blocks: Sequence[int], expansion: int,
-                  make_block: Callable[[int, int, int, int], nn.Module]) -> List[nn.Sequential]:
+def resnet_stages(
+    m_channels: int, num_blocks: Sequence[int], expansion: int, make_block: Callable[[int, int, int, int], nn.Module]
+) -> List[nn.Sequential]:
     """The four residual stages shared by ResNet, ERes2Net and ERes2NetV2.
 
     Stage k has `num_blocks[k]` blocks of width `m_channels * 2**k`; its first block has stride
@@ -163,7 +173,7 @@ def resnet_stages(m_channels: int, num_blocks: Sequence[int], expansion: int,
         raise ValueError(f"num_blocks must give 4 stages, got {list(num_blocks)}")
     in_planes, stages = m_channels, []
     for k, (n, stride) in enumerate(zip(num_blocks, (1, 2, 2, 2))):
-        planes = m_channels * 2 ** k
+        planes = m_channels * 2**k
         blocks = []
         for s in [stride] + [1] * (n - 1):
             blocks.append(make_block(in_planes, planes, s, k))

@@ -8,6 +8,7 @@
 Module and parameter names follow the released 3D-Speaker checkpoints (`head.*`, `xvector.*`),
 so their state dicts load with `strict=True`.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -108,8 +109,9 @@ class TDNNLayer(nn.Module):
         super().__init__()
         assert kernel_size % 2 == 1, "odd kernel sizes only ('same' padding)"
         padding = (kernel_size - 1) // 2 * dilation
-        self.linear = nn.Conv1d(in_channels, out_channels, kernel_size, stride=stride,
-                                padding=padding, dilation=dilation, bias=False)
+        self.linear = nn.Conv1d(
+            in_channels, out_channels, kernel_size, stride=stride, padding=padding, dilation=dilation, bias=False
+        )
         self.nonlinear = BNReLU(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,12 +136,20 @@ class CAMLayer(nn.Module):
     only the (B, C_out, n_seg) mask is expanded back to frames.
     """
 
-    def __init__(self, bn_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
-                 reduction: int = 2, seg_len: int = 100):
+    def __init__(
+        self,
+        bn_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        dilation: int = 1,
+        reduction: int = 2,
+        seg_len: int = 100,
+    ):
         super().__init__()
         padding = (kernel_size - 1) // 2 * dilation
-        self.linear_local = nn.Conv1d(bn_channels, out_channels, kernel_size, padding=padding,
-                                      dilation=dilation, bias=False)
+        self.linear_local = nn.Conv1d(
+            bn_channels, out_channels, kernel_size, padding=padding, dilation=dilation, bias=False
+        )
         self.linear1 = nn.Conv1d(bn_channels, bn_channels // reduction, 1)
         self.linear2 = nn.Conv1d(bn_channels // reduction, out_channels, 1)
         self.seg_len = seg_len
@@ -163,8 +173,16 @@ class CAMDenseTDNNLayer(nn.Module):
     plain `nn.Sequential` of layers named `tdnnd1..N`, as in the checkpoint).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, bn_channels: int, kernel_size: int,
-                 dilation: int = 1, seg_len: int = 100, memory_efficient: bool = False):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        bn_channels: int,
+        kernel_size: int,
+        dilation: int = 1,
+        seg_len: int = 100,
+        memory_efficient: bool = False,
+    ):
         super().__init__()
         assert kernel_size % 2 == 1, "odd kernel sizes only ('same' padding)"
         self.nonlinear1 = BNReLU(in_channels)
@@ -225,11 +243,21 @@ class CAMPPlus(nn.Module):
     the std needs two frames).
     """
 
-    def __init__(self, feat_dim: int = 80, embedding_size: int = 512, growth_rate: int = 32,
-                 bn_size: int = 4, init_channels: int = 128, m_channels: int = 32,
-                 fcm_blocks: Sequence[int] = (2, 2), num_layers: Sequence[int] = (12, 24, 16),
-                 kernel_sizes: Sequence[int] = (3, 3, 3), dilations: Sequence[int] = (1, 2, 2),
-                 seg_len: int = 100, memory_efficient: bool = False):
+    def __init__(
+        self,
+        feat_dim: int = 80,
+        embedding_size: int = 512,
+        growth_rate: int = 32,
+        bn_size: int = 4,
+        init_channels: int = 128,
+        m_channels: int = 32,
+        fcm_blocks: Sequence[int] = (2, 2),
+        num_layers: Sequence[int] = (12, 24, 16),
+        kernel_sizes: Sequence[int] = (3, 3, 3),
+        dilations: Sequence[int] = (1, 2, 2),
+        seg_len: int = 100,
+        memory_efficient: bool = False,
+    ):
         super().__init__()
         assert len(num_layers) == len(kernel_sizes) == len(dilations)
         self.feat_dim = feat_dim
@@ -239,9 +267,18 @@ class CAMPPlus(nn.Module):
         for i, (n, k, d) in enumerate(zip(num_layers, kernel_sizes, dilations)):
             block = nn.Sequential()
             for j in range(n):
-                block.add_module(f"tdnnd{j + 1}", CAMDenseTDNNLayer(
-                    channels + j * growth_rate, growth_rate, bn_size * growth_rate, k,
-                    dilation=d, seg_len=seg_len, memory_efficient=memory_efficient))
+                block.add_module(
+                    f"tdnnd{j + 1}",
+                    CAMDenseTDNNLayer(
+                        channels + j * growth_rate,
+                        growth_rate,
+                        bn_size * growth_rate,
+                        k,
+                        dilation=d,
+                        seg_len=seg_len,
+                        memory_efficient=memory_efficient,
+                    ),
+                )
             channels += n * growth_rate
             layers.append((f"block{i + 1}", block))
             layers.append((f"transit{i + 1}", TransitLayer(channels, channels // 2)))
@@ -266,14 +303,35 @@ class CAMPPlus(nn.Module):
 
 
 @register
-def campplus(feat_dim: int = 80, embedding_size: int = 512, growth_rate: int = 32, bn_size: int = 4,
-             init_channels: int = 128, m_channels: int = 32, fcm_blocks: Sequence[int] = (2, 2),
-             num_layers: Sequence[int] = (12, 24, 16), kernel_sizes: Sequence[int] = (3, 3, 3),
-             dilations: Sequence[int] = (1, 2, 2), seg_len: int = 100,
-             memory_efficient: bool = False) -> CAMPPlus:
+def campplus(
+    feat_dim: int = 80,
+    embedding_size: int = 512,
+    growth_rate: int = 32,
+    bn_size: int = 4,
+    init_channels: int = 128,
+    m_channels: int = 32,
+    fcm_blocks: Sequence[int] = (2, 2),
+    num_layers: Sequence[int] = (12, 24, 16),
+    kernel_sizes: Sequence[int] = (3, 3, 3),
+    dilations: Sequence[int] = (1, 2, 2),
+    seg_len: int = 100,
+    memory_efficient: bool = False,
+) -> CAMPPlus:
     """CAM++, `(B, T, feat_dim) -> (B, embedding_size)`; 7.18 M parameters at 512-D, 6.85 M at 192-D.
 
     `memory_efficient` recomputes each dense layer's bottleneck in backward (less memory, slower).
     """
-    return CAMPPlus(feat_dim, embedding_size, growth_rate, bn_size, init_channels, m_channels,
-                    fcm_blocks, num_layers, kernel_sizes, dilations, seg_len, memory_efficient)
+    return CAMPPlus(
+        feat_dim,
+        embedding_size,
+        growth_rate,
+        bn_size,
+        init_channels,
+        m_channels,
+        fcm_blocks,
+        num_layers,
+        kernel_sizes,
+        dilations,
+        seg_len,
+        memory_efficient,
+    )

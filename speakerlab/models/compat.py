@@ -3,6 +3,7 @@
 Our module and parameter names are the published ones, so a released state dict loads as is;
 this module only unwraps the common containers around it.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ def _unwrap(state: Mapping) -> Mapping:
             state = state[key]
             break
     if state and all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
+        state = {k[len("module.") :]: v for k, v in state.items()}
     return state
 
 

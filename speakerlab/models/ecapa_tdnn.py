@@ -9,6 +9,7 @@
 BN, and 'same' padding reflects the signal. The names here are identical, so published state
 dicts load with `strict=True`.
 """
+
 from __future__ import annotations
 
 from typing import List, Sequence
@@ -24,13 +25,19 @@ from speakerlab.models.registry import register
 class Conv1d(nn.Module):
     """Stride-1 Conv1d with reflect 'same' padding, stored as `.conv`: `(B, C_in, T) -> (B, C_out, T)`."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 1, dilation: int = 1,
-                 bias: bool = True):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 1, dilation: int = 1, bias: bool = True):
         super().__init__()
         assert kernel_size % 2 == 1, "odd kernel sizes only ('same' padding)"
         padding = dilation * (kernel_size - 1) // 2
-        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, padding=padding,
-                              padding_mode="reflect" if padding else "zeros", bias=bias)
+        self.conv = nn.Conv1d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            dilation=dilation,
+            padding=padding,
+            padding_mode="reflect" if padding else "zeros",
+            bias=bias,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
@@ -102,15 +109,24 @@ class SEBlock(nn.Module):
 class SERes2NetBlock(nn.Module):
     """TDNN 1x1, Res2Net, TDNN 1x1, SE, plus a residual: `(B, C_in, T) -> (B, C_out, T)`."""
 
-    def __init__(self, in_channels: int, out_channels: int, res2net_scale: int = 8, se_channels: int = 128,
-                 kernel_size: int = 3, dilation: int = 1):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        res2net_scale: int = 8,
+        se_channels: int = 128,
+        kernel_size: int = 3,
+        dilation: int = 1,
+    ):
         super().__init__()
         self.tdnn1 = TDNNBlock(in_channels, out_channels, 1)
         self.res2net_block = Res2NetBlock(out_channels, res2net_scale, kernel_size, dilation)
         self.tdnn2 = TDNNBlock(out_channels, out_channels, 1)
         self.se_block = SEBlock(out_channels, se_channels)
         # A projection only when the widths differ (never in the published settings).
-        self.shortcut: nn.Module = Conv1d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
+        self.shortcut: nn.Module = (
+            Conv1d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.se_block(self.tdnn2(self.res2net_block(self.tdnn1(x))))
@@ -141,7 +157,9 @@ class AttentiveStatsPool(nn.Module):
             std = var.clamp(min=self.eps).sqrt()
             weight = self.tdnn.conv.conv.weight  # (A, 3C, 1)
             frame = F.conv1d(x, weight[:, : self.channels])
-            utt = F.linear(torch.cat([mean, std], dim=1).to(x.dtype), weight[:, self.channels:, 0], self.tdnn.conv.conv.bias)
+            utt = F.linear(
+                torch.cat([mean, std], dim=1).to(x.dtype), weight[:, self.channels :, 0], self.tdnn.conv.conv.bias
+            )
             h = self.tdnn.norm(F.relu(frame + utt.unsqueeze(-1).to(frame.dtype)))
         else:
             h = self.tdnn(x)
@@ -159,18 +177,26 @@ class ECAPATDNN(nn.Module):
     with them. Published: C=1024 (20.8 M parameters) and C=512, both with 192-D embeddings.
     """
 
-    def __init__(self, feat_dim: int = 80, embedding_size: int = 192,
-                 channels: Sequence[int] = (512, 512, 512, 512, 1536),
-                 kernel_sizes: Sequence[int] = (5, 3, 3, 3, 1), dilations: Sequence[int] = (1, 2, 3, 4, 1),
-                 attention_channels: int = 128, res2net_scale: int = 8, se_channels: int = 128,
-                 global_context: bool = True):
+    def __init__(
+        self,
+        feat_dim: int = 80,
+        embedding_size: int = 192,
+        channels: Sequence[int] = (512, 512, 512, 512, 1536),
+        kernel_sizes: Sequence[int] = (5, 3, 3, 3, 1),
+        dilations: Sequence[int] = (1, 2, 3, 4, 1),
+        attention_channels: int = 128,
+        res2net_scale: int = 8,
+        se_channels: int = 128,
+        global_context: bool = True,
+    ):
         super().__init__()
         assert len(channels) == len(kernel_sizes) == len(dilations) >= 3
         self.feat_dim = feat_dim
         self.blocks = nn.ModuleList([TDNNBlock(feat_dim, channels[0], kernel_sizes[0], dilations[0])])
         for i in range(1, len(channels) - 1):
-            self.blocks.append(SERes2NetBlock(channels[i - 1], channels[i], res2net_scale, se_channels,
-                                              kernel_sizes[i], dilations[i]))
+            self.blocks.append(
+                SERes2NetBlock(channels[i - 1], channels[i], res2net_scale, se_channels, kernel_sizes[i], dilations[i])
+            )
         self.mfa = TDNNBlock(sum(channels[1:-1]), channels[-1], kernel_sizes[-1], dilations[-1])
         self.asp = AttentiveStatsPool(channels[-1], attention_channels, global_context)
         self.asp_bn = BatchNorm1d(channels[-1] * 2)
@@ -190,16 +216,38 @@ class ECAPATDNN(nn.Module):
 
 
 @register
-def ecapa_tdnn_c1024(feat_dim: int = 80, embedding_size: int = 192, attention_channels: int = 128,
-                     res2net_scale: int = 8, se_channels: int = 128) -> ECAPATDNN:
+def ecapa_tdnn_c1024(
+    feat_dim: int = 80,
+    embedding_size: int = 192,
+    attention_channels: int = 128,
+    res2net_scale: int = 8,
+    se_channels: int = 128,
+) -> ECAPATDNN:
     """ECAPA-TDNN with 1024 channels (20.77 M parameters at 192-D): `(B, T, feat_dim) -> (B, embedding_size)`."""
-    return ECAPATDNN(feat_dim, embedding_size, (1024, 1024, 1024, 1024, 3072),
-                     attention_channels=attention_channels, res2net_scale=res2net_scale, se_channels=se_channels)
+    return ECAPATDNN(
+        feat_dim,
+        embedding_size,
+        (1024, 1024, 1024, 1024, 3072),
+        attention_channels=attention_channels,
+        res2net_scale=res2net_scale,
+        se_channels=se_channels,
+    )
 
 
 @register
-def ecapa_tdnn_c512(feat_dim: int = 80, embedding_size: int = 192, attention_channels: int = 128,
-                    res2net_scale: int = 8, se_channels: int = 128) -> ECAPATDNN:
+def ecapa_tdnn_c512(
+    feat_dim: int = 80,
+    embedding_size: int = 192,
+    attention_channels: int = 128,
+    res2net_scale: int = 8,
+    se_channels: int = 128,
+) -> ECAPATDNN:
     """ECAPA-TDNN with 512 channels: `(B, T, feat_dim) -> (B, embedding_size)`."""
-    return ECAPATDNN(feat_dim, embedding_size, (512, 512, 512, 512, 1536),
-                     attention_channels=attention_channels, res2net_scale=res2net_scale, se_channels=se_channels)
+    return ECAPATDNN(
+        feat_dim,
+        embedding_size,
+        (512, 512, 512, 512, 1536),
+        attention_channels=attention_channels,
+        res2net_scale=res2net_scale,
+        se_channels=se_channels,
+    )

@@ -11,6 +11,7 @@ Chen et al., "An Enhanced Res2Net with Local and Global Feature Fusion for Speak
   with the next stage's output by an AFF (`fuse_mode12`, `fuse_mode123`, `fuse_mode1234`), so the
   pooled map carries information from every scale.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -19,8 +20,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speakerlab.models.blocks import (AFF, EmbeddingHead, Res2NetBlock, conv3x3, downsampled_size, resnet_stages,
-                                     to_image)
+from speakerlab.models.blocks import (
+    AFF,
+    EmbeddingHead,
+    Res2NetBlock,
+    conv3x3,
+    downsampled_size,
+    resnet_stages,
+    to_image,
+)
 from speakerlab.models.pooling import TSTP
 from speakerlab.models.registry import register
 
@@ -44,9 +52,16 @@ class ERes2Net(EmbeddingHead):
 
     expansion = 2
 
-    def __init__(self, feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 32,
-                 num_blocks: Sequence[int] = (3, 4, 6, 3), base_width: int = 32, scale: int = 2,
-                 two_emb_layer: bool = False):
+    def __init__(
+        self,
+        feat_dim: int = 80,
+        embedding_size: int = 192,
+        m_channels: int = 32,
+        num_blocks: Sequence[int] = (3, 4, 6, 3),
+        base_width: int = 32,
+        scale: int = 2,
+        two_emb_layer: bool = False,
+    ):
         super().__init__()
         self.feat_dim = feat_dim
         self.embedding_size = embedding_size
@@ -55,11 +70,12 @@ class ERes2Net(EmbeddingHead):
         self.conv1 = conv3x3(1, m_channels)
         self.bn1 = nn.BatchNorm2d(m_channels)
         self.layer1, self.layer2, self.layer3, self.layer4 = resnet_stages(
-            m_channels, num_blocks, e, lambda i, p, s, k: Res2NetBlock(i, p, s, base_width, scale, e, fuse=k >= 2))
+            m_channels, num_blocks, e, lambda i, p, s, k: Res2NetBlock(i, p, s, base_width, scale, e, fuse=k >= 2)
+        )
 
         # Global feature fusion: bring stage k's (already fused) map to stage k+1's resolution
         # and width, then gate it against stage k+1's output.
-        c = [m_channels * 2 ** k * e for k in range(4)]
+        c = [m_channels * 2**k * e for k in range(4)]
         self.layer1_downsample = conv3x3(c[0], c[1], stride=2)
         self.layer2_downsample = conv3x3(c[1], c[2], stride=2)
         self.layer3_downsample = conv3x3(c[2], c[3], stride=2)
@@ -87,16 +103,28 @@ class ERes2Net(EmbeddingHead):
 
 
 @register
-def eres2net_base(feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 32,
-                  num_blocks: Sequence[int] = (3, 4, 6, 3), base_width: int = 32, scale: int = 2,
-                  two_emb_layer: bool = False) -> ERes2Net:
+def eres2net_base(
+    feat_dim: int = 80,
+    embedding_size: int = 192,
+    m_channels: int = 32,
+    num_blocks: Sequence[int] = (3, 4, 6, 3),
+    base_width: int = 32,
+    scale: int = 2,
+    two_emb_layer: bool = False,
+) -> ERes2Net:
     """ERes2Net-base (3D-Speaker `eres2net_base`, 6.61 M params): `(B, T, 80) -> (B, 192)`."""
     return ERes2Net(feat_dim, embedding_size, m_channels, num_blocks, base_width, scale, two_emb_layer)
 
 
 @register
-def eres2net_large(feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 64,
-                   num_blocks: Sequence[int] = (3, 4, 6, 3), base_width: int = 32, scale: int = 2,
-                   two_emb_layer: bool = False) -> ERes2Net:
+def eres2net_large(
+    feat_dim: int = 80,
+    embedding_size: int = 192,
+    m_channels: int = 64,
+    num_blocks: Sequence[int] = (3, 4, 6, 3),
+    base_width: int = 32,
+    scale: int = 2,
+    two_emb_layer: bool = False,
+) -> ERes2Net:
     """ERes2Net-large (3D-Speaker `eres2net_large`, 22.46 M params): `(B, T, 80) -> (B, 192)`."""
     return ERes2Net(feat_dim, embedding_size, m_channels, num_blocks, base_width, scale, two_emb_layer)

@@ -6,6 +6,7 @@ Computational Efficiency" (Interspeech 2024). Compared with ERes2Net the stages 
 global fusion is pruned to a single AFF between the downsampled stage-3 map and stage 4
 (`layer3_ds`, `fuse34`). Parameter names match the 3D-Speaker release (`eres2netv2`).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -14,8 +15,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speakerlab.models.blocks import (AFF, EmbeddingHead, Res2NetBlock, conv3x3, downsampled_size, resnet_stages,
-                                     to_image)
+from speakerlab.models.blocks import (
+    AFF,
+    EmbeddingHead,
+    Res2NetBlock,
+    conv3x3,
+    downsampled_size,
+    resnet_stages,
+    to_image,
+)
 from speakerlab.models.pooling import TSTP
 from speakerlab.models.registry import register
 
@@ -38,9 +46,17 @@ class ERes2NetV2(EmbeddingHead):
         two_emb_layer: `seg_1 -> ReLU -> BN -> seg_2` head instead of `seg_1` alone.
     """
 
-    def __init__(self, feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 64,
-                 num_blocks: Sequence[int] = (3, 4, 6, 3), base_width: int = 26, scale: int = 2,
-                 expansion: int = 2, two_emb_layer: bool = False):
+    def __init__(
+        self,
+        feat_dim: int = 80,
+        embedding_size: int = 192,
+        m_channels: int = 64,
+        num_blocks: Sequence[int] = (3, 4, 6, 3),
+        base_width: int = 26,
+        scale: int = 2,
+        expansion: int = 2,
+        two_emb_layer: bool = False,
+    ):
         super().__init__()
         self.feat_dim = feat_dim
         self.embedding_size = embedding_size
@@ -48,8 +64,11 @@ class ERes2NetV2(EmbeddingHead):
         self.conv1 = conv3x3(1, m_channels)
         self.bn1 = nn.BatchNorm2d(m_channels)
         self.layer1, self.layer2, self.layer3, self.layer4 = resnet_stages(
-            m_channels, num_blocks, expansion,
-            lambda i, p, s, k: Res2NetBlock(i, p, s, base_width, scale, expansion, fuse=k >= 2))
+            m_channels,
+            num_blocks,
+            expansion,
+            lambda i, p, s, k: Res2NetBlock(i, p, s, base_width, scale, expansion, fuse=k >= 2),
+        )
 
         c3, c4 = m_channels * 4 * expansion, m_channels * 8 * expansion
         self.layer3_ds = conv3x3(c3, c4, stride=2)
@@ -70,9 +89,15 @@ class ERes2NetV2(EmbeddingHead):
 
 
 @register
-def eres2netv2(feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 64,
-               num_blocks: Sequence[int] = (3, 4, 6, 3), base_width: int = 26, scale: int = 2,
-               expansion: int = 2, two_emb_layer: bool = False) -> ERes2NetV2:
+def eres2netv2(
+    feat_dim: int = 80,
+    embedding_size: int = 192,
+    m_channels: int = 64,
+    num_blocks: Sequence[int] = (3, 4, 6, 3),
+    base_width: int = 26,
+    scale: int = 2,
+    expansion: int = 2,
+    two_emb_layer: bool = False,
+) -> ERes2NetV2:
     """ERes2NetV2 (3D-Speaker `eres2netv2`, 17.86 M params): `(B, T, 80) -> (B, 192)`."""
-    return ERes2NetV2(feat_dim, embedding_size, m_channels, num_blocks, base_width, scale, expansion,
-                      two_emb_layer)
+    return ERes2NetV2(feat_dim, embedding_size, m_channels, num_blocks, base_width, scale, expansion, two_emb_layer)

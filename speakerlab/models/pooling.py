@@ -1,4 +1,5 @@
 """Pooling layers shared by the model families: frame-level features -> one utterance vector."""
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@
 
 Every model maps fbank features `(B, T, F)` to embeddings `(B, D)`.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -55,9 +56,17 @@ def model_args_problems(name: str, args: Dict[str, object], prefix: str = "model
     params = inspect.signature(_BUILDERS[name]).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    problems = [] if takes_any else [
-        f"'{prefix}.{key}': model {name!r} has no argument {key!r} (it takes {', '.join(named)})"
-        for key in sorted(set(args) - set(named))]
-    problems += [f"'{prefix}.{n}': model {name!r} needs this argument" for n, p in params.items()
-                 if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in args]
+    problems = (
+        []
+        if takes_any
+        else [
+            f"'{prefix}.{key}': model {name!r} has no argument {key!r} (it takes {', '.join(named)})"
+            for key in sorted(set(args) - set(named))
+        ]
+    )
+    problems += [
+        f"'{prefix}.{n}': model {name!r} needs this argument"
+        for n, p in params.items()
+        if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in args
+    ]
     return problems

@@ -9,6 +9,7 @@ names (`layer3.47.conv3.weight`, `seg_1.weight`, ...) were checked key by key an
 against WeSpeaker's source, and its weights loaded with `strict=True` give the same embeddings, so its
 released state dicts (minus the classifier's `projection.*` keys) should load unchanged.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -102,9 +103,16 @@ class ResNet(EmbeddingHead):
         pool_eps: added to the variance before the root in `TSTP` (1e-8 in 3D-Speaker, 1e-7 in WeSpeaker).
     """
 
-    def __init__(self, feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 32,
-                 num_blocks: Sequence[int] = (3, 4, 6, 3), two_emb_layer: bool = True, block: str = "basic",
-                 pool_eps: float = 1e-8):
+    def __init__(
+        self,
+        feat_dim: int = 80,
+        embedding_size: int = 192,
+        m_channels: int = 32,
+        num_blocks: Sequence[int] = (3, 4, 6, 3),
+        two_emb_layer: bool = True,
+        block: str = "basic",
+        pool_eps: float = 1e-8,
+    ):
         super().__init__()
         if block not in _BLOCKS:
             raise ValueError(f"block must be one of {sorted(_BLOCKS)}, got {block!r}")
@@ -115,7 +123,8 @@ class ResNet(EmbeddingHead):
         self.conv1 = conv3x3(1, m_channels)
         self.bn1 = nn.BatchNorm2d(m_channels)
         self.layer1, self.layer2, self.layer3, self.layer4 = resnet_stages(
-            m_channels, num_blocks, block_cls.expansion, lambda i, p, s, k: block_cls(i, p, s))
+            m_channels, num_blocks, block_cls.expansion, lambda i, p, s, k: block_cls(i, p, s)
+        )
 
         self.pool = TSTP(pool_eps)
         # 3D-Speaker / WeSpeaker: int(feat_dim / 8) * m_channels * 8 * expansion (equal for multiples of 8).
@@ -130,21 +139,36 @@ class ResNet(EmbeddingHead):
 
 
 @register
-def resnet34(feat_dim: int = 80, embedding_size: int = 192, m_channels: int = 32,
-             num_blocks: Sequence[int] = (3, 4, 6, 3), two_emb_layer: bool = True) -> ResNet:
+def resnet34(
+    feat_dim: int = 80,
+    embedding_size: int = 192,
+    m_channels: int = 32,
+    num_blocks: Sequence[int] = (3, 4, 6, 3),
+    two_emb_layer: bool = True,
+) -> ResNet:
     """ResNet34 (3D-Speaker `resnet34`, 6.34 M params): `(B, T, 80) -> (B, 192)`."""
     return ResNet(feat_dim, embedding_size, m_channels, num_blocks, two_emb_layer, "basic")
 
 
 @register
-def resnet221(feat_dim: int = 80, embedding_size: int = 256, m_channels: int = 32,
-              num_blocks: Sequence[int] = (6, 16, 48, 3), two_emb_layer: bool = False) -> ResNet:
+def resnet221(
+    feat_dim: int = 80,
+    embedding_size: int = 256,
+    m_channels: int = 32,
+    num_blocks: Sequence[int] = (6, 16, 48, 3),
+    two_emb_layer: bool = False,
+) -> ResNet:
     """ResNet221, bottleneck blocks (6, 16, 48, 3) (WeSpeaker `ResNet221`, 23.79 M): `(B, T, 80) -> (B, 256)`."""
     return ResNet(feat_dim, embedding_size, m_channels, num_blocks, two_emb_layer, "bottleneck", pool_eps=1e-7)
 
 
 @register
-def resnet293(feat_dim: int = 80, embedding_size: int = 256, m_channels: int = 32,
-              num_blocks: Sequence[int] = (10, 20, 64, 3), two_emb_layer: bool = False) -> ResNet:
+def resnet293(
+    feat_dim: int = 80,
+    embedding_size: int = 256,
+    m_channels: int = 32,
+    num_blocks: Sequence[int] = (10, 20, 64, 3),
+    two_emb_layer: bool = False,
+) -> ResNet:
     """ResNet293, bottleneck blocks (10, 20, 64, 3) (WeSpeaker `ResNet293`, 28.62 M): `(B, T, 80) -> (B, 256)`."""
     return ResNet(feat_dim, embedding_size, m_channels, num_blocks, two_emb_layer, "bottleneck", pool_eps=1e-7)

@@ -67,6 +67,7 @@ def _write_wav(path: str, x: np.ndarray) -> None:
 
 # ---------------------------------------------------------------- tasks (run in worker processes)
 
+
 def _utterance_task(seed: int, spk: int, utt: int, min_dur: float, max_dur: float, path: str) -> None:
     g = rng(seed, KEY_UTT, spk, utt)
     lo, hi = int(np.ceil(min_dur * SR)), int(np.floor(max_dur * SR))
@@ -92,9 +93,14 @@ def _musan_task(seed: int, kind: str, index: int, path: str) -> None:
     else:  # one talker reading: two utterances with a pause
         cut = int(g.uniform(0.35, 0.65) * n)
         gap = int(g.uniform(0.2, 0.6) * SR)
-        x = np.concatenate([_other_speech(seed, 1000 * index + 500, cut - gap, g), np.zeros(gap),
-                            _other_speech(seed, 1000 * index + 501, n - cut, g)])
-    _write_wav(path, 0.1 * x / (np.sqrt(np.mean(x ** 2)) + 1e-12))
+        x = np.concatenate(
+            [
+                _other_speech(seed, 1000 * index + 500, cut - gap, g),
+                np.zeros(gap),
+                _other_speech(seed, 1000 * index + 501, n - cut, g),
+            ]
+        )
+    _write_wav(path, 0.1 * x / (np.sqrt(np.mean(x**2)) + 1e-12))
 
 
 def _rir_task(seed: int, index: int, rt60_range: tuple, path: str) -> None:
@@ -141,12 +147,15 @@ def _run(task: tuple) -> None:
 
 # ---------------------------------------------------------------- corpus plan and lists
 
+
 def _plan(args) -> dict:
     """{set: [(spk_id, global_index, [utt_id...])]}; speakers numbered train, val, test."""
     plan, index = {}, 0
-    counts = {"train": (args.num_train_speakers, args.utts_per_speaker),
-              "val": (args.num_val_speakers, args.eval_utts_per_speaker),
-              "test": (args.num_test_speakers, args.eval_utts_per_speaker)}
+    counts = {
+        "train": (args.num_train_speakers, args.utts_per_speaker),
+        "val": (args.num_val_speakers, args.eval_utts_per_speaker),
+        "test": (args.num_test_speakers, args.eval_utts_per_speaker),
+    }
     for name in SETS:
         n_spk, n_utt = counts[name]
         plan[name] = []
@@ -195,8 +204,11 @@ def _write_lists(out: str, name: str, speakers: list, seed: int) -> None:
 def _noise_tasks(out: str, seed: int) -> list:
     """MUSAN- and RIRS_NOISES-shaped files (tasks), and writes their list files."""
     tasks = []
-    musan_dirs = {"noise": ("free-sound", "noise-free-sound"), "music": ("fma", "music-fma"),
-                  "speech": ("librivox", "speech-librivox")}
+    musan_dirs = {
+        "noise": ("free-sound", "noise-free-sound"),
+        "music": ("fma", "music-fma"),
+        "speech": ("librivox", "speech-librivox"),
+    }
     for kind, count in MUSAN_COUNTS.items():
         sub, stem = musan_dirs[kind]
         for i in range(count):
@@ -216,14 +228,17 @@ def _noise_tasks(out: str, seed: int) -> list:
     real = "RIRS_NOISES/real_rirs_isotropic_noises"
     os.makedirs(os.path.join(out, real), exist_ok=True)
     rir_lines, noise_lines = [], []
-    for i, (room, rt60) in enumerate([("smallroom1", (0.2, 0.3)), ("mediumroom1", (0.4, 0.6)),
-                                      ("largeroom1", (0.7, 0.9))]):
+    for i, (room, rt60) in enumerate(
+        [("smallroom1", (0.2, 0.3)), ("mediumroom1", (0.4, 0.6)), ("largeroom1", (0.7, 0.9))]
+    ):
         rir_id = f"RVB2014_type1_rir_{room}_near_angla"
         rir_lines.append(f"--rir-id {rir_id} --room-id RVB2014_type1_rir_{room} {real}/{rir_id}.wav")
         tasks.append((_rir_task, (seed, 5000 + i, rt60, os.path.join(out, real, rir_id + ".wav"))))
         noise_id = f"RVB2014_type1_noise_{room}_1"
-        noise_lines.append(f"--noise-id {noise_id} --noise-type isotropic --bg-fg-type background "
-                           f"--room-linkage RVB2014_type1_rir_{room} {real}/{noise_id}.wav")
+        noise_lines.append(
+            f"--noise-id {noise_id} --noise-type isotropic --bg-fg-type background "
+            f"--room-linkage RVB2014_type1_rir_{room} {real}/{noise_id}.wav"
+        )
         tasks.append((_iso_noise_task, (seed, i, os.path.join(out, real, noise_id + ".wav"))))
     _write_lines(os.path.join(out, real, "rir_list"), rir_lines)
     _write_lines(os.path.join(out, real, "noise_list"), noise_lines)
@@ -231,6 +246,7 @@ def _noise_tasks(out: str, seed: int) -> list:
 
 
 # ---------------------------------------------------------------- CLI
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m speakerlab.synth", description=__doc__.split("\n")[0])
@@ -299,14 +315,18 @@ def main(argv=None) -> int:
     try:
         for name in SETS:
             dur = (args.min_dur, args.max_dur) if name == "train" else (args.eval_min_dur, args.eval_max_dur)
-            tasks = [(_utterance_task, (args.seed, gi, u, *dur,
-                                        os.path.join(out, "wav", name, spk, f"{utt}.wav")))
-                     for spk, gi, utts in plan[name] for u, utt in enumerate(utts)]
+            tasks = [
+                (_utterance_task, (args.seed, gi, u, *dur, os.path.join(out, "wav", name, spk, f"{utt}.wav")))
+                for spk, gi, utts in plan[name]
+                for u, utt in enumerate(utts)
+            ]
             t0 = time.time()
             _ = list(pool.imap_unordered(_run, tasks, chunksize=8)) if pool else [_run(t) for t in tasks]
             _write_lists(out, name, plan[name], args.seed)
-            _log(f"{name}: {len(plan[name])} speakers, {len(tasks)} utterances -> {out}/{name} "
-                 f"({time.time() - t0:.1f} s)")
+            _log(
+                f"{name}: {len(plan[name])} speakers, {len(tasks)} utterances -> {out}/{name} "
+                f"({time.time() - t0:.1f} s)"
+            )
         t0 = time.time()
         tasks = _noise_tasks(out, args.seed)
         _ = list(pool.imap_unordered(_run, tasks)) if pool else [_run(t) for t in tasks]

@@ -15,8 +15,7 @@ SR = 16000
 ROOM_RT60 = {"smallroom": (0.15, 0.35), "mediumroom": (0.35, 0.7), "largeroom": (0.7, 1.2)}
 
 
-def smooth_eq_db(freqs: np.ndarray, rng: np.random.Generator, std_db: float,
-                 num_terms: int = 6) -> np.ndarray:
+def smooth_eq_db(freqs: np.ndarray, rng: np.random.Generator, std_db: float, num_terms: int = 6) -> np.ndarray:
     """Random smooth gain curve over ``freqs`` (Hz, any shape): dB, same shape, zero mean.
 
     A sum of cosines on a log-frequency axis (50 Hz - 8 kHz), so the curve has a few broad
@@ -32,8 +31,9 @@ def smooth_eq_db(freqs: np.ndarray, rng: np.random.Generator, std_db: float,
     return curve.reshape(np.shape(freqs))
 
 
-def coloured_noise(num_samples: int, rng: np.random.Generator, slope_db: float = -3.0,
-                   eq_std_db: float = 4.0) -> np.ndarray:
+def coloured_noise(
+    num_samples: int, rng: np.random.Generator, slope_db: float = -3.0, eq_std_db: float = 4.0
+) -> np.ndarray:
     """Stationary noise with a spectral slope (dB/octave re 1 kHz) and a random smooth EQ.
 
     Returns (num_samples,) float64 at unit RMS. Sometimes adds mains hum or a slow level
@@ -46,7 +46,7 @@ def coloured_noise(num_samples: int, rng: np.random.Generator, slope_db: float =
     gain_db = slope_db * np.log2(np.maximum(freqs, 20.0) / 1000.0) + eq_db
     spec = np.fft.rfft(rng.standard_normal(n_fft)) * 10.0 ** (gain_db / 20.0)
     x = np.fft.irfft(spec, n=n_fft)[:num_samples]
-    x /= np.sqrt(np.mean(x ** 2)) + 1e-12
+    x /= np.sqrt(np.mean(x**2)) + 1e-12
     t = np.arange(num_samples) / SR
     if rng.random() < 0.15:  # mains hum: 50 or 60 Hz and a few harmonics
         base = rng.choice([50.0, 60.0])
@@ -54,7 +54,7 @@ def coloured_noise(num_samples: int, rng: np.random.Generator, slope_db: float =
         x += rng.uniform(0.3, 1.0) * hum
     if rng.random() < 0.3:  # slow level drift (passing traffic, fans)
         x *= 1.0 + 0.5 * np.sin(2 * np.pi * rng.uniform(0.1, 1.0) * t + rng.uniform(0, 6.3))
-    return x / (np.sqrt(np.mean(x ** 2)) + 1e-12)
+    return x / (np.sqrt(np.mean(x**2)) + 1e-12)
 
 
 def music(num_samples: int, rng: np.random.Generator) -> np.ndarray:
@@ -84,13 +84,13 @@ def music(num_samples: int, rng: np.random.Generator) -> np.ndarray:
             env = np.minimum(t / 0.01, 1.0) * np.exp(-decay * t)
             out[a:b] += tone * env * rng.uniform(0.5, 1.0)
             start += dur
-    return out / (np.sqrt(np.mean(out ** 2)) + 1e-12)
+    return out / (np.sqrt(np.mean(out**2)) + 1e-12)
 
 
 def babble(utterances: list) -> np.ndarray:
     """Sum of several speech signals (list of equal-length (N,) arrays) at unit RMS: (N,)."""
     x = np.sum(np.stack(utterances), axis=0)
-    return x / (np.sqrt(np.mean(x ** 2)) + 1e-12)
+    return x / (np.sqrt(np.mean(x**2)) + 1e-12)
 
 
 def rir(rng: np.random.Generator, rt60: float) -> np.ndarray:

@@ -98,10 +98,25 @@ class SpeakerTraits:
 
     def vector(self) -> np.ndarray:
         """Scalar traits as one (15,) float vector (for comparing speakers)."""
-        return np.array([self.f0_mean, self.f0_range, self.vtl, self.open_quotient,
-                         self.speed_quotient, self.tilt, self.breathiness, self.jitter,
-                         self.shimmer, self.bandwidth, self.nasality, self.nasal_zero,
-                         self.extra_formant, self.rate, float(np.abs(self.idiolect).sum())])
+        return np.array(
+            [
+                self.f0_mean,
+                self.f0_range,
+                self.vtl,
+                self.open_quotient,
+                self.speed_quotient,
+                self.tilt,
+                self.breathiness,
+                self.jitter,
+                self.shimmer,
+                self.bandwidth,
+                self.nasality,
+                self.nasal_zero,
+                self.extra_formant,
+                self.rate,
+                float(np.abs(self.idiolect).sum()),
+            ]
+        )
 
 
 def draw_speaker(rng: np.random.Generator) -> SpeakerTraits:
@@ -199,7 +214,7 @@ def _phone_track(traits: SpeakerTraits, num_frames: int, rng: np.random.Generato
         if noise > 0:
             namp[s] = noise * np.exp(rng.normal(0.0, 0.2))
             # Fricative and burst spectra move with the tract length too (shorter front cavity).
-            ncentre[s] = centre * traits.vtl ** 0.7 * np.exp(traits.idiolect[p, 0])
+            ncentre[s] = centre * traits.vtl**0.7 * np.exp(traits.idiolect[p, 0])
             nwidth[s] = width
     # Obstruents and silences take formant loci interpolated from their neighbours; the
     # moving average then makes CV/VC transitions (coarticulation) of about 50 ms.
@@ -208,8 +223,12 @@ def _phone_track(traits: SpeakerTraits, num_frames: int, rng: np.random.Generato
     for k in range(4):
         formants[:, k] = np.interp(idx, valid, formants[valid, k])
     track = {
-        "formants": _smooth(formants, 7), "vamp": _smooth(vamp, 3), "namp": _smooth(namp, 2),
-        "ncentre": ncentre, "nwidth": nwidth, "nasal": _smooth(nasal, 5),
+        "formants": _smooth(formants, 7),
+        "vamp": _smooth(vamp, 3),
+        "namp": _smooth(namp, 2),
+        "ncentre": ncentre,
+        "nwidth": nwidth,
+        "nasal": _smooth(nasal, 5),
     }
     return {k: v[:num_frames] for k, v in track.items()}
 
@@ -228,8 +247,9 @@ def _f0_contour(traits: SpeakerTraits, num_frames: int, rng: np.random.Generator
     return np.clip(traits.f0_mean * 2.0 ** (semitones / 12.0), 50.0, 600.0)
 
 
-def _glottal_source(traits: SpeakerTraits, f0_frames: np.ndarray, num_samples: int,
-                    rng: np.random.Generator) -> np.ndarray:
+def _glottal_source(
+    traits: SpeakerTraits, f0_frames: np.ndarray, num_samples: int, rng: np.random.Generator
+) -> np.ndarray:
     """Rosenberg glottal-flow derivative with jitter, shimmer and pulsed aspiration: (N,)."""
     f0 = np.interp(np.arange(num_samples), np.arange(len(f0_frames)) * HOP, f0_frames)
     # Jitter and shimmer are drawn per glottal cycle: index the cycles by the unperturbed phase.
@@ -241,8 +261,11 @@ def _glottal_source(traits: SpeakerTraits, f0_frames: np.ndarray, num_samples: i
     oq, sq = traits.open_quotient, traits.speed_quotient
     t_open, t_close = oq * sq / (1.0 + sq), oq / (1.0 + sq)
     grid = np.linspace(0.0, 1.0, 1025)
-    table = np.where(grid < t_open, 0.5 * (1.0 - np.cos(np.pi * grid / t_open)),
-                     np.where(grid < oq, np.cos(0.5 * np.pi * (grid - t_open) / t_close), 0.0))
+    table = np.where(
+        grid < t_open,
+        0.5 * (1.0 - np.cos(np.pi * grid / t_open)),
+        np.where(grid < oq, np.cos(0.5 * np.pi * (grid - t_open) / t_close), 0.0),
+    )
     flow = np.interp(phase - cycle, grid, table)
     amp = np.clip(1.0 + traits.shimmer * rng.standard_normal(int(cycle[-1]) + 2), 0.2, None)[cycle]
     # Flow derivative per sample (lip radiation), rescaled per cycle so the level does not grow
@@ -265,8 +288,8 @@ def _istft(spec: np.ndarray, num_samples: int) -> np.ndarray:
     T, k = len(frames), N_FFT // HOP
     blocks = np.zeros((T + k - 1, HOP))
     for j in range(k):
-        blocks[j: j + T] += frames[:, j * HOP: (j + 1) * HOP]
-    return blocks.reshape(-1)[N_FFT // 2: N_FFT // 2 + num_samples] / _OLA_GAIN
+        blocks[j : j + T] += frames[:, j * HOP : (j + 1) * HOP]
+    return blocks.reshape(-1)[N_FFT // 2 : N_FFT // 2 + num_samples] / _OLA_GAIN
 
 
 def _resonances(formants: np.ndarray, bandwidths: np.ndarray) -> np.ndarray:
@@ -274,12 +297,12 @@ def _resonances(formants: np.ndarray, bandwidths: np.ndarray) -> np.ndarray:
 
     formants (T, K) Hz, bandwidths (K,) Hz -> (T, 257) natural log.
     """
-    f2 = (_FREQS ** 2).astype(formants.dtype)[None, :]
+    f2 = (_FREQS**2).astype(formants.dtype)[None, :]
     power = np.ones((formants.shape[0], len(_FREQS)), dtype=formants.dtype)
     # Analog-prototype magnitude |H|^2 = (F^2 + b^2)^2 / (((f-F)^2 + b^2)((f+F)^2 + b^2)), b = B/2,
     # multiplied over the resonators so that only one log is taken (the log is the slow part).
     for k in range(formants.shape[1]):
-        F = formants[:, k: k + 1]
+        F = formants[:, k : k + 1]
         b2 = (0.5 * bandwidths[k]) ** 2
         s = F * F + b2
         power *= s * s / ((f2 + s) ** 2 - 4.0 * f2 * F * F)
@@ -331,8 +354,13 @@ class Session:
     level_db: float  # RMS level of the result, dBFS
 
 
-def draw_session(rng: np.random.Generator, eq_std_db: float = 5.0, snr_range: tuple = (15.0, 40.0),
-                 level_range: tuple = (-32.0, -14.0), band_limit_prob: float = 0.2) -> Session:
+def draw_session(
+    rng: np.random.Generator,
+    eq_std_db: float = 5.0,
+    snr_range: tuple = (15.0, 40.0),
+    level_range: tuple = (-32.0, -14.0),
+    band_limit_prob: float = 0.2,
+) -> Session:
     """Random channel (smooth EQ, sometimes band-limited), coloured noise at an SNR, and level.
 
     ``eq_std_db`` is the typical std of the channel gain over frequency, ``snr_range`` and
@@ -346,12 +374,18 @@ def draw_session(rng: np.random.Generator, eq_std_db: float = 5.0, snr_range: tu
     # Background noise is mostly low-frequency heavy (fans, traffic, rooms): -7 to -1 dB/octave.
     noise = rng.uniform(-7.0, -1.0) * np.log2(f / 1000.0) + smooth_eq_db(_FREQS, rng, 4.0)
     drift = rng.uniform(0.0, 0.5) if rng.random() < 0.3 else 0.0
-    return Session(eq_db=eq, snr_db=float(rng.uniform(*snr_range)), noise_db=noise,
-                   noise_drift=float(drift), level_db=float(rng.uniform(*level_range)))
+    return Session(
+        eq_db=eq,
+        snr_db=float(rng.uniform(*snr_range)),
+        noise_db=noise,
+        noise_drift=float(drift),
+        level_db=float(rng.uniform(*level_range)),
+    )
 
 
-def synth_utterance(traits: SpeakerTraits, num_samples: int, rng: np.random.Generator,
-                    session: Session | None = None) -> np.ndarray:
+def synth_utterance(
+    traits: SpeakerTraits, num_samples: int, rng: np.random.Generator, session: Session | None = None
+) -> np.ndarray:
     """One utterance of ``num_samples`` samples at 16 kHz: float32 (N,) in [-1, 1].
 
     Without ``session`` the result is clean speech at -20 dBFS with no channel (used for the
@@ -372,13 +406,14 @@ def synth_utterance(traits: SpeakerTraits, num_samples: int, rng: np.random.Gene
         noise = white * (10.0 ** (session.noise_db / 20.0))[None, :]
         if session.noise_drift > 0:
             t = np.arange(T) * (HOP / SR)
-            noise *= (1.0 + session.noise_drift * np.sin(2 * np.pi * rng.uniform(0.1, 1.0) * t
-                                                         + rng.uniform(0.0, 2 * np.pi)))[:, None]
+            noise *= (
+                1.0 + session.noise_drift * np.sin(2 * np.pi * rng.uniform(0.1, 1.0) * t + rng.uniform(0.0, 2 * np.pi))
+            )[:, None]
         ratio = np.sum(np.abs(spec) ** 2) / (np.sum(np.abs(noise) ** 2) + 1e-12)
         spec += noise * np.sqrt(ratio * 10.0 ** (-session.snr_db / 10.0))
     out = _istft(spec, num_samples)
     level = -20.0 if session is None else session.level_db
-    out *= 10.0 ** (level / 20.0) / (np.sqrt(np.mean(out ** 2)) + 1e-9)
+    out *= 10.0 ** (level / 20.0) / (np.sqrt(np.mean(out**2)) + 1e-9)
     peak = np.max(np.abs(out))
     if peak > 0.99:  # keep int16 from clipping: loud sessions are simply a little quieter
         out *= 0.99 / peak
