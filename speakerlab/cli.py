@@ -34,7 +34,6 @@ Exit codes: 0 done; 2 bad input (a message on stderr naming the file, or the wav
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ import numpy as np
 
 from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import Embedder, NonFiniteEmbedding, check_finite, load_embedder
+from speakerlab.embedder import Embedder, NonFiniteEmbedding, add_source_args, check_finite, embedder_from_args
 from speakerlab.extract import save_embeddings
 from speakerlab.features import num_frames
 from speakerlab.lists import ListError, read_wav_scp
@@ -65,33 +64,6 @@ class UsageError(ValueError):
 
 def warn_stderr(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
-
-
-def add_model_args(ap: argparse.ArgumentParser) -> None:
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a speakerlab checkpoint file, or an exp dir (its latest checkpoint)")
-    src.add_argument(
-        "--3dspeaker",
-        dest="threedspeaker",
-        metavar="NAME",
-        help="registered model name of a 3D-Speaker state dict given by --weights (e.g. campplus)",
-    )
-    ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
-    ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")
-
-
-def model_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
-    if args.threedspeaker and not args.weights:
-        ap.error("--3dspeaker needs --weights")
-    if args.weights and not args.threedspeaker:
-        ap.error("--weights goes with --3dspeaker NAME")
-    if args.checkpoint is not None:
-        return load_embedder(args.checkpoint, device=args.device)
-    try:
-        return load_embedder(threedspeaker=args.threedspeaker, weights=args.weights, device=args.device)
-    except (RuntimeError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as e:
-        # torch.load / load_state_dict errors say what is wrong but not with which file.
-        raise ValueError(f"{args.weights}: cannot load as 3D-Speaker {args.threedspeaker!r} weights: {e}") from None
 
 
 def read_wave(embedder: Embedder, path: str, where: str = "") -> np.ndarray:
@@ -156,7 +128,7 @@ def verify_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("a", help="first audio file (any rate, first channel)")
     ap.add_argument("b", help="second audio file")
-    add_model_args(ap)
+    add_source_args(ap)
     th = ap.add_mutually_exclusive_group()
     th.add_argument("--threshold", type=float, help="decide 'same speaker' iff score >= this")
     th.add_argument(
@@ -177,7 +149,7 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
     if bool(args.calibration) != bool(args.calibration_embeddings):
         ap.error("--calibration and --calibration-embeddings go together")
     try:
-        embedder = model_from_args(ap, args)
+        embedder = embedder_from_args(ap, args)
         waves = [read_wave(embedder, args.a), read_wave(embedder, args.b)]
         emb = embedder.embed_waves(waves)
         check_finite([args.a, args.b], emb)
@@ -243,7 +215,7 @@ def embed_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("wav_scp", metavar="wav.scp", help="'<id> <path>' lines (any rate, first channel)")
     ap.add_argument("out", metavar="OUT", help="output .npz (ids, embeddings); .ark: also Kaldi ark + scp")
-    add_model_args(ap)
+    add_source_args(ap)
     ap.add_argument("--kaldi", action="store_true", help="also write OUT's .ark and .scp (kaldiio)")
     ap.add_argument("--batch-size", type=int, default=32, help="files per model call (equal frame counts)")
     ap.add_argument(
@@ -262,7 +234,7 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     try:
         npz, ark, kscp = output_paths(args.out, args.kaldi)
-        embedder = model_from_args(ap, args)
+        embedder = embedder_from_args(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
         save_embeddings(npz, ids, emb)
         if ark is not None:

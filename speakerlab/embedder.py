@@ -11,6 +11,8 @@ through this module; none of it imports the training engine.
 
 from __future__ import annotations
 
+import argparse
+import pickle
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
@@ -154,3 +156,34 @@ def load_embedder(
 
     model = load_3dspeaker(threedspeaker, weights)
     return Embedder(model, THREEDSPEAKER_FEATURES, dev, f"3D-Speaker {threedspeaker} from {weights}")
+
+
+def add_source_args(ap: argparse.ArgumentParser) -> None:
+    """The options every inference command takes to name its model: `--checkpoint` or `--3dspeaker NAME
+    --weights FILE`, and `--device`."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a speakerlab checkpoint file, or an exp dir (its latest checkpoint)")
+    src.add_argument(
+        "--3dspeaker",
+        dest="threedspeaker",
+        metavar="NAME",
+        help="registered model name of a 3D-Speaker state dict given by --weights (e.g. campplus)",
+    )
+    ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
+    ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")
+
+
+def embedder_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
+    """`load_embedder` from the options of `add_source_args`; a 3D-Speaker file that does not load is a
+    ValueError naming it."""
+    if args.threedspeaker and not args.weights:
+        ap.error("--3dspeaker needs --weights")
+    if args.weights and not args.threedspeaker:
+        ap.error("--weights goes with --3dspeaker NAME")
+    if args.checkpoint is not None:
+        return load_embedder(args.checkpoint, device=args.device)
+    try:
+        return load_embedder(threedspeaker=args.threedspeaker, weights=args.weights, device=args.device)
+    except (RuntimeError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as e:
+        # torch.load / load_state_dict errors say what is wrong but not with which file.
+        raise ValueError(f"{args.weights}: cannot load as 3D-Speaker {args.threedspeaker!r} weights: {e}") from None

@@ -100,21 +100,17 @@ def check_export(
 
 def main(argv=None) -> int:
     from speakerlab.checkpoint import CheckpointError
-    from speakerlab.embedder import load_embedder
+    from speakerlab.embedder import add_source_args, embedder_from_args
 
     ap = argparse.ArgumentParser(prog="python -m speakerlab.export", description=__doc__.split("\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="speakerlab checkpoint (or exp dir)")
-    src.add_argument("--3dspeaker", dest="threedspeaker", metavar="NAME", help="model name of a 3D-Speaker state dict")
-    ap.add_argument("--weights", help="3D-Speaker state dict file, with --3dspeaker")
+    add_source_args(ap)
     ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.threedspeaker and not args.weights:
-        ap.error("--3dspeaker needs --weights")
+    args.device = "cpu"  # exported graphs are traced on the CPU
     try:
-        embedder = load_embedder(args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights, device="cpu")
-    except CheckpointError as e:
+        embedder = embedder_from_args(ap, args)
+    except (CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim

@@ -18,7 +18,7 @@ import numpy as np
 
 from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import NonFiniteEmbedding, check_finite, load_embedder
+from speakerlab.embedder import NonFiniteEmbedding, add_source_args, check_finite, embedder_from_args
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -27,31 +27,18 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.infer", description=__doc__.split("\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a speakerlab checkpoint (or exp dir)")
-    src.add_argument(
-        "--3dspeaker",
-        dest="threedspeaker",
-        metavar="NAME",
-        help="registered model name of a 3D-Speaker state dict given by --weights",
-    )
-    ap.add_argument("--weights", help="3D-Speaker checkpoint file (.pt/.bin/.ckpt state dict)")
+    add_source_args(ap)
     ap.add_argument("--score", action="store_true", help="print the cosine score of exactly two files")
     ap.add_argument("--out", help="write embeddings to this .npz instead of printing them")
-    ap.add_argument("--device", default="auto")
     ap.add_argument("wavs", nargs="+", help="mono audio files at the model's sample rate")
     args = ap.parse_args(argv)
-    if args.threedspeaker and not args.weights:
-        ap.error("--3dspeaker needs --weights")
     if args.score and len(args.wavs) != 2:
         ap.error("--score takes exactly two files")
     try:
-        embedder = load_embedder(
-            args.checkpoint, threedspeaker=args.threedspeaker, weights=args.weights, device=args.device
-        )
+        embedder = embedder_from_args(ap, args)
         emb = embedder.embed_waves([embedder.read(p) for p in args.wavs])
         check_finite(args.wavs, emb)
-    except (CheckpointError, AudioError, NonFiniteEmbedding) as e:
+    except (CheckpointError, AudioError, NonFiniteEmbedding, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.score:
