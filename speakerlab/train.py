@@ -19,6 +19,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.embedder import NonFiniteEmbedding
@@ -262,6 +263,12 @@ def main(argv=None) -> int:
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
+    except AudioError as e:
+        # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
+        cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
+        run.monitor.log(f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
+                        f"python -m speakerlab.prepare --data {cfg.data.train}); the last checkpoint is intact")
+        return 2
     finally:
         if watchdog is not None:
             watchdog.stop()

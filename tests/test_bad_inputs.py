@@ -137,6 +137,21 @@ def test_stale_length_index_found_at_start(tmp_path, capsys):
     assert "re-run the features stage" in err and not (tmp_path / "x").exists()
 
 
+def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    """A stale length the start-up sample missed: the crop read fails mid-epoch; the error names the file,
+    says what to do, and the checkpoints before it stay."""
+    import speakerlab.engine.setup as setup
+
+    monkeypatch.setattr(setup, "SPOT_CHECKS", 1)   # only the first and the last utterance are checked
+    cfg, train = tiny_config(tmp_path, val=False)
+    assert prepare_main(["--data", str(train)]) == 0
+    write_wav(train / "wav" / "s2-1.wav", np.zeros(4000))
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {train / 'wav' / 's2-1.wav'}: truncated file" in err and "re-run the features stage" in err
+    assert "Traceback" not in err
+
+
 def test_wrong_sample_rate_setting_found_at_start(tmp_path, capsys):
     cfg, train = tiny_config(tmp_path, val=False)
     assert prepare_main(["--data", str(train)]) == 0
