@@ -266,8 +266,10 @@ def main(argv=None) -> int:
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
-        run.monitor.log(f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
-                        f"python -m speakerlab.prepare --data {cfg.data.train}); the last checkpoint is intact")
+        run.monitor.log(
+            f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
+            f"python -m speakerlab.prepare --data {cfg.data.train}); the last checkpoint is intact"
+        )
         return 2
     finally:
         if watchdog is not None:

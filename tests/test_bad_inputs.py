@@ -142,7 +142,7 @@ def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys
     says what to do, and the checkpoints before it stay."""
     import speakerlab.engine.setup as setup
 
-    monkeypatch.setattr(setup, "SPOT_CHECKS", 1)   # only the first and the last utterance are checked
+    monkeypatch.setattr(setup, "SPOT_CHECKS", 1)  # only the first and the last utterance are checked
     cfg, train = tiny_config(tmp_path, val=False)
     assert prepare_main(["--data", str(train)]) == 0
     write_wav(train / "wav" / "s2-1.wav", np.zeros(4000))
