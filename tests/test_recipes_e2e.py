@@ -127,7 +127,7 @@ def check_scored(
     with np.load(exp / "embeddings" / f"{eval_set}.npz") as z:
         ids, emb = [str(i) for i in z["ids"]], z["embeddings"]
     assert sorted(ids) == sorted(eval_utts) and emb.shape == (len(eval_utts), 32) and np.isfinite(emb).all()
-    assert len(re.findall(r"EER \d+\.\d\d%", r.stdout)) == len(trials)   # one result line per list
+    assert len(re.findall(r"EER \d+\.\d\d%", r.stdout)) == len(trials)  # one result line per list
     for name, (path, n, n_target) in trials.items():
         m = re.search(
             rf"^{re.escape(str(data / eval_set / path))}: (\d+) trials \((\d+) target\) EER (\d+\.\d\d)% ",
@@ -138,7 +138,7 @@ def check_scored(
         assert (int(m.group(1)), int(m.group(2))) == (n, n_target) and 0.0 <= float(m.group(3)) <= 100.0
         scores = (exp / "scores" / f"{name}.scores").read_text().splitlines()
         assert len(scores) == n and all(np.isfinite(float(line.split()[2])) for line in scores)
-        assert f"| {name} | {n} | {n_target} | {m.group(3)} |" in r.stdout   # its row of the printed table
+        assert f"| {name} | {n} | {n_target} | {m.group(3)} |" in r.stdout  # its row of the printed table
         assert (exp / "scores" / f"{name}.det.png").stat().st_size > 0
         assert (exp / "scores" / f"{name}.hist.png").stat().st_size > 0
         assert m.group(0).rstrip() in (exp / "scores" / f"{name}.result").read_text()
