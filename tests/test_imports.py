@@ -84,4 +84,5 @@ def test_inference_imports_load_no_engine_module():
 
 
 def test_config_imports_no_implementation_module():
-    assert import_graph()["speakerlab.config"] == set()
+    graph = import_graph()
+    assert graph["speakerlab.config"] == {"speakerlab.settings"} and graph["speakerlab.settings"] == set()

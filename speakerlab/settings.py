@@ -1,0 +1,132 @@
+"""Typed settings from YAML mappings: the field helper `setting` that carries a field's rule, and
+`build_settings`, which checks every key's type and rule and names the dotted key in its errors.
+speakerlab.config declares the sections with it; nothing here knows any section."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from dataclasses import field
+from typing import Any, Callable, Dict, List, Optional, Union
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key (and file)."""
+
+
+def setting(
+    default: Any,
+    *,
+    ge: Optional[float] = None,
+    gt: Optional[float] = None,
+    le: Optional[float] = None,
+    lt: Optional[float] = None,
+    choices: Optional[tuple] = None,
+    check: Optional[Callable[[Any], Optional[str]]] = None,
+):
+    """A settings field with its rule: bounds (`ge`/`gt`/`le`/`lt`), allowed `choices`, or `check(value)`
+    returning what is wrong (None when fine). Lists and dicts are copied per instance."""
+    rule = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=rule)
+    return field(default=default, metadata=rule)
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _check_value(key: str, value: Any, tp) -> Any:
+    """Return `value` converted to `tp` or raise ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        for option in typing.get_args(tp):
+            if option is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _check_value(key, value, option)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key '{key}': {value!r} is not {_type_name(tp)}")
+    if origin in (dict, Dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {type(value).__name__}")
+        return dict(value)
+    if origin in (list, List):
+        if not isinstance(value, list):
+            raise ConfigError(f"config key '{key}' must be a list, got {type(value).__name__}")
+        args = typing.get_args(tp)
+        return [_check_value(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' must be true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"config key '{key}': unsupported type {tp}")
+
+
+def _check_rule(key: str, value: Any, rule: Dict[str, Any]) -> None:
+    """Apply a field's `setting` rule to its (type-checked) value."""
+    if not rule or value is None:
+        return
+    problem = None
+    if rule.get("choices") is not None and value not in rule["choices"]:
+        problem = f"must be one of {rule['choices']}, got {value!r}"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        lo, hi = ("ge", "gt"), ("le", "lt")
+        low = next(((n, rule[n]) for n in lo if rule.get(n) is not None), None)
+        high = next(((n, rule[n]) for n in hi if rule.get(n) is not None), None)
+        ok = (low is None or (value >= low[1] if low[0] == "ge" else value > low[1])) and (
+            high is None or (value <= high[1] if high[0] == "le" else value < high[1])
+        )
+        if not ok:
+            if low and high:
+                bound = f"in {'[' if low[0] == 'ge' else '('}{low[1]:g}, {high[1]:g}{']' if high[0] == 'le' else ')'}"
+            else:
+                name, limit = low or high
+                bound = f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[name] } {limit:g}"
+            problem = f"must be {bound}, got {value!r}"
+    if problem is None and rule.get("check") is not None:
+        problem = rule["check"](value)
+    if problem:
+        raise ConfigError(f"config key '{key}' {problem}")
+
+
+def build_settings(cls, raw: Dict[str, Any], prefix: str = ""):
+    """`raw` (a YAML mapping) -> an instance of the settings dataclass `cls`, every key type- and rule-checked;
+    nested dataclass fields are built from nested mappings. Errors name the dotted key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config section '{prefix or '<top>'}' must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"unknown config key '{key}' (known in '{prefix or '<top>'}': {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = build_settings(tp, value if value is not None else {}, key)
+            continue
+        value = _check_value(key, value, tp)
+        _check_rule(key, value, dict(fields[name].metadata))
+        kwargs[name] = value
+    return cls(**kwargs)
