@@ -45,11 +45,11 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
     data = load_data_dir(root, need_speakers=(root / "utt2spk").exists())
     data.check_audio_exists()
     lengths = index_lengths(data, sample_rate, jobs)
-    if (root / "trials").exists():
-        for t in read_trials(root / "trials"):
+    for trials in sorted(root.glob("trials*")):  # `trials`, and the recipes' `trials_<name>` lists
+        for t in read_trials(trials):
             for u in (t.enrol, t.test):
                 if u not in data.wav:
-                    raise ListError(f"{root / 'trials'}:{t.line}: '{u}' is not in {root / 'wav.scp'}")
+                    raise ListError(f"{trials}:{t.line}: '{u}' is not in {root / 'wav.scp'}")
     write_table(root / "utt2num_samples", sorted(lengths.items()))
     if data.utt2spk and not (root / "spk2utt").exists():
         spk2utt = defaultdict(list)

@@ -37,3 +37,13 @@ def test_trial_with_unknown_utterance_names_the_trials_line(tmp_path, capsys):
     assert main(["--data", str(root)]) == 2
     assert f"{root / 'trials'}:2: 'c-9' is not in {root / 'wav.scp'}" in capsys.readouterr().err
     assert not (root / "utt2num_samples").exists()
+
+
+def test_every_trial_list_of_the_data_dir_is_checked(tmp_path, capsys):
+    """The recipes' data dirs hold `trials_<name>` lists (3D-Speaker, VoxCeleb): each is checked too."""
+    root = make_data_dir(tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25)
+    (root / "trials_o").write_text("a-1 b-1 nontarget\n")
+    (root / "trials_h").write_text("a-1 b-1 nontarget\nb-1 z-0 target\n")
+    assert main(["--data", str(root)]) == 2
+    assert f"{root / 'trials_h'}:2: 'z-0' is not in {root / 'wav.scp'}" in capsys.readouterr().err
+    assert not (root / "utt2num_samples").exists()
