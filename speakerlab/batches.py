@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from speakerlab.audio import read_crop_int16
+from speakerlab.audio import AudioError, read_crop_int16
 from speakerlab.augment import Augmenter, Draw
 from speakerlab.speed import factor_classes, input_length
 
@@ -32,7 +32,9 @@ class CropDataset(Dataset):
     1), the crop offset, then the augmentation (`augment.pick`). The worker reads
     `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
     (the most any factor needs) so that items stack; the arithmetic happens batched on the
-    training device (`speakerlab.augment_batch.Frontend`).
+    training device (`speakerlab.augment_batch.Frontend`). With `skip_bad`, a read that fails gives
+    a silent item whose `bad` names the file and the reason (the training step drops that row);
+    otherwise the AudioError propagates.
     """
 
     def __init__(
@@ -45,12 +47,14 @@ class CropDataset(Dataset):
         augment: Optional[Augmenter] = None,
         speed_factors: Sequence[float] = (),
         speed_prob: float = 0.0,
+        skip_bad: bool = False,
     ):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
         self.paths, self.labels, self.lengths = list(paths), list(labels), list(lengths)
         self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
         self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
+        self.skip_bad = skip_bad
         if self.speed_prob > 0 and len(self.factors) < 2:
             raise ValueError(f"speed_prob {speed_prob} needs a speed factor other than 1, got {list(speed_factors)}")
         self.read_samples = max(input_length(crop_samples, f) for f in self.factors)
@@ -66,7 +70,13 @@ class CropDataset(Dataset):
             speed = 1 + int(rng.integers(len(self.factors) - 1))
         need = input_length(self.crop_samples, self.factors[speed])
         wave = np.zeros(self.read_samples, dtype=np.int16)
-        wave[:need], finite = read_crop_int16(self.paths[index], need, self.lengths[index], rng, self.sample_rate)
+        bad = ""
+        try:
+            wave[:need], finite = read_crop_int16(self.paths[index], need, self.lengths[index], rng, self.sample_rate)
+        except AudioError as e:
+            if not self.skip_bad:
+                raise
+            bad, finite = str(e), True
         picked = self.augment.pick(rng, self.crop_samples) if self.augment is not None else None
         return {
             "wave": wave,
@@ -75,6 +85,7 @@ class CropDataset(Dataset):
             "index": index,
             "speed": speed,
             "picked": picked,
+            "bad": bad,
         }
 
 
@@ -84,7 +95,8 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
     label / index / speed (B,) int64; snr (B,) float32 (nan: no additive noise);
     rir (R, L) int16 zero-padded, rir_item (R,) int64 the batch row of each;
-    noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host).
+    noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host);
+    bad: per item "" or why its audio could not be read (a list, stays on the host).
     """
     b = len(items)
     picked = [it["picked"] for it in items]
@@ -111,6 +123,7 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
         "noise": torch.from_numpy(noise),
         "noise_item": ints(i for i, _ in segs),
         "draws": draws,
+        "bad": [str(it.get("bad", "")) for it in items],
     }
 
 

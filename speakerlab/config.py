@@ -73,6 +73,10 @@ class DataSettings:
     check_audio: bool = False  # re-read every header at start even with utt2num_samples
     feats: bool = False  # train from <train>/feats.scp (speakerlab.feature_store);
     # no augmentation or speed perturbation then
+    on_bad_audio: str = setting("skip", choices=("skip", "stop"))  # a crop that fails to read mid-training:
+    # skip: the row leaves its batch, counted and named in the log; stop: the run ends (checkpoints intact)
+    max_bad_audio: int = setting(100, ge=0)  # skip: stop anyway past this many failed reads (a lost mount,
+    # not a few broken files)
 
 
 @dataclass

@@ -63,6 +63,32 @@ def set_schedules(run: Run) -> tuple:
     return lr, margin
 
 
+def drop_unreadable(run: Run, batch: dict, feats: torch.Tensor, labels: torch.Tensor, index: torch.Tensor):
+    """Rows whose audio failed to read (data.on_bad_audio: skip) leave the micro-batch: `(B, T, F), (B,),
+    (B,) -> (B', T, F), (B',), (B',)`. Each is named in the log and counted; past data.max_bad_audio, or
+    when no row is left, training stops (a lost mount must not quietly train on nothing)."""
+    bad = batch.get("bad") or []
+    if not any(bad):
+        return feats, labels, index
+    for why in filter(None, bad):
+        run.state.bad_reads += 1
+        line = f"skipped an unreadable training utterance ({run.state.bad_reads} so far): {why}"
+        if run.info.is_main:
+            run.monitor.log(line)
+        else:  # the monitor writes on rank 0 only
+            print(f"rank {run.info.rank}: {line}", file=sys.stderr, flush=True)
+    limit = run.cfg.data.max_bad_audio
+    if run.state.bad_reads > limit:
+        raise TrainingStopped(
+            f"{run.state.bad_reads} training reads failed, more than data.max_bad_audio ({limit}); "
+            f"the last: {[b for b in bad if b][-1]}"
+        )
+    keep = torch.tensor([not b for b in bad])
+    if not keep.any():
+        raise TrainingStopped(f"no utterance of a micro-batch could be read, e.g. {bad[0]}")
+    return feats[keep.to(feats.device)], labels[keep.to(labels.device)], index[keep]
+
+
 def train_step(run: Run, batches: Iterator) -> StepResult:
     """One optimizer step over `accumulation` micro-batches of `batches`.
 
@@ -79,7 +105,7 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
         batch = next(batches)
         wait += time.perf_counter() - t0
         feats, labels = run.frontend(batch)  # on the device: speed, augmentation, fbank, mean norm
-        index = batch["index"]
+        feats, labels, index = drop_unreadable(run, batch, feats, labels, batch["index"])
         pending.append((index, run.guard.nonfinite_rows(feats)))
         last = micro == accum - 1
         with contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync():
@@ -255,6 +281,7 @@ def main(argv=None) -> int:
         else:
             run.monitor.log(
                 f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
+                + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
             )
         return 0
     except (ExpDirLocked, ScheduleChanged) as e:

@@ -6,6 +6,7 @@ lines, NaN embeddings) are in tests/test_score.py; list parsing's in tests/test_
 """
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -146,10 +147,33 @@ def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys
     cfg, train = tiny_config(tmp_path, val=False)
     assert prepare_main(["--data", str(train)]) == 0
     write_wav(train / "wav" / "s2-1.wav", np.zeros(4000))
-    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x"), "data.on_bad_audio=stop"]) == 2
     err = capsys.readouterr().err
     assert f"error: {train / 'wav' / 's2-1.wav'}: truncated file" in err and "re-run the features stage" in err
     assert "Traceback" not in err
+
+
+def test_unreadable_utterance_skipped_counted_and_named(tmp_path, capsys, monkeypatch):
+    """data.on_bad_audio skip (the default): an utterance that fails to read mid-epoch leaves its batch,
+    every failed read is named and counted, and training finishes; past data.max_bad_audio it stops."""
+    import speakerlab.engine.setup as setup
+
+    monkeypatch.setattr(setup, "SPOT_CHECKS", 1)
+    cfg, train = tiny_config(tmp_path, val=False)
+    assert prepare_main(["--data", str(train)]) == 0
+    broken = train / "wav" / "s2-1.wav"
+    broken.write_bytes(b"RIFF\0\0\0\0WAVEjunk")  # the header check at start-up misses it (SPOT_CHECKS)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 0
+    log = (tmp_path / "x" / "train.log").read_text()
+    named = [line for line in log.splitlines() if "skipped an unreadable training utterance" in line]
+    epochs = int(re.search(r"training done: (\d+) epochs", log).group(1))
+    assert len(named) == epochs  # read once per epoch, skipped each time
+    assert all(str(broken) in line for line in named) and f"({epochs} so far)" in named[-1]
+    assert f"{epochs} unreadable utterance reads skipped" in log
+    over = ["--config", str(cfg), "--exp-dir", str(tmp_path / "y"), "data.max_bad_audio=0"]
+    assert train_main(over) == 3
+    err = capsys.readouterr().err
+    assert "1 training reads failed, more than data.max_bad_audio (0)" in err and str(broken) in err
 
 
 def test_wrong_sample_rate_setting_found_at_start(tmp_path, capsys):

@@ -201,6 +201,7 @@ def make_loader(
             augmenter,
             cfg.augment.speed_factors,
             cfg.augment.speed_prob,
+            skip_bad=cfg.data.on_bad_audio == "skip",
         )
         if not cfg.data.feats
         else feature_dataset(cfg, data, spk2idx, crop)
@@ -282,6 +283,7 @@ class RunState:
 
     step: int = 0  # optimizer steps done: the clock of the LR and margin schedules
     epoch: int = 0  # epochs completed
+    bad_reads: int = 0  # training crops that failed to read and were skipped (data.on_bad_audio: skip)
 
 
 @dataclass
