@@ -114,6 +114,15 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim
+    if args.format == "onnx":
+        import importlib.util
+
+        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+        if missing:  # recipes install requirements.txt only
+            print(
+                f"error: ONNX export needs {', '.join(missing)}: pip install -r requirements-test.txt", file=sys.stderr
+            )
+            return 2
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
     err = check_export(model, args.out, args.format, feat_dim=feat_dim)

@@ -35,7 +35,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -290,7 +290,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         embedder = load_embedder(args.checkpoint, device=device)
-        if args.feats == "yes" or (args.feats == "auto" and _store_fits(embedder, args.data)):
+        if args.feats == "yes" or (
+            args.feats == "auto" and store_fits(embedder, args.data, lambda m: print(m, file=sys.stderr))
+        ):
             ids, emb = embed_feature_store(embedder, args.data, args.batch_size, args.pad_ratio)
         else:
             result = _stream(embedder, args, rank, world)
@@ -309,18 +311,19 @@ def main(argv=None) -> int:
     return 0
 
 
-def _store_fits(embedder: Embedder, data_dir) -> bool:
-    """An offline feature store exists in `data_dir` and holds the checkpoint's fbank."""
+def store_fits(embedder: Embedder, data_dir, log: Optional[Callable[[str], None]] = None) -> bool:
+    """An offline feature store exists in `data_dir` and holds the checkpoint's fbank (`log` says which)."""
     if not (Path(data_dir) / "feats.scp").exists():
         return False
     from speakerlab.feature_store import FeatureStore
 
+    say = log or (lambda m: None)
     try:
         FeatureStore(data_dir, embedder.spec.fbank)
     except (ValueError, ListError) as e:
-        print(f"extract: not using the feature store of {data_dir}: {e}", file=sys.stderr)
+        say(f"extract: not using the feature store of {data_dir}: {e}")
         return False
-    print(f"extract: fbank from the feature store {Path(data_dir) / 'feats.scp'}", file=sys.stderr)
+    say(f"extract: fbank from the feature store {Path(data_dir) / 'feats.scp'}")
     return True
 
 

@@ -1,6 +1,6 @@
 """Offline features: fbank of every utterance of a data dir, stored once as Kaldi feats.ark/feats.scp.
 
-    python -m speakerlab.feature_store --data data/test [--config conf/voxceleb_campplus.yaml ...]
+    python -m speakerlab.feature_store --data data/train --data data/test [--config conf/voxceleb_campplus.yaml ...]
 
 Writes `<data>/feats.ark`, `<data>/feats.scp` (Kaldi's own format, through kaldiio, so Kaldi and
 other toolkits read them too) and `<data>/feats.json`, the fbank options they were computed with
@@ -46,6 +46,9 @@ def write_store(data_dir, fbank: Fbank, log=print) -> Path:
         raise ValueError("a feature store holds deterministic features: build it with dither 0")
     data = load_data_dir(root, need_speakers=False)
     data.check_audio_exists()
+    if _up_to_date(root, fbank.config, len(data.utts)):  # a re-run of the stage costs nothing
+        log(f"feature store {root / FEATS_SCP}: up to date ({len(data.utts)} utterances)")
+        return root / FEATS_SCP
     (root / FEATS_CONF).unlink(missing_ok=True)  # the store is incomplete until this is written again
     frames = 0
     with torch.no_grad(), _kaldiio().WriteHelper(f"ark,scp:{root / FEATS_ARK},{root / FEATS_SCP}") as writer:
@@ -58,6 +61,15 @@ def write_store(data_dir, fbank: Fbank, log=print) -> Path:
     (root / FEATS_CONF).write_text(json.dumps(meta, indent=1))
     log(f"feature store {root / FEATS_SCP}: {len(data.utts)} utterances, {frames} frames")
     return root / FEATS_SCP
+
+
+def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
+    """A complete store of `root` with these fbank options and utterance count, newer than wav.scp."""
+    conf = root / FEATS_CONF
+    if not conf.is_file() or conf.stat().st_mtime < (root / "wav.scp").stat().st_mtime:
+        return False
+    meta = json.loads(conf.read_text())
+    return meta.get("fbank") == dataclasses.asdict(config) and meta.get("utterances") == utterances
 
 
 class FeatureStore:
@@ -147,14 +159,16 @@ def main(argv=None) -> int:
     from speakerlab.config import ConfigError, load_config
 
     ap = argparse.ArgumentParser(prog="python -m speakerlab.feature_store", description=__doc__.split("\n")[0])
-    ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
+    ap.add_argument("--data", required=True, action="append", help="Kaldi data dir with wav.scp (repeatable)")
     ap.add_argument("--config", action="append", help="experiment config(s) whose features section to use")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. features.num_mel_bins=64")
     args = ap.parse_args(argv)
     try:
-        raw = None if args.config else {"model": {"name": "campplus"}, "data": {"train": args.data}}
+        raw = None if args.config else {"model": {"name": "campplus"}, "data": {"train": args.data[0]}}
         cfg = load_config(args.config, args.overrides, raw=raw)
-        write_store(args.data, Fbank(fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0)))
+        fbank = Fbank(fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0))
+        for data_dir in args.data:
+            write_store(data_dir, fbank)
     except (ListError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

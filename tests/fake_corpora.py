@@ -303,9 +303,13 @@ def synth_trials(corpus: Path, name: str) -> List[Tuple[str, str, bool]]:
 
 def env_ready() -> bool:
     """egs/tools/env.sh would install packages unless this interpreter's stamp is current."""
-    stamp = Path(sys.prefix) / ".speakerlab-installed"
+    stamp = Path(sys.prefix) / ".speakerlab-installed-requirements"
     want = subprocess.run(
-        "cat requirements.txt pyproject.toml | cksum", shell=True, cwd=REPO, capture_output=True, text=True
+        "cat requirements.txt requirements.txt pyproject.toml | cksum",
+        shell=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     ).stdout.split()[0]
     return stamp.is_file() and stamp.read_text().strip() == want
 

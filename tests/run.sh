@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The test command of the README: sets up the environment (egs/tools/env.sh), checks lint and format
-# with ruff (settings in pyproject.toml), then runs pytest. Extra arguments go to pytest, e.g.
-# `bash tests/run.sh -k fbank`.
+# The test command of the README: sets up the environment (egs/tools/env.sh with requirements-test.txt),
+# checks lint and format with ruff (settings in pyproject.toml), then runs pytest. Extra arguments go
+# to pytest, e.g. `bash tests/run.sh -k fbank`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source egs/tools/env.sh
+SPEAKERLAB_REQUIREMENTS=requirements-test.txt source egs/tools/env.sh
 echo "ruff check and ruff format --check" >&2
 python -m ruff check --quiet .
 python -m ruff format --check --quiet .

@@ -158,10 +158,13 @@ _NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each
 
 
 def _train_config(name):
+    import yaml
+
     from speakerlab.engine.setup import load_train_config
 
     mini = str(CONF / "mini_campplus.yaml")
-    paths = [mini, str(CONF / name)] if "finetune" in name else [str(CONF / name)]
+    overlay = "model" not in yaml.safe_load((CONF / name).read_text())  # fine-tuning / augmentation overlays
+    paths = [mini, str(CONF / name)] if overlay else [str(CONF / name)]
     return load_train_config(paths, ["data.train=x"], None)
 
 
@@ -221,13 +224,13 @@ def _header_commands(text):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_config_header_names_the_command_that_runs_it(name):
-    """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for a
-    fine-tuning overlay, --lm_config), and that recipe exists and takes that option; a <corpus>_<model> file's
+    """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for an
+    overlay, --lm_config / --augment_config), and that recipe exists and takes that option; a <corpus>_<model> file's
     command runs the <corpus> recipe."""
     root = CONF.parent
     found = []
     for words in _header_commands((CONF / name).read_text()):
-        for opt in ("--config", "--lm_config"):
+        for opt in ("--config", "--lm_config", "--augment_config"):
             if opt in words[:-1] and words[words.index(opt) + 1] == f"../../conf/{name}":
                 found.append((words[1], opt))
     assert found, f"{name}: no 'bash egs/<recipe>/run.sh ... --config ../../conf/{name}' in its header"

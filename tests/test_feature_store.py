@@ -86,3 +86,28 @@ def test_training_from_the_store(tmp_path):
     assert sorted(losses(tmp_path / "f")) == [1, 2] and all(np.isfinite(v) for v in losses(tmp_path / "f").values())
     with pytest.raises(ConfigError, match="config key 'data.feats': stored features cannot be augmented"):
         load_config(cfg, ["data.feats=true", "augment.speed_prob=0.5"])
+
+
+def test_rerun_keeps_an_up_to_date_store_and_rebuilds_a_stale_one(data, tmp_path, capsys):
+    other = make_data_dir(tmp_path / "o", {"c-0": "c"}, seconds=0.4, seed=3)
+    assert main(["--data", str(data), "--data", str(other)]) == 0  # one process, several data dirs
+    ark = data / "feats.ark"
+    first = ark.stat().st_mtime_ns
+    assert main(["--data", str(data)]) == 0
+    assert "up to date (3 utterances)" in capsys.readouterr().out and ark.stat().st_mtime_ns == first
+    (data / "wav.scp").write_text((data / "wav.scp").read_text())  # the list changed after the store
+    assert main(["--data", str(data)]) == 0
+    assert ark.stat().st_mtime_ns != first and FeatureStore(data)["a-1"].shape[1] == 80
+
+
+def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):
+    from speakerlab.engine import validation
+
+    cfg, _ = tiny_config(tmp_path, val=True)
+    val = tmp_path / "val"
+    model = build_model("campplus", embedding_size=16, growth_rate=8, init_channels=16, m_channels=4)
+    spec = FeatureSpec(FbankConfig(), mean_norm=True)
+    from_audio = validation.validation_eer(model, spec, str(val), torch.device("cpu"))
+    assert main(["--data", str(val)]) == 0
+    monkeypatch.setattr(validation, "embed_data_dir", None)  # must not be called when the store fits
+    assert validation.validation_eer(model, spec, str(val), torch.device("cpu")) == pytest.approx(from_audio)

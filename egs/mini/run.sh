@@ -3,7 +3,8 @@
 #   bash egs/mini/run.sh                       # stages 1-5
 #   bash egs/mini/run.sh --stage 3 --stop_stage 3 --train_overrides "train.epochs=2"
 # Stages (the same numbers in every recipe): 1 data preparation (synthetic corpus, MUSAN/RIR lists),
-# 2 features (validate lists, check audio, index lengths), 3 train, 4 embeddings, 5 scoring (and the
+# 2 features (validate lists, check audio, index lengths; the fbank store of every set, which
+# training, validation and extraction read instead of decoding audio), 3 train, 4 embeddings, 5 scoring (and the
 # no-training baseline); optional: 6 average the last checkpoints, 7 large-margin fine-tuning, then
 #   bash egs/mini/run.sh --stage 4 --stop_stage 5 --exp exp/campplus_lm
 # Every stage can be re-run; training resumes from its latest checkpoint.
@@ -15,13 +16,15 @@ help_message="Usage: bash egs/mini/run.sh [--stage N] [--stop_stage N] [--option
 opt stage 1
 opt stop_stage 5
 opt data data                      # corpus and Kaldi data dirs
-opt exp exp/campplus
+opt exp ""                         # default exp/campplus (exp/campplus_augment with --augment true)
 opt config ../../conf/mini_campplus.yaml
 opt hardware cpu                   # profile in conf/hardware/
 opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/mini_finetune_lm.yaml
 opt corpus_opts ""                 # extra generator options, e.g. "--num-train-speakers 50"
+opt augment false                  # true: train from audio with speed perturbation, reverb, noise ...
+opt augment_config ../../conf/mini_augment.yaml  # ... as this overlay of $config says
 opt seed 1234
 opt jobs 2                         # corpus generation processes
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
@@ -29,6 +32,8 @@ opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
+[ "$augment" = true ] || [ "$augment" = false ] || { echo "error: --augment must be true or false, got '$augment'" >&2; exit 2; }
+[ -n "$exp" ] || { exp=exp/campplus; [ "$augment" = false ] || exp=exp/campplus_augment; }
 
 if stage_on 1; then
   log "stage 1: data preparation: synthetic corpus and its MUSAN/RIR lists -> $data"
@@ -39,15 +44,23 @@ if stage_on 1; then
 fi
 
 if stage_on 2; then
-  log "stage 2: features: validate lists, check audio, index lengths; the int16 noise/RIR bank"
+  log "stage 2: features: validate lists, check audio, index lengths; fbank stores; the int16 noise/RIR bank"
   python -m speakerlab.prepare --data "$data/train" --data "$data/val" --data "$data/test"
-  python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; training memory-maps it
+  # Kaldi feats.ark/scp with $config's fbank: training without augmentation (data.feats) crops frames
+  # from it, validation and stage 4 embed from it (a config whose fbank differs recomputes from audio).
+  python -m speakerlab.feature_store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
+  python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
 fi
 
 if stage_on 3; then
-  log "stage 3: train $config -> $exp"
-  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
-    data.train="$data/train" data.val="$data/val" $train_overrides
+  log "stage 3: train $config -> $exp (augment: $augment)"
+  if [ "$augment" = true ]; then
+    launch speakerlab.train --config "$config" --config "$augment_config" --exp-dir "$exp" \
+      --hardware "$hardware" data.train="$data/train" data.val="$data/val" augment.lists="$data/musan_rirs" $train_overrides
+  else
+    launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
+      data.train="$data/train" data.val="$data/val" $train_overrides
+  fi
 fi
 
 if stage_on 4; then

@@ -4,7 +4,9 @@
 #      missing requirements installed into it (your CUDA build of torch is kept);
 #   2. otherwise <repo>/.venv is created. torch==2.13.0 is pinned there because a bare `torch`
 #      requirement would pull the newest build with several GB of CUDA packages.
-# Re-installs only when requirements.txt or pyproject.toml change (a stamp file records them).
+# Recipes install requirements.txt; tests/run.sh sets SPEAKERLAB_REQUIREMENTS=requirements-test.txt
+# (pytest, scipy, onnx, ruff on top). Re-installs only when that file, requirements.txt or
+# pyproject.toml change (a stamp file per requirements file records them).
 
 SPEAKERLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export SPEAKERLAB_ROOT
@@ -24,15 +26,19 @@ else
   export PATH="$SPEAKERLAB_ROOT/.venv/bin:$PATH"
 fi
 
-_sl_want="$(cat "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" | cksum | cut -d' ' -f1)"
-_sl_stamp="$_sl_stamp_dir/.speakerlab-installed"
+_sl_reqs="${SPEAKERLAB_REQUIREMENTS:-requirements.txt}"
+_sl_want="$(cat "$SPEAKERLAB_ROOT/$_sl_reqs" "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" | cksum | cut -d' ' -f1)"
+_sl_stamp="$_sl_stamp_dir/.speakerlab-installed-${_sl_reqs%.txt}"
 if [ "$(cat "$_sl_stamp" 2>/dev/null)" != "$_sl_want" ] || ! "$_sl_python" -c "import speakerlab, torch" 2>/dev/null; then
   if ! "$_sl_python" -c "import torch" 2>/dev/null; then
     _sl_log "installing torch==2.13.0"
     "$_sl_python" -m pip install -q "torch==2.13.0"
   fi
-  _sl_log "installing requirements and speakerlab (editable)"
-  "$_sl_python" -m pip install -q -r "$SPEAKERLAB_ROOT/requirements.txt" -e "$SPEAKERLAB_ROOT"
+  _sl_log "installing $_sl_reqs and speakerlab (editable)"
+  "$_sl_python" -m pip install -q -r "$SPEAKERLAB_ROOT/$_sl_reqs" -e "$SPEAKERLAB_ROOT"
   echo "$_sl_want" > "$_sl_stamp"
+  # Every requirements file includes requirements.txt: the recipes' set is installed too.
+  cat "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" \
+    | cksum | cut -d' ' -f1 > "$_sl_stamp_dir/.speakerlab-installed-requirements"
 fi
-unset _sl_python _sl_stamp_dir _sl_want _sl_stamp
+unset _sl_python _sl_stamp_dir _sl_want _sl_stamp _sl_reqs

@@ -7,18 +7,23 @@ from pathlib import Path
 import torch
 
 from speakerlab.embedder import Embedder
-from speakerlab.extract import embed_data_dir
+from speakerlab.extract import embed_data_dir, embed_feature_store, store_fits
 from speakerlab.features import FeatureSpec
 from speakerlab.score import evaluate
 
 
 def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, device: torch.device) -> float:
     """EER (fraction) of `model` with the inference front-end `spec` on `<val_dir>/trials`, through the
-    same path as extraction; the model is put back in the mode it was in."""
+    same path as extraction (from `<val_dir>/feats.scp` when that store holds the same fbank); the model
+    is put back in the mode it was in."""
     was_training = model.training
     model.eval()
+    embedder = Embedder(model, spec, device, "validation")
     try:
-        ids, emb = embed_data_dir(Embedder(model, spec, device, "validation"), val_dir)
+        if store_fits(embedder, val_dir):
+            ids, emb = embed_feature_store(embedder, val_dir)
+        else:
+            ids, emb = embed_data_dir(embedder, val_dir)
     finally:
         model.train(was_training)
     return evaluate(ids, emb, Path(val_dir) / "trials")[2]
