@@ -40,6 +40,7 @@ import io
 import json
 import os
 import sys
+import tarfile
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -283,15 +284,20 @@ class ShardStream(IterableDataset):
                     yield m
 
             got, stale = first, f"{path} is not the shard {SHARDS_JSON} lists; rewrite the shards"
-            with open(path, "rb") as f:
-                for sample in wds.tariterators.group_by_keys(members(f)):
-                    audio = [k for k in sample if not k.startswith("__") and k != "json"]
-                    if _key_index(sample["__key__"]) != got or len(audio) != 1 or "json" not in sample:
-                        raise ListError(f"{stale} (sample '{sample['__key__']}')")
-                    if json.loads(sample["json"])["utt"] != self.utts[got]:
-                        raise ListError(f"{stale} (sample {got} is not '{self.utts[got]}')")
-                    yield got, audio[0], sample[audio[0]]
-                    got += 1
+            try:
+                with open(path, "rb") as f:
+                    for sample in wds.tariterators.group_by_keys(members(f)):
+                        audio = [k for k in sample if not k.startswith("__") and k != "json"]
+                        if _key_index(sample["__key__"]) != got or len(audio) != 1 or "json" not in sample:
+                            raise ListError(f"{stale} (sample '{sample['__key__']}')")
+                        if json.loads(sample["json"])["utt"] != self.utts[got]:
+                            raise ListError(f"{stale} (sample {got} is not '{self.utts[got]}')")
+                        yield got, audio[0], sample[audio[0]]
+                        got += 1
+            except ListError:
+                raise
+            except (OSError, EOFError, ValueError, tarfile.TarError) as e:  # webdataset appends " @ <file>"
+                raise ListError(f"{path}: unreadable at sample {got}: {str(e).split(' @ ')[0]}") from None
             if got != end:
                 raise ListError(f"{path}: no sample {got}, {SHARDS_JSON} lists up to {end - 1}: a truncated shard")
 
