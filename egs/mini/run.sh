@@ -24,11 +24,15 @@ opt lm_config ../../conf/mini_finetune_lm.yaml
 opt corpus_opts ""                 # extra generator options, e.g. "--num-train-speakers 50"
 opt seed 1234
 opt jobs 2                         # corpus generation processes
+opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
+
+train_data="data.train=$data/train data.val=$data/val"   # stages 3 and 7
+[ "$shards" = true ] && train_data="$train_data data.shards=$data/train/shards"
 
 if stage_on 1; then
   log "stage 1: data preparation: synthetic corpus and its MUSAN/RIR lists -> $data"
@@ -42,12 +46,14 @@ if stage_on 2; then
   log "stage 2: features: validate lists, check audio, index lengths; the int16 noise/RIR bank"
   python -m speakerlab.prepare --data "$data/train" --data "$data/val" --data "$data/test"
   python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; training memory-maps it
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
+    python -m speakerlab.shards --data "$data/train" --out "$data/train/shards"
+  fi
 fi
 
 if stage_on 3; then
   log "stage 3: train $config -> $exp"
-  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
-    data.train="$data/train" data.val="$data/val" $train_overrides
+  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
 fi
 
 if stage_on 4; then
@@ -70,6 +76,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    train.init_from="$exp/checkpoints/avg.pt" data.train="$data/train" data.val="$data/val" $train_overrides
+    train.init_from="$exp/checkpoints/avg.pt" $train_data $train_overrides
 fi
 log "done"
