@@ -26,11 +26,11 @@ the crop's frames, from memory.
 Guarantees. Hold: every rank runs the same number of steps; each utterance is seen at most once per
 epoch (every one, when N divides by G); the batches are a function of (seed, epoch, world size,
 micro batch, accumulation, worker count, buffer size); a run resumed mid-epoch with the same world
-size and worker count sees exactly the batches it would have seen (the skipped micro-batches are
-read from the shards, not decoded). Do not hold, unlike the indexed path (`speakerlab.batches`):
-the same batches on other hardware, another world size or worker count; a resume under another
-world size or worker count is exact in the step and the schedule, but the rest of that epoch's
-samples differ (some utterances may be seen twice in it, others not at all).
+size, micro batch and worker count sees exactly the batches it would have seen (the skipped
+micro-batches are read from the shards, not decoded). Do not hold, unlike the indexed path
+(`speakerlab.batches`): the same batches on other hardware, i.e. another world size, micro batch or
+worker count; a resume after such a change is exact in the step and the schedules, but the rest of
+that epoch's samples differ (some utterances may be seen twice in it, others not at all).
 """
 
 from __future__ import annotations
