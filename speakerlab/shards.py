@@ -80,8 +80,8 @@ def _fresh(index_path: Path, data_root: Path, options: dict) -> bool:
     """shards.json exists, is newer than the lists it was written from, with the same options."""
     if not index_path.is_file():
         return False
-    lists = [data_root / n for n in ("wav.scp", "utt2spk", "utt2num_samples") if (data_root / n).exists()]
-    if any(p.stat().st_mtime_ns >= index_path.stat().st_mtime_ns for p in lists):
+    # Not utt2num_samples: the prepare stage rewrites it at every run, before this one in stage 2.
+    if any((data_root / n).stat().st_mtime_ns >= index_path.stat().st_mtime_ns for n in ("wav.scp", "utt2spk")):
         return False
     try:
         index = json.loads(index_path.read_text())

@@ -17,6 +17,7 @@ import webdataset as wds
 from speakerlab.batches import CropDataset
 from speakerlab.config import ConfigError, load_config
 from speakerlab.lists import ListError
+from speakerlab.prepare import prepare
 from speakerlab.shards import ShardStream, main, write_shards
 from speakerlab.train import main as train_main
 from tests.helpers import make_data_dir, write_wav
@@ -79,7 +80,10 @@ def test_writer_size_limit_rerun_and_cli(tmp_path, capsys):
     assert "nothing to do" in capsys.readouterr().err and (out / "shards.json").stat().st_mtime_ns == stamp
     assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0  # other options: rewritten
     assert [p.name for p in sorted(out.iterdir())] == ["shard-000000.tar", "shards.json"]
-    os.utime(data / "wav.scp")  # newer lists: rewritten too
+    prepare(data)  # writes utt2num_samples anew
+    assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0  # as stage 2 after prepare
+    assert "nothing to do" in capsys.readouterr().err
+    os.utime(data / "wav.scp")  # newer lists: rewritten
     assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0
     assert (out / "shards.json").stat().st_mtime_ns > stamp
     (data / "wav" / "spk.0-utt.0.wav").unlink()
