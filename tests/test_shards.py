@@ -14,6 +14,7 @@ import pytest
 import torch
 import webdataset as wds
 
+from speakerlab.audio import AudioError
 from speakerlab.batches import CropDataset
 from speakerlab.config import ConfigError, load_config
 from speakerlab.lists import ListError
@@ -252,3 +253,17 @@ def test_torchrun_training_on_shards(tmp_path):
     assert "resumed from" in (exp2 / "train.log").read_text()
     a, b = losses(exp), losses(exp2)
     assert sorted(b) == [1, 2, 3, 4] and all(b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6) for k in a)
+
+
+def test_a_sample_that_does_not_decode_is_named_and_skipped_or_stops(tmp_path):
+    """data.on_bad_audio holds for shards too: the item of a sample whose bytes do not decode names
+    `<shard>:<utt>` in `bad` (skip), or its AudioError does (stop)."""
+    data = make_data_dir(tmp_path / "train", {f"s{s}-{u}": f"s{s}" for s in range(2) for u in range(4)}, seconds=0.3)
+    (data / "wav" / "s1-3.wav").write_bytes(b"RIFF, but not a wav file at all" * 40)
+    (data / "utt2num_samples").write_text("".join(f"s{s}-{u} 4800\n" for s in range(2) for u in range(4)))
+    write_shards(data, tmp_path / "shards", per_shard=3, log=lambda m: None)
+    _, batches = epoch(tmp_path / "shards", mb=4, accum=2, skip_bad=True)
+    bad = [why for b in batches for why in b["bad"] if why]
+    assert len(bad) == 1 and bad[0].startswith(f"{tmp_path / 'shards'}/shard-") and ".tar:s1-3: " in bad[0]
+    with pytest.raises(AudioError, match=r"shard-\d+\.tar:s1-3: cannot read audio"):
+        epoch(tmp_path / "shards", mb=4, accum=2)
