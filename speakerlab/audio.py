@@ -6,7 +6,7 @@ Training expects 16 kHz mono; other rates or channel counts raise `AudioError` n
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import BinaryIO, Optional, Tuple, Union
 
 import numpy as np
 import soundfile as sf
@@ -80,7 +80,12 @@ FLOAT_SUBTYPES = ("FLOAT", "DOUBLE")
 
 
 def read_crop_int16(
-    path: str, num_samples: int, total: int, rng: np.random.Generator, sample_rate: int = 16000
+    path: Union[str, BinaryIO],
+    num_samples: int,
+    total: int,
+    rng: np.random.Generator,
+    sample_rate: int = 16000,
+    name: Optional[str] = None,
 ) -> Tuple[np.ndarray, bool]:
     """`read_crop` (same draw, same repetition of short files) as `(num_samples,)` int16, and whether
     the samples were finite.
@@ -88,12 +93,14 @@ def read_crop_int16(
     PCM files are read as int16 directly, with no float round trip. Float files are read as float32
     and rounded to int16 (clipped to full scale); NaN or inf has no int16 value, so it is reported
     as `finite` False instead, for the training step to turn that row non-finite and name the file.
+    `path` may be an open binary file (a tar member's bytes); errors then name `name`.
     """
+    label = name or path
     try:
         with sf.SoundFile(path) as f:
             if f.samplerate != sample_rate or f.channels != 1:
                 raise AudioError(
-                    f"{path}: expected {sample_rate} Hz mono, got {f.samplerate} Hz x {f.channels} channels"
+                    f"{label}: expected {sample_rate} Hz mono, got {f.samplerate} Hz x {f.channels} channels"
                 )
             is_float = f.subtype in FLOAT_SUBTYPES
             dtype = "float32" if is_float else "int16"
@@ -103,18 +110,18 @@ def read_crop_int16(
                 wave = f.read(num_samples, dtype=dtype)
                 if wave.shape[0] != num_samples:  # header claimed more frames than the file holds
                     raise AudioError(
-                        f"{path}: truncated file, read {wave.shape[0]} of {num_samples} samples at {start}"
+                        f"{label}: truncated file, read {wave.shape[0]} of {num_samples} samples at {start}"
                     )
             else:
                 wave = f.read(dtype=dtype)
                 if wave.shape[0] == 0:
-                    raise AudioError(f"{path}: empty audio file")
+                    raise AudioError(f"{label}: empty audio file")
                 start = int(rng.integers(0, wave.shape[0]))  # random phase of the repetition
                 wave = np.tile(wave, -(-num_samples // wave.shape[0]) + 1)[start : start + num_samples]
     except AudioError:
         raise
     except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
-        raise AudioError(f"{path}: cannot read audio: {e}") from None
+        raise AudioError(f"{label}: cannot read audio: {e}") from None
     if not is_float:
         return wave, True
     finite = bool(np.isfinite(wave).all())

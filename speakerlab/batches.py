@@ -11,7 +11,7 @@ per-item generator, so augmented samples keep that guarantee.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from speakerlab.augment import Augmenter, Draw
 from speakerlab.speed import factor_classes, input_length
 
 Item = Tuple[int, int]  # (utterance index, crop seed)
+CropReader = Callable[[int, np.random.Generator], Tuple[np.ndarray, bool]]  # (samples, rng) -> (int16 crop, finite)
 
 
 class CropDataset(Dataset):
@@ -64,6 +65,16 @@ class CropDataset(Dataset):
 
     def __getitem__(self, item: Item) -> Dict[str, object]:
         index, crop_seed = item
+
+        def read(num_samples: int, rng: np.random.Generator) -> Tuple[np.ndarray, bool]:
+            return read_crop_int16(self.paths[index], num_samples, self.lengths[index], rng, self.sample_rate)
+
+        return self.crop_item(index, crop_seed, read)
+
+    def crop_item(self, index: int, crop_seed, read: CropReader) -> Dict[str, object]:
+        """The item of utterance `index` whose crop `read(num_samples, rng) -> (int16 (num_samples,), finite)`
+        reads (from its file here; from a tar shard's bytes in `speakerlab.shards`); `crop_seed` is
+        anything `np.random.default_rng` takes. One function for both, so both draw alike."""
         rng = np.random.default_rng(crop_seed)
         speed = 0
         if self.speed_prob > 0 and rng.random() < self.speed_prob:
@@ -72,7 +83,7 @@ class CropDataset(Dataset):
         wave = np.zeros(self.read_samples, dtype=np.int16)
         bad = ""
         try:
-            wave[:need], finite = read_crop_int16(self.paths[index], need, self.lengths[index], rng, self.sample_rate)
+            wave[:need], finite = read(need, rng)
         except AudioError as e:
             if not self.skip_bad:
                 raise

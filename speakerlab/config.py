@@ -77,6 +77,9 @@ class DataSettings:
     # skip: the row leaves its batch, counted and named in the log; stop: the run ends (checkpoints intact)
     max_bad_audio: int = setting(100, ge=0)  # skip: stop anyway past this many failed reads (a lost mount,
     # not a few broken files)
+    shards: Optional[str] = None  # stream tar shards of data.train from this dir (python -m speakerlab.shards);
+    # data.train's lists must be those the shards were written from; its audio is not read
+    shuffle_buffer: int = setting(1000, ge=1)  # data.shards: samples each loader worker shuffles among
 
 
 @dataclass
@@ -190,6 +193,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "config key 'data.feats': stored features cannot be augmented; "
             "unset augment.lists and set augment.speed_prob to 0"
+        )
+    if cfg.data.shards and cfg.data.feats:
+        raise ConfigError(
+            "config key 'data.shards': tar shards hold audio, stored features are read from data.train; "
+            "set one of data.shards and data.feats"
         )
     if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
         raise ConfigError(

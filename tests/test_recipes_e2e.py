@@ -11,6 +11,7 @@ put first on PATH decodes them to the 16 kHz wav the recipe asks for (test id `[
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -149,7 +150,7 @@ def options(**values) -> List[str]:
     return [arg for name, value in values.items() for arg in (f"--{name}", str(value))]
 
 
-def stage_1_2(recipe: str, tmp_path: Path, musan_rirs: str, env: dict) -> subprocess.CompletedProcess:
+def stage_1_2(recipe: str, tmp_path: Path, musan_rirs: str, env: dict, **more) -> subprocess.CompletedProcess:
     """Data preparation and features from the archives in tmp_path/have, as a user with the archives on disk."""
     args = options(
         stage=1,
@@ -161,13 +162,14 @@ def stage_1_2(recipe: str, tmp_path: Path, musan_rirs: str, env: dict) -> subpro
         data=tmp_path / "data",
         jobs=1,
         musan_rirs=musan_rirs,
+        **more,
     )
     r = run_recipe(recipe, *args, env=env, log=tmp_path / "stage_1_2")
     stages_logged(r, (1, 2))
     return r
 
 
-def stage_3_5(recipe: str, tmp_path: Path, musan_rirs: str, env: dict) -> subprocess.CompletedProcess:
+def stage_3_5(recipe: str, tmp_path: Path, musan_rirs: str, env: dict, **more) -> subprocess.CompletedProcess:
     """Training with the tiny config on CPU, embeddings and scoring."""
     args = options(
         stage=3,
@@ -177,6 +179,7 @@ def stage_3_5(recipe: str, tmp_path: Path, musan_rirs: str, env: dict) -> subpro
         exp=tmp_path / "exp",
         data=tmp_path / "data",
         musan_rirs=musan_rirs,
+        **more,
     )
     return run_recipe(recipe, *args, env=env, log=tmp_path / "stage_3_5")
 
@@ -395,12 +398,17 @@ def cnceleb_from_synth(corpus: Path):
 
 
 def test_cnceleb_recipe_end_to_end(corpus, tmp_path):
-    """cn-celeb2_v2.tar.gz as its published parts in --archive_dir; one trial list."""
+    """cn-celeb2_v2.tar.gz as its published parts in --archive_dir; one trial list; training from the tar
+    shards that stage 2 writes with --shards true."""
     blobs, train_utts, eval_utts, trials = cnceleb_from_synth(corpus)
     serve(tmp_path / "have", {k: v for k, v in blobs.items() if k != "cn-celeb2_v2.tar.gz"})
     env = recipe_env(**THREADS)
-    stage_1_2("cnceleb", tmp_path, "false", env)
+    stage_1_2("cnceleb", tmp_path, "false", env, shards="true")
     data = tmp_path / "data"
     check_prepared(data, "cnceleb_train", "cnceleb_eval", train_utts, eval_utts, trials)
-    r = stage_3_5("cnceleb", tmp_path, "false", env)
+    index = json.loads((data / "cnceleb_train" / "shards" / "shards.json").read_text())
+    assert sorted(index["utts"]) == sorted(train_utts)
+    r = stage_3_5("cnceleb", tmp_path, "false", env, shards="true")
+    assert train_config(tmp_path)["data"]["shards"] == str(data / "cnceleb_train" / "shards")
+    assert f"training data {data / 'cnceleb_train' / 'shards'}:" in (tmp_path / "exp" / "train.log").read_text()
     check_scored(r, data, tmp_path / "exp", "cnceleb_eval", eval_utts, trials)

@@ -28,6 +28,7 @@ opt exp exp/campplus
 opt config ../../conf/cnceleb_campplus.yaml
 opt hardware auto                  # profile in conf/hardware/
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
 opt average_last 10                # stage 6: epoch checkpoints averaged into $exp/checkpoints/avg.pt
@@ -37,10 +38,11 @@ opt lm_config ../../conf/finetune_lm.yaml   # stage 7: large-margin fine-tuning 
 . ../tools/env.sh
 
 # Training data of stages 3 and 7: the training set, the validation set when given, and the
-# MUSAN/RIR lists of stage 1 (or no augmentation).
+# MUSAN/RIR lists of stage 1 (or no augmentation); with --shards true, the tar shards of stage 2.
 aug="augment.lists=null"
 [ "$musan_rirs" = true ] && aug="augment.lists=$data/musan_rirs"
 train_data="data.train=$data/$train_set ${val_set:+data.val=$data/$val_set} $aug"
+[ "$shards" = true ] && train_data="$train_data data.shards=$data/$train_set/shards"
 
 if stage_on 1; then
   log "stage 1: data preparation: CN-Celeb1, CN-Celeb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $data"
@@ -60,6 +62,9 @@ if stage_on 2; then
   python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
   if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
     python -m speakerlab.noise_bank --lists "$data/musan_rirs"
+  fi
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
+    python -m speakerlab.shards --data "$data/$train_set" --out "$data/$train_set/shards"
   fi
 fi
 

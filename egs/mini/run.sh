@@ -27,6 +27,7 @@ opt augment false                  # true: train from audio with speed perturbat
 opt augment_config ../../conf/mini_augment.yaml  # ... as this overlay of $config says
 opt seed 1234
 opt jobs 2                         # corpus generation processes
+opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 
@@ -35,11 +36,15 @@ opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 [ "$augment" = true ] || [ "$augment" = false ] || { echo "error: --augment must be true or false, got '$augment'" >&2; exit 2; }
 [ -n "$exp" ] || { exp=exp/campplus; [ "$augment" = false ] || exp=exp/campplus_augment; }
 
+train_data="data.train=$data/train data.val=$data/val"   # stages 3 and 7
+# Shards hold audio: training from them reads no fbank store.
+[ "$shards" = true ] && train_data="$train_data data.shards=$data/train/shards data.feats=false"
+
 if stage_on 1; then
   log "stage 1: data preparation: synthetic corpus and its MUSAN/RIR lists -> $data"
   python -m speakerlab.synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts
   # The corpus has MUSAN/RIRS_NOISES-shaped noise (fewer files than the real sets: count warnings are
-  # expected). Training augments with them only when asked: --train_overrides "augment.lists=$data/musan_rirs".
+  # expected). Training augments with them only when asked: --augment true.
   python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$data" --out "$data/musan_rirs"
 fi
 
@@ -50,16 +55,18 @@ if stage_on 2; then
   # from it, validation and stage 4 embed from it (a config whose fbank differs recomputes from audio).
   python -m speakerlab.feature_store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
   python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
+    python -m speakerlab.shards --data "$data/train" --out "$data/train/shards"
+  fi
 fi
 
 if stage_on 3; then
   log "stage 3: train $config -> $exp (augment: $augment)"
   if [ "$augment" = true ]; then
-    launch speakerlab.train --config "$config" --config "$augment_config" --exp-dir "$exp" \
-      --hardware "$hardware" data.train="$data/train" data.val="$data/val" augment.lists="$data/musan_rirs" $train_overrides
+    launch speakerlab.train --config "$config" --config "$augment_config" --exp-dir "$exp" --hardware "$hardware" \
+      $train_data augment.lists="$data/musan_rirs" $train_overrides
   else
-    launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" \
-      data.train="$data/train" data.val="$data/val" $train_overrides
+    launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
   fi
 fi
 
@@ -83,6 +90,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    train.init_from="$exp/checkpoints/avg.pt" data.train="$data/train" data.val="$data/val" $train_overrides
+    train.init_from="$exp/checkpoints/avg.pt" $train_data $train_overrides
 fi
 log "done"

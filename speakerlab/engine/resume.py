@@ -93,6 +93,8 @@ SCHEDULE_KEYS = (
     "loss.name",
     "data.train",
     "data.crop_seconds",
+    "data.shards",
+    "data.shuffle_buffer",
     "train.global_batch_size",
     "train.epochs",
     "train.seed",

@@ -8,7 +8,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.prepare import index_lengths
+from speakerlab.shards import ShardStream, load_shard_data, shard_loader
 from speakerlab.speed import speed_speaker_names
 
 
@@ -190,6 +191,8 @@ def make_loader(
     pin_memory: bool,
     augmenter: Optional[Augmenter] = None,
 ):
+    if cfg.data.shards:  # a stream of tar shards: its own batches, and the run's sampler
+        return shard_loader(cfg, plan, info, pin_memory, augmenter)
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     dataset = (
         CropDataset(
@@ -301,7 +304,7 @@ class Run:
     scaler: torch.amp.GradScaler
     frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, fbank
     loader: torch.utils.data.DataLoader
-    sampler: GlobalBatchSampler
+    sampler: Union[GlobalBatchSampler, ShardStream]  # set_epoch(epoch, start_step), steps_per_epoch
     plan: BatchPlan
     monitor: Monitor
     speakers: List[str]  # the classifier's classes (sped-up copies included)
@@ -326,7 +329,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     seed_everything(cfg.train.seed)
     with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
         log = monitor.log if info.is_main else (lambda m: None)
-        data = load_train_data(cfg, log)
+        data = load_shard_data(cfg, log) if cfg.data.shards else load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
