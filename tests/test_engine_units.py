@@ -41,8 +41,22 @@ def test_precision_gets_device_type_from_any_device_string():
     assert p.grad_scaler()._device == "cpu"
 
 
-def test_precision_resolution_on_cpu():
-    assert resolve_precision("auto", "cpu").name == "fp32"
+def test_precision_resolution_on_cpu(tmp_path, monkeypatch):
+    from speakerlab.engine import precision
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f\n")
+    assert precision.cpu_bf16_instructions(str(info)) is None
+    assert precision.cpu_bf16_instructions(str(tmp_path / "absent")) is None
+    info.write_text("processor : 0\nflags : fpu avx512f avx512_bf16\n")
+    flag = precision.cpu_bf16_instructions(str(info))
+    assert flag == "avx512_bf16"
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: None)
+    p = resolve_precision("auto", "cpu")
+    assert p.name == "fp32" and "no bf16 instructions" in p.describe()
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: flag)
+    p = resolve_precision("auto", "cpu")
+    assert p.name == "bf16" and p.describe() == "precision bf16 on cpu (auto: the CPU has avx512_bf16)"
     p = resolve_precision("bf16", "cpu")
     assert p.dtype == torch.bfloat16 and p.device_type == "cpu" and not p.use_scaler
     with p.autocast():
