@@ -71,6 +71,27 @@ def test_mini_recipe_end_to_end(tmp_path):
     r2 = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stage", "2", "--stop_stage", "5")
     assert "training done: 2 epochs" in r2.stderr
     assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
+    # Training read the fbank store of stage 2; --augment true trains from the audio with speed
+    # perturbation (3x classes), reverberation and noise from the bank instead.
+    assert (tmp_path / "data" / "train" / "feats.scp").exists() and "feature store" in r.stdout + r.stderr
+    aug = tmp_path / "exp_aug"
+    r3 = run_recipe(
+        tmp_path,
+        "--train_overrides",
+        train,
+        "--stage",
+        "3",
+        "--stop_stage",
+        "5",
+        "--augment",
+        "true",
+        "--exp",
+        str(aug),
+    )
+    log = (aug / "train.log").read_text()
+    assert "augmentation with probability 0.6" in log and "reverb (" in log and "babble (" in log
+    assert "speed perturbation with probability 0.6667, factors [0.9, 1.0, 1.1]; 18 classes" in log
+    assert re.search(r"EER (\d+\.\d+)%", r3.stdout) and (aug / "scores" / "test.result").exists()
 
 
 def test_recipe_rejects_unknown_option(tmp_path):

@@ -332,6 +332,12 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         data = load_shard_data(cfg, log) if cfg.data.shards else load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
+    if cfg.augment.speed_prob > 0:
+        new = len(speakers) > len(data.speakers)
+        monitor.log(
+            f"speed perturbation with probability {cfg.augment.speed_prob:g}, factors {cfg.augment.speed_factors}; "
+            f"{len(speakers)} classes{' (sped-up copies are new speakers)' if new else ''}"
+        )
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
     fbank = make_fbank(cfg, device)
     frontend = build_frontend(cfg, fbank, len(data.speakers))
