@@ -116,9 +116,12 @@ class SeparableResBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.bn1(F.relu(self.conv1pw(self.conv1(x))))
+        # In place where autograd allows (conv and BN backward need their inputs, not their outputs):
+        # two fewer full-size tensors per block, 5-8% of B3-B6's CPU fwd+bwd (bench/models.py).
+        out = self.bn1(F.relu(self.conv1pw(self.conv1(x)), inplace=True))
         out = self.bn2(self.conv2pw(self.conv2(out)))
-        return F.relu(out + x)
+        out += x
+        return F.relu(out, inplace=True)
 
 
 class Block2d(nn.Module):
