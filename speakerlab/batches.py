@@ -138,6 +138,15 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     }
 
 
+def check_split(global_batch: int, micro_batch: int, accumulation: int, world_size: int) -> None:
+    """A global batch is world size x accumulation x micro batch, exactly (both batch orders need it)."""
+    if micro_batch * accumulation * world_size != global_batch:
+        raise ValueError(
+            f"global batch {global_batch} != micro batch {micro_batch} x accumulation "
+            f"{accumulation} x world size {world_size}"
+        )
+
+
 class GlobalBatchSampler(Sampler[List[Item]]):
     """Yields this rank's micro-batches, `accumulation` per optimizer step, for one epoch.
 
@@ -156,11 +165,7 @@ class GlobalBatchSampler(Sampler[List[Item]]):
         world_size: int = 1,
         seed: int = 0,
     ):
-        if micro_batch * accumulation * world_size != global_batch:
-            raise ValueError(
-                f"global batch {global_batch} != micro batch {micro_batch} x accumulation "
-                f"{accumulation} x world size {world_size}"
-            )
+        check_split(global_batch, micro_batch, accumulation, world_size)
         if num_items < global_batch:
             raise ValueError(f"{num_items} training utterances are fewer than one global batch ({global_batch})")
         self.num_items, self.global_batch = num_items, global_batch

@@ -50,7 +50,7 @@ from torch.utils.data import IterableDataset
 
 from speakerlab.audio import audio_info, read_crop_int16
 from speakerlab.augment import Augmenter
-from speakerlab.batches import CropDataset, collate
+from speakerlab.batches import CropDataset, check_split, collate
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
 
@@ -210,11 +210,7 @@ class ShardStream(IterableDataset):
         shuffle_buffer: int = 1000,
         **crop,  # CropDataset's crop_samples, sample_rate, augment, speed_factors, speed_prob, skip_bad
     ):
-        if micro_batch * accumulation * world_size != global_batch:
-            raise ValueError(
-                f"global batch {global_batch} != micro batch {micro_batch} x accumulation "
-                f"{accumulation} x world size {world_size}"
-            )
+        check_split(global_batch, micro_batch, accumulation, world_size)
         self.root = Path(shard_dir)
         index, where = load_index(self.root), self.root / SHARDS_JSON
         if index["total"] < global_batch:
