@@ -24,7 +24,7 @@ FAKE_3DSPEAKER = {
 import torch.nn as nn
 
 class CAMPPlus(nn.Module):
-    def __init__(self, feat_dim, embedding_size):
+    def __init__(self, feat_dim, embedding_size, memory_efficient=True):  # the 3D-Speaker signature
         super().__init__()
         self.linear = nn.Linear(feat_dim, embedding_size)
 
