@@ -222,14 +222,15 @@ def embed_data_dir(
 
 
 def embed_feature_store(
-    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0
+    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, store=None
 ) -> Tuple[List[str], np.ndarray]:
     """Like `embed_data_dir`, from `<data_dir>/feats.scp` (python -m speakerlab.feature_store) instead of
-    the audio; the store's fbank options must be the checkpoint's (else an error naming the option)."""
+    the audio; the store's fbank options must be the checkpoint's (else an error naming the option).
+    `store`: that store already opened (`fitting_store`), else it is opened here."""
     from speakerlab.feature_store import FeatureStore  # kaldiio only when the store is used
 
     data = load_data_dir(data_dir, need_speakers=False)
-    store = FeatureStore(data_dir, embedder.spec.fbank)
+    store = store if store is not None else FeatureStore(data_dir, embedder.spec.fbank)
     emb = embedder.embed_features([store[u] for u in data.utts], max_batch, pad_ratio)
     check_finite([f"{data.root / 'feats.scp'}: {u}" for u in data.utts], emb)
     return data.utts, emb
@@ -290,10 +291,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         embedder = load_embedder(args.checkpoint, device=device)
-        if args.feats == "yes" or (
-            args.feats == "auto" and store_fits(embedder, args.data, lambda m: print(m, file=sys.stderr))
-        ):
-            ids, emb = embed_feature_store(embedder, args.data, args.batch_size, args.pad_ratio)
+        store = None
+        if args.feats == "auto":
+            store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr))
+        if args.feats == "yes" or store is not None:
+            ids, emb = embed_feature_store(embedder, args.data, args.batch_size, args.pad_ratio, store)
         else:
             result = _stream(embedder, args, rank, world)
             if result is None:  # not rank 0: its shards are done
@@ -311,20 +313,21 @@ def main(argv=None) -> int:
     return 0
 
 
-def store_fits(embedder: Embedder, data_dir, log: Optional[Callable[[str], None]] = None) -> bool:
-    """An offline feature store exists in `data_dir` and holds the checkpoint's fbank (`log` says which)."""
+def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], None]] = None):
+    """The offline feature store of `data_dir` (a `FeatureStore`) when it exists and holds the
+    checkpoint's fbank, else None; `log` says which."""
     if not (Path(data_dir) / "feats.scp").exists():
-        return False
+        return None
     from speakerlab.feature_store import FeatureStore
 
     say = log or (lambda m: None)
     try:
-        FeatureStore(data_dir, embedder.spec.fbank)
+        store = FeatureStore(data_dir, embedder.spec.fbank)
     except (ValueError, ListError) as e:
         say(f"extract: not using the feature store of {data_dir}: {e}")
-        return False
+        return None
     say(f"extract: fbank from the feature store {Path(data_dir) / 'feats.scp'}")
-    return True
+    return store
 
 
 def _stream(embedder: Embedder, args, rank: int, world: int):

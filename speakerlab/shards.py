@@ -49,7 +49,6 @@ import torch
 from torch.utils.data import IterableDataset
 
 from speakerlab.audio import audio_info, read_crop_int16
-from speakerlab.augment import Augmenter
 from speakerlab.batches import CropDataset, check_split, collate
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.prepare import index_lengths
@@ -334,10 +333,11 @@ class ShardStream(IterableDataset):
                 yield collate([self._item(index, data) for index, _, data in batch])
 
 
-def load_shard_data(cfg, log) -> DataDir:
+def load_shard_data(settings, log) -> DataDir:
     """The lists of `data.train` (not its audio: the shards hold it), checked against `data.shards`'
-    index: the same utterances of the same speakers, else the shards are stale."""
-    data, index = load_data_dir(cfg.data.train), load_index(cfg.data.shards)
+    index: the same utterances of the same speakers, else the shards are stale. `settings`: the
+    config's data section (speakerlab.config.DataSettings)."""
+    data, index = load_data_dir(settings.train), load_index(settings.shards)
     spk = index["speakers"]
     if (
         spk != data.speakers
@@ -345,43 +345,18 @@ def load_shard_data(cfg, log) -> DataDir:
         or any(data.utt2spk.get(u) != spk[i] for u, i in zip(index["utts"], index["labels"]))
     ):
         raise ListError(
-            f"{Path(cfg.data.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
+            f"{Path(settings.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
             f"written from the lists of config key 'data.train' ({data.root}: {len(data.utts)} utterances, "
             f"{len(data.speakers)} speakers); rewrite them: python -m speakerlab.shards --data {data.root} "
-            f"--out {cfg.data.shards}"
+            f"--out {settings.shards}"
         )
-    log(f"training data {cfg.data.shards}: {index['total']} utterances, {len(spk)} speakers in shards")
+    log(f"training data {settings.shards}: {index['total']} utterances, {len(spk)} speakers in shards")
     return data
 
 
-def _identity(batch):  # the stream collates: the loader passes its batches on (module level: picklable)
+def pass_batch(batch):
+    """The loader's collate_fn for a ShardStream, which collates itself (module level: picklable)."""
     return batch
-
-
-def shard_loader(cfg, plan, info, pin_memory: bool, augmenter: Optional[Augmenter] = None):
-    """(DataLoader, ShardStream) of `data.shards` for this rank; the stream is the run's sampler."""
-    stream = ShardStream(
-        cfg.data.shards,
-        plan.global_batch,
-        plan.per_device,
-        plan.accumulation,
-        info.rank,
-        info.world_size,
-        cfg.train.seed,
-        cfg.data.shuffle_buffer,
-        crop_samples=int(round(cfg.data.crop_seconds * cfg.data.sample_rate)),
-        sample_rate=cfg.data.sample_rate,
-        augment=augmenter,
-        speed_factors=cfg.augment.speed_factors,
-        speed_prob=cfg.augment.speed_prob,
-        skip_bad=cfg.data.on_bad_audio == "skip",  # a sample that does not decode leaves its batch
-    )
-    hw = cfg.hardware
-    extra = {"prefetch_factor": hw.prefetch_factor, "persistent_workers": False} if hw.num_workers > 0 else {}
-    loader = torch.utils.data.DataLoader(
-        stream, batch_size=None, num_workers=hw.num_workers, pin_memory=pin_memory, collate_fn=_identity, **extra
-    )
-    return loader, stream
 
 
 def main(argv=None) -> int:

@@ -26,8 +26,10 @@ else
   export PATH="$SPEAKERLAB_ROOT/.venv/bin:$PATH"
 fi
 
+# The stamp of a requirements file: its checksum with requirements.txt and pyproject.toml.
+_sl_sum() { cat "$SPEAKERLAB_ROOT/$1" "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" | cksum | cut -d' ' -f1; }
 _sl_reqs="${SPEAKERLAB_REQUIREMENTS:-requirements.txt}"
-_sl_want="$(cat "$SPEAKERLAB_ROOT/$_sl_reqs" "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" | cksum | cut -d' ' -f1)"
+_sl_want="$(_sl_sum "$_sl_reqs")"
 _sl_stamp="$_sl_stamp_dir/.speakerlab-installed-${_sl_reqs%.txt}"
 if [ "$(cat "$_sl_stamp" 2>/dev/null)" != "$_sl_want" ] || ! "$_sl_python" -c "import speakerlab, torch" 2>/dev/null; then
   if ! "$_sl_python" -c "import torch" 2>/dev/null; then
@@ -40,7 +42,7 @@ if [ "$(cat "$_sl_stamp" 2>/dev/null)" != "$_sl_want" ] || ! "$_sl_python" -c "i
   "$_sl_python" -m pip install -q --no-compile -r "$SPEAKERLAB_ROOT/$_sl_reqs" -e "$SPEAKERLAB_ROOT"
   echo "$_sl_want" > "$_sl_stamp"
   # Every requirements file includes requirements.txt: the recipes' set is installed too.
-  cat "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/requirements.txt" "$SPEAKERLAB_ROOT/pyproject.toml" \
-    | cksum | cut -d' ' -f1 > "$_sl_stamp_dir/.speakerlab-installed-requirements"
+  _sl_sum requirements.txt > "$_sl_stamp_dir/.speakerlab-installed-requirements"
 fi
 unset _sl_python _sl_stamp_dir _sl_want _sl_stamp _sl_reqs
+unset -f _sl_sum

@@ -31,7 +31,7 @@ from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.prepare import index_lengths
-from speakerlab.shards import ShardStream, load_shard_data, shard_loader
+from speakerlab.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.speed import speed_speaker_names
 
 
@@ -191,38 +191,33 @@ def make_loader(
     pin_memory: bool,
     augmenter: Optional[Augmenter] = None,
 ):
-    if cfg.data.shards:  # a stream of tar shards: its own batches, and the run's sampler
-        return shard_loader(cfg, plan, info, pin_memory, augmenter)
+    """(DataLoader, sampler) of this rank: crops of the indexed lists, of the feature store, or a stream
+    of tar shards (which batches itself and is the run's sampler)."""
     crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
-    dataset = (
-        CropDataset(
-            [data.wav[u] for u in data.utts],
-            [spk2idx[data.utt2spk[u]] for u in data.utts],
-            [data.num_samples[u] for u in data.utts],
-            crop,
-            cfg.data.sample_rate,
-            augmenter,
-            cfg.augment.speed_factors,
-            cfg.augment.speed_prob,
-            skip_bad=cfg.data.on_bad_audio == "skip",
-        )
-        if not cfg.data.feats
-        else feature_dataset(cfg, data, spk2idx, crop)
-    )
-    sampler = GlobalBatchSampler(
-        len(dataset), plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed
+    cropping = dict(  # how every audio item is drawn and read, indexed or from shards
+        crop_samples=crop,
+        sample_rate=cfg.data.sample_rate,
+        augment=augmenter,
+        speed_factors=cfg.augment.speed_factors,
+        speed_prob=cfg.augment.speed_prob,
+        skip_bad=cfg.data.on_bad_audio == "skip",
     )
     hw = cfg.hardware
-    extra = {"prefetch_factor": hw.prefetch_factor, "persistent_workers": False} if hw.num_workers > 0 else {}
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=hw.num_workers,
-        pin_memory=pin_memory,
-        collate_fn=collate_feats if cfg.data.feats else collate,
-        **extra,
-    )
-    return loader, sampler
+    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory)
+    if hw.num_workers > 0:
+        workers.update(prefetch_factor=hw.prefetch_factor, persistent_workers=False)
+    split = (plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed)
+    if cfg.data.shards:
+        stream = ShardStream(cfg.data.shards, *split, cfg.data.shuffle_buffer, **cropping)
+        return torch.utils.data.DataLoader(stream, batch_size=None, collate_fn=pass_batch, **workers), stream
+    if cfg.data.feats:
+        dataset = feature_dataset(cfg, data, spk2idx, crop)
+    else:
+        paths, labels = [data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts]
+        dataset = CropDataset(paths, labels, [data.num_samples[u] for u in data.utts], **cropping)
+    sampler = GlobalBatchSampler(len(dataset), *split)
+    collate_fn = collate_feats if cfg.data.feats else collate
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **workers), sampler
 
 
 def choose_plan(
@@ -329,7 +324,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     seed_everything(cfg.train.seed)
     with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
         log = monitor.log if info.is_main else (lambda m: None)
-        data = load_shard_data(cfg, log) if cfg.data.shards else load_train_data(cfg, log)
+        data = load_shard_data(cfg.data, log) if cfg.data.shards else load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
     if cfg.augment.speed_prob > 0:
