@@ -12,8 +12,8 @@ training samples/s at batch 64 x 200 frames in bf16 autocast and in fp32 (TF32 o
 is part of this project), recognised by its layout: a 3D-Speaker checkout has speakerlab/models/,
 the official ReDimNet2 code (PalabraAI/redimnet2) has redimnet2/redimnet2.py; any other directory,
 or two of the same kind, is a usage error naming it. Each model REFERENCE lists is then also built
-from the reference class and timed in the same run on the same input tensor, interleaved with ours
-so machine noise hits both alike; the table gains the reference's time and the ratio ours/reference,
+from the reference class and timed in the same run on the same input tensor, interleaved with ours in
+alternating order so machine noise hits both alike; the table gains the reference's time and the ratio ours/reference,
 and a note per model gives the reference's class, parameters and GMACs next to ours (like with like).
 
 - 3D-Speaker: the class with the arguments in REFERENCE, taking (B, T, 80) fbank like ours.
@@ -132,7 +132,8 @@ def _3dspeaker(module, cls, **kwargs) -> Reference:
     return Reference("3D-Speaker", module, cls, kwargs)
 
 
-def _redimnet2(size) -> Reference:
+def redimnet2_reference(size) -> Reference:
+    """The official `ReDimNet2Wrap` of one fixture (`tests/data/redimnet2/<size>.json`), taking our (B, T, 72)."""
     return Reference(
         "ReDimNet2",
         "redimnet2.redimnet2",
@@ -165,7 +166,7 @@ REFERENCE = {
         channels=[1024, 1024, 1024, 1024, 3072],
     ),
     "resnet34": _3dspeaker("speakerlab.models.resnet.ResNet", "ResNet", feat_dim=80, embedding_size=192, m_channels=32),
-    **{f"redimnet2_b{i}": _redimnet2(f"b{i}") for i in range(7)},
+    **{f"redimnet2_b{i}": redimnet2_reference(f"b{i}") for i in range(7)},
 }
 
 
@@ -313,6 +314,11 @@ def reference_model(name, roots: dict):
     ref = REFERENCE.get(name)
     if ref is None:
         return None, "n/a, bench/models.py's REFERENCE lists no counterpart"
+    return build_reference(ref, roots)
+
+
+def build_reference(ref: Reference, roots: dict):
+    """`(model, note)` for one Reference, as `reference_model` describes."""
     project = PROJECTS[ref.project]
     root = roots.get(project.name)
     if root is None:
@@ -405,9 +411,13 @@ def main(argv=None) -> int:
                 notes.append(f"# reference {name}: failed: {reason}")
         fwd_bwd(model, x)
         ours, theirs = [], []
-        for _ in range(args.repeats):  # interleaved: drifting machine load hits both alike
+        # Interleaved, so drifting machine load hits both alike, and in alternating order (ours first on
+        # even repeats, the reference first on odd ones), so neither always runs right after the other.
+        for i in range(args.repeats):
+            if ref is not None and i % 2:
+                theirs.append(fwd_bwd(ref, x))
             ours.append(fwd_bwd(model, x))
-            if ref is not None:
+            if ref is not None and not i % 2:
                 theirs.append(fwd_bwd(ref, x))
         row = f"{name:<20}{params:>12,}{gmacs:>11.2f}{statistics.median(ours):>15.3f}"
         if roots:

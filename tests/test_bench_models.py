@@ -1,12 +1,13 @@
 """bench/models.py's reference handling, on tiny fake checkouts laid out like 3D-Speaker and PalabraAI/redimnet2.
 
 Nothing of the real reference code is used: each fake root holds a few lines with the real module and class
-names. Our models are replaced by a tiny one in `main`, so the whole file runs in about a second.
+names. Our models are replaced by a tiny one in `main`, so the whole file runs in seconds.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -170,3 +171,48 @@ def test_failing_reference_says_failed_and_why(bm, roots, monkeypatch, capsys):
     )
     assert any(line.startswith("# reference campplus: failed:") and "ModuleNotFoundError" in line for line in lines)
     assert sys.modules.get("torchaudio") is torchaudio_before
+
+
+# A stand-in for the official ReDimNet2Wrap built from our own model, so the real state-dict layout loads.
+OURS_AS_REDIMNET2 = """
+import torch.nn as nn
+from speakerlab.models.redimnet2 import ReDimNet2, redimnet2_kwargs
+
+class ReDimNet2Wrap(ReDimNet2):
+    def __init__(self, **settings):
+        super().__init__(**redimnet2_kwargs(settings))
+        self.spec = nn.Identity()
+
+    def forward(self, x):  # (B, 72, T) after the front-end, as the official body takes it
+        return super().forward(self.spec(x).transpose(1, 2))
+"""
+
+
+def test_float64_reference_script_writes_the_official_embedding(tmp_path, capsys):
+    """bench/redimnet2_float64.py: fill rule, strict load, float64 calibration, output layout."""
+    from tests.test_redimnet2 import calibrated_embedding
+
+    redim = write_tree(
+        tmp_path / "redimnet2", {"redimnet2/__init__.py": "", "redimnet2/redimnet2.py": OURS_AS_REDIMNET2}
+    )
+    path = BENCH.parent / "redimnet2_float64.py"
+    spec = importlib.util.spec_from_file_location("redimnet2_float64_under_test", path)
+    script = importlib.util.module_from_spec(spec)
+    had_models = "models" in sys.modules
+    try:
+        spec.loader.exec_module(script)
+        out = tmp_path / "official_float64.json"
+        argv = ["--reference-root", str(redim), "--sizes", "b1", "--out", str(out)]
+        assert script.main(argv) == 0
+    finally:
+        if not had_models:
+            sys.modules.pop("models", None)  # the script imports bench/models.py under that name
+    assert capsys.readouterr().out.startswith("# command: python bench/redimnet2_float64.py --reference-root ")
+    written = json.loads(out.read_text())
+    assert written["reference_commit"] == "not given" and sorted(written["embeddings"]) == ["b1"]
+    expected = calibrated_embedding("b1", dtype=torch.float64)
+    torch.testing.assert_close(torch.tensor(written["embeddings"]["b1"], dtype=torch.float64), expected)
+    alternative = written["alternative"]["b1"]
+    assert alternative["reference_kwargs_override"] == {"return_2d_output": False}
+    expected = calibrated_embedding("b1", return_2d_output=False, dtype=torch.float64)
+    torch.testing.assert_close(torch.tensor(alternative["embedding"], dtype=torch.float64), expected)

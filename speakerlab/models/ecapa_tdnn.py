@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speakerlab.models.pooling import weighted_mean_std
+from speakerlab.models.pooling import stats_dtype, weighted_mean_std
 from speakerlab.models.registry import register
 
 
@@ -151,7 +151,7 @@ class AttentiveStatsPool(nn.Module):
         self.eps = 1e-12
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # statistics in float32, also under bfloat16 autocast
+        xf = stats_dtype(x)  # statistics in float32 (float64 for a float64 model), also under autocast
         if self.global_context:
             var, mean = torch.var_mean(xf, dim=-1, correction=0)
             std = var.clamp(min=self.eps).sqrt()
@@ -164,7 +164,7 @@ class AttentiveStatsPool(nn.Module):
         else:
             h = self.tdnn(x)
         logits = self.conv(torch.tanh(h))
-        attn = torch.softmax(logits.float(), dim=-1)
+        attn = torch.softmax(stats_dtype(logits), dim=-1)
         mean, std = weighted_mean_std(xf, attn, self.eps)
         return torch.cat([mean, std], dim=1)
 

@@ -6,12 +6,19 @@ import torch
 import torch.nn as nn
 
 
+def stats_dtype(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 when it is of lower precision (bfloat16 / float16 under autocast); float64 stays float64,
+    so a float64 model computes its statistics in float64 too."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class TSTP(nn.Module):
     """Temporal statistics pooling for 2-D conv trunks (ResNet / ERes2Net).
 
     `(B, C, F, T) -> (B, 2 * C * F)`: mean and std (unbiased, + `eps` under the root) over time,
     each flattened over (C, F), then concatenated. `eps` is 1e-8 in 3D-Speaker, 1e-7 in WeSpeaker:
     each model family keeps its source's value so released weights give the same embeddings.
+    Statistics in float32 for a bfloat16 / float16 trunk, as in StatsPool.
     """
 
     def __init__(self, eps: float = 1e-8):
@@ -19,6 +26,7 @@ class TSTP(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = stats_dtype(x)
         mean = x.mean(dim=-1).flatten(start_dim=1)
         std = torch.sqrt(torch.var(x, dim=-1, unbiased=True) + self.eps).flatten(start_dim=1)
         return torch.cat([mean, std], dim=1)
@@ -33,7 +41,7 @@ class StatsPool(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
+        x = stats_dtype(x)
         std, mean = torch.std_mean(x, dim=-1, unbiased=True)
         return torch.cat([mean, std], dim=1)
 
@@ -66,12 +74,12 @@ class ASTP(nn.Module):
         self.linear2 = nn.Conv1d(bottleneck_dim, in_dim, kernel_size=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = stats_dtype(x)
         h = x
         if self.global_context:
             var, mean = torch.var_mean(xf, dim=-1, correction=1, keepdim=True)
             std = (var + 1e-7).sqrt()
             h = torch.cat([xf, mean.expand_as(xf), std.expand_as(xf)], dim=1).to(x.dtype)
         logits = self.linear2(torch.tanh(self.linear1(h)))
-        mean, std = weighted_mean_std(xf, torch.softmax(logits.float(), dim=-1), eps=1e-7)
+        mean, std = weighted_mean_std(xf, torch.softmax(stats_dtype(logits), dim=-1), eps=1e-7)
         return torch.cat([mean, std], dim=1)
