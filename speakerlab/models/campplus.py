@@ -67,7 +67,8 @@ class ResBlock2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)), inplace=True)
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x[:, :, :: self.stride]), inplace=True)
+        out += self.shortcut(x[:, :, :: self.stride])  # in place: BatchNorm's backward needs its input only
+        return F.relu(out, inplace=True)
 
 
 class FCM(nn.Module):

@@ -45,7 +45,9 @@ class InvertedBottleneck(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)), inplace=True)
         out = F.relu(self.bn2(self.conv2(out)), inplace=True)
-        return F.relu(self.bn3(self.conv3(out)) + x, inplace=True)
+        out = self.bn3(self.conv3(out))
+        out += x  # in place: BatchNorm's backward needs its input, not this output
+        return F.relu(out, inplace=True)
 
 
 def _conv_bn(in_ch: int, out_ch: int, stride) -> nn.Sequential:

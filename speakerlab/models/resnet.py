@@ -51,7 +51,8 @@ class BasicBlock(nn.Module):
         # BN outputs are fresh tensors, so the ReLUs can work in place.
         out = F.relu(self.bn1(self.conv1(x)), inplace=True)
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x), inplace=True)
+        out += self.shortcut(x)  # in place too: BatchNorm's backward needs its input, not this output
+        return F.relu(out, inplace=True)
 
 
 class Bottleneck(nn.Module):
@@ -79,7 +80,8 @@ class Bottleneck(nn.Module):
         out = F.relu(self.bn1(self.conv1(x)), inplace=True)
         out = F.relu(self.bn2(self.conv2(out)), inplace=True)
         out = self.bn3(self.conv3(out))
-        return F.relu(out + self.shortcut(x), inplace=True)
+        out += self.shortcut(x)
+        return F.relu(out, inplace=True)
 
 
 _BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
