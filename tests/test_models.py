@@ -131,6 +131,18 @@ def test_bfloat16_autocast(model):
     assert torch.nn.functional.cosine_similarity(out.float(), ref, dim=1).min() > 0.99
 
 
+def test_bfloat16_weights(model):
+    """The model cast to bfloat16 as a whole (no autocast) runs on bfloat16 input, every row close to fp32."""
+    import copy
+
+    x = _fbank(2, 200)
+    with torch.no_grad():
+        ref = model(x)
+        out = copy.deepcopy(model).bfloat16()(x.bfloat16())
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape and torch.isfinite(out.float()).all()
+    assert torch.nn.functional.cosine_similarity(out.float(), ref, dim=1).min() > 0.98
+
+
 def _is_2d_conv(model) -> bool:
     return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 

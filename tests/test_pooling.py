@@ -35,9 +35,15 @@ def test_float64_statistics_stay_float64():
 
 
 def test_low_precision_input_gives_float32_statistics():
+    """Computed in float32 (the bfloat16 result equals the float32 one rounded once), returned as bfloat16."""
     x = torch.randn(2, 6, 50, generator=torch.Generator().manual_seed(1)).bfloat16()
-    assert StatsPool()(x).dtype == torch.float32
-    assert TSTP()(x.reshape(2, 3, 2, 50)).dtype == torch.float32
+    out = StatsPool()(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, StatsPool()(x.float()).bfloat16(), rtol=0, atol=0)
+    x4 = x.reshape(2, 3, 2, 50)
+    out = TSTP()(x4)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, TSTP()(x4.float()).bfloat16(), rtol=0, atol=0)
     pool = ASTP(6, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert pool(x).dtype == torch.float32

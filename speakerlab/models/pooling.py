@@ -12,13 +12,19 @@ def stats_dtype(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
+def _input_dtype(stats: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # Back to the trunk's dtype: the head after the pooling has the trunk's weights (a model cast to
+    # bfloat16 as a whole), and under autocast its linear layer would cast to bfloat16 anyway.
+    return stats.to(x.dtype)
+
+
 class TSTP(nn.Module):
     """Temporal statistics pooling for 2-D conv trunks (ResNet / ERes2Net).
 
     `(B, C, F, T) -> (B, 2 * C * F)`: mean and std (unbiased, + `eps` under the root) over time,
     each flattened over (C, F), then concatenated. `eps` is 1e-8 in 3D-Speaker, 1e-7 in WeSpeaker:
     each model family keeps its source's value so released weights give the same embeddings.
-    Statistics in float32 for a bfloat16 / float16 trunk, as in StatsPool.
+    Statistics in float32 for a bfloat16 / float16 trunk, returned in the trunk's dtype, as in StatsPool.
     """
 
     def __init__(self, eps: float = 1e-8):
@@ -26,10 +32,10 @@ class TSTP(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = stats_dtype(x)
-        mean = x.mean(dim=-1).flatten(start_dim=1)
-        std = torch.sqrt(torch.var(x, dim=-1, unbiased=True) + self.eps).flatten(start_dim=1)
-        return torch.cat([mean, std], dim=1)
+        xf = stats_dtype(x)
+        mean = xf.mean(dim=-1).flatten(start_dim=1)
+        std = torch.sqrt(torch.var(xf, dim=-1, unbiased=True) + self.eps).flatten(start_dim=1)
+        return _input_dtype(torch.cat([mean, std], dim=1), x)
 
 
 class StatsPool(nn.Module):
@@ -37,13 +43,13 @@ class StatsPool(nn.Module):
 
     `(B, C, T) -> (B, 2 * C)`: per-channel mean and unbiased std over time, concatenated.
     The statistics are taken in float32 so that a bfloat16 trunk (autocast) does not lose the
-    small variances; with float32 input no copy is made. Needs T >= 2 (unbiased std).
+    small variances, and returned in the input's dtype; with float32 input no copy is made.
+    Needs T >= 2 (unbiased std).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = stats_dtype(x)
-        std, mean = torch.std_mean(x, dim=-1, unbiased=True)
-        return torch.cat([mean, std], dim=1)
+        std, mean = torch.std_mean(stats_dtype(x), dim=-1, unbiased=True)
+        return _input_dtype(torch.cat([mean, std], dim=1), x)
 
 
 def weighted_mean_std(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-12):
