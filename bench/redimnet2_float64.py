@@ -35,10 +35,9 @@ OUT = bm.REDIMNET2_FIXTURES / "official_float64.json"
 SIZES = sorted(p.stem for p in bm.REDIMNET2_FIXTURES.glob("b*.json"))
 
 
-def official_float64_embedding(size: str, roots: dict, override: dict | None = None) -> list:
-    """The official model's `(4, 192)` float64 embedding for fixture `size`, as nested lists; `override`
-    changes constructor settings (the fixtures' `embedding_alternative`)."""
-    fixture = json.loads((bm.REDIMNET2_FIXTURES / f"{size}.json").read_text())
+def official_float64_embedding(size: str, fixture: dict, roots: dict, override: dict | None = None) -> list:
+    """The official model's `(4, 192)` float64 embedding for fixture `size` (its loaded JSON), as nested
+    lists; `override` changes constructor settings (the fixtures' `embedding_alternative`)."""
     ref = bm.redimnet2_reference(size)
     if override:
         ref = dataclasses.replace(ref, fixture=None, kwargs={**fixture["reference_kwargs"], **override})
@@ -78,13 +77,14 @@ def main(argv=None) -> int:
         "alternative": {},  # the fixtures' `embedding_alternative` settings
     }
     for size in args.sizes:
-        result["embeddings"][size] = official_float64_embedding(size, roots)
-        alternative = json.loads((bm.REDIMNET2_FIXTURES / f"{size}.json").read_text()).get("embedding_alternative")
+        fixture = json.loads((bm.REDIMNET2_FIXTURES / f"{size}.json").read_text())
+        result["embeddings"][size] = official_float64_embedding(size, fixture, roots)
+        alternative = fixture.get("embedding_alternative")
         if alternative:
             override = alternative["reference_kwargs_override"]
             result["alternative"][size] = {
                 "reference_kwargs_override": override,
-                "embedding": official_float64_embedding(size, roots, override),
+                "embedding": official_float64_embedding(size, fixture, roots, override),
             }
         print(f"{size}: done", flush=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

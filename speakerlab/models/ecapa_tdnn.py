@@ -166,7 +166,7 @@ class AttentiveStatsPool(nn.Module):
         logits = self.conv(torch.tanh(h))
         attn = torch.softmax(stats_dtype(logits), dim=-1)
         mean, std = weighted_mean_std(xf, attn, self.eps)
-        return torch.cat([mean, std], dim=1)
+        return torch.cat([mean, std], dim=1).to(x.dtype)  # the input's dtype, as every pooling
 
 
 class ECAPATDNN(nn.Module):
@@ -211,7 +211,7 @@ class ECAPATDNN(nn.Module):
             feats.append(x)
         # Multi-layer feature aggregation: every SE-Res2Net output, not the first TDNN's.
         x = self.mfa(torch.cat(feats[1:], dim=1))
-        x = self.asp_bn(self.asp(x).to(x.dtype))
+        x = self.asp_bn(self.asp(x))
         return F.linear(x, self.fc.conv.weight.squeeze(-1), self.fc.conv.bias)
 
 

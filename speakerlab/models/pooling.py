@@ -12,10 +12,8 @@ def stats_dtype(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def _input_dtype(stats: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # Back to the trunk's dtype: the head after the pooling has the trunk's weights (a model cast to
-    # bfloat16 as a whole), and under autocast its linear layer would cast to bfloat16 anyway.
-    return stats.to(x.dtype)
+# Every pooling here returns its statistics in the input's dtype: the head after it has the trunk's
+# weights (a model cast to bfloat16 as a whole), and under autocast its linear layer casts anyway.
 
 
 class TSTP(nn.Module):
@@ -35,7 +33,7 @@ class TSTP(nn.Module):
         xf = stats_dtype(x)
         mean = xf.mean(dim=-1).flatten(start_dim=1)
         std = torch.sqrt(torch.var(xf, dim=-1, unbiased=True) + self.eps).flatten(start_dim=1)
-        return _input_dtype(torch.cat([mean, std], dim=1), x)
+        return torch.cat([mean, std], dim=1).to(x.dtype)
 
 
 class StatsPool(nn.Module):
@@ -49,7 +47,7 @@ class StatsPool(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         std, mean = torch.std_mean(stats_dtype(x), dim=-1, unbiased=True)
-        return _input_dtype(torch.cat([mean, std], dim=1), x)
+        return torch.cat([mean, std], dim=1).to(x.dtype)
 
 
 def weighted_mean_std(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-12):
@@ -70,7 +68,8 @@ class ASTP(nn.Module):
     Per channel and frame, attention logits `linear2(tanh(linear1(h)))` with `h = x` or, with
     `global_context`, `[x; mean; std]` (the utterance's mean and unbiased std over time, + 1e-7
     under the root, repeated over frames); softmax over time; weighted mean and std, the
-    variance clamped at 1e-7. Statistics in float32 (also under autocast). Needs T >= 2.
+    variance clamped at 1e-7. Statistics in float32 (also under autocast), returned in the input's dtype.
+    Needs T >= 2.
     """
 
     def __init__(self, in_dim: int, bottleneck_dim: int = 128, global_context: bool = True):
@@ -88,4 +87,4 @@ class ASTP(nn.Module):
             h = torch.cat([xf, mean.expand_as(xf), std.expand_as(xf)], dim=1).to(x.dtype)
         logits = self.linear2(torch.tanh(self.linear1(h)))
         mean, std = weighted_mean_std(xf, torch.softmax(stats_dtype(logits), dim=-1), eps=1e-7)
-        return torch.cat([mean, std], dim=1)
+        return torch.cat([mean, std], dim=1).to(x.dtype)

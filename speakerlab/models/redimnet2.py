@@ -146,7 +146,7 @@ class ReDimNet2(nn.Module):
         if self.num_bins != self.feat_dim:
             x = F.pad(x, (0, 0, 0, self.num_bins - self.feat_dim))
         out = self.backbone(x.unsqueeze(1))
-        out = self.bn(self.pool(out).to(out.dtype))
+        out = self.bn(self.pool(out))
         return self.bn2(self.linear(out))
 
 
