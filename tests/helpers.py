@@ -31,3 +31,10 @@ def make_data_dir(
     if trials is not None:
         (root / "trials").write_text(trials)
     return root
+
+
+def assert_no_traceback(*outputs: str) -> None:
+    """Multi-process runs: no process may print a traceback, not even one that does not change the exit
+    code (a forked loader worker's, say)."""
+    for text in outputs:
+        assert "Traceback" not in text, text[-3000:]

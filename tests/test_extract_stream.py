@@ -15,7 +15,7 @@ from speakerlab.extract import StreamingExtractor, load_embeddings, main, plan_u
 from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.lists import load_data_dir
 from speakerlab.models import build_model
-from tests.helpers import write_wav
+from tests.helpers import assert_no_traceback, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {
@@ -204,6 +204,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_traceback(r.stdout, r.stderr)
     assert "rank 0 embedded" in r.stderr and "rank 1 embedded" in r.stderr
     (ids1, e1), (ids2, e2) = load_embeddings(one), load_embeddings(two)
     assert ids1 == ids2

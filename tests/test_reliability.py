@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import latest_checkpoint, load_checkpoint
+from tests.helpers import assert_no_traceback
 from tests.test_train import ROOT, losses, tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -136,6 +137,7 @@ def _resume_and_finish(cmd, exp):
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     log = (exp / "train.log").read_text()
+    assert_no_traceback(r.stdout, r.stderr)
     assert re.search(r"resumed from \S+: epoch \d+, step \d+", log) and "training done: 40 epochs, 80 steps" in log
 
 

@@ -21,7 +21,7 @@ from speakerlab.lists import ListError
 from speakerlab.prepare import prepare
 from speakerlab.shards import ShardStream, main, write_shards
 from speakerlab.train import main as train_main
-from tests.helpers import make_data_dir, write_wav
+from tests.helpers import assert_no_traceback, make_data_dir, write_wav
 from tests.test_train import losses, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,6 +218,7 @@ def torchrun(tmp_path, port, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *args]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_traceback(r.stdout, r.stderr)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
 from speakerlab.train import main as train_main
-from tests.helpers import make_data_dir, write_wav
+from tests.helpers import assert_no_traceback, make_data_dir, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = """
@@ -231,10 +231,12 @@ def test_torchrun_two_processes(tmp_path):
         str(cfg),
         "--exp-dir",
         str(exp),
+        "hardware.num_workers=1",  # loader workers fork while the watchdog thread runs
     ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     log = (exp / "train.log").read_text()
+    assert_no_traceback(r.stdout, r.stderr, log)
     assert "global 8 = 2 device(s) x 4 x accum 1" in log
     assert "training done: 2 epochs, 4 steps" in log
     assert sorted(losses(exp)) == [1, 2, 3, 4]
@@ -242,10 +244,11 @@ def test_torchrun_two_processes(tmp_path):
     assert ck.step == 4
     # Interrupted DDP run resumes too: stop after 1 step, then the same command.
     exp2 = tmp_path / "ddp2"
-    r = subprocess.run(cmd[:-1] + [str(exp2), "--max-steps", "1"], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd[:-2] + [str(exp2), "--max-steps", "1"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run(cmd[:-1] + [str(exp2)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd[:-2] + [str(exp2)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_traceback(r.stdout, r.stderr, (exp2 / "train.log").read_text())
     a, b = losses(exp), losses(exp2)
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)

@@ -23,7 +23,14 @@ EXIT_STALLED = 4
 _KEY = "speakerlab/heartbeat/{}"
 
 
-class Watchdog(threading.Thread):
+class Watchdog:
+    """`Watchdog(rank, world_size, timeout_s, log, store=None)`; `start()` then `stop()`.
+
+    It owns its daemon thread rather than being one: a `threading.Thread` subclass that sets an
+    attribute named like a Thread member (`_stop`, `_started`, ...) breaks CPython's bookkeeping in
+    every process forked while it runs (data-loader workers): `threading._after_fork` calls
+    `thread._stop()` on each live thread there."""
+
     def __init__(
         self,
         rank: int,
@@ -33,22 +40,25 @@ class Watchdog(threading.Thread):
         store=None,
         interval_s: float = 0.0,
     ):
-        super().__init__(name="speakerlab-watchdog", daemon=True)
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.log = log
         self.store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.interval_s = interval_s or max(0.5, min(5.0, timeout_s / 10))
-        self._stop = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="speakerlab-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopping.set()
 
-    def run(self) -> None:
+    def _run(self) -> None:
         beats = 0
         last_value: Dict[int, bytes] = {}
         last_change: Dict[int, float] = {}
         others = [r for r in range(self.world_size) if r != self.rank]
-        while not self._stop.wait(self.interval_s):
+        while not self.stopping.wait(self.interval_s):
             beats += 1
             now = time.monotonic()
             try:
@@ -61,7 +71,7 @@ class Watchdog(threading.Thread):
             except Exception:  # the store went away: the job is ending anyway
                 return
             stalled = [r for r in others if now - last_change[r] > self.timeout_s]
-            if stalled and not self._stop.is_set():
+            if stalled and not self.stopping.is_set():
                 message = (
                     f"rank {self.rank}: rank(s) {', '.join(map(str, stalled))} have not run for more than "
                     f"{self.timeout_s:g} s (hardware.watchdog_s): the process is stopped or its machine "
