@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.config import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
-from speakerlab.noise_bank import KINDS, LIST_FILES, NoiseBank, bank_problem, build_bank  # noqa: F401
+from speakerlab.noise_bank import KINDS, NoiseBank, bank_problem, build_bank
 from speakerlab.speed import input_length, resample_ratio
 
 INT16_SCALE = 1.0 / 32768.0  # int16 -> float as soundfile reads PCM_16 (the features' input scale)

@@ -248,18 +248,16 @@ def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
 
 def _order(path: Path) -> int:
     """Position of a checkpoint file in its run, from the name alone: epoch_N after partial_N (epoch N
-    in progress) after epoch_{N-1}. `latest.pt` of older versions is placed by its stored epoch."""
+    in progress) after epoch_{N-1}."""
     m = _NAME_RE.search(path.name)
-    if m:
-        n = int(m.group(2))
-        return 2 * n if m.group(1) == "epoch" else 2 * n - 1
-    return 2 * int(_load_raw(path, mmap=True).get("epoch", 0)) + 1  # latest.pt
+    n = int(m.group(2))
+    return 2 * n if m.group(1) == "epoch" else 2 * n - 1
 
 
 def run_checkpoints(ckpt_dir: PathLike) -> List[Path]:
     """Every checkpoint of a run in `ckpt_dir`, newest first (by name; no file is opened)."""
     d = Path(ckpt_dir)
-    named = [p for p in d.glob("*.pt") if _NAME_RE.search(p.name) or p.name == "latest.pt"]
+    named = [p for p in d.glob("*.pt") if _NAME_RE.search(p.name)]
     return sorted(named, key=_order, reverse=True)
 
 

@@ -277,11 +277,6 @@ def load_config(
     return cfg
 
 
-def config_from_dict(raw: Dict[str, Any]) -> Config:
-    """Rebuild a Config from `Config.to_dict()` output (e.g. stored in a checkpoint)."""
-    return load_config(raw=raw)
-
-
 def save_config(cfg: Config, path: Union[str, Path]) -> None:
     with open(path, "w") as f:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)

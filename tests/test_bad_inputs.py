@@ -17,9 +17,9 @@ import torch
 
 from speakerlab.average import main as average_main
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from speakerlab.cli import run_verify
 from speakerlab.extract import main as extract_main
 from speakerlab.features import FeatureSpec
-from speakerlab.infer import main as infer_main
 from speakerlab.models import build_model
 from speakerlab.noise_bank import main as bank_main
 from speakerlab.prepare import main as prepare_main
@@ -392,18 +392,18 @@ def test_state_dict_given_as_checkpoint_says_how_to_load_it(tmp_path, eval_dir, 
     assert "not a speakerlab checkpoint" in capsys.readouterr().err
 
 
-def test_infer_score_of_a_nan_file_is_an_error(trained, tmp_path, capsys):
+def test_verify_of_a_nan_file_is_an_error(trained, tmp_path, capsys):
     ok = write_wav(tmp_path / "ok.wav", 0.1 * np.random.default_rng(0).standard_normal(8000))
     bad = write_wav(tmp_path / "bad.wav", np.full(8000, np.nan, np.float32), subtype="FLOAT")
-    assert infer_main(["--checkpoint", str(trained[2]), "--score", str(ok), str(bad)]) == 2
+    assert run_verify([str(ok), str(bad), "--checkpoint", str(trained[2])]) == 2
     captured = capsys.readouterr()
     assert str(bad) in captured.err and "non-finite embedding" in captured.err and captured.out == ""
 
 
-def test_infer_with_an_unreadable_file_names_it(trained, tmp_path, capsys):
+def test_verify_with_an_unreadable_file_names_it(trained, tmp_path, capsys):
     wav = tmp_path / "broken.wav"
     wav.write_bytes(b"RIFF0000WAVEjunk")
-    assert infer_main(["--checkpoint", str(trained[2]), str(wav)]) == 2
+    assert run_verify([str(wav), str(wav), "--checkpoint", str(trained[2])]) == 2
     assert f"{wav}: cannot read audio" in capsys.readouterr().err
 
 

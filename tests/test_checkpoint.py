@@ -134,14 +134,6 @@ def test_newest_by_name_and_prune(tmp_path):
     assert [p.name for p in checkpoint_files(d)] == ["epoch_003.pt"]
 
 
-def test_latest_pt_of_older_versions_is_ordered_by_its_epoch(tmp_path):
-    save_checkpoint(tmp_path / "epoch_002.pt", tiny_checkpoint(step=20, epoch=2))
-    save_checkpoint(tmp_path / "latest.pt", tiny_checkpoint(step=25, epoch=2))
-    assert latest_checkpoint(tmp_path).name == "latest.pt"
-    save_checkpoint(tmp_path / "epoch_003.pt", tiny_checkpoint(step=30, epoch=3))
-    assert latest_checkpoint(tmp_path).name == "epoch_003.pt"
-
-
 def corrupt(path: Path) -> None:
     """Flip bytes inside the largest tensor's data, leaving the zip structure readable."""
     data = bytearray(path.read_bytes())

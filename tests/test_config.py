@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from speakerlab.config import Config, ConfigError, config_from_dict, load_config, save_config
+from speakerlab.config import Config, ConfigError, load_config, save_config
 
 BASE = "model:\n  name: campplus\ndata:\n  train: data/train\n"
 
@@ -76,7 +76,7 @@ def test_round_trip(tmp_path):
     cfg = load_config(write(tmp_path, BASE), ["train.epochs=4"])
     save_config(cfg, tmp_path / "out.yaml")
     assert load_config(tmp_path / "out.yaml") == cfg
-    assert config_from_dict(cfg.to_dict()) == cfg
+    assert load_config(raw=cfg.to_dict()) == cfg
 
 
 def test_overlay_deep_merges(tmp_path):

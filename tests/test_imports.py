@@ -13,7 +13,6 @@ from typing import Dict, Set
 PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 INFERENCE = [
     "speakerlab.extract",
-    "speakerlab.infer",
     "speakerlab.export",
     "speakerlab.embedder",
     "speakerlab.score",
@@ -76,7 +75,7 @@ def test_inference_side_never_reaches_the_training_engine():
 
 def test_inference_imports_load_no_engine_module():
     code = (
-        "import speakerlab.extract, speakerlab.infer, speakerlab.export, speakerlab.cli, sys; "
+        "import speakerlab.extract, speakerlab.export, speakerlab.cli, sys; "
         "print([m for m in sys.modules if m.startswith('speakerlab.engine')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

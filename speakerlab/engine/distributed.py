@@ -73,12 +73,6 @@ def all_reduce_mean(values: Dict[str, float], info: DistInfo, device: torch.devi
     return {k: float(v) for k, v in zip(keys, t.tolist())}
 
 
-def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.enabled:
-        dist.all_reduce(t)
-    return t
-
-
 def cleanup() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -17,15 +17,6 @@ from typing import Optional, Union
 import torch
 
 
-def device_type(device: Union[str, torch.device]) -> str:
-    """'cuda:3' / torch.device('cuda', 3) / 'cpu' -> 'cuda' / 'cpu': what autocast and GradScaler take."""
-    if isinstance(device, torch.device):
-        return device.type
-    if not isinstance(device, str) or not device:
-        raise ValueError(f"not a device: {device!r}")
-    return torch.device(device).type
-
-
 @dataclass(frozen=True)
 class Precision:
     """The resolved precision of a run."""
