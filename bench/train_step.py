@@ -29,11 +29,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from speakerlab.config import load_config  # noqa: E402
-from speakerlab.engine.batch_plan import BatchPlan  # noqa: E402
-from speakerlab.engine.distributed import DistInfo  # noqa: E402
-from speakerlab.engine.precision import resolve_precision  # noqa: E402
-from speakerlab.engine.setup import build_frontend, build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402,E501
-from speakerlab.features import compute_features  # noqa: E402
+from speakerlab.features.fbank import compute_features  # noqa: E402
+from speakerlab.train.batch_plan import BatchPlan  # noqa: E402
+from speakerlab.train.build import build_frontend, build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402,E501
+from speakerlab.train.distributed import DistInfo  # noqa: E402
+from speakerlab.train.precision import resolve_precision  # noqa: E402
 
 # Dense peak TFLOP/s per card and precision (vendor data sheets, SXM parts; no sparsity).
 PEAK_TFLOPS = {

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig, FeatureSpec
 from speakerlab.models import build_model
 
 SCHEMA = 2

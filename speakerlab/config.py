@@ -20,7 +20,7 @@ import yaml
 from speakerlab.settings import ConfigError, build_settings, setting
 
 # The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
-# WeSpeaker's), in dB; speakerlab.augment implements them.
+# WeSpeaker's), in dB; speakerlab.dataio.augment implements them.
 AUGMENT_KINDS = ("reverb", "noise", "music", "babble")
 DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
 DEFAULT_BABBLE_SPEAKERS = (3, 7)
@@ -46,7 +46,7 @@ def _kinds(v) -> Optional[str]:
 
 
 def _speed_factors(v) -> Optional[str]:
-    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.speed).
+    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.dataio.speed).
     for f in v:
         if not f > 0:
             return f"must all be > 0, got {v}"
@@ -71,13 +71,13 @@ class DataSettings:
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated
     check_audio: bool = False  # re-read every header at start even with utt2num_samples
-    feats: bool = False  # train from <train>/feats.scp (speakerlab.feature_store);
+    feats: bool = False  # train from <train>/feats.scp (speakerlab.features.store);
     # no augmentation or speed perturbation then
     on_bad_audio: str = setting("skip", choices=("skip", "stop"))  # a crop that fails to read mid-training:
     # skip: the row leaves its batch, counted and named in the log; stop: the run ends (checkpoints intact)
     max_bad_audio: int = setting(100, ge=0)  # skip: stop anyway past this many failed reads (a lost mount,
     # not a few broken files)
-    shards: Optional[str] = None  # stream tar shards of data.train from this dir (python -m speakerlab.shards);
+    shards: Optional[str] = None  # stream tar shards of data.train from this dir (python -m speakerlab.dataio.shards);
     # data.train's lists must be those the shards were written from; its audio is not read
     shuffle_buffer: int = setting(1000, ge=1)  # data.shards: samples each loader worker shuffles among
 
@@ -92,7 +92,7 @@ class AugmentSettings:
     babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
     babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
     reverb_noise_prob: float = setting(0.0, ge=0, le=1)  # chance a reverberated crop also gets an additive kind
-    bank: Optional[str] = None  # int16 noise bank (python -m speakerlab.noise_bank); null: <lists>/bank,
+    bank: Optional[str] = None  # int16 noise bank (python -m speakerlab.dataio.noise_bank); null: <lists>/bank,
     # built at start when missing or older than the lists
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
     speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off

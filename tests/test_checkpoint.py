@@ -1,5 +1,5 @@
 """speakerlab.checkpoint: the one schema (round trip, the pre-schema files), and the inference path
-built on it (speakerlab.embedder)."""
+built on it (speakerlab.inference.embedder)."""
 
 from pathlib import Path
 
@@ -22,9 +22,9 @@ from speakerlab.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
-from speakerlab.embedder import load_embedder
-from speakerlab.extract import load_embeddings
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.inference.embedder import load_embedder
+from speakerlab.inference.extract import load_embeddings
 from speakerlab.models import build_model
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"

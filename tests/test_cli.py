@@ -1,5 +1,5 @@
-"""speakerlab-verify and speakerlab-embed (speakerlab.cli), and audio of any rate / channel count
-(speakerlab.resample)."""
+"""speakerlab-verify and speakerlab-embed (speakerlab.inference.cli), and audio of any rate / channel count
+(speakerlab.dataio.resample)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,19 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
-from speakerlab.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, embed, run_embed, run_verify, verify
-from speakerlab.embedder import load_embedder
-from speakerlab.extract import load_embeddings
-from speakerlab.features import FbankConfig, FeatureSpec, compute_features
+from speakerlab.dataio.resample import (
+    MAX_WEIGHTS,
+    MultiChannelWarning,
+    _resampler,
+    rate_ratio,
+    read_for_model,
+    resample,
+)
+from speakerlab.features.fbank import FbankConfig, FeatureSpec, compute_features
+from speakerlab.inference.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, embed, run_embed, run_verify, verify
+from speakerlab.inference.embedder import load_embedder
+from speakerlab.inference.extract import load_embeddings
 from speakerlab.models import build_model
-from speakerlab.resample import MAX_WEIGHTS, MultiChannelWarning, _resampler, rate_ratio, read_for_model, resample
 from tests.helpers import write_wav
 
 TINY = {
@@ -68,7 +75,10 @@ def cosine(a, b) -> float:
 def test_console_scripts_are_declared_and_exit_with_the_code():
     tomllib = pytest.importorskip("tomllib" if __import__("sys").version_info >= (3, 11) else "tomli")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"speakerlab-verify": "speakerlab.cli:verify", "speakerlab-embed": "speakerlab.cli:embed"}
+    assert scripts == {
+        "speakerlab-verify": "speakerlab.inference.cli:verify",
+        "speakerlab-embed": "speakerlab.inference.cli:embed",
+    }
     for entry in (verify, embed):
         with pytest.raises(SystemExit) as e:
             entry(["--checkpoint"])  # argparse: missing value

@@ -140,7 +140,7 @@ def test_every_numeric_setting_has_a_range_rule():
 
 
 def test_model_args_are_checked_against_the_builder(tmp_path):
-    from speakerlab.engine.setup import load_train_config
+    from speakerlab.train.build import load_train_config
 
     p = write(tmp_path, BASE + "model:\n  name: campplus\n  args: {embeding_size: 64}\n")
     with pytest.raises(ConfigError, match="'model.args.embeding_size': model 'campplus' has no argument") as e:
@@ -159,7 +159,7 @@ _NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each
 def _train_config(name):
     import yaml
 
-    from speakerlab.engine.setup import load_train_config
+    from speakerlab.train.build import load_train_config
 
     mini = str(CONF / "mini_campplus.yaml")
     overlay = "model" not in yaml.safe_load((CONF / name).read_text())  # fine-tuning / augmentation overlays
@@ -176,7 +176,7 @@ def test_every_shipped_config_builds_its_model_and_head(name):
 
     import torch
 
-    from speakerlab.engine.setup import build_net
+    from speakerlab.train.build import build_net
 
     cfg = _train_config(name)
     l = cfg.loss
@@ -199,7 +199,7 @@ def test_every_shipped_config_builds_its_model_and_head(name):
 
 
 def test_hardware_profiles_load_on_top_of_a_config():
-    from speakerlab.engine.setup import load_train_config
+    from speakerlab.train.build import load_train_config
 
     for p in sorted((CONF / "hardware").glob("*.yaml")):
         cfg = load_train_config([str(CONF / "mini_campplus.yaml")], ["data.train=x"], p.stem)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from speakerlab.engine.precision import resolve_precision
-from speakerlab.engine.stability import NonFiniteGuard
-from speakerlab.features import Fbank, FbankConfig
-from speakerlab.loss import AAMSoftmax
+from speakerlab.features.fbank import Fbank, FbankConfig
 from speakerlab.models import build_model
+from speakerlab.train.loss import AAMSoftmax
+from speakerlab.train.precision import resolve_precision
+from speakerlab.train.stability import NonFiniteGuard
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROOT = Path(__file__).resolve().parent.parent

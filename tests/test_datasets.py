@@ -14,6 +14,8 @@ from urllib.error import HTTPError
 import pytest
 import soundfile as sf
 
+from speakerlab.dataio.lists import load_data_dir, read_trials
+from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
 from speakerlab.datasets.archives import extract
 from speakerlab.datasets.common import DatasetError
@@ -27,8 +29,6 @@ from speakerlab.datasets.download import (
     fetch_archives,
     join_parts,
 )
-from speakerlab.lists import load_data_dir, read_trials
-from speakerlab.prepare import prepare as index_data_dir
 from tests.fake_corpora import (
     FAKE_FFMPEG,
     cnceleb_blobs,

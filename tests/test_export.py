@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speakerlab.export import check_export, export_onnx, export_torchscript
+from speakerlab.inference.export import check_export, export_onnx, export_torchscript
 from speakerlab.models import build_model, list_models
 
 pytest.importorskip("onnxruntime")

@@ -1,13 +1,13 @@
-"""speakerlab.extract as a module and a command: whole-utterance embeddings of a data dir."""
+"""speakerlab.inference.extract as a module and a command: whole-utterance embeddings of a data dir."""
 
 import numpy as np
 import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
-from speakerlab.embedder import Embedder, length_batches, load_embedder
-from speakerlab.extract import embed_data_dir, load_embeddings, main
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.inference.embedder import Embedder, length_batches, load_embedder
+from speakerlab.inference.extract import embed_data_dir, load_embeddings, main
 from speakerlab.models import build_model
 from tests.helpers import make_data_dir, write_wav
 

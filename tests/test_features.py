@@ -1,4 +1,4 @@
-"""Tests of speakerlab.features: Kaldi parity on stored references, batching, options, errors."""
+"""Tests of speakerlab.features.fbank: Kaldi parity on stored references, batching, options, errors."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.features import Fbank, FbankConfig, fbank, mean_normalize, num_frames
+from speakerlab.features.fbank import Fbank, FbankConfig, fbank, mean_normalize, num_frames
 
 DATA = Path(__file__).parent / "data" / "kaldi_fbank"
 TOL = 1e-3  # the fixture's definition of Kaldi-compatible, on log values

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speakerlab.metrics import compute_eer
+from speakerlab.scoring.metrics import compute_eer
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"

@@ -78,7 +78,7 @@ def run_recipe(recipe: str, *args: str, env: dict, log: Path) -> subprocess.Comp
 
 
 def train_config(tmp_path: Path) -> dict:
-    """The configuration stage 3 trained with (written by speakerlab.train into the experiment folder)."""
+    """The configuration stage 3 trained with (written by speakerlab.train.loop into the experiment folder)."""
     return yaml.safe_load((tmp_path / "exp" / "config.yaml").read_text())
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speakerlab.features_redimnet import ReDimNetMel
+from speakerlab.features.redimnet import ReDimNetMel
 from speakerlab.models import build_model, load_redimnet2
 from speakerlab.models.redimnet2 import ReDimNet2, redimnet2_kwargs
 from tests.test_compat import calibrate, fill_state_dict, make_input

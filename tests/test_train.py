@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
-from speakerlab.train import main as train_main
+from speakerlab.train.loop import main as train_main
 from tests.helpers import assert_no_traceback, make_data_dir, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +255,7 @@ def test_torchrun_two_processes(tmp_path):
 
 
 def test_average_then_large_margin_finetune(tmp_path):
-    from speakerlab.average import main as average_main
+    from speakerlab.train.average import main as average_main
 
     cfg, _ = tiny_config(tmp_path, val=False)
     exp = tmp_path / "base"

@@ -59,12 +59,12 @@ fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, check audio, index lengths; the noise/RIR bank"
-  python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+  python -m speakerlab.dataio.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
   if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
-    python -m speakerlab.noise_bank --lists "$data/musan_rirs"
+    python -m speakerlab.dataio.noise_bank --lists "$data/musan_rirs"
   fi
-  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
-    python -m speakerlab.shards --data "$data/$train_set" --out "$data/$train_set/shards"
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.shards): for data on network storage
+    python -m speakerlab.dataio.shards --data "$data/$train_set" --out "$data/$train_set/shards"
   fi
 fi
 
@@ -75,20 +75,20 @@ fi
 
 if stage_on 4; then
   log "stage 4: embeddings of $data/$eval_set"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" \
+  python -m speakerlab.inference.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" \
     --out "$exp/embeddings/$eval_set.npz"
 fi
 
 if stage_on 5; then
   log "stage 5: score $trials -> $exp/scores (per list: scores, metrics JSON, DET and histogram PNGs; one table)"
   lists=(); for t in $trials; do lists+=("$data/$eval_set/$t"); done
-  python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "${lists[@]}" --names $trials \
+  python -m speakerlab.scoring.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "${lists[@]}" --names $trials \
     --out "$exp/scores/"
 fi
 
 if stage_on 6; then
   log "stage 6: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  python -m speakerlab.train.average --exp-dir "$exp" --last "$average_last"
 fi
 
 if stage_on 7; then

@@ -52,13 +52,13 @@ fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists, check audio, index lengths; fbank stores; the int16 noise/RIR bank"
-  python -m speakerlab.prepare --data "$data/train" --data "$data/val" --data "$data/test"
+  python -m speakerlab.dataio.prepare --data "$data/train" --data "$data/val" --data "$data/test"
   # Kaldi feats.ark/scp with $config's fbank: training without augmentation (data.feats) crops frames
   # from it, validation and stage 4 embed from it (a config whose fbank differs recomputes from audio).
-  python -m speakerlab.feature_store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
-  python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
-  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
-    python -m speakerlab.shards --data "$data/train" --out "$data/train/shards"
+  python -m speakerlab.features.store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
+  python -m speakerlab.dataio.noise_bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.shards): for data on network storage
+    python -m speakerlab.dataio.shards --data "$data/train" --out "$data/train/shards"
   fi
 fi
 
@@ -75,19 +75,19 @@ fi
 
 if stage_on 4; then
   log "stage 4: embeddings of $data/test"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
+  python -m speakerlab.inference.extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
 fi
 
 if stage_on 5; then
   log "stage 5: score the test trials; then the no-training baseline (cosine of mean log-mel)"
-  python -m speakerlab.score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
+  python -m speakerlab.scoring.score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
     --out "$exp/scores/test"
-  python -m speakerlab.baseline --data "$data/test" --out "$exp/scores/test_baseline"
+  python -m speakerlab.inference.baseline --data "$data/test" --out "$exp/scores/test_baseline"
 fi
 
 if stage_on 6; then
   log "stage 6: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  python -m speakerlab.train.average --exp-dir "$exp" --last "$average_last"
 fi
 
 if stage_on 7; then

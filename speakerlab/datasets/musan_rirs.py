@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Sequence
 
+from speakerlab.dataio.lists import write_table
 from speakerlab.datasets.common import (
     DatasetError,
     check_count,
@@ -37,7 +38,6 @@ from speakerlab.datasets.common import (
     run,
 )
 from speakerlab.datasets.download import Archive, log
-from speakerlab.lists import write_table
 
 PARTS = {
     "musan": (Archive("musan.tar.gz", "0c472d4fc0c5141eca47ad1ffeb2a7df", "https://openslr.elda.org/resources/17"),),

@@ -10,7 +10,7 @@
 Module and parameter names follow the released checkpoints (`backbone.stage0.3.conv_block...`,
 `pool.linear1`, `bn`, `linear`), so their `state_dict` loads with `strict=True`; the release's
 front-end buffers (`spec.*`) are not part of this model: the front-end lives in
-speakerlab/features_redimnet.py (`ReDimNetMel`), and the model takes its features time-major.
+speakerlab/features/redimnet.py (`ReDimNetMel`), and the model takes its features time-major.
 `load_redimnet2(model_config, state_dict)` builds the model from a release's constructor settings.
 """
 
@@ -272,7 +272,7 @@ _FIXED = {
     "before_pool_offset": (None,),
     "return_all_outputs": (False,),
 }
-# Front-end settings (see speakerlab/features_redimnet.py) and arguments the official model ignores.
+# Front-end settings (see speakerlab/features/redimnet.py) and arguments the official model ignores.
 _NOT_MODEL = {"feat_type", "hop_length", "spec_params", "num_classes", "feat_agg_dropout", "head_activation"}
 
 
@@ -298,7 +298,7 @@ def load_redimnet2(model_config: Mapping[str, Any], state_dict: Mapping[str, tor
     """A released ReDimNet2 (`{"model_config": ..., "state_dict": ...}` of PalabraAI/redimnet2) as our model.
 
     `state_dict` holds the official keys, with or without the front-end's `spec.*` buffers (dropped:
-    the front-end is `speakerlab.features_redimnet.ReDimNetMel`). Every other key must match the
+    the front-end is `speakerlab.features.redimnet.ReDimNetMel`). Every other key must match the
     model exactly; a ValueError names missing, unexpected and mis-shaped keys. Returns the model
     in eval mode, mapping log-mel `(B, T, 72)` to `(B, embedding_size)`.
     """

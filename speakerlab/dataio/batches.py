@@ -5,7 +5,7 @@ positions [k*G, (k+1)*G) of it (G = global batch), split into world_size x accum
 Each item's crop offset is drawn from (seed, epoch, position). So the samples seen by every
 optimizer step, and their crops, are the same on 1 or 8 GPUs, with any accumulation and any
 number of loader workers; and a run resumed at step k continues with exactly the batches it
-would have seen. Speed perturbation and augmentation (speakerlab.augment) draw from the same
+would have seen. Speed perturbation and augmentation (speakerlab.dataio.augment) draw from the same
 per-item generator, so augmented samples keep that guarantee.
 """
 
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from speakerlab.audio import AudioError, read_crop_int16
-from speakerlab.augment import Augmenter, Draw
-from speakerlab.speed import factor_classes, input_length
+from speakerlab.dataio.audio import AudioError, read_crop_int16
+from speakerlab.dataio.augment import Augmenter, Draw
+from speakerlab.dataio.speed import factor_classes, input_length
 
 Item = Tuple[int, int]  # (utterance index, crop seed)
 CropReader = Callable[[int, np.random.Generator], Tuple[np.ndarray, bool]]  # (samples, rng) -> (int16 crop, finite)
@@ -33,7 +33,7 @@ class CropDataset(Dataset):
     1), the crop offset, then the augmentation (`augment.pick`). The worker reads
     `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
     (the most any factor needs) so that items stack; the arithmetic happens batched on the
-    training device (`speakerlab.augment_batch.Frontend`). With `skip_bad`, a read that fails gives
+    training device (`speakerlab.train.frontend.Frontend`). With `skip_bad`, a read that fails gives
     a silent item whose `bad` names the file and the reason (the training step drops that row);
     otherwise the AudioError propagates.
     """
@@ -73,7 +73,7 @@ class CropDataset(Dataset):
 
     def crop_item(self, index: int, crop_seed, read: CropReader) -> Dict[str, object]:
         """The item of utterance `index` whose crop `read(num_samples, rng) -> (int16 (num_samples,), finite)`
-        reads (from its file here; from a tar shard's bytes in `speakerlab.shards`); `crop_seed` is
+        reads (from its file here; from a tar shard's bytes in `speakerlab.dataio.shards`); `crop_seed` is
         anything `np.random.default_rng` takes. One function for both, so both draw alike."""
         rng = np.random.default_rng(crop_seed)
         speed = 0

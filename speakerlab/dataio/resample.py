@@ -3,8 +3,8 @@ resample it in torch to the model's rate.
 
     wave = read_for_model("call.wav", 16000)   # an 8 kHz stereo file -> (samples at 16 kHz,) float32
 
-Training reads 16 kHz mono only (speakerlab.audio refuses anything else, so a mislabelled corpus is
-caught); inference tools take what users have. Sample-rate conversion is `speakerlab.speed.Resampler`
+Training reads 16 kHz mono only (speakerlab.dataio.audio refuses anything else, so a mislabelled corpus is
+caught); inference tools take what users have. Sample-rate conversion is `speakerlab.dataio.speed.Resampler`
 (the polyphase filter of `scipy.signal.resample_poly`) with up / down = target / source in lowest terms:
 8000 -> 16000 is 2 / 1, 44100 -> 16000 is 160 / 441. Its polyphase weights hold about
 up x down + 20 x max(up, down) floats (44.1 kHz: 79 k; 11.025 kHz, 640 / 441: 295 k), so a ratio above
@@ -23,8 +23,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from speakerlab.audio import AudioError
-from speakerlab.speed import ZERO_CROSSINGS, Resampler
+from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.speed import ZERO_CROSSINGS, Resampler
 
 MAX_WEIGHTS = 1_000_000  # floats (4 MB) of polyphase weights; see the module docstring
 

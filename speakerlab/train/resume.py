@@ -14,8 +14,8 @@ from speakerlab.checkpoint import (
     run_checkpoints,
     save_checkpoint,
 )
-from speakerlab.engine.setup import Run
-from speakerlab.features import feature_spec
+from speakerlab.features.fbank import feature_spec
+from speakerlab.train.build import Run
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:

@@ -14,25 +14,25 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.augment import Augmenter, open_augmenter
-from speakerlab.augment_batch import Frontend
-from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.config import Config, ConfigError, load_config
+from speakerlab.dataio.augment import Augmenter, open_augmenter
+from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.prepare import index_lengths
+from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
+from speakerlab.dataio.speed import speed_speaker_names
 from speakerlab.devices import resolve_device
-from speakerlab.engine import distributed as dist_utils
-from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
-from speakerlab.engine.distributed import DistInfo
-from speakerlab.engine.monitor import Monitor
-from speakerlab.engine.precision import Precision, resolve_precision
-from speakerlab.engine.stability import NonFiniteGuard
-from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
-from speakerlab.features import Fbank, fbank_config, num_frames
-from speakerlab.lists import DataDir, ListError, load_data_dir
-from speakerlab.loss import AAMSoftmax, SphereFace2
+from speakerlab.features.fbank import Fbank, fbank_config, num_frames
+from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.models import build_model, model_args_problems
-from speakerlab.prepare import index_lengths
-from speakerlab.shards import ShardStream, load_shard_data, pass_batch
-from speakerlab.speed import speed_speaker_names
+from speakerlab.train import distributed as dist_utils
+from speakerlab.train.batch_plan import BatchPlan, find_max_batch, plan_batches
+from speakerlab.train.distributed import DistInfo
+from speakerlab.train.frontend import Frontend
+from speakerlab.train.loss import AAMSoftmax, SphereFace2
+from speakerlab.train.monitor import Monitor
+from speakerlab.train.precision import Precision, resolve_precision
+from speakerlab.train.stability import NonFiniteGuard
 
 
 def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
@@ -94,7 +94,7 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
         raise ListError(
             f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
             f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-            "re-run the features stage (python -m speakerlab.prepare)"
+            "re-run the features stage (python -m speakerlab.dataio.prepare)"
         )
     if checked is data:
         data.num_samples = lengths

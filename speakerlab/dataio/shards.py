@@ -1,6 +1,6 @@
 """Sharded corpora: a data dir as WebDataset tar shards, written once, streamed by training.
 
-    python -m speakerlab.shards --data data/train --out data/train/shards [--shard-mb 256 | --per-shard N]
+    python -m speakerlab.dataio.shards --data data/train --out data/train/shards [--shard-mb 256 | --per-shard N]
 
 For data on network storage or past one disk: training then reads a few large files front to back
 instead of a million small ones at random (`data.shards: data/train/shards`).
@@ -28,7 +28,7 @@ epoch (every one, when N divides by G); the batches are a function of (seed, epo
 micro batch, accumulation, worker count, buffer size); a run resumed mid-epoch with the same world
 size, micro batch and worker count sees exactly the batches it would have seen (the skipped
 micro-batches are read from the shards, not decoded). Do not hold, unlike the indexed path
-(`speakerlab.batches`): the same batches on other hardware, i.e. another world size, micro batch or
+(`speakerlab.dataio.batches`): the same batches on other hardware, i.e. another world size, micro batch or
 worker count; a resume after such a change is exact in the step and the schedules, but the rest of
 that epoch's samples differ (some utterances may be seen twice in it, others not at all).
 """
@@ -48,10 +48,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from speakerlab.audio import audio_info, read_crop_int16
-from speakerlab.batches import CropDataset, check_split, collate
-from speakerlab.lists import DataDir, ListError, load_data_dir
-from speakerlab.prepare import index_lengths
+from speakerlab.dataio.audio import audio_info, read_crop_int16
+from speakerlab.dataio.batches import CropDataset, check_split, collate
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.prepare import index_lengths
 
 SHARDS_JSON = "shards.json"
 FORMAT = 1
@@ -172,7 +172,9 @@ def load_index(shard_dir) -> dict:
     """The checked shards.json of `shard_dir`; a missing or inconsistent one raises naming the file and key."""
     path = Path(shard_dir) / SHARDS_JSON
     if not path.is_file():
-        raise ListError(f"{path}: no complete shards; run python -m speakerlab.shards --data DIR --out {shard_dir}")
+        raise ListError(
+            f"{path}: no complete shards; run python -m speakerlab.dataio.shards --data DIR --out {shard_dir}"
+        )
     try:
         index = json.loads(path.read_text())
     except ValueError as e:
@@ -347,7 +349,7 @@ def load_shard_data(settings, log) -> DataDir:
         raise ListError(
             f"{Path(settings.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
             f"written from the lists of config key 'data.train' ({data.root}: {len(data.utts)} utterances, "
-            f"{len(data.speakers)} speakers); rewrite them: python -m speakerlab.shards --data {data.root} "
+            f"{len(data.speakers)} speakers); rewrite them: python -m speakerlab.dataio.shards --data {data.root} "
             f"--out {settings.shards}"
         )
     log(f"training data {settings.shards}: {index['total']} utterances, {len(spk)} speakers in shards")
@@ -360,7 +362,7 @@ def pass_batch(batch):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.shards", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.dataio.shards", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp, utt2spk")
     ap.add_argument("--out", help="shard dir (default <data>/shards)")
     size = ap.add_mutually_exclusive_group()

@@ -1,11 +1,11 @@
 """Offline features: fbank of every utterance of a data dir, stored once as Kaldi feats.ark/feats.scp.
 
-    python -m speakerlab.feature_store --data data/train --data data/test [--config conf/voxceleb_campplus.yaml ...]
+    python -m speakerlab.features.store --data data/train --data data/test [--config conf/voxceleb_campplus.yaml ...]
 
 Writes `<data>/feats.ark`, `<data>/feats.scp` (Kaldi's own format, through kaldiio, so Kaldi and
 other toolkits read them too) and `<data>/feats.json`, the fbank options they were computed with
 (no dither, no mean normalisation: readers normalise as their config says). feats.json is written
-last, so a data dir with it has a complete store. Readers: extraction (`speakerlab.extract --feats`)
+last, so a data dir with it has a complete store. Readers: extraction (`speakerlab.inference.extract --feats`)
 and training without augmentation (`data.feats: true`), which then crops frames instead of decoding
 audio. A store whose options differ from the config's is an error naming the option.
 """
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from speakerlab.audio import read_audio
-from speakerlab.features import Fbank, FbankConfig, fbank_config, num_frames
-from speakerlab.lists import ListError, load_data_dir, read_table
+from speakerlab.dataio.audio import read_audio
+from speakerlab.dataio.lists import ListError, load_data_dir, read_table
+from speakerlab.features.fbank import Fbank, FbankConfig, fbank_config, num_frames
 
 FEATS_SCP, FEATS_ARK, FEATS_CONF = "feats.scp", "feats.ark", "feats.json"
 
@@ -80,7 +80,7 @@ class FeatureStore:
         root = Path(data_dir)
         conf = root / FEATS_CONF
         if not conf.is_file():
-            raise ListError(f"{conf}: no complete feature store; run python -m speakerlab.feature_store --data {root}")
+            raise ListError(f"{conf}: no complete feature store; run python -m speakerlab.features.store --data {root}")
         self.config = json.loads(conf.read_text())["fbank"]
         self.entries: Dict[str, str] = {u: fields[0] for u, (_, fields) in read_table(root / FEATS_SCP).items()}
         if expect is not None:
@@ -106,7 +106,7 @@ class FeatureCropDataset(Dataset):
     """Training without augmentation from a store: `(utterance index, crop seed)` -> `{"feats" (n, F)
     float32, "finite", "label", "index"}`, n = the frames of `crop_samples`. The crop offset is drawn
     from `np.random.default_rng(crop seed)` as audio crops are; a shorter utterance is repeated from
-    a random phase, as `speakerlab.audio.read_crop` repeats short audio."""
+    a random phase, as `speakerlab.dataio.audio.read_crop` repeats short audio."""
 
     def __init__(
         self,
@@ -158,7 +158,7 @@ def collate_feats(items) -> Dict[str, torch.Tensor]:
 def main(argv=None) -> int:
     from speakerlab.config import ConfigError, load_config
 
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.feature_store", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.features.store", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, action="append", help="Kaldi data dir with wav.scp (repeatable)")
     ap.add_argument("--config", action="append", help="experiment config(s) whose features section to use")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. features.num_mel_bins=64")

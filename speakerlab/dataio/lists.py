@@ -99,7 +99,7 @@ _LABELS = {"target": True, "nontarget": False, "1": True, "0": False}
 
 def read_trials(path) -> List[Trial]:
     """trials (`enrol test target|nontarget`, also 1|0) -> list of Trial (one object per line: for small
-    lists; scoring parses into index arrays with `speakerlab.trials.read_trial_list`)."""
+    lists; scoring parses into index arrays with `speakerlab.dataio.trials.read_trial_list`)."""
     path = Path(path)
     trials = []
     for lineno, line in _lines(path):

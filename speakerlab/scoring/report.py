@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from speakerlab.trials import TrialList
+from speakerlab.dataio.trials import TrialList
 
 _LABEL_TEXT = np.zeros((2, 9), np.uint8)
 _LABEL_TEXT[0, :9] = np.frombuffer(b"nontarget", np.uint8)

@@ -1,15 +1,15 @@
 """Cosine scoring of trial lists at scale, with score normalisation, calibration, metrics and pictures.
 
-    python -m speakerlab.score --embeddings exp/mini/embeddings/test.npz --trials data/test/trials \
+    python -m speakerlab.scoring.score --embeddings exp/mini/embeddings/test.npz --trials data/test/trials \
         --out exp/mini/scores/test
-    python -m speakerlab.score --embeddings test.npz --trials data/O/trials data/E/trials --out exp/scores \
+    python -m speakerlab.scoring.score --embeddings test.npz --trials data/O/trials data/E/trials --out exp/scores \
         --cohort train.npz --cohort-utt2spk data/train/utt2spk --mean-sub --asnorm-top-n 300 \
         --qmf-train data/dev/trials --durations data/test/utt2num_samples
 
-Steps per list: parse (`speakerlab.trials`), cosine of unit embeddings (after subtracting the cohort mean
-with `--mean-sub`), AS-norm (`--asnorm-top-n N`, `speakerlab.score_norm`), QMF calibration to LLRs
-(`--qmf-train`, `speakerlab.calibration`), metrics (EER, minDCF at each `--p-target`, c_miss = c_fa = 1;
-Cllr and actDCF when calibrated), outputs (`speakerlab.score_report`, `speakerlab.score_plots`).
+Steps per list: parse (`speakerlab.dataio.trials`), cosine of unit embeddings (after subtracting the cohort mean
+with `--mean-sub`), AS-norm (`--asnorm-top-n N`, `speakerlab.scoring.norm`), QMF calibration to LLRs
+(`--qmf-train`, `speakerlab.scoring.calibration`), metrics (EER, minDCF at each `--p-target`, c_miss = c_fa = 1;
+Cllr and actDCF when calibrated), outputs (`speakerlab.scoring.report`, `speakerlab.scoring.plots`).
 
 Output layout. `--out` is one prefix per trial list (the list is named after the prefix's last part), or,
 for several lists (or a path ending in `/` or an existing directory), one directory where each list gets
@@ -48,17 +48,17 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speakerlab.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
-from speakerlab.lists import ListError, Trial, read_utt2spk
-from speakerlab.metrics import verification_metrics
-from speakerlab.score_norm import Cohort, asnorm, cohort_stats, unit_rows
-from speakerlab.trials import IdIndex, TrialList, default_threads, read_trial_list
+from speakerlab.dataio.lists import ListError, Trial, read_utt2spk
+from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
+from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
+from speakerlab.scoring.metrics import verification_metrics
+from speakerlab.scoring.norm import Cohort, asnorm, cohort_stats, unit_rows
 
 SCORE_BLOCK = 4096  # trials per gather: two (4096, D) float32 blocks stay in cache
 
 
 def read_embeddings(path):
-    """An .npz with `ids (N,)` and `embeddings (N, D)` (as written by speakerlab.extract) -> (ids, emb)."""
+    """An .npz with `ids (N,)` and `embeddings (N, D)` (as written by speakerlab.inference.extract) -> (ids, emb)."""
     path = Path(path)
     if not path.is_file():
         raise ListError(f"{path}: embeddings file does not exist")
@@ -257,8 +257,8 @@ def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[S
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.score", description=__doc__.split("\n")[0])
-    ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.extract)")
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.scoring.score", description=__doc__.split("\n")[0])
+    ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.inference.extract)")
     ap.add_argument("--trials", required=True, nargs="+", help="one or more trial lists")
     ap.add_argument("--out", required=True, nargs="+", help="one prefix per list, or one directory")
     ap.add_argument("--names", nargs="+", help="list names (directory mode file names, table rows)")
@@ -299,8 +299,8 @@ def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, f
 
 def run(args) -> List[Dict]:
     """The command without argument parsing: score every list, write the outputs -> summaries."""
-    from speakerlab.score_plots import plot_det, plot_histogram
-    from speakerlab.score_report import markdown_table, result_line, write_json, write_scores
+    from speakerlab.scoring.plots import plot_det, plot_histogram
+    from speakerlab.scoring.report import markdown_table, result_line, write_json, write_scores
 
     names, prefixes, table, _ = output_prefixes(args.trials, args.out, args.names)
     cohort = None

@@ -1,6 +1,6 @@
 """The noise / music / babble / RIR audio of augmentation, read once into a memory-mapped int16 bank.
 
-    python -m speakerlab.noise_bank --lists data/musan_rirs [--out data/musan_rirs/bank] [--kinds noise ...]
+    python -m speakerlab.dataio.noise_bank --lists data/musan_rirs [--out data/musan_rirs/bank] [--kinds noise ...]
 
 `--lists` is the folder of `python -m speakerlab.datasets.musan_rirs prepare` (`noise.scp music.scp
 babble.scp rirs.scp`, `<id> <audio path>` per line). The bank folder holds:
@@ -32,9 +32,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
-from speakerlab.audio import AudioError, audio_info
 from speakerlab.config import AUGMENT_KINDS
-from speakerlab.lists import ListError, read_wav_scp
+from speakerlab.dataio.audio import AudioError, audio_info
+from speakerlab.dataio.lists import ListError, read_wav_scp
 
 KINDS = AUGMENT_KINDS
 LIST_FILES = {"reverb": "rirs.scp", "noise": "noise.scp", "music": "music.scp", "babble": "babble.scp"}
@@ -207,7 +207,7 @@ class NoiseBank:
             audio = np.load(self.root / AUDIO, mmap_mode="r")
             if audio.shape != (self.samples,):  # caught between the two renames of a rebuild
                 raise BankError(
-                    f"{self.root}: {AUDIO} does not match {INDEX}; rebuild with python -m speakerlab.noise_bank"
+                    f"{self.root}: {AUDIO} does not match {INDEX}; rebuild with python -m speakerlab.dataio.noise_bank"
                 )
             self._audio = audio
         return self._audio
@@ -221,7 +221,7 @@ class NoiseBank:
         return self.audio[offsets[i] : offsets[i] + lengths[i]]
 
     def crop(self, kind: str, i: int, n: int, rng: np.random.Generator) -> np.ndarray:
-        """A random `(n,)` int16 crop of file `i`, with the draws of `speakerlab.audio.read_crop`:
+        """A random `(n,)` int16 crop of file `i`, with the draws of `speakerlab.dataio.audio.read_crop`:
         a file shorter than the crop is repeated end to end from a random phase (a noise that
         stops halfway would teach the model that noise comes and goes)."""
         seg = self.segment(kind, i)
@@ -235,7 +235,7 @@ class NoiseBank:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.noise_bank", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.dataio.noise_bank", description=__doc__.split("\n")[0])
     ap.add_argument("--lists", required=True, help="folder of noise.scp music.scp babble.scp rirs.scp")
     ap.add_argument("--out", help="bank folder (default: <lists>/bank)")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)

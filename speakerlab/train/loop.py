@@ -19,21 +19,21 @@ from typing import Iterator, Optional
 
 import torch
 
-from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
-from speakerlab.embedder import NonFiniteEmbedding
-from speakerlab.engine import distributed as dist_utils
-from speakerlab.engine.lock import ExpDirLock, ExpDirLocked
-from speakerlab.engine.monitor import Meter
-from speakerlab.engine.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
-from speakerlab.engine.setup import Run, build_run, load_train_config
-from speakerlab.engine.stability import TrainingStopped, batch_culprits
-from speakerlab.engine.validation import validation_eer
-from speakerlab.engine.watchdog import Watchdog
-from speakerlab.features import feature_spec
-from speakerlab.lists import ListError
-from speakerlab.schedules import lr_at, margin_at
+from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.lists import ListError
+from speakerlab.features.fbank import feature_spec
+from speakerlab.inference.embedder import NonFiniteEmbedding
+from speakerlab.train import distributed as dist_utils
+from speakerlab.train.build import Run, build_run, load_train_config
+from speakerlab.train.lock import ExpDirLock, ExpDirLocked
+from speakerlab.train.monitor import Meter
+from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.schedules import lr_at, margin_at
+from speakerlab.train.stability import TrainingStopped, batch_culprits
+from speakerlab.train.validation import validation_eer
+from speakerlab.train.watchdog import Watchdog
 
 
 @dataclass
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
         run.monitor.log(
             f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
-            f"python -m speakerlab.prepare --data {cfg.data.train}); the last checkpoint is intact"
+            f"python -m speakerlab.dataio.prepare --data {cfg.data.train}); the last checkpoint is intact"
         )
         return 2
     finally:

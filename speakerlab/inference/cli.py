@@ -7,8 +7,8 @@
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --checkpoint exp/campplus
     speakerlab-embed data/test/wav.scp exp/emb/test.ark --3dspeaker campplus --weights w.pt   # + .scp, .npz
 
-Both load the model through `speakerlab.embedder.load_embedder` (our checkpoint file or exp dir, or a
-3D-Speaker state dict with its published features) and read audio with `speakerlab.resample.read_for_model`:
+Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, or a
+3D-Speaker state dict with its published features) and read audio with `speakerlab.dataio.resample.read_for_model`:
 any sample rate (resampled in torch to the model's), multi-channel files as their first channel (with a
 warning on stderr naming the file).
 
@@ -24,7 +24,7 @@ false-alarm rates of that list cross. Without either, DEFAULT_THRESHOLD: a place
 model; calibrate on a list from your own conditions.
 
 `speakerlab-embed` reads `<id> <path>` lines and writes OUT: `.npz` with `ids` (wav.scp order) and
-`embeddings (N, D)` float32 (the format of speakerlab.extract); an OUT ending in `.ark`, or `--kaldi`,
+`embeddings (N, D)` float32 (the format of speakerlab.inference.extract); an OUT ending in `.ark`, or `--kaldi`,
 also writes a Kaldi float-vector ark and its scp (kaldiio) next to the .npz. Nothing is written when a
 file fails or an embedding is not finite.
 
@@ -41,14 +41,20 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import Embedder, NonFiniteEmbedding, add_source_args, check_finite, embedder_from_args
-from speakerlab.extract import save_embeddings
-from speakerlab.features import num_frames
-from speakerlab.lists import ListError, read_wav_scp
-from speakerlab.metrics import error_rates
-from speakerlab.resample import read_for_model
+from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.dataio.resample import read_for_model
+from speakerlab.features.fbank import num_frames
+from speakerlab.inference.embedder import (
+    Embedder,
+    NonFiniteEmbedding,
+    add_source_args,
+    check_finite,
+    embedder_from_args,
+)
+from speakerlab.inference.extract import save_embeddings
+from speakerlab.scoring.metrics import error_rates
 
 DEFAULT_THRESHOLD = 0.5
 # Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
@@ -103,7 +109,7 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
 
     `dim`: the model's embedding size, checked against the file's (embeddings of another model would
     give a meaningless threshold)."""
-    from speakerlab.score import evaluate, read_embeddings  # the scoring stack only when calibrating
+    from speakerlab.scoring.score import evaluate, read_embeddings  # the scoring stack only when calibrating
 
     ids, emb = read_embeddings(embeddings)
     if dim is not None and emb.shape[1] != dim:

@@ -1,6 +1,6 @@
 """Training-time augmentation, worker side: every random draw, and the int16 audio those draws pick.
 
-Kinds (unchanged from the per-sample CPU augmenter this replaces; `speakerlab.augment_batch` does
+Kinds (unchanged from the per-sample CPU augmenter this replaces; `speakerlab.train.frontend` does
 the arithmetic, batched on the training device). With probability `prob` a crop gets exactly ONE
 augmentation, drawn uniformly among the enabled kinds:
   reverb  convolution with a random RIR, aligned on its direct path, input power kept
@@ -10,9 +10,9 @@ augmentation, drawn uniformly among the enabled kinds:
 With `reverb_noise_prob` > 0, a reverberated crop also gets, with that probability, one of the
 enabled additive kinds on top (reverberant speech in a noisy room).
 
-The audio comes from a `speakerlab.noise_bank.NoiseBank` (memory-mapped int16, built once by
-`python -m speakerlab.noise_bank`); every draw comes from the generator the caller passes (the
-per-item generator of `speakerlab.batches.CropDataset`), so the samples of an optimizer step are
+The audio comes from a `speakerlab.dataio.noise_bank.NoiseBank` (memory-mapped int16, built once by
+`python -m speakerlab.dataio.noise_bank`); every draw comes from the generator the caller passes (the
+per-item generator of `speakerlab.dataio.batches.CropDataset`), so the samples of an optimizer step are
 the same on any hardware and with any number of loader workers.
 
 `reference_wave` is the per-sample float64 numpy / scipy path (scipy.signal.resample_poly,
@@ -30,8 +30,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.config import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
-from speakerlab.noise_bank import KINDS, NoiseBank, bank_problem, build_bank
-from speakerlab.speed import input_length, resample_ratio
+from speakerlab.dataio.noise_bank import KINDS, NoiseBank, bank_problem, build_bank
+from speakerlab.dataio.speed import input_length, resample_ratio
 
 INT16_SCALE = 1.0 / 32768.0  # int16 -> float as soundfile reads PCM_16 (the features' input scale)
 
@@ -142,7 +142,7 @@ def open_augmenter(settings, sample_rate: int, log=print) -> Augmenter:
     root = Path(settings.bank) if settings.bank else lists / "bank"
     stale = bank_problem(root, lists, settings.kinds, sample_rate)
     if stale is not None:
-        log(f"{stale}: building it (python -m speakerlab.noise_bank --lists {lists} --out {root})")
+        log(f"{stale}: building it (python -m speakerlab.dataio.noise_bank --lists {lists} --out {root})")
         build_bank(lists, root, settings.kinds, sample_rate, log)
     snr = {"noise": settings.noise_snr, "music": settings.music_snr, "babble": settings.babble_snr}
     aug = Augmenter(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from speakerlab.embedder import Embedder
-from speakerlab.extract import embed_data_dir, embed_feature_store, fitting_store
-from speakerlab.features import FeatureSpec
-from speakerlab.score import evaluate
+from speakerlab.features.fbank import FeatureSpec
+from speakerlab.inference.embedder import Embedder
+from speakerlab.inference.extract import embed_data_dir, embed_feature_store, fitting_store
+from speakerlab.scoring.score import evaluate
 
 
 def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, device: torch.device) -> float:

@@ -1,20 +1,20 @@
 """The training step's front end, batched on the training device: loader batch -> (features, labels).
 
     frontend = Frontend(fbank, crop_samples, mean_norm=True, speed_factors=[0.9, 1.1], num_speakers=S)
-    feats, labels = frontend(batch)    # batch: `speakerlab.batches.collate` output, on the host or device
+    feats, labels = frontend(batch)    # batch: `speakerlab.dataio.batches.collate` output, on the host or device
 
-The loader workers only read int16 audio and draw (speakerlab.batches, speakerlab.augment); here,
+The loader workers only read int16 audio and draw (speakerlab.dataio.batches, speakerlab.dataio.augment); here,
 for the whole batch at once and on whatever device the module sits on (CPU tensors for CPU
 training and the tests):
 
-  speed      items grouped by factor, polyphase resampling (speakerlab.speed), cut to the crop
+  speed      items grouped by factor, polyphase resampling (speakerlab.dataio.speed), cut to the crop
   reverb     FFT convolution with each item's RIR, aligned on its direct path, input power kept
   additive   segments at equal level, summed per item (babble), scaled to the drawn SNR, added
-  features   Kaldi fbank (speakerlab.features), per-utterance mean normalisation
+  features   Kaldi fbank (speakerlab.features.fbank), per-utterance mean normalisation
 
-The arithmetic is float32 (the float64 per-sample reference, `speakerlab.augment.reference_wave`,
+The arithmetic is float32 (the float64 per-sample reference, `speakerlab.dataio.augment.reference_wave`,
 agrees to ~1e-5 of full scale). Labels: with speed perturbation as new speakers, speaker index +
-factor class x num_speakers (speakerlab.speed).
+factor class x num_speakers (speakerlab.dataio.speed).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from speakerlab.augment import INT16_SCALE
-from speakerlab.features import Fbank, mean_normalize
-from speakerlab.speed import SpeedPerturb, by_rows, speed_labels
+from speakerlab.dataio.augment import INT16_SCALE
+from speakerlab.dataio.speed import SpeedPerturb, by_rows, speed_labels
+from speakerlab.features.fbank import Fbank, mean_normalize
 
-CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.speed.by_rows); a GPU takes the batch at once
+CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.dataio.speed.by_rows); a GPU takes the batch at once
 
 
 def mean_square(x: Tensor) -> Tensor:
@@ -73,7 +73,7 @@ def add_noise_batch(x: Tensor, noise: Tensor, owner: Tensor, snr_db: Tensor) -> 
 class Frontend(torch.nn.Module):
     """`forward(batch) -> (feats (B, T, F) float32, labels (B,) int64)`, see the module docstring.
 
-    `speed_factors`: the factors the dataset draws from (its classes, `speakerlab.speed.factor_classes`);
+    `speed_factors`: the factors the dataset draws from (its classes, `speakerlab.dataio.speed.factor_classes`);
     `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded).
     `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch)."""
 
@@ -115,7 +115,7 @@ class Frontend(torch.nn.Module):
 
     def forward(self, batch: Dict[str, object]) -> Tuple[Tensor, Tensor]:
         labels = batch["label"].to(self.device, non_blocking=True)
-        if "feats" in batch:  # a feature-store batch (speakerlab.feature_store): only the normalisation
+        if "feats" in batch:  # a feature-store batch (speakerlab.features.store): only the normalisation
             feats = batch["feats"].to(self.device, non_blocking=True)
             return (mean_normalize(feats) if self.mean_norm else feats), labels
         x = self.waves(batch)

@@ -1,7 +1,8 @@
 """Export an embedding model to TorchScript or ONNX, with a dynamic batch and time axis.
 
-    python -m speakerlab.export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
-    python -m speakerlab.export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript --out m.pt
+    python -m speakerlab.inference.export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
+    python -m speakerlab.inference.export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript \
+        --out m.pt
 
 Both formats take fbank features `(B, T, 80)` (input name `feats`) and return embeddings `(B, D)`
 (output name `embedding`); feature extraction stays outside, as in every deployment runtime that
@@ -100,9 +101,9 @@ def check_export(
 
 def main(argv=None) -> int:
     from speakerlab.checkpoint import CheckpointError
-    from speakerlab.embedder import add_source_args, embedder_from_args
+    from speakerlab.inference.embedder import add_source_args, embedder_from_args
 
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.export", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.inference.export", description=__doc__.split("\n")[0])
     add_source_args(ap)
     ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
     ap.add_argument("--out", required=True)

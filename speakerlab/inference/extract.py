@@ -1,11 +1,11 @@
 """Embedding extraction: every utterance of a data dir -> `embeddings.npz`, streamed with bounded memory.
 
-    python -m speakerlab.extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
+    python -m speakerlab.inference.extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
         --out exp/mini/embeddings/test.npz
-    torchrun --nproc_per_node=4 -m speakerlab.extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
+    torchrun --nproc_per_node=4 -m speakerlab.inference.extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
 
 The checkpoint (or an exp dir: its newest intact checkpoint) brings its own model and features
-(speakerlab.embedder). Loader workers read audio while the model runs. Utterances longer than
+(speakerlab.inference.embedder). Loader workers read audio while the model runs. Utterances longer than
 `--max-seconds` are cut into equal chunks of at most that length whose embeddings are averaged; the
 rest are embedded whole. Units (utterances or chunks) are sorted by length and batched when their
 frame counts are equal (with `--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter
@@ -21,7 +21,7 @@ utterance order, into OUT and removes the parts.
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), readable
 with numpy alone: `z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. `--kaldi` also writes
 `<OUT without .npz>.ark/.scp` (Kaldi float vectors, via kaldiio). When the data dir has an offline
-feature store (python -m speakerlab.feature_store) with the checkpoint's fbank options, fbank is read
+feature store (python -m speakerlab.features.store) with the checkpoint's fbank options, fbank is read
 from it instead of computed from the audio (`--feats yes|no` forces the choice).
 """
 
@@ -41,11 +41,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from speakerlab.audio import AudioError, audio_info, read_segment
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
-from speakerlab.features import num_frames
-from speakerlab.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.audio import AudioError, audio_info, read_segment
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.features.fbank import num_frames
+from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
 
 
 def plan_units(lengths: Sequence[int], max_samples: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,10 +224,10 @@ def embed_data_dir(
 def embed_feature_store(
     embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, store=None
 ) -> Tuple[List[str], np.ndarray]:
-    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (python -m speakerlab.feature_store) instead of
+    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (python -m speakerlab.features.store) instead of
     the audio; the store's fbank options must be the checkpoint's (else an error naming the option).
     `store`: that store already opened (`fitting_store`), else it is opened here."""
-    from speakerlab.feature_store import FeatureStore  # kaldiio only when the store is used
+    from speakerlab.features.store import FeatureStore  # kaldiio only when the store is used
 
     data = load_data_dir(data_dir, need_speakers=False)
     store = store if store is not None else FeatureStore(data_dir, embedder.spec.fbank)
@@ -259,7 +259,7 @@ def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.extract", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speakerlab.inference.extract", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
         "--feats",
         choices=["auto", "yes", "no"],
         default="auto",
-        help="read <data>/feats.scp (python -m speakerlab.feature_store) instead of decoding audio: "
+        help="read <data>/feats.scp (python -m speakerlab.features.store) instead of decoding audio: "
         "yes, no, or auto (when the store exists with the checkpoint's fbank options)",
     )
     args = ap.parse_args(argv)
@@ -318,7 +318,7 @@ def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], No
     checkpoint's fbank, else None; `log` says which."""
     if not (Path(data_dir) / "feats.scp").exists():
         return None
-    from speakerlab.feature_store import FeatureStore
+    from speakerlab.features.store import FeatureStore
 
     say = log or (lambda m: None)
     try:

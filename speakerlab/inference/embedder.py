@@ -22,9 +22,9 @@ import torch
 import torch.nn as nn
 
 from speakerlab.checkpoint import load_given, rebuild_model
+from speakerlab.dataio.resample import read_for_model
 from speakerlab.devices import resolve_device
-from speakerlab.features import Fbank, FbankConfig, FeatureSpec, compute_features, mean_normalize, num_frames
-from speakerlab.resample import read_for_model
+from speakerlab.features.fbank import Fbank, FbankConfig, FeatureSpec, compute_features, mean_normalize, num_frames
 
 # The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
 # 25/10 ms povey frames, no dither, per-utterance mean normalisation.

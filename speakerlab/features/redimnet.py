@@ -3,7 +3,7 @@
     wave (B, samples) at 16 kHz -> ReDimNetMel() -> (B, frames, 72) -> speakerlab ReDimNet2 -> (B, 192)
 
 Reproduces the official features to 1e-3 on the log values without torchaudio or scipy. Unlike
-the Kaldi `Fbank` (speakerlab/features.py) it normalises the waveform, pads frames at both ends,
+the Kaldi `Fbank` (speakerlab/features/fbank.py) it normalises the waveform, pads frames at both ends,
 uses an HTK mel scale with a quirky bin-frequency grid and subtracts the utterance mean per bin.
 """
 
