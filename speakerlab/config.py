@@ -77,7 +77,7 @@ class DataSettings:
     # skip: the row leaves its batch, counted and named in the log; stop: the run ends (checkpoints intact)
     max_bad_audio: int = setting(100, ge=0)  # skip: stop anyway past this many failed reads (a lost mount,
     # not a few broken files)
-    shards: Optional[str] = None  # stream tar shards of data.train from this dir (python -m speakerlab.dataio.shards);
+    shards: Optional[str] = None  # stream tar shards of data.train from this dir (speakerlab-shards);
     # data.train's lists must be those the shards were written from; its audio is not read
     shuffle_buffer: int = setting(1000, ge=1)  # data.shards: samples each loader worker shuffles among
 
@@ -92,7 +92,7 @@ class AugmentSettings:
     babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
     babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
     reverb_noise_prob: float = setting(0.0, ge=0, le=1)  # chance a reverberated crop also gets an additive kind
-    bank: Optional[str] = None  # int16 noise bank (python -m speakerlab.dataio.noise_bank); null: <lists>/bank,
+    bank: Optional[str] = None  # int16 noise bank (speakerlab-noise-bank); null: <lists>/bank,
     # built at start when missing or older than the lists
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
     speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off

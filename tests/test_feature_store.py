@@ -39,7 +39,7 @@ def test_store_holds_the_fbank_of_every_utterance(data):
 
 
 def test_store_with_other_options_names_the_option(data, tmp_path):
-    with pytest.raises(ListError, match="no complete feature store; run python -m speakerlab.features.store"):
+    with pytest.raises(ListError, match="no complete feature store; run speakerlab-feature-store"):
         FeatureStore(data)
     assert main(["--data", str(data)]) == 0
     with pytest.raises(ValueError, match="num_mel_bins=80, the config asks for num_mel_bins=64"):

@@ -42,8 +42,8 @@ launch_options() {
   opt master_port 29500
 }
 
-# launch MODULE ARGS...: `python -m MODULE ARGS` for one process, torchrun for several, from the
-# options of launch_options ("0 1 2 3" in gpus -> CUDA_VISIBLE_DEVICES and one process each).
+# launch COMMAND ARGS...: the console script `COMMAND ARGS` for one process, torchrun for several, from
+# the options of launch_options ("0 1 2 3" in gpus -> CUDA_VISIBLE_DEVICES and one process each).
 launch() {
   local n="$nproc"
   if [ -n "$gpus" ]; then
@@ -52,8 +52,8 @@ launch() {
   fi
   if [ "$n" -gt 1 ] || [ "$nnodes" -gt 1 ]; then
     python -m torch.distributed.run --nnodes="$nnodes" --node_rank="$node_rank" --nproc_per_node="$n" \
-      --master_addr="$master_addr" --master_port="$master_port" -m "$@"
+      --master_addr="$master_addr" --master_port="$master_port" --no-python "$@"
   else
-    python -m "$@"
+    "$@"
   fi
 }

@@ -11,7 +11,7 @@ With `reverb_noise_prob` > 0, a reverberated crop also gets, with that probabili
 enabled additive kinds on top (reverberant speech in a noisy room).
 
 The audio comes from a `speakerlab.dataio.noise_bank.NoiseBank` (memory-mapped int16, built once by
-`python -m speakerlab.dataio.noise_bank`); every draw comes from the generator the caller passes (the
+`speakerlab-noise-bank`); every draw comes from the generator the caller passes (the
 per-item generator of `speakerlab.dataio.batches.CropDataset`), so the samples of an optimizer step are
 the same on any hardware and with any number of loader workers.
 
@@ -142,7 +142,7 @@ def open_augmenter(settings, sample_rate: int, log=print) -> Augmenter:
     root = Path(settings.bank) if settings.bank else lists / "bank"
     stale = bank_problem(root, lists, settings.kinds, sample_rate)
     if stale is not None:
-        log(f"{stale}: building it (python -m speakerlab.dataio.noise_bank --lists {lists} --out {root})")
+        log(f"{stale}: building it (speakerlab-noise-bank --lists {lists} --out {root})")
         build_bank(lists, root, settings.kinds, sample_rate, log)
     snr = {"noise": settings.noise_snr, "music": settings.music_snr, "babble": settings.babble_snr}
     aug = Augmenter(

@@ -1,8 +1,8 @@
 """The noise / music / babble / RIR audio of augmentation, read once into a memory-mapped int16 bank.
 
-    python -m speakerlab.dataio.noise_bank --lists data/musan_rirs [--out data/musan_rirs/bank] [--kinds noise ...]
+    speakerlab-noise-bank --lists data/musan_rirs [--out data/musan_rirs/bank] [--kinds noise ...]
 
-`--lists` is the folder of `python -m speakerlab.datasets.musan_rirs prepare` (`noise.scp music.scp
+`--lists` is the folder of `speakerlab-musan-rirs prepare` (`noise.scp music.scp
 babble.scp rirs.scp`, `<id> <audio path>` per line). The bank folder holds:
 
   audio.npy   every file of every kind, end to end, int16, one flat array (read with numpy.memmap)
@@ -55,7 +55,7 @@ def list_digest(path: Path) -> str:
 def _check_list(kind: str, path: Path, sample_rate: int, problems: List[str]) -> List[Tuple[str, str, int, str]]:
     """(id, audio path, samples, `list:line`) of the usable entries; problems appended, not raised."""
     if not path.is_file():
-        problems.append(f"{path}: list does not exist (run `python -m speakerlab.datasets.musan_rirs prepare`)")
+        problems.append(f"{path}: list does not exist (run `speakerlab-musan-rirs prepare`)")
         return []
     try:
         entries = read_wav_scp(path)
@@ -206,9 +206,7 @@ class NoiseBank:
         if self._audio is None:
             audio = np.load(self.root / AUDIO, mmap_mode="r")
             if audio.shape != (self.samples,):  # caught between the two renames of a rebuild
-                raise BankError(
-                    f"{self.root}: {AUDIO} does not match {INDEX}; rebuild with python -m speakerlab.dataio.noise_bank"
-                )
+                raise BankError(f"{self.root}: {AUDIO} does not match {INDEX}; rebuild with speakerlab-noise-bank")
             self._audio = audio
         return self._audio
 
@@ -235,7 +233,7 @@ class NoiseBank:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.dataio.noise_bank", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-noise-bank", description=__doc__.split("\n")[0])
     ap.add_argument("--lists", required=True, help="folder of noise.scp music.scp babble.scp rirs.scp")
     ap.add_argument("--out", help="bank folder (default: <lists>/bank)")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)

@@ -1,6 +1,6 @@
 """Prepare a data dir for training: validate the lists, check every audio file, index lengths.
 
-    python -m speakerlab.dataio.prepare --data data/train [--data data/test ...]
+    speakerlab-prepare --data data/train [--data data/test ...]
 
 Writes `spk2utt` (when missing) and `utt2num_samples` (so training never decodes headers at start-up,
 and crops can be drawn without opening files). Every problem is reported, with file and line, before
@@ -61,7 +61,7 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.dataio.prepare", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-prepare", description=__doc__.split("\n")[0])
     ap.add_argument("--data", action="append", required=True, help="data dir (repeatable)")
     ap.add_argument("--sample-rate", type=int, default=16000)
     ap.add_argument("--jobs", type=int, default=4)

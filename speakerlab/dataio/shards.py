@@ -1,6 +1,6 @@
 """Sharded corpora: a data dir as WebDataset tar shards, written once, streamed by training.
 
-    python -m speakerlab.dataio.shards --data data/train --out data/train/shards [--shard-mb 256 | --per-shard N]
+    speakerlab-shards --data data/train --out data/train/shards [--shard-mb 256 | --per-shard N]
 
 For data on network storage or past one disk: training then reads a few large files front to back
 instead of a million small ones at random (`data.shards: data/train/shards`).
@@ -172,9 +172,7 @@ def load_index(shard_dir) -> dict:
     """The checked shards.json of `shard_dir`; a missing or inconsistent one raises naming the file and key."""
     path = Path(shard_dir) / SHARDS_JSON
     if not path.is_file():
-        raise ListError(
-            f"{path}: no complete shards; run python -m speakerlab.dataio.shards --data DIR --out {shard_dir}"
-        )
+        raise ListError(f"{path}: no complete shards; run speakerlab-shards --data DIR --out {shard_dir}")
     try:
         index = json.loads(path.read_text())
     except ValueError as e:
@@ -349,7 +347,7 @@ def load_shard_data(settings, log) -> DataDir:
         raise ListError(
             f"{Path(settings.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
             f"written from the lists of config key 'data.train' ({data.root}: {len(data.utts)} utterances, "
-            f"{len(data.speakers)} speakers); rewrite them: python -m speakerlab.dataio.shards --data {data.root} "
+            f"{len(data.speakers)} speakers); rewrite them: speakerlab-shards --data {data.root} "
             f"--out {settings.shards}"
         )
     log(f"training data {settings.shards}: {index['total']} utterances, {len(spk)} speakers in shards")
@@ -362,7 +360,7 @@ def pass_batch(batch):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.dataio.shards", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-shards", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp, utt2spk")
     ap.add_argument("--out", help="shard dir (default <data>/shards)")
     size = ap.add_mutually_exclusive_group()

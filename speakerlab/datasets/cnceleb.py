@@ -1,9 +1,9 @@
 """CN-Celeb1 + CN-Celeb2 (16 kHz flac) as Kaldi data dirs, with the CN-Celeb1 evaluation trials.
 
-    python -m speakerlab.datasets.cnceleb download [--parts cnceleb1 cnceleb2] [--download-dir D]
+    speakerlab-cnceleb download [--parts cnceleb1 cnceleb2] [--download-dir D]
                                                    [--archive-dir A] [--mirror URL]
-    python -m speakerlab.datasets.cnceleb extract  [--parts cnceleb1 cnceleb2] [--raw-dir R]
-    python -m speakerlab.datasets.cnceleb prepare  [--raw-dir R] [--data DATA] [--parts cnceleb1 cnceleb2]
+    speakerlab-cnceleb extract  [--parts cnceleb1 cnceleb2] [--raw-dir R]
+    speakerlab-cnceleb prepare  [--raw-dir R] [--data DATA] [--parts cnceleb1 cnceleb2]
 
 OpenSLR 82 archives, unpacked into R: cn-celeb_v2.tar.gz (CN-Celeb1) and cn-celeb2_v2.tar.gz
 (cn-celeb2_v2.tar.gza[a-c] joined):
@@ -72,7 +72,7 @@ PUBLISHED = {
     "trials": 3484292,
 }
 AUDIO_EXT = (".flac", ".wav")
-HINT = "run `python -m speakerlab.datasets.cnceleb extract --parts {}` (or check --raw-dir)"
+HINT = "run `speakerlab-cnceleb extract --parts {}` (or check --raw-dir)"
 
 
 def resolve(base: Path, rel: str, where: str) -> Path:
@@ -157,7 +157,7 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> N
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("python -m speakerlab.datasets.cnceleb", __doc__, PARTS)
+    ap, sub = make_parser("speakerlab-cnceleb", __doc__, PARTS)
     p = sub.add_parser("prepare", help="write the Kaldi data dirs and the trial list")
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--data", default="data", help="output folder for the data dirs")

@@ -1,6 +1,6 @@
 """Offline features: fbank of every utterance of a data dir, stored once as Kaldi feats.ark/feats.scp.
 
-    python -m speakerlab.features.store --data data/train --data data/test [--config conf/voxceleb_campplus.yaml ...]
+    speakerlab-feature-store --data data/train --data data/test [--config conf/voxceleb_campplus.yaml ...]
 
 Writes `<data>/feats.ark`, `<data>/feats.scp` (Kaldi's own format, through kaldiio, so Kaldi and
 other toolkits read them too) and `<data>/feats.json`, the fbank options they were computed with
@@ -80,7 +80,7 @@ class FeatureStore:
         root = Path(data_dir)
         conf = root / FEATS_CONF
         if not conf.is_file():
-            raise ListError(f"{conf}: no complete feature store; run python -m speakerlab.features.store --data {root}")
+            raise ListError(f"{conf}: no complete feature store; run speakerlab-feature-store --data {root}")
         self.config = json.loads(conf.read_text())["fbank"]
         self.entries: Dict[str, str] = {u: fields[0] for u, (_, fields) in read_table(root / FEATS_SCP).items()}
         if expect is not None:
@@ -158,7 +158,7 @@ def collate_feats(items) -> Dict[str, torch.Tensor]:
 def main(argv=None) -> int:
     from speakerlab.config import ConfigError, load_config
 
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.features.store", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-feature-store", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, action="append", help="Kaldi data dir with wav.scp (repeatable)")
     ap.add_argument("--config", action="append", help="experiment config(s) whose features section to use")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. features.num_mel_bins=64")

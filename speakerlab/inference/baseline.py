@@ -1,6 +1,6 @@
 """No-training baseline of a test set: cosine of per-utterance mean log-mel (80 bins, no normalisation).
 
-    python -m speakerlab.inference.baseline --data data/test --out exp/mini/scores/test_baseline
+    speakerlab-baseline --data data/test --out exp/mini/scores/test_baseline
 
 It tells how hard a corpus is before any model is trained: a trained model should beat it by far.
 Writes `<out>.result` and prints the EER and minDCF.
@@ -29,7 +29,7 @@ class MeanOverTime(torch.nn.Module):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.inference.baseline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-baseline", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="data dir with wav.scp and trials")
     ap.add_argument("--out", required=True, help="output prefix: <out>.result")
     ap.add_argument("--device", default="auto")

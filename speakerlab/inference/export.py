@@ -1,7 +1,7 @@
 """Export an embedding model to TorchScript or ONNX, with a dynamic batch and time axis.
 
-    python -m speakerlab.inference.export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
-    python -m speakerlab.inference.export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript \
+    speakerlab-export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
+    speakerlab-export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript \
         --out m.pt
 
 Both formats take fbank features `(B, T, 80)` (input name `feats`) and return embeddings `(B, D)`
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     from speakerlab.checkpoint import CheckpointError
     from speakerlab.inference.embedder import add_source_args, embedder_from_args
 
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.inference.export", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
     ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
     ap.add_argument("--out", required=True)

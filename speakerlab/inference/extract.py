@@ -1,8 +1,8 @@
 """Embedding extraction: every utterance of a data dir -> `embeddings.npz`, streamed with bounded memory.
 
-    python -m speakerlab.inference.extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
+    speakerlab-extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
         --out exp/mini/embeddings/test.npz
-    torchrun --nproc_per_node=4 -m speakerlab.inference.extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
+    torchrun --nproc_per_node=4 --no-python speakerlab-extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
 
 The checkpoint (or an exp dir: its newest intact checkpoint) brings its own model and features
 (speakerlab.inference.embedder). Loader workers read audio while the model runs. Utterances longer than
@@ -21,7 +21,7 @@ utterance order, into OUT and removes the parts.
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), readable
 with numpy alone: `z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. `--kaldi` also writes
 `<OUT without .npz>.ark/.scp` (Kaldi float vectors, via kaldiio). When the data dir has an offline
-feature store (python -m speakerlab.features.store) with the checkpoint's fbank options, fbank is read
+feature store (speakerlab-feature-store) with the checkpoint's fbank options, fbank is read
 from it instead of computed from the audio (`--feats yes|no` forces the choice).
 """
 
@@ -224,7 +224,7 @@ def embed_data_dir(
 def embed_feature_store(
     embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, store=None
 ) -> Tuple[List[str], np.ndarray]:
-    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (python -m speakerlab.features.store) instead of
+    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (speakerlab-feature-store) instead of
     the audio; the store's fbank options must be the checkpoint's (else an error naming the option).
     `store`: that store already opened (`fitting_store`), else it is opened here."""
     from speakerlab.features.store import FeatureStore  # kaldiio only when the store is used
@@ -259,7 +259,7 @@ def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.inference.extract", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
         "--feats",
         choices=["auto", "yes", "no"],
         default="auto",
-        help="read <data>/feats.scp (python -m speakerlab.features.store) instead of decoding audio: "
+        help="read <data>/feats.scp (speakerlab-feature-store) instead of decoding audio: "
         "yes, no, or auto (when the store exists with the checkpoint's fbank options)",
     )
     args = ap.parse_args(argv)

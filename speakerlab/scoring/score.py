@@ -1,8 +1,8 @@
 """Cosine scoring of trial lists at scale, with score normalisation, calibration, metrics and pictures.
 
-    python -m speakerlab.scoring.score --embeddings exp/mini/embeddings/test.npz --trials data/test/trials \
+    speakerlab-score --embeddings exp/mini/embeddings/test.npz --trials data/test/trials \
         --out exp/mini/scores/test
-    python -m speakerlab.scoring.score --embeddings test.npz --trials data/O/trials data/E/trials --out exp/scores \
+    speakerlab-score --embeddings test.npz --trials data/O/trials data/E/trials --out exp/scores \
         --cohort train.npz --cohort-utt2spk data/train/utt2spk --mean-sub --asnorm-top-n 300 \
         --qmf-train data/dev/trials --durations data/test/utt2num_samples
 
@@ -257,7 +257,7 @@ def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[S
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.scoring.score", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
     ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.inference.extract)")
     ap.add_argument("--trials", required=True, nargs="+", help="one or more trial lists")
     ap.add_argument("--out", required=True, nargs="+", help="one prefix per list, or one directory")

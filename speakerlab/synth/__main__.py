@@ -1,4 +1,4 @@
-"""Write the synthetic speaker corpus: ``python -m speakerlab.synth --out DIR [options]``.
+"""Write the synthetic speaker corpus: ``speakerlab-synth --out DIR [options]``.
 
 Layout under DIR (all lists sorted, wav.scp paths absolute):
   train/ val/ test/           Kaldi data dirs: wav.scp utt2spk spk2utt (+ trials for val, test)
@@ -249,7 +249,7 @@ def _noise_tasks(out: str, seed: int) -> list:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m speakerlab.synth", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="speakerlab-synth", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--seed", type=int, default=20240607)
     p.add_argument("--num-train-speakers", type=int, default=400)

@@ -1,6 +1,6 @@
 """Average the weights of a run's last N epoch checkpoints (a cheap, reliable EER gain).
 
-    python -m speakerlab.train.average --exp-dir exp/campplus --last 5   # -> exp/campplus/checkpoints/avg.pt
+    speakerlab-average --exp-dir exp/campplus --last 5   # -> exp/campplus/checkpoints/avg.pt
 
 The result is a full checkpoint (model name + arguments, speaker map, config) without optimizer
 state: use it for extraction or as `train.init_from` of a fine-tuning run.
@@ -16,7 +16,7 @@ from speakerlab.checkpoint import average_checkpoints, checkpoint_files, save_ch
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.train.average", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-average", description=__doc__.split("\n")[0])
     ap.add_argument("--exp-dir", required=True)
     ap.add_argument("--last", type=int, default=5, help="number of newest epoch checkpoints to average")
     ap.add_argument("--out", help="output file (default <exp-dir>/checkpoints/avg.pt)")

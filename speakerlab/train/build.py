@@ -94,7 +94,7 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
         raise ListError(
             f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
             f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-            "re-run the features stage (python -m speakerlab.dataio.prepare)"
+            "re-run the features stage (speakerlab-prepare)"
         )
     if checked is data:
         data.num_samples = lengths

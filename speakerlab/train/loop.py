@@ -1,7 +1,8 @@
 """Train a speaker-embedding model.
 
-    python -m speakerlab.train --config conf/mini_campplus.yaml --exp-dir exp/mini [--hardware cpu] [train.epochs=2 ...]
-    torchrun --nproc_per_node=4 -m speakerlab.train --config ... --exp-dir ...
+    speakerlab-train --config conf/mini_campplus.yaml --exp-dir exp/mini [--hardware cpu] [train.epochs=2 ...]
+    torchrun --nproc_per_node=4 --no-python speakerlab-train --config ... --exp-dir ...
+    python -m speakerlab.train ...      (the same as speakerlab-train)
 
 Re-running the same command resumes from the latest checkpoint under <exp-dir>/checkpoints.
 """
@@ -223,7 +224,7 @@ def positive_int(text: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.train", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--config",
         required=True,
@@ -295,7 +296,7 @@ def main(argv=None) -> int:
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
         run.monitor.log(
             f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
-            f"python -m speakerlab.dataio.prepare --data {cfg.data.train}); the last checkpoint is intact"
+            f"speakerlab-prepare --data {cfg.data.train}); the last checkpoint is intact"
         )
         return 2
     finally:
