@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -283,13 +284,15 @@ def save_config(cfg: Config, path: Union[str, Path]) -> None:
 
 
 def resolve_hardware(name_or_path: Union[str, Path]) -> Path:
-    """A hardware profile: a YAML path, or a name under <repo>/conf/hardware/."""
+    """A hardware profile: a YAML path, or a name among the shipped profiles (`conf/hardware/NAME.yaml`, which
+    the package also carries as `speakerlab/hardware/`, so an installed package resolves the names too)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
-    profile = Path(__file__).resolve().parent.parent / "conf" / "hardware" / f"{name_or_path}.yaml"
+    shipped = Path(str(resources.files("speakerlab") / "hardware"))
+    profile = shipped / f"{name_or_path}.yaml"
     if not profile.exists():
-        known = sorted(q.stem for q in profile.parent.glob("*.yaml"))
+        known = sorted(q.stem for q in shipped.glob("*.yaml"))
         raise ConfigError(f"unknown hardware profile {str(name_or_path)!r}; known: {', '.join(known)}")
     return profile
 

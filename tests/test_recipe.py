@@ -49,7 +49,7 @@ def test_mini_recipe_end_to_end(tmp_path):
         "--average_last",
         "2",
         "--lm_config",
-        str(ROOT / "conf" / "mini_finetune_lm.yaml"),
+        str(ROOT / "conf" / "mini" / "finetune_lm.yaml"),
     )
     out = r.stdout + r.stderr
     for n in range(1, 8):

@@ -268,7 +268,7 @@ def test_average_then_large_margin_finetune(tmp_path):
     torch.testing.assert_close(avg.model[key], (e1.model[key] + e2.model[key]) / 2)
     assert avg.resume is None and avg.averaged_from and avg.classifier is not None
     lm = tmp_path / "lm"
-    overlay = ROOT / "conf" / "mini_finetune_lm.yaml"
+    overlay = ROOT / "conf" / "mini" / "finetune_lm.yaml"
     assert (
         train_main(
             [

@@ -3,7 +3,7 @@
 # cross-distance and cross-dialect trial lists.
 #   bash egs/3dspeaker/run.sh --gpus "0 1 2 3" --hardware a100-80g
 #   bash egs/3dspeaker/run.sh --archive_dir /corpora/3dspeaker --stage 1 --stop_stage 2   # archives on disk
-#   bash egs/3dspeaker/run.sh --stage 3 --config ../../conf/3dspeaker_campplus.yaml --exp exp/campplus
+#   bash egs/3dspeaker/run.sh --stage 3 --config ../../conf/3dspeaker/campplus.yaml --exp exp/campplus
 # Stages (the same numbers in every recipe): 1 data preparation (download, extract, Kaldi lists and
 # trials, MUSAN/RIR lists), 2 features (validate lists, check audio, index lengths), 3 train,
 # 4 embeddings, 5 score every trial list; optional: 6 average checkpoints, 7 large-margin
@@ -26,7 +26,7 @@ opt val_set ""                     # a data dir with `trials`, scored during tra
 opt eval_set 3dspeaker_test
 opt trials "cross_device cross_distance cross_dialect"   # $data/$eval_set/trials_<name>
 opt exp exp/eres2net_base
-opt config ../../conf/3dspeaker_eres2net_base.yaml
+opt config ../../conf/3dspeaker/eres2net_base.yaml
 opt hardware auto                  # profile in conf/hardware/
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them

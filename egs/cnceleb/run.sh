@@ -25,7 +25,7 @@ opt val_set ""                     # a data dir with `trials`, scored during tra
 opt eval_set cnceleb_eval
 opt trials "trials"                # trial lists of $data/$eval_set (CN-Celeb has one: trials)
 opt exp exp/campplus
-opt config ../../conf/cnceleb_campplus.yaml
+opt config ../../conf/cnceleb/campplus.yaml
 opt hardware auto                  # profile in conf/hardware/
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them

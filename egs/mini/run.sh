@@ -17,14 +17,14 @@ opt stage 1
 opt stop_stage 5
 opt data data                      # corpus and Kaldi data dirs
 opt exp ""                         # default exp/campplus (exp/campplus_augment with --augment true)
-opt config ../../conf/mini_campplus.yaml
+opt config ../../conf/mini/campplus.yaml
 opt hardware cpu                   # profile in conf/hardware/
 opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
-opt lm_config ../../conf/mini_finetune_lm.yaml
+opt lm_config ../../conf/mini/finetune_lm.yaml
 opt corpus_opts ""                 # extra generator options, e.g. "--num-train-speakers 50"
 opt augment false                  # true: train from audio with speed perturbation, reverb, noise ...
-opt augment_config ../../conf/mini_augment.yaml  # ... as this overlay of $config says
+opt augment_config ../../conf/mini/augment.yaml  # ... as this overlay of $config says
 opt seed 1234
 opt jobs 2                         # corpus generation processes
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them

@@ -2,7 +2,7 @@
 # egs/voxceleb: train on VoxCeleb2 dev, evaluate on Vox1-O / Vox1-E / Vox1-H (cleaned lists).
 #   bash egs/voxceleb/run.sh --gpus "0 1 2 3" --hardware a100-80g
 #   bash egs/voxceleb/run.sh --archive_dir /corpora/voxceleb --stage 1 --stop_stage 2   # archives on disk
-#   bash egs/voxceleb/run.sh --stage 3 --config ../../conf/voxceleb_eres2net_base.yaml --exp exp/eres2net_base
+#   bash egs/voxceleb/run.sh --stage 3 --config ../../conf/voxceleb/eres2net_base.yaml --exp exp/eres2net_base
 #   bash egs/voxceleb/run.sh --parts vox1 --train_set vox1_dev --eval_set vox1_test --trials vox1_o_clean
 # Stages (the same numbers in every recipe): 1 data preparation (download, extract, VoxCeleb2 m4a ->
 # wav with ffmpeg, Kaldi lists and trials, MUSAN/RIR lists), 2 features (validate lists, check audio,
@@ -26,7 +26,7 @@ opt val_set ""                     # a data dir with `trials`, scored during tra
 opt eval_set vox1                  # all of VoxCeleb1: Vox1-E/H use dev speakers too
 opt trials "vox1_o_clean vox1_e_clean vox1_h_clean"   # $data/$eval_set/trials_<name>
 opt exp exp/campplus
-opt config ../../conf/voxceleb_campplus.yaml
+opt config ../../conf/voxceleb/campplus.yaml
 opt hardware auto                  # profile in conf/hardware/
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them

@@ -1,6 +1,6 @@
 """Offline features: fbank of every utterance of a data dir, stored once as Kaldi feats.ark/feats.scp.
 
-    speakerlab-feature-store --data data/train --data data/test [--config conf/voxceleb_campplus.yaml ...]
+    speakerlab-feature-store --data data/train --data data/test [--config conf/voxceleb/campplus.yaml ...]
 
 Writes `<data>/feats.ark`, `<data>/feats.scp` (Kaldi's own format, through kaldiio, so Kaldi and
 other toolkits read them too) and `<data>/feats.json`, the fbank options they were computed with

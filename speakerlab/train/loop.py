@@ -1,6 +1,6 @@
 """Train a speaker-embedding model.
 
-    speakerlab-train --config conf/mini_campplus.yaml --exp-dir exp/mini [--hardware cpu] [train.epochs=2 ...]
+    speakerlab-train --config conf/mini/campplus.yaml --exp-dir exp/mini [--hardware cpu] [train.epochs=2 ...]
     torchrun --nproc_per_node=4 --no-python speakerlab-train --config ... --exp-dir ...
     python -m speakerlab.train ...      (the same as speakerlab-train)
 
