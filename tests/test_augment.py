@@ -15,8 +15,7 @@ from speakerlab.features.fbank import Fbank
 from speakerlab.train.build import build_frontend, build_net, class_names
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.loop import main as train_main
-from tests.helpers import write_wav
-from tests.test_train import losses, tiny_config
+from tests.helpers import losses, tiny_config, write_wav
 
 SR = 16000
 CROP = 4000

@@ -24,8 +24,7 @@ from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model
 from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import make_data_dir, write_wav
-from tests.test_train import ROOT, tiny_config
+from tests.helpers import ROOT, make_data_dir, tiny_config, write_wav
 
 TINY = {
     "embedding_size": 16,

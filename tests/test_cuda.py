@@ -69,7 +69,7 @@ def test_tf32_is_set_explicitly_from_the_setting():
 
 @pytest.mark.slow
 def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
-    from tests.test_train import tiny_config
+    from tests.helpers import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=True)
     r = subprocess.run(
@@ -98,7 +98,7 @@ def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL DDP needs two GPUs (one process per device)")
 def test_nccl_two_processes(tmp_path):
-    from tests.test_train import tiny_config
+    from tests.helpers import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=False)
     r = subprocess.run(

@@ -14,8 +14,7 @@ from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir, embed_feature_store
 from speakerlab.models import build_model
 from speakerlab.train.loop import main as train_main
-from tests.helpers import make_data_dir
-from tests.test_train import losses, tiny_config
+from tests.helpers import losses, make_data_dir, tiny_config
 
 
 @pytest.fixture

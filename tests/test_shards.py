@@ -21,8 +21,7 @@ from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import prepare
 from speakerlab.dataio.shards import ShardStream, main, write_shards
 from speakerlab.train.loop import main as train_main
-from tests.helpers import assert_no_traceback, make_data_dir, write_wav
-from tests.test_train import losses, tiny_config
+from tests.helpers import assert_no_traceback, losses, make_data_dir, tiny_config, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,42 +14,7 @@ import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
 from speakerlab.train.loop import main as train_main
-from tests.helpers import assert_no_traceback, make_data_dir, write_wav
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY_MODEL = """
-model:
-  name: campplus
-  args: {embedding_size: 32, growth_rate: 8, bn_size: 2, init_channels: 16, m_channels: 8,
-         num_layers: [1, 1, 1]}
-"""
-
-
-def tiny_config(tmp_path, val=True, extra=""):
-    utts = {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(4)}
-    train = make_data_dir(tmp_path / "train", utts, seconds=0.6)
-    trials = "".join(f"s{a}-0 s{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(4) for b in range(4))
-    valdir = make_data_dir(
-        tmp_path / "val", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(2)}, seconds=0.7, seed=1, trials=trials
-    )
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(
-        TINY_MODEL
-        + f"""
-data: {{train: {train}, val: {valdir if val else "null"}, crop_seconds: 0.5}}
-loss: {{margin: 0.2, margin_start_epoch: 0, margin_warmup_epochs: 1}}
-optim: {{lr: 0.05, warmup_epochs: 0.5}}
-train: {{epochs: 2, global_batch_size: 8, log_every_steps: 1, save_every_steps: 1, max_consecutive_skips: 2}}
-hardware: {{device: cpu, precision: fp32, per_device_batch: 4, num_workers: 0, pin_memory: false}}
-{extra}"""
-    )
-    return cfg, train
-
-
-def losses(exp):
-    return {
-        r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines()) if "loss" in r
-    }
+from tests.helpers import ROOT, assert_no_traceback, losses, tiny_config, write_wav
 
 
 def test_resume_equals_uninterrupted(tmp_path):
