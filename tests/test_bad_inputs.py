@@ -306,7 +306,7 @@ def test_failed_start_keeps_the_exp_dir_config(trained, tmp_path, capsys):
 
 def test_full_disk_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
     model = build_model("campplus", **TINY)
-    ck = Checkpoint("campplus", TINY, model.state_dict(), FeatureSpec())
+    ck = Checkpoint(model_name="campplus", model_args=TINY, model=model.state_dict(), features=FeatureSpec())
 
     def no_space(obj, f):
         f.write(b"partial")

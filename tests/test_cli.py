@@ -48,7 +48,13 @@ def ckpt(tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("ckpt") / "c.pt"
     save_checkpoint(
-        path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(), FeatureSpec(FbankConfig()))
+        path,
+        Checkpoint(
+            model_name="campplus",
+            model_args=TINY,
+            model=build_model("campplus", **TINY).state_dict(),
+            features=FeatureSpec(FbankConfig()),
+        ),
     )
     return path
 

@@ -284,7 +284,7 @@ class RunState:
     bad_reads: int = 0  # training crops that failed to read and were skipped (data.on_bad_audio: skip)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """A training run's parts, built once by `build_run`; `state` is what advances."""
 
@@ -367,23 +367,23 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
 
     guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log, any_rank)
     run = Run(
-        cfg,
-        exp_dir,
-        info,
-        device,
-        precision,
-        ddp,
-        net,
-        build_optimizer(cfg, net),
-        precision.grad_scaler(),
-        frontend,
-        loader,
-        sampler,
-        plan,
-        monitor,
-        speakers,
-        guard,
-        RunState(),
+        cfg=cfg,
+        exp_dir=exp_dir,
+        info=info,
+        device=device,
+        precision=precision,
+        net=ddp,
+        raw=net,
+        optimizer=build_optimizer(cfg, net),
+        scaler=precision.grad_scaler(),
+        frontend=frontend,
+        loader=loader,
+        sampler=sampler,
+        plan=plan,
+        monitor=monitor,
+        speakers=speakers,
+        guard=guard,
+        state=RunState(),
     )
     monitor.log(
         f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "

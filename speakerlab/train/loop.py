@@ -223,7 +223,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--config",
@@ -246,44 +246,56 @@ def main(argv=None) -> int:
         "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings",
     )
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
-    args = ap.parse_args(argv)
-    exp_dir = Path(args.exp_dir)
+    return ap.parse_args(argv)
+
+
+def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_new_schedule: bool) -> None:
+    """Take the exp dir, resume (or start), and train epochs until train.epochs or `max_steps` more steps.
+    Nothing is written to the exp dir until the lock is held and the checkpoint fits this command."""
+    cfg = run.cfg
+    if lock is not None:
+        lock.acquire()
+        for p in remove_stale_temp_files(run.ckpt_dir):
+            run.monitor.log(f"removed {p}, left mid-write by a run that was killed")
+    start = resume(run, force_new_schedule)
+    run.monitor.start()
+    if run.info.is_main:
+        save_config(cfg, run.exp_dir / "config.yaml")
+    run.monitor.resume_at(run.state.step)
+    stop_at = run.state.step + max_steps if max_steps else None
+    while run.state.epoch < cfg.train.epochs and (stop_at is None or run.state.step < stop_at):
+        if not train_epoch(run, start, stop_at):
+            break
+        start, run.state.epoch = 0, run.state.epoch + 1
+        end_epoch(run)
+    if run.state.epoch < cfg.train.epochs:
+        run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")
+    else:
+        run.monitor.log(
+            f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
+            + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
+        )
+
+
+def main(argv=None) -> int:
+    """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
+    stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
+    (the watchdog's)."""
+    args = parse_args(argv)
     try:
         cfg = load_train_config(args.config, args.overrides, args.hardware)
-        run = build_run(cfg, exp_dir)
+        run = build_run(cfg, Path(args.exp_dir))
     except (ListError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()
         return 2
-    lock = ExpDirLock(exp_dir, run.monitor.log) if run.info.is_main else None
+    lock = ExpDirLock(run.exp_dir, run.monitor.log) if run.info.is_main else None
     watchdog = None
     if run.info.enabled:
         watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
         watchdog.start()
     try:
-        # Nothing is written to the exp dir until the lock is held and the checkpoint fits this command.
-        if lock is not None:
-            lock.acquire()
-            for p in remove_stale_temp_files(run.ckpt_dir):
-                run.monitor.log(f"removed {p}, left mid-write by a run that was killed")
-        start = resume(run, args.force_new_schedule)
-        run.monitor.start()
-        if run.info.is_main:
-            save_config(cfg, exp_dir / "config.yaml")
-        run.monitor.resume_at(run.state.step)
-        stop_at = run.state.step + args.max_steps if args.max_steps else None
-        while run.state.epoch < cfg.train.epochs and (stop_at is None or run.state.step < stop_at):
-            if not train_epoch(run, start, stop_at):
-                break
-            start, run.state.epoch = 0, run.state.epoch + 1
-            end_epoch(run)
-        if run.state.epoch < cfg.train.epochs:
-            run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")
-        else:
-            run.monitor.log(
-                f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
-                + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
-            )
+        fit(run, lock, args.max_steps, args.force_new_schedule)
         return 0
     except (ExpDirLocked, ScheduleChanged) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -22,24 +22,24 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
     """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run."""
     cfg = run.cfg
     resume = ResumeState(
-        run.optimizer.state_dict(),
-        run.scaler.state_dict(),
-        step_in_epoch,
-        run.guard.total,
-        torch.get_rng_state(),
-        torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
+        optimizer=run.optimizer.state_dict(),
+        scaler=run.scaler.state_dict(),
+        step_in_epoch=step_in_epoch,
+        skipped_steps=run.guard.total,
+        rng_cpu=torch.get_rng_state(),
+        rng_cuda=torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
     )
     return Checkpoint(
-        cfg.model.name,
-        dict(cfg.model.args),
-        run.raw.model.state_dict(),
-        feature_spec(cfg.features, cfg.data.sample_rate),
-        list(run.speakers),
-        run.raw.classifier.state_dict(),
-        run.state.step,
-        run.state.epoch,
-        resume,
-        cfg.to_dict(),
+        model_name=cfg.model.name,
+        model_args=dict(cfg.model.args),
+        model=run.raw.model.state_dict(),
+        features=feature_spec(cfg.features, cfg.data.sample_rate),
+        speakers=list(run.speakers),
+        classifier=run.raw.classifier.state_dict(),
+        step=run.state.step,
+        epoch=run.state.epoch,
+        resume=resume,
+        config=cfg.to_dict(),
     )
 
 
