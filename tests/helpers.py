@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
+import pytest
 import soundfile as sf
 
 
@@ -104,3 +105,13 @@ def voice_data_dir(root: Path, speakers: int = 4, utts: int = 4, seconds: float 
     (root / "wav.scp").write_text("".join(f"{u} {root / 'wav' / (u + '.wav')}\n" for u in sorted(utt2spk)))
     (root / "utt2spk").write_text("".join(f"{u} {utt2spk[u]}\n" for u in sorted(utt2spk)))
     return root
+
+
+# One model per family runs in the fast lane (`-m "not slow"`): a 1-D TDNN, ECAPA, a 2-D ResNet and ReDimNet2;
+# every registered model runs in the full suite.
+FAST_MODELS = ("campplus", "ecapa_tdnn_c512", "resnet34", "redimnet2_b0")
+
+
+def registry_params(names, fast=FAST_MODELS) -> list:
+    """`names` as pytest params, the ones outside `fast` marked slow."""
+    return [pytest.param(n, marks=() if n in fast else pytest.mark.slow) for n in names]

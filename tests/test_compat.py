@@ -15,6 +15,7 @@ import torch
 
 from speakerlab.models import build_model, load_3dspeaker
 from tests.fixture_models import calibrate, fill_state_dict, make_input
+from tests.helpers import registry_params
 
 DATA = Path(__file__).parent / "data" / "3dspeaker_compat"
 ARCHITECTURES = ["campplus", "eres2net_base", "eres2net_large", "eres2netv2", "ecapa_tdnn_c1024", "resnet34"]
@@ -56,7 +57,7 @@ def test_state_dict_layout(arch):
     assert ours == fixture["state_dict"]
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", registry_params(ARCHITECTURES, fast=("campplus", "resnet34")))
 def test_reference_embedding(arch, tmp_path):
     fixture = load_fixture(arch)
     path = tmp_path / f"{arch}.bin"

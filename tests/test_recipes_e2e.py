@@ -394,7 +394,7 @@ def cnceleb_from_synth(corpus: Path):
     c1[f"{lists}/test.lst"] = "".join(f"test/{t}.wav\n" for t in tests).encode()
     trials = [(f"{s}-enroll", t, t.startswith(s + "-")) for s in enroll for t in tests]
     c1[f"{lists}/trials.lst"] = "".join(f"{e} test/{t}.wav {int(y)}\n" for e, t, y in trials).encode()
-    return cnceleb_archives(c1, c2), train_utts, eval_utts, {"trials": ("trials", *count(trials))}
+    return cnceleb_archives(c1, c2), train_utts, eval_utts, {"cnceleb1": ("trials_cnceleb1", *count(trials))}
 
 
 def test_cnceleb_recipe_end_to_end(corpus, tmp_path):

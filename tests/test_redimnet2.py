@@ -25,11 +25,13 @@ from tests.fixture_models import (
     filled_state,
     load_redimnet2_fixture,
 )
+from tests.helpers import registry_params
 
 DATA = Path(__file__).parent / "data" / "redimnet2"
 VOX2 = ["b0", "b1", "b2", "b3", "b4", "b5", "b6"]
 SIZES = VOX2 + ["b3_vb2_vox2_cnc2", "b6_vb2_vox2_cnc2"]
 ALTERNATIVE = [s for s in SIZES if s in ("b1", "b2", "b4")]
+FAST_SIZES = ("b0", "b1")  # the fast lane; every size in the full suite
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,7 +40,7 @@ def official_float64() -> dict:
         return json.load(f)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_parameter_count_and_state_dict_layout(size):
     """Same parameter count, and the same keys in the same order with the same shapes, as the release."""
     fixture = load_redimnet2_fixture(size)
@@ -48,7 +50,7 @@ def test_parameter_count_and_state_dict_layout(size):
     assert [[k, list(v.shape)] for k, v in model.state_dict().items()] == fixture["state_dict"]
 
 
-@pytest.mark.parametrize("size", VOX2)
+@pytest.mark.parametrize("size", registry_params(VOX2, fast=FAST_SIZES))
 def test_registered_defaults_are_the_vox2_release(size):
     """`build_model("redimnet2_<size>")` has the release's parameter count and state-dict layout."""
     fixture = load_redimnet2_fixture(size)
@@ -65,13 +67,13 @@ def test_registered_defaults_are_the_vox2_release(size):
 FLOAT64_TOL = dict(rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_in_float64_equals_official(size):
     expected = torch.tensor(official_float64()["embeddings"][size], dtype=torch.float64)
     torch.testing.assert_close(calibrated_embedding(size, dtype=torch.float64), expected, **FLOAT64_TOL)
 
 
-@pytest.mark.parametrize("size", ALTERNATIVE)
+@pytest.mark.parametrize("size", registry_params(ALTERNATIVE, fast=FAST_SIZES))
 def test_alternative_flattening_in_float64_equals_official(size):
     alternative = official_float64()["alternative"][size]
     assert alternative["reference_kwargs_override"] == {"return_2d_output": False}
@@ -109,13 +111,13 @@ def assert_embedding_matches(ours: torch.Tensor, expected: torch.Tensor) -> None
     assert torch.nn.functional.cosine_similarity(ours, expected, dim=1).min() >= MIN_COSINE
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_to_float32_reproducibility(size):
     expected = torch.tensor(load_redimnet2_fixture(size)["embedding"], dtype=torch.float32)
     assert_embedding_matches(calibrated_embedding(size), expected)
 
 
-@pytest.mark.parametrize("size", ALTERNATIVE)
+@pytest.mark.parametrize("size", registry_params(ALTERNATIVE, fast=FAST_SIZES))
 def test_reference_embedding_alternative_flattening(size):
     """With `return_2d_output=False` (same keys and shapes) the model gives `embedding_alternative`."""
     alternative = load_redimnet2_fixture(size)["embedding_alternative"]
@@ -127,7 +129,7 @@ def test_reference_embedding_alternative_flattening(size):
 
 
 @pytest.mark.xfail(reason="float32 rounding amplified by the calibrated BatchNorms exceeds 1e-3 (see above)")
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_at_fixture_tolerance(size):
     expected = torch.tensor(load_redimnet2_fixture(size)["embedding"], dtype=torch.float32)
     torch.testing.assert_close(calibrated_embedding(size), expected, rtol=1e-3, atol=1e-3)

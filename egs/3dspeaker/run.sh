@@ -60,7 +60,7 @@ fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, check audio, index lengths; the noise/RIR bank"
-  speakerlab-prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+  speakerlab-prepare --data "$data/$train_set" ${val_set:+--data "$data/$val_set"} --data "$data/$eval_set" --jobs "$jobs"
   if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
     speakerlab-noise-bank --lists "$data/musan_rirs"
   fi

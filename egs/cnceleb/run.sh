@@ -23,7 +23,7 @@ opt jobs 8                         # parallel downloads / index threads
 opt train_set cnceleb_train
 opt val_set ""                     # a data dir with `trials`, scored during training (data.val)
 opt eval_set cnceleb_eval
-opt trials "trials"                # trial lists of $data/$eval_set (CN-Celeb has one: trials)
+opt trials "cnceleb1"              # $data/$eval_set/trials_<name> (CN-Celeb has one: the CN-Celeb1 evaluation list)
 opt exp exp/campplus
 opt config ../../conf/cnceleb/campplus.yaml
 opt hardware auto                  # profile in conf/hardware/
@@ -59,7 +59,7 @@ fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, check audio, index lengths; the noise/RIR bank"
-  speakerlab-prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+  speakerlab-prepare --data "$data/$train_set" ${val_set:+--data "$data/$val_set"} --data "$data/$eval_set" --jobs "$jobs"
   if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
     speakerlab-noise-bank --lists "$data/musan_rirs"
   fi
@@ -81,7 +81,7 @@ fi
 
 if stage_on 5; then
   log "stage 5: score $trials -> $exp/scores (per list: scores, metrics JSON, DET and histogram PNGs; one table)"
-  lists=(); for t in $trials; do lists+=("$data/$eval_set/$t"); done
+  lists=(); for t in $trials; do lists+=("$data/$eval_set/trials_$t"); done
   speakerlab-score --embeddings "$exp/embeddings/$eval_set.npz" --trials "${lists[@]}" --names $trials \
     --out "$exp/scores/"
 fi

@@ -20,7 +20,7 @@ The lists name files `.wav` (the first release was wav); each is resolved to the
 Data dirs under DATA (the flac files are read directly; nothing is converted):
   cnceleb_train  CN-Celeb1 dev.lst speakers + CN-Celeb2, 2,793 speakers; utterance `<spk>-<file stem>`
   cnceleb_eval   `<spk>-enroll` enrolment utterances and `<spk>-<genre>-<session>-<n>` test utterances;
-                 `trials` = the CN-Celeb1 evaluation list (196 enrolments x 17,777 tests = 3,484,292)
+                 `trials_cnceleb1` = the CN-Celeb1 evaluation list (196 enrolments x 17,777 tests = 3,484,292)
 
 Enrolment: in the official protocol a speaker is enrolled with the concatenation of his or her
 enrolment utterances, and the release ships exactly that concatenation as eval/enroll/<spk>-enroll
@@ -145,7 +145,7 @@ def prepare_eval(raw: Path, data: Path) -> None:
             test = test_ids.get(f[1]) or PurePosixPath(f[1]).stem
             yield f[0], test, parse_label(f[2], f"{src}:{lineno}"), lineno
 
-    check_count("cnceleb_eval trials", write_trials(out / "trials", rows(), set(wav), src), PUBLISHED["trials"])
+    check_count("cnceleb_eval trials", write_trials(out / "trials_cnceleb1", rows(), set(wav), src), PUBLISHED["trials"])
 
 
 def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> None:
