@@ -24,6 +24,7 @@ import pytest
 import soundfile as sf
 import yaml
 
+from speakerlab.scoring.metrics import compute_eer
 from tests.fake_corpora import (
     REPO,
     cnceleb_archives,
@@ -136,9 +137,14 @@ def check_scored(
             re.M,
         )
         assert m, f"no EER line for {path}:\n{r.stdout}"
-        assert (int(m.group(1)), int(m.group(2))) == (n, n_target) and 0.0 <= float(m.group(3)) <= 100.0
-        scores = (exp / "scores" / f"{name}.scores").read_text().splitlines()
-        assert len(scores) == n and all(np.isfinite(float(line.split()[2])) for line in scores)
+        assert (int(m.group(1)), int(m.group(2))) == (n, n_target)
+        rows = [line.split() for line in (exp / "scores" / f"{name}.scores").read_text().splitlines()]
+        scores, labels = np.array([float(r[2]) for r in rows]), np.array([r[3] == "target" for r in rows])
+        assert len(rows) == n and np.isfinite(scores).all()
+        # The printed EER is the EER of the written scores, which are the cosines of the written embeddings.
+        assert float(m.group(3)) == pytest.approx(100 * compute_eer(scores, labels), abs=0.006)
+        e = dict(zip(ids, emb / np.linalg.norm(emb, axis=1, keepdims=True)))
+        np.testing.assert_allclose(scores, [e[r[0]] @ e[r[1]] for r in rows], atol=1e-4)
         assert f"| {name} | {n} | {n_target} | {m.group(3)} |" in r.stdout  # its row of the printed table
         assert (exp / "scores" / f"{name}.det.png").stat().st_size > 0
         assert (exp / "scores" / f"{name}.hist.png").stat().st_size > 0
