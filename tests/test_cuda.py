@@ -15,6 +15,7 @@ from speakerlab.engine.stability import NonFiniteGuard
 from speakerlab.features import Fbank, FbankConfig
 from speakerlab.loss import AAMSoftmax
 from speakerlab.models import build_model
+from speakerlab.speed import Resampler, resample_ratio
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,11 +54,16 @@ def test_fp16_grad_scaler_scale_and_the_guard_on_an_overflow():
     assert guard.total == 0 and "fp16 gradient overflow" in logs[0]  # the scaler's business, not counted
 
 
-def test_device_fbank_equals_the_cpu_fbank():
-    wave = torch.randn(3, 48000) * 0.1
+def test_device_fbank_and_resampling_equal_the_cpu_ones_with_tf32_on():
+    """hardware.tf32 on (the default) must not reach the features: TF32 would leave ~1e-3 in log-mel."""
+    resolve_precision("bf16", "cuda", tf32=True)
+    wave = torch.randn(3, 48000, generator=torch.Generator().manual_seed(0)) * 0.1
     cpu = Fbank(FbankConfig())(wave)
     gpu = Fbank(FbankConfig()).cuda()(wave.cuda()).cpu()
-    torch.testing.assert_close(gpu, cpu, rtol=0, atol=1e-3)
+    torch.testing.assert_close(gpu, cpu, rtol=0, atol=1e-4)
+    resampler = Resampler(*resample_ratio(0.9))
+    torch.testing.assert_close(resampler.cuda()(wave.cuda()).cpu(), resampler.cpu()(wave), rtol=0, atol=1e-5)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # the run's setting is back
 
 
 def test_tf32_is_set_explicitly_from_the_setting():
