@@ -157,13 +157,15 @@ class HardwareSettings:
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     precision: str = setting("auto", choices=("auto", "bf16", "fp16", "fp32"))
     tf32: bool = True  # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
-    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto (largest of 16..128 that fits)
+    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto: the largest micro batch
+    # of the plan (<= max_per_device_batch) whose forward+backward fits in memory_margin x the card's free memory
+    max_per_device_batch: int = setting(128, ge=1)  # auto: the largest per-card batch tried
     num_workers: int = setting(2, ge=0)
     pin_memory: bool = True
     prefetch_factor: int = setting(2, ge=1)
     dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout
     watchdog_s: int = setting(300, ge=5)  # multi-process: a rank not running this long ends the job
-    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of device memory
+    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of free memory
 
 
 @dataclass

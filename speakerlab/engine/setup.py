@@ -20,7 +20,7 @@ from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.devices import resolve_device
 from speakerlab.engine import distributed as dist_utils
-from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
+from speakerlab.engine.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.engine.distributed import DistInfo
 from speakerlab.engine.monitor import Monitor
 from speakerlab.engine.precision import Precision, resolve_precision
@@ -224,55 +224,36 @@ def choose_plan(
     cfg: Config,
     info: DistInfo,
     device: torch.device,
-    probe: Optional[Callable[[int], bool]],
+    probe: Optional[MemoryProbe],
     log: Callable[[str], None],
 ) -> BatchPlan:
-    """The batch plan: per-device batch from the config, or `auto`: the largest of 16..128 for which
-    `probe(batch)` says it fits (CUDA passes `cuda_probe`); without a probe (CPU) auto means 64."""
-    pdb = cfg.hardware.per_device_batch
+    """The batch plan: per-device batch from the config, or `auto`: the largest micro batch of the plan up to
+    `hardware.max_per_device_batch` that `probe` says fits (CUDA); without a probe (CPU) auto means 64."""
+    hw = cfg.hardware
+    pdb = hw.per_device_batch
     share = cfg.train.global_batch_size // max(1, info.world_size)
     if pdb == "auto":
         if probe is not None:
-            found = find_max_batch(probe)
+            sizes = probe_sizes(share, hw.max_per_device_batch)
+            found = find_max_batch(probe, sizes)
+            log(f"per_device_batch auto on {device}: {probe.describe()}")
             if found is None:
                 raise RuntimeError(
-                    f"per_device_batch auto: even a batch of 16 does not fit on {device}; "
-                    "lower data.crop_seconds or use a smaller model"
+                    f"per_device_batch auto: even a batch of {sizes[-1]} does not fit on {device} "
+                    f"(hardware.memory_margin {hw.memory_margin}); lower data.crop_seconds or use a smaller model"
                 )
             pdb = found
             if info.enabled:  # every rank must use the same micro batch: take the smallest card's
                 t = torch.tensor([pdb], device=device)
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
                 pdb = int(t.item())
-            log(f"per_device_batch auto: {pdb} fits with margin {cfg.hardware.memory_margin}")
+            log(
+                f"per_device_batch auto: {pdb} (largest fitting of {sizes}, hardware.max_per_device_batch "
+                f"{hw.max_per_device_batch}, margin {hw.memory_margin})"
+            )
         else:
             pdb = min(64, share)
     return plan_batches(cfg.train.global_batch_size, info.world_size, int(pdb))
-
-
-def cuda_probe(
-    net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: int, device: torch.device, margin: float
-) -> Callable[[int], bool]:
-    """`fits(batch)`: a real forward+backward at the crop length; False on OOM or peak > margin x memory."""
-    total = torch.cuda.get_device_properties(device).total_memory
-
-    def fits(batch: int) -> bool:
-        net.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        try:
-            feats = torch.randn(batch, fbank_frames, feat_dim, device=device)
-            labels = torch.randint(0, num_speakers, (batch,), device=device)
-            loss, _ = net(feats, labels)
-            loss.backward()
-            peak = torch.cuda.max_memory_allocated(device)
-        except torch.OutOfMemoryError:
-            peak = float("inf")
-        net.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
-        return peak <= margin * total
-
-    return fits
 
 
 @dataclass
@@ -337,12 +318,12 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     fbank = make_fbank(cfg, device)
     frontend = build_frontend(cfg, fbank, len(data.speakers))
     crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
-    probe = (
-        cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
-        if device.type == "cuda"
-        else None
-    )
+    probe = None
+    if device.type == "cuda" and cfg.hardware.per_device_batch == "auto":
+        args = (crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
+        probe = MemoryProbe(net, *args, CudaMemory(device))
     plan = choose_plan(cfg, info, device, probe, monitor.log)
+    del probe  # its copy of the net
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
