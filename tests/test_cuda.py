@@ -129,3 +129,43 @@ def test_nccl_two_processes(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 device(s)" in (tmp_path / "d" / "train.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["campplus", "eres2net_base"])
+def test_a_compiled_training_step_equals_the_eager_one_on_the_card(name):
+    """Triton's compiled step against eager, in fp32 with TF32 off (bf16 would hide differences)."""
+    from tests.test_compile import compare_compiled_step
+
+    resolve_precision("fp32", "cuda", tf32=False)
+    compare_compiled_step(name, torch.device("cuda", 0))
+
+
+def test_nccl_process_group_of_world_size_one():
+    """The NCCL backend initialises and reduces on this card (a multi-GPU run's first collective)."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "torch.cuda.set_device(0)\n"
+        "dist.init_process_group('nccl', init_method='tcp://127.0.0.1:29563', rank=0, world_size=1)\n"
+        "t = torch.ones(3, device='cuda'); dist.all_reduce(t); dist.barrier()\n"
+        "assert t.tolist() == [1.0, 1.0, 1.0]; dist.destroy_process_group(); print('nccl ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "nccl ok" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_fp16_training_logs_the_loss_scale(tmp_path):
+    import json
+
+    from tests.test_train import tiny_config
+
+    cfg, _ = tiny_config(tmp_path, val=False)
+    cmd = [sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "f")]
+    cmd += ["hardware.device=cuda", "hardware.precision=fp16", "hardware.per_device_batch=4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "f" / "metrics.jsonl").read_text().splitlines()]
+    scales = [row["loss_scale"] for row in rows if "loss_scale" in row]
+    assert scales and all(s > 1.0 for s in scales)  # GradScaler's scale, not the 1.0 of bf16/fp32
+    assert "precision fp16 on cuda" in (tmp_path / "f" / "train.log").read_text()

@@ -24,6 +24,7 @@ from speakerlab.engine.batch_plan import BatchPlan, CudaMemory, MemoryProbe, fin
 from speakerlab.engine.distributed import DistInfo
 from speakerlab.engine.monitor import Monitor
 from speakerlab.engine.precision import Precision, resolve_precision
+from speakerlab.engine.speedups import apply_switches, resolve_switches
 from speakerlab.engine.stability import NonFiniteGuard
 from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.features import Fbank, fbank_config, num_frames
@@ -55,10 +56,11 @@ class SpeakerNet(nn.Module):
     def __init__(self, model: nn.Module, classifier: AAMSoftmax, autocast: Callable):
         super().__init__()
         self.model, self.classifier, self._autocast = model, classifier, autocast
+        self.compiled: Optional[Callable] = None  # hardware.compile: the compiled `model` (speakerlab.engine.speedups)
 
     def forward(self, feats: torch.Tensor, labels: torch.Tensor):
         with self._autocast():
-            emb = self.model(feats)
+            emb = self.model(feats) if self.compiled is None else self.compiled(feats)
         return self.classifier(emb, labels)
 
 
@@ -175,11 +177,20 @@ def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
             (no_decay if p.ndim <= 1 else decay).append(p)
     o = cfg.optim
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if o.name == "adam":
-        return torch.optim.Adam(groups, lr=o.lr)
-    if o.name == "adamw":
-        return torch.optim.AdamW(groups, lr=o.lr)
-    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[o.name]
+    # On CUDA the fused kernels update every parameter in one launch (torch picks the slower foreach path
+    # by default); on the CPU the default is kept.
+    fused = {"fused": True} if all(p.is_cuda for p in decay + no_decay) and supports_fused(cls) else {}
+    if o.name == "sgd":
+        return cls(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, **fused)
+    return cls(groups, lr=o.lr, **fused)
+
+
+def supports_fused(cls) -> bool:
+    """Whether this torch's optimizer class takes `fused` (SGD since torch 2.4, Adam/AdamW since 2.0)."""
+    import inspect
+
+    return "fused" in inspect.signature(cls).parameters
 
 
 def make_loader(
@@ -324,6 +335,9 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         probe = MemoryProbe(net, *args, CudaMemory(device))
     plan = choose_plan(cfg, info, device, probe, monitor.log)
     del probe  # its copy of the net
+    hw = cfg.hardware
+    switches = resolve_switches(hw.compile, hw.channels_last, hw.cudnn_benchmark, net.model, device)
+    apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
@@ -366,8 +380,11 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         guard,
         RunState(),
     )
+    optimizer = f"{cfg.optim.name}{' (fused)' if run.optimizer.defaults.get('fused') else ''}"
     monitor.log(
         f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
-        f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params"
+        f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
     )
+    monitor.log(switches.describe())
+    monitor.text("hardware", f"{precision.describe()}; {plan.describe()}; {switches.describe()}")
     return run
