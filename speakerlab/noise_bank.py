@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import soundfile as sf
 
-from speakerlab.audio import AudioError, audio_info
+from speakerlab.audio import AudioError, audio_info, sf
 from speakerlab.config import AUGMENT_KINDS
 from speakerlab.lists import ListError, read_wav_scp
 

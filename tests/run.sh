@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command of the README: sets up the environment (egs/tools/env.sh with requirements-test.txt),
+# The test command of the README: sets up the environment (egs/tools/env.sh with requirements-test.txt: pip
+# only for what is missing; offline SPEAKERLAB_WHEELS=DIR installs that from wheels),
 # checks lint and format with ruff (settings in pyproject.toml), then runs pytest. Extra arguments go
 # to pytest, e.g. `bash tests/run.sh -k fbank`.
 set -euo pipefail
