@@ -31,9 +31,11 @@ class CompiledModel:
     failure there raises CompileFailed naming the setting, or with `fallback` logs it and uses the eager
     model from then on. Not an nn.Module, so the compiled wrapper adds no parameters or state-dict keys."""
 
-    def __init__(self, model: nn.Module, mode: str, setting: str, fallback: bool, log: Callable[[str], None]):
+    def __init__(
+        self, model: nn.Module, mode: str, setting: str, fallback: bool, log: Callable[[str], None], backend="inductor"
+    ):
         self.model, self.setting, self.fallback, self.log = model, setting, fallback, log
-        self.call = torch.compile(model, mode=None if mode == "default" else mode)
+        self.call = torch.compile(model, mode=None if mode == "default" else mode, backend=backend)
         self.checked = False
 
     def __call__(self, feats: torch.Tensor) -> torch.Tensor:
@@ -118,13 +120,14 @@ def resolve_switches(
     )
 
 
-def apply_switches(switches: SpeedSwitches, net: nn.Module, log: Callable[[str], None]) -> None:
+def apply_switches(switches: SpeedSwitches, net: nn.Module, log: Callable[[str], None], backend="inductor") -> None:
     """channels_last on `net`'s 4-D weights (convolution outputs follow their weights' layout), cuDNN
-    benchmark mode, and the compiled embedding model as `net.compiled` (SpeakerNet calls it when set)."""
+    benchmark mode, and the compiled embedding model as `net.compiled` (SpeakerNet calls it when set).
+    `backend`: torch.compile's (bench/gpu_session.sh --dry-run passes "eager": dynamo without code generation)."""
     if switches.channels_last:
         net.to(memory_format=torch.channels_last)
     torch.backends.cudnn.benchmark = switches.cudnn_benchmark
     if switches.compile is not None:
         net.compiled = CompiledModel(
-            net.model, switches.compile, switches.compile_setting, switches.compile_fallback, log
+            net.model, switches.compile, switches.compile_setting, switches.compile_fallback, log, backend
         )
