@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=true; shift ;;
     --out) out="$2"; shift 2 ;;
     --wheels) wheels="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
