@@ -102,24 +102,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# Measured here (torch 2.13.0+cpu, inductor C++ on one thread): the loss agrees but the gradients do not:
-# CAM++'s first conv by up to 165x (the backward of its index_select, a scatter-add, is also what fails
-# code generation on several threads; a 5-line repro of that backward stops with "index out of bounds"
-# in inductor's kernel on torch 2.11 and 2.13), ERes2Net's by up to 22 %. Strict: the day inductor
-# agrees, this fails and the marks go. tests/test_cuda.py runs the same comparison on the card (Triton).
-CPU_INDUCTOR_GRADS_DIFFER = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="inductor's CPU backward differs from eager (see above)"
+# Measured here (torch 2.13.0+cpu, inductor's C++ on one thread): CAM++'s compiled gradients are wrong, 20-45 %
+# off in norm on BatchNorm weights of the TDNN blocks and the 2-D head (the embedding agrees to 4e-5). The
+# suspect is the backward of CAMLayer's index_select, a scatter-add: on several threads inductor fails an
+# assertion generating it, and a 5-line repro of that backward stops with "index out of bounds" inside
+# inductor's kernel on torch 2.11 and 2.13. Strict: the day inductor gets it right, this fails and the mark
+# goes. tests/test_cuda.py runs the same comparison on the card (Triton), unmarked.
+CPU_INDUCTOR_CAMPPLUS = pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="inductor's CPU backward of CAM++ differs from eager (see above)"
 )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("campplus", marks=CPU_INDUCTOR_GRADS_DIFFER),
-        pytest.param("eres2net_base", marks=CPU_INDUCTOR_GRADS_DIFFER),
-    ],
-)
+@pytest.mark.parametrize("name", [pytest.param("campplus", marks=CPU_INDUCTOR_CAMPPLUS), "eres2net_base"])
 def test_a_compiled_training_step_equals_the_eager_one(name, one_thread):
     """One SGD step (forward, AAM loss, backward, update) of a tiny model, eager and through inductor."""
     compare_compiled_step(name, torch.device("cpu"))
@@ -127,7 +122,7 @@ def test_a_compiled_training_step_equals_the_eager_one(name, one_thread):
 
 def compare_compiled_step(name, device, autocast=contextlib.nullcontext):
     """One SGD step of tiny `name` on `device`, eager and compiled: loss, gradients, weights and BatchNorm
-    statistics after the update agree (shared with tests/test_cuda.py)."""
+    statistics agree (shared with tests/test_cuda.py)."""
     cfg = load_config(raw={"model": {"name": name, "args": TINY[name]}, "data": {"train": "x"}})
     torch.manual_seed(0)
     eager = build_net(cfg, num_speakers=6, autocast=autocast).to(device)
@@ -139,17 +134,30 @@ def compare_compiled_step(name, device, autocast=contextlib.nullcontext):
     for net in (eager, compiled):
         net.classifier.set_margin(0.2)
         opt = build_optimizer(cfg, net)
+        before = {k: p.detach().clone() for k, p in net.named_parameters()}
         loss, _ = net(feats, labels)
         loss.backward()
         grads = {k: p.grad.clone() for k, p in net.named_parameters()}
         opt.step()
-        results.append((loss.detach(), grads, {k: v.clone() for k, v in net.state_dict().items()}))
-    (loss_e, grads_e, state_e), (loss_c, grads_c, state_c) = results
+        updates = {k: p.detach() - before[k] for k, p in net.named_parameters()}
+        results.append((loss.detach(), grads, updates, {k: b.clone() for k, b in net.named_buffers()}))
+    (loss_e, grads_e, updates_e, buffers_e), (loss_c, grads_c, updates_c, buffers_c) = results
     torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-5)
-    for k in grads_e:
-        torch.testing.assert_close(grads_c[k], grads_e[k], rtol=1e-3, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
-    for k in state_e:  # weights after the update and BatchNorm running statistics
-        torch.testing.assert_close(state_c[k], state_e[k], rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+    close_in_norm(grads_c, grads_e, "gradient")
+    close_in_norm(updates_c, updates_e, "update")
+    for k in buffers_e:  # BatchNorm running statistics: from the forward pass alone
+        torch.testing.assert_close(buffers_c[k], buffers_e[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def close_in_norm(got, want, what):
+    """Per tensor, the error's norm against the tensor's own norm plus a floor of the whole set's: a bias
+    followed by BatchNorm has a true gradient of 0, so both sides hold rounding noise there (~1e-9 of the
+    whole) that no elementwise relative tolerance can compare. Measured (CPU): ERes2Net's worst tensor, its
+    first conv, is 1.1e-3 off (reductions over ~2e4 positions summed in another order)."""
+    total = torch.sqrt(sum(v.double().square().sum() for v in want.values())).item()
+    for k in want:
+        err, own = (got[k] - want[k]).double().norm().item(), want[k].double().norm().item()
+        assert err <= 5e-3 * own + 1e-6 * total, f"{k}: |{what} error| {err:.3g}, |{what}| {own:.3g}, all {total:.3g}"
 
 
 @pytest.mark.slow
