@@ -149,9 +149,10 @@ def wait_fraction(utts, aug, args, device: torch.device) -> str:
     wait = total = 0.0
     t_ready = t0 = time.perf_counter()
     for step, batch in enumerate(loader):
-        if step == 3:  # warm-up steps (cuDNN autotuning, worker start) are not counted
-            wait, t0 = 0.0, time.perf_counter()
-        wait += time.perf_counter() - t_ready
+        fetched = time.perf_counter()
+        if step == 3:  # warm-up steps (cuDNN autotuning, worker start) are not counted; the clock starts
+            wait, t0 = 0.0, t_ready  # where step 2 ended, so this step's fetch counts in wait and in total
+        wait += fetched - t_ready
         feats, labels = frontend(batch)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = torch.nn.functional.cross_entropy(head(model(feats)).float(), labels % 8)

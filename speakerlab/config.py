@@ -57,6 +57,20 @@ def _speed_factors(v) -> Optional[str]:
     return None if v else "must not be empty"
 
 
+# torch.compile's modes (hardware.compile); speakerlab.train.speedups applies them.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _compile(v) -> Optional[str]:
+    if isinstance(v, bool) or v == "auto" or v in COMPILE_MODES:
+        return None
+    return f"must be false, true, auto or a torch.compile mode ({', '.join(COMPILE_MODES)}), got {v!r}"
+
+
+def _auto_or_bool(v) -> Optional[str]:
+    return None if isinstance(v, bool) or v == "auto" else f"must be auto, true or false, got {v!r}"
+
+
 def _batch(v) -> Optional[str]:
     if isinstance(v, str) and v != "auto":
         return f"must be an integer or 'auto', got {v!r}"
@@ -158,13 +172,23 @@ class HardwareSettings:
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     precision: str = setting("auto", choices=("auto", "bf16", "fp16", "fp32"))
     tf32: bool = True  # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
-    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto (largest of 16..128 that fits)
+    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto: the largest micro batch
+    # of the plan (<= max_per_device_batch) whose forward+backward fits in memory_margin x the card's free memory
+    max_per_device_batch: int = setting(128, ge=1)  # auto: the largest per-card batch tried
     num_workers: int = setting(2, ge=0)
     pin_memory: bool = True
     prefetch_factor: int = setting(2, ge=1)
     dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout
     watchdog_s: int = setting(300, ge=5)  # multi-process: a rank not running this long ends the job
-    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of device memory
+    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of free memory
+    # Speed switches (speakerlab.train.speedups); none changes results beyond float rounding.
+    compile: Union[bool, str] = setting(False, check=_compile)  # torch.compile the embedding model:
+    # false | true | a mode (default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs) | auto
+    # (compile on CUDA, eager on CPU; a failed compile falls back to eager, logged); a failure under true or a
+    # mode stops the run naming this key
+    channels_last: Union[bool, str] = setting("auto", check=_auto_or_bool)  # NHWC; auto: 2-D CNNs on CUDA
+    cudnn_benchmark: Union[bool, str] = setting("auto", check=_auto_or_bool)  # auto: on CUDA (crops have one
+    # length, so cuDNN's kernel search runs once)
 
 
 @dataclass

@@ -20,15 +20,15 @@ LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "config": {"settings"},
     "devices": set(),
-    "dataio": {"config", "settings"},
-    "features": {"dataio", "config"},
+    "dataio": {"config", "settings", "devices"},
+    "features": {"dataio", "config", "devices"},
     "models": set(),
     "checkpoint": {"features", "models"},
     "scoring": {"dataio"},
     "inference": {"checkpoint", "features", "models", "dataio", "scoring", "devices"},
     "train": {"config", "settings", "devices", "dataio", "features", "models", "checkpoint", "inference", "scoring"},
     "datasets": {"dataio"},
-    "synth": set(),
+    "synth": {"dataio"},
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
+from tests.helpers import assert_no_traceback
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
@@ -130,3 +131,76 @@ def test_bad_stage_numbers_are_errors(tmp_path, args, message):
 def test_recipe_help_lists_options():
     r = subprocess.run(["bash", str(RUN), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--stop_stage" in r.stdout and "--hardware cpu" in r.stdout
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_through_the_recipe_launch_options(tmp_path):
+    """Two torchrun "nodes" (one process each, gloo) started by the recipe's stage 3 with --nnodes 2
+    --node_rank 0|1 --master_addr 127.0.0.1: one run of world size 2, both logs free of tracebacks."""
+    from tests.test_train import losses, tiny_config
+
+    cfg, _ = tiny_config(tmp_path, val=True)  # tmp_path/train and tmp_path/val: the recipe's --data layout
+    port = str(free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    common = ["--stage", "3", "--stop_stage", "3", "--data", str(tmp_path), "--config", str(cfg)]
+    common += ["--exp", str(tmp_path / "exp"), "--nnodes", "2", "--master_addr", "127.0.0.1", "--master_port", port]
+    nodes = [
+        subprocess.Popen(
+            ["bash", str(RUN), *common, "--node_rank", str(rank)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=600) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, out[-2000:] + err[-4000:]
+    assert "launch: 1 process(es) on the CPU on node 0 of 2 (master 127.0.0.1:" in outputs[0][1]
+    assert "on node 1 of 2" in outputs[1][1]
+    log = (tmp_path / "exp" / "train.log").read_text()
+    assert_no_traceback(*outputs[0], *outputs[1], log)
+    assert "global 8 = 2 device(s) x 4 x accum 1" in log and "training done: 2 epochs, 4 steps" in log
+    assert sorted(losses(tmp_path / "exp")) == [1, 2, 3, 4]
+
+
+def test_launch_uses_every_visible_gpu_by_default_and_the_cpu_without_one(tmp_path):
+    """`launch` with the default --gpus all: N visible GPUs -> torchrun with N processes; none -> one plain
+    process on the CPU; `none` and a list as given. A stub `python` records what would run."""
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text('#!/usr/bin/env bash\nif [ "$1" = -c ]; then echo "${FAKE_GPUS:-0}"; else echo "RUN $*"; fi\n')
+    stub.chmod(0o755)
+    script = (
+        f". {ROOT}/egs/tools/common.sh; opt stage 3; opt stop_stage 3; launch_options; "
+        f'. {ROOT}/egs/tools/parse_options.sh; launch speakerlab.train --x; echo "CVD=${{CUDA_VISIBLE_DEVICES:-}}"'
+    )
+
+    def launch(*args, gpus_seen=0, visible=None):
+        env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "FAKE_GPUS": str(gpus_seen)}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        r = subprocess.run(["bash", "-c", script, "launch", *args], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, r.stderr
+
+    out, err = launch(gpus_seen=8)
+    assert "--nproc_per_node=8" in out and "launch: 8 process(es) on 8 GPU(s) (all visible)" in err
+    out, err = launch(gpus_seen=2, visible="4,5")
+    assert "--nproc_per_node=2" in out and "CVD=4,5" in out and "CUDA_VISIBLE_DEVICES=4,5" in err
+    out, err = launch(gpus_seen=0)
+    assert "RUN -m speakerlab.train --x" in out and "launch: 1 process(es) on the CPU (no GPU visible)" in err
+    out, err = launch("--gpus", "none", "--nproc", "2", gpus_seen=8)
+    assert "--nproc_per_node=2" in out and "on the CPU" in err
+    out, err = launch("--gpus", "1 3", gpus_seen=8)
+    assert "--nproc_per_node=2" in out and "CVD=1,3" in out

@@ -37,6 +37,37 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
 
 
+def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tmp_path, monkeypatch):
+    """A checkpoint holding the CUDA random states of 2 GPUs: resumed here on the CPU (0 GPUs) it continues
+    the same schedule and data order, equal to the uninterrupted run, warning once; with 1 GPU (faked)
+    the state of GPU 0 is restored and the warning names the counts."""
+    from speakerlab.checkpoint import save_checkpoint
+    from speakerlab.train.resume import restore_cuda_rng
+
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "3"]) == 0
+    path = tmp_path / "b" / "checkpoints" / "partial_002.pt"
+    ck = load_checkpoint(path)
+    fake = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
+    ck.resume.rng_cuda = fake
+    save_checkpoint(path, ck)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b")]) == 0
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == [1, 2, 3, 4] and all(b[s] == pytest.approx(a[s], rel=1e-6, abs=1e-7) for s in a)
+    log = (tmp_path / "b" / "train.log").read_text()
+    assert log.count("CUDA random state of 2 GPU(s), this run has 0: restored 0") == 1
+
+    restored, warnings = [], []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: restored.append((index, state)))
+    restore_cuda_rng(fake, torch.device("cuda", 0), warnings.append)
+    assert [i for i, _ in restored] == [0] and torch.equal(restored[0][1], fake[0])
+    assert len(warnings) == 1 and "2 GPU(s), this run has 1: restored 1" in warnings[0]
+    restore_cuda_rng(fake[:1], torch.device("cuda", 0), warnings.append)
+    assert len(warnings) == 1  # the same count: nothing to say
+
+
 def test_checkpoint_alone_rebuilds_model(tmp_path):
     cfg, _ = tiny_config(tmp_path, val=False)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "e"), "train.epochs=1"]) == 0

@@ -28,7 +28,7 @@ opt augment_config ../../conf/mini/augment.yaml  # ... as this overlay of $confi
 opt seed 1234
 opt jobs 2                         # corpus generation processes
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
-launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+launch_options none                # --gpus (none: the CPU profile) --nproc --nnodes --node_rank --master_addr --master_port
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 
 . ../tools/parse_options.sh

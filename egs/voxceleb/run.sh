@@ -28,7 +28,7 @@ opt trials "vox1_o_clean vox1_e_clean vox1_h_clean"   # $data/$eval_set/trials_<
 opt exp exp/campplus
 opt config ../../conf/voxceleb/campplus.yaml
 opt hardware auto                  # profile in conf/hardware/
-launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+launch_options                     # --gpus (default: all visible) --nproc --nnodes --node_rank --master_addr --master_port
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)

@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import BinaryIO, Optional, Tuple, Union
 
 import numpy as np
-import soundfile as sf
+
+try:
+    import soundfile as sf
+except ImportError as e:  # the one place that says how to get it; other modules take `sf` from here
+    raise ImportError(
+        "speakerlab reads and writes audio with the soundfile package (libsndfile), which this Python "
+        "lacks: pip install soundfile; on a machine without network, bring its wheels and those of cffi and "
+        "pycparser (bash bench/fetch_gpu_wheels.sh) and set SPEAKERLAB_WHEELS=DIR for tests/run.sh or a recipe"
+    ) from e
 
 
 class AudioError(ValueError):

@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import soundfile as sf
 
 from speakerlab.config import AUGMENT_KINDS
-from speakerlab.dataio.audio import AudioError, audio_info
+from speakerlab.dataio.audio import AudioError, audio_info, sf
 from speakerlab.dataio.lists import ListError, read_wav_scp
 
 KINDS = AUGMENT_KINDS

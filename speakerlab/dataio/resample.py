@@ -20,10 +20,9 @@ from functools import lru_cache
 from typing import Callable, Optional, Tuple
 
 import numpy as np
-import soundfile as sf
 import torch
 
-from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.audio import AudioError, sf
 from speakerlab.dataio.speed import ZERO_CROSSINGS, Resampler
 
 MAX_WEIGHTS = 1_000_000  # floats (4 MB) of polyphase weights; see the module docstring

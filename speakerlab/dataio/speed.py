@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speakerlab.devices import in_exact_fp32
+
 KAISER_BETA = 5.0  # scipy.signal.resample_poly's default window ('kaiser', 5.0)
 ZERO_CROSSINGS = 10  # half-length of the filter in units of the slower rate's period, as resample_poly
 MAX_DENOMINATOR = 100
@@ -93,6 +95,7 @@ class Resampler(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"up={self.up}, down={self.down}, taps={tuple(self.weight.shape)}"
 
+    @in_exact_fp32  # a TF32 convolution (hardware.tf32) would round the samples to ~1e-3 of full scale
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 2:
             raise ValueError(f"Resampler expects (batch, samples), got {tuple(x.shape)}")

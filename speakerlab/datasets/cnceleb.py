@@ -145,7 +145,9 @@ def prepare_eval(raw: Path, data: Path) -> None:
             test = test_ids.get(f[1]) or PurePosixPath(f[1]).stem
             yield f[0], test, parse_label(f[2], f"{src}:{lineno}"), lineno
 
-    check_count("cnceleb_eval trials", write_trials(out / "trials_cnceleb1", rows(), set(wav), src), PUBLISHED["trials"])
+    check_count(
+        "cnceleb_eval trials", write_trials(out / "trials_cnceleb1", rows(), set(wav), src), PUBLISHED["trials"]
+    )
 
 
 def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> None:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 import torch
 from torch import Tensor
 
+from speakerlab.devices import in_exact_fp32
+
 if TYPE_CHECKING:  # annotation only: features never needs the config module at run time
     from speakerlab.config import FeatureSettings
 
@@ -184,6 +186,7 @@ class Fbank(torch.nn.Module):
             energy = energy.clamp_min(math.log(self.config.energy_floor))
         return energy
 
+    @in_exact_fp32  # TF32 (hardware.tf32) would cost ~1e-3 in log-mel: features are the same everywhere
     def forward(
         self, wave: Tensor, lengths: Tensor | None = None, *, generator: torch.Generator | None = None
     ) -> Tensor | tuple[Tensor, Tensor]:

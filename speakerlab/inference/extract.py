@@ -47,6 +47,10 @@ from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 from speakerlab.features.fbank import num_frames
 from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
 
+# --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
+# model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
+GPU_PAD_RATIO = 0.1
+
 
 def plan_units(lengths: Sequence[int], max_samples: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Utterance lengths `(N,)` -> units `(utterance index, start, length)` as three `(U,)` arrays: an
@@ -272,7 +276,13 @@ def main(argv=None) -> int:
         default=60.0,
         help="longer utterances are cut into chunks whose embeddings are averaged (0: never)",
     )
-    ap.add_argument("--pad-ratio", type=float, default=0.0)
+    ap.add_argument(
+        "--pad-ratio",
+        type=float,
+        default=None,
+        help="units up to this much longer than a batch's shortest share it, shorter ones repeated; default "
+        f"{GPU_PAD_RATIO} on a GPU (exact lengths make batches of one: launch-bound), 0 (exact) on the CPU",
+    )
     ap.add_argument("--shard-units", type=int, default=4096, help="units per shard (the unit of resumption)")
     ap.add_argument("--num-workers", type=int, default=2, help="audio-reading loader processes")
     ap.add_argument("--kaldi", action="store_true", help="also write Kaldi ark/scp next to OUT")
@@ -291,6 +301,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         embedder = load_embedder(args.checkpoint, device=device)
+        if args.pad_ratio is None:
+            args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0
         store = None
         if args.feats == "auto":
             store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr))

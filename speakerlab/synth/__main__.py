@@ -26,7 +26,8 @@ import time
 from itertools import combinations
 
 import numpy as np
-import soundfile as sf
+
+from speakerlab.dataio.audio import sf
 
 from . import rooms
 from .voice import SR, SpeakerTraits, draw_session, draw_speaker, synth_utterance

@@ -26,12 +26,13 @@ from speakerlab.features.fbank import Fbank, fbank_config, num_frames
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.train import distributed as dist_utils
-from speakerlab.train.batch_plan import BatchPlan, find_max_batch, plan_batches
+from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.distributed import DistInfo
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.precision import Precision, resolve_precision
+from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
 
 
@@ -55,10 +56,11 @@ class SpeakerNet(nn.Module):
     def __init__(self, model: nn.Module, classifier: AAMSoftmax, autocast: Callable):
         super().__init__()
         self.model, self.classifier, self._autocast = model, classifier, autocast
+        self.compiled: Optional[Callable] = None  # hardware.compile: the compiled `model` (speakerlab.train.speedups)
 
     def forward(self, feats: torch.Tensor, labels: torch.Tensor):
         with self._autocast():
-            emb = self.model(feats)
+            emb = self.model(feats) if self.compiled is None else self.compiled(feats)
         return self.classifier(emb, labels)
 
 
@@ -175,11 +177,20 @@ def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
             (no_decay if p.ndim <= 1 else decay).append(p)
     o = cfg.optim
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if o.name == "adam":
-        return torch.optim.Adam(groups, lr=o.lr)
-    if o.name == "adamw":
-        return torch.optim.AdamW(groups, lr=o.lr)
-    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[o.name]
+    # On CUDA the fused kernels update every parameter in one launch (torch picks the slower foreach path
+    # by default); on the CPU the default is kept.
+    fused = {"fused": True} if all(p.is_cuda for p in decay + no_decay) and supports_fused(cls) else {}
+    if o.name == "sgd":
+        return cls(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, **fused)
+    return cls(groups, lr=o.lr, **fused)
+
+
+def supports_fused(cls) -> bool:
+    """Whether this torch's optimizer class takes `fused` (SGD since torch 2.4, Adam/AdamW since 2.0)."""
+    import inspect
+
+    return "fused" in inspect.signature(cls).parameters
 
 
 def make_loader(
@@ -224,55 +235,36 @@ def choose_plan(
     cfg: Config,
     info: DistInfo,
     device: torch.device,
-    probe: Optional[Callable[[int], bool]],
+    probe: Optional[MemoryProbe],
     log: Callable[[str], None],
 ) -> BatchPlan:
-    """The batch plan: per-device batch from the config, or `auto`: the largest of 16..128 for which
-    `probe(batch)` says it fits (CUDA passes `cuda_probe`); without a probe (CPU) auto means 64."""
-    pdb = cfg.hardware.per_device_batch
+    """The batch plan: per-device batch from the config, or `auto`: the largest micro batch of the plan up to
+    `hardware.max_per_device_batch` that `probe` says fits (CUDA); without a probe (CPU) auto means 64."""
+    hw = cfg.hardware
+    pdb = hw.per_device_batch
     share = cfg.train.global_batch_size // max(1, info.world_size)
     if pdb == "auto":
         if probe is not None:
-            found = find_max_batch(probe)
+            sizes = probe_sizes(share, hw.max_per_device_batch)
+            found = find_max_batch(probe, sizes)
+            log(f"per_device_batch auto on {device}: {probe.describe()}")
             if found is None:
                 raise RuntimeError(
-                    f"per_device_batch auto: even a batch of 16 does not fit on {device}; "
-                    "lower data.crop_seconds or use a smaller model"
+                    f"per_device_batch auto: even a batch of {sizes[-1]} does not fit on {device} "
+                    f"(hardware.memory_margin {hw.memory_margin}); lower data.crop_seconds or use a smaller model"
                 )
             pdb = found
             if info.enabled:  # every rank must use the same micro batch: take the smallest card's
                 t = torch.tensor([pdb], device=device)
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
                 pdb = int(t.item())
-            log(f"per_device_batch auto: {pdb} fits with margin {cfg.hardware.memory_margin}")
+            log(
+                f"per_device_batch auto: {pdb} (largest fitting of {sizes}, hardware.max_per_device_batch "
+                f"{hw.max_per_device_batch}, margin {hw.memory_margin})"
+            )
         else:
             pdb = min(64, share)
     return plan_batches(cfg.train.global_batch_size, info.world_size, int(pdb))
-
-
-def cuda_probe(
-    net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: int, device: torch.device, margin: float
-) -> Callable[[int], bool]:
-    """`fits(batch)`: a real forward+backward at the crop length; False on OOM or peak > margin x memory."""
-    total = torch.cuda.get_device_properties(device).total_memory
-
-    def fits(batch: int) -> bool:
-        net.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        try:
-            feats = torch.randn(batch, fbank_frames, feat_dim, device=device)
-            labels = torch.randint(0, num_speakers, (batch,), device=device)
-            loss, _ = net(feats, labels)
-            loss.backward()
-            peak = torch.cuda.max_memory_allocated(device)
-        except torch.OutOfMemoryError:
-            peak = float("inf")
-        net.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
-        return peak <= margin * total
-
-    return fits
 
 
 @dataclass
@@ -337,12 +329,15 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     fbank = make_fbank(cfg, device)
     frontend = build_frontend(cfg, fbank, len(data.speakers))
     crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
-    probe = (
-        cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
-        if device.type == "cuda"
-        else None
-    )
+    probe = None
+    if device.type == "cuda" and cfg.hardware.per_device_batch == "auto":
+        args = (crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
+        probe = MemoryProbe(net, *args, CudaMemory(device))
     plan = choose_plan(cfg, info, device, probe, monitor.log)
+    del probe  # its copy of the net
+    hw = cfg.hardware
+    switches = resolve_switches(hw.compile, hw.channels_last, hw.cudnn_benchmark, net.model, device)
+    apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
@@ -385,8 +380,11 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         guard=guard,
         state=RunState(),
     )
+    optimizer = f"{cfg.optim.name}{' (fused)' if run.optimizer.defaults.get('fused') else ''}"
     monitor.log(
         f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
-        f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params"
+        f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
     )
+    monitor.log(switches.describe())
+    monitor.text("hardware", f"{precision.describe()}; {plan.describe()}; {switches.describe()}")
     return run

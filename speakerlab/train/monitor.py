@@ -21,6 +21,7 @@ class Monitor:
         self._log_file = None
         self._pending = []
         self._tb = None
+        self._texts = []  # (tag, text) for tensorboard, written once its writer is open
         self._bar = None
         self.exp_dir, self._want_tb = exp_dir, tensorboard
 
@@ -52,6 +53,9 @@ class Monitor:
             from torch.utils.tensorboard import SummaryWriter  # imported here: slow, main rank only
 
             self._tb = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"), purge_step=purge_step)
+            for tag, text in self._texts:
+                self._tb.add_text(tag, text, purge_step or 0)
+            self._texts = []
 
     def metrics(self, values: Dict[str, float], step: int, **extra) -> None:
         """Append one line to `<exp>/metrics.jsonl` (what tests and scripts read)."""
@@ -73,6 +77,15 @@ class Monitor:
             self._pending.append(line)
         else:
             self._log_file.write(line + "\n")
+
+    def text(self, tag: str, text: str) -> None:
+        """A text entry in tensorboard (the run's settings), written when the event file opens."""
+        if not self.enabled:
+            return
+        if self._tb is None:
+            self._texts.append((tag, text))
+        else:
+            self._tb.add_text(tag, text)
 
     def scalars(self, values: Dict[str, float], step: int, prefix: str = "train") -> None:
         if not self.enabled:

@@ -124,6 +124,24 @@ def schedule_changes(stored: dict, now: dict) -> list:
     ]
 
 
+def restore_cuda_rng(states: list, device: torch.device, log) -> None:
+    """Set the CUDA random state of each GPU the checkpoint has one for and this process sees.
+
+    Runs move between nodes: a checkpoint of 4 GPUs resumed on 1 (or on the CPU, or the other way round)
+    restores what exists and says once what does not (the other GPUs start from the run's seed). The
+    data order and the global batch do not depend on the number of processes (GlobalBatchSampler), so
+    the run continues the same schedule; only device-side random draws (fbank dither) can differ."""
+    here = torch.cuda.device_count() if device.type == "cuda" else 0
+    for index, state in enumerate(states[:here]):
+        torch.cuda.set_rng_state(state.cpu(), index)
+    if len(states) != here:
+        log(
+            f"WARNING: the checkpoint holds the CUDA random state of {len(states)} GPU(s), this run has {here}: "
+            f"restored {min(len(states), here)}; device-side random draws (fbank dither) of the others differ "
+            "from an uninterrupted run"
+        )
+
+
 def resume(run: Run, force_new_schedule: bool = False) -> int:
     """Restore the latest checkpoint of the run, if any (else `train.init_from`, if set); return the step
     within its epoch to continue from.
@@ -153,8 +171,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
     run.scaler.load_state_dict(ckpt.resume.scaler)
     run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
     torch.set_rng_state(ckpt.resume.rng_cpu.cpu())
-    if ckpt.resume.rng_cuda and run.device.type == "cuda":
-        torch.cuda.set_rng_state_all([s.cpu() for s in ckpt.resume.rng_cuda])
+    restore_cuda_rng(ckpt.resume.rng_cuda, run.device, run.monitor.log)
     if changes:
         run.state.step = run.state.epoch * run.steps_per_epoch
         run.monitor.log(
