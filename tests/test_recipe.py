@@ -32,13 +32,15 @@ def run_recipe(tmp_path, *args, check=True):
 
 @pytest.mark.slow
 def test_mini_recipe_end_to_end(tmp_path):
+    # Big enough to learn in 100 steps of a small CAM++ (measured on this corpus: test EER 22.9% against the
+    # baseline's 39.6%, 144 trials), small enough for minutes on 2 cores.
     corpus = (
-        "--num-train-speakers 6 --num-val-speakers 3 --num-test-speakers 3 --utts-per-speaker 6 "
-        "--eval-utts-per-speaker 3 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
+        "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
+        "--eval-utts-per-speaker 4 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
     )
     train = (
-        "train.epochs=2 train.global_batch_size=12 hardware.per_device_batch=6 data.crop_seconds=1.0 "
-        "model.args.num_layers=[1,1,1]"
+        "train.epochs=10 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
+        "model.args.num_layers=[1,1,1] optim.lr=0.01 loss.margin_start_epoch=4 train.val_every=10"
     )
     r = run_recipe(
         tmp_path,
@@ -66,12 +68,15 @@ def test_mini_recipe_end_to_end(tmp_path):
     eer = compute_eer(np.array([float(r[2]) for r in rows]), np.array([r[3] == "target" for r in rows]))
     assert float(m.group(1)) == pytest.approx(100 * eer, abs=0.006)
     assert (exp / "scores" / "test.result").read_text().strip() in r.stdout
-    assert "mean log-mel baseline" in r.stdout and (exp / "scores" / "test_baseline.result").exists()
+    # Training learned: the trained model's EER is clearly below the no-training baseline's on the same trials.
+    baseline = re.search(r"mean log-mel baseline, \d+ trials: EER (\d+\.\d+)%", r.stdout)
+    assert baseline and (exp / "scores" / "test_baseline.result").exists(), r.stdout
+    assert float(m.group(1)) < 0.75 * float(baseline.group(1)), (m.group(1), baseline.group(1))
     assert (exp / "checkpoints" / "avg.pt").exists()
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
     r2 = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stage", "2", "--stop_stage", "5")
-    assert "training done: 2 epochs" in r2.stderr
+    assert "training done: 10 epochs" in r2.stderr
     assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
     # Training read the fbank store of stage 2; --augment true trains from the audio with speed
     # perturbation (3x classes), reverberation and noise from the bank instead.
@@ -80,7 +85,8 @@ def test_mini_recipe_end_to_end(tmp_path):
     r3 = run_recipe(
         tmp_path,
         "--train_overrides",
-        train,
+        "train.epochs=2 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
+        "model.args.num_layers=[1,1,1]",
         "--stage",
         "3",
         "--stop_stage",
@@ -93,7 +99,7 @@ def test_mini_recipe_end_to_end(tmp_path):
     log = (aug / "train.log").read_text()
     assert "augmentation with probability 0.6" in log and "reverb (" in log and "babble (" in log
     speakers = load_checkpoint(aug / "checkpoints" / "epoch_002.pt").speakers  # sped-up copies are new classes
-    assert len(speakers) == 18 and speakers[6].startswith("sp0.9-") and speakers[12].startswith("sp1.1-")
+    assert len(speakers) == 60 and speakers[20].startswith("sp0.9-") and speakers[40].startswith("sp1.1-")
     assert re.search(r"EER (\d+\.\d+)%", r3.stdout) and (aug / "scores" / "test.result").exists()
 
 
@@ -174,15 +180,18 @@ def test_two_nodes_on_localhost_through_the_recipe_launch_options(tmp_path):
 
 
 def test_launch_uses_every_visible_gpu_by_default_and_the_cpu_without_one(tmp_path):
-    """`launch` with the default --gpus all: N visible GPUs -> torchrun with N processes; none -> one plain
-    process on the CPU; `none` and a list as given. A stub `python` records what would run."""
+    """`launch` with the default --gpus all: N visible GPUs -> torchrun with N processes; none -> the console
+    script itself on the CPU; `none` and a list as given. Stub `python` and `speakerlab-train` record what runs."""
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
     stub.write_text('#!/usr/bin/env bash\nif [ "$1" = -c ]; then echo "${FAKE_GPUS:-0}"; else echo "RUN $*"; fi\n')
     stub.chmod(0o755)
+    script_stub = stub.parent / "speakerlab-train"
+    script_stub.write_text('#!/usr/bin/env bash\necho "SCRIPT speakerlab-train $*"\n')
+    script_stub.chmod(0o755)
     script = (
         f". {ROOT}/egs/tools/common.sh; opt stage 3; opt stop_stage 3; launch_options; "
-        f'. {ROOT}/egs/tools/parse_options.sh; launch speakerlab.train --x; echo "CVD=${{CUDA_VISIBLE_DEVICES:-}}"'
+        f'. {ROOT}/egs/tools/parse_options.sh; launch speakerlab-train --x; echo "CVD=${{CUDA_VISIBLE_DEVICES:-}}"'
     )
 
     def launch(*args, gpus_seen=0, visible=None):
@@ -199,7 +208,7 @@ def test_launch_uses_every_visible_gpu_by_default_and_the_cpu_without_one(tmp_pa
     out, err = launch(gpus_seen=2, visible="4,5")
     assert "--nproc_per_node=2" in out and "CVD=4,5" in out and "CUDA_VISIBLE_DEVICES=4,5" in err
     out, err = launch(gpus_seen=0)
-    assert "RUN -m speakerlab.train --x" in out and "launch: 1 process(es) on the CPU (no GPU visible)" in err
+    assert "SCRIPT speakerlab-train --x" in out and "launch: 1 process(es) on the CPU (no GPU visible)" in err
     out, err = launch("--gpus", "none", "--nproc", "2", gpus_seen=8)
     assert "--nproc_per_node=2" in out and "on the CPU" in err
     out, err = launch("--gpus", "1 3", gpus_seen=8)
