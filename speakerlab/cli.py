@@ -47,7 +47,7 @@ from speakerlab.embedder import Embedder, NonFiniteEmbedding, add_source_args, c
 from speakerlab.extract import save_embeddings
 from speakerlab.features import num_frames
 from speakerlab.lists import ListError, read_wav_scp
-from speakerlab.metrics import error_rates
+from speakerlab.metrics import eer_point, error_rates
 from speakerlab.resample import read_for_model
 
 DEFAULT_THRESHOLD = 0.5
@@ -92,10 +92,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 def eer_threshold(scores: np.ndarray, labels: np.ndarray) -> Tuple[float, float, float]:
     """`scores (N,)`, `labels (N,)` bool -> (t, P_miss(t), P_fa(t)): among the distinct scores, the t
     (decide target iff score >= t) where |P_miss - P_fa| is smallest, the lower t on a tie."""
-    p_miss, p_fa, thresholds = error_rates(scores, labels)
-    # Point k < K accepts scores >= thresholds[k]; the last point (accept nothing) has no threshold.
-    k = int(np.argmin(np.abs(p_miss[:-1] - p_fa[:-1])))  # argmin: the first, i.e. lowest, on ties
-    return float(thresholds[k]), float(p_miss[k]), float(p_fa[k])
+    point = eer_point(*error_rates(scores, labels))
+    return point["threshold"], point["p_miss"], point["p_fa"]
 
 
 def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = None) -> Tuple[float, str]:
