@@ -172,15 +172,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--src", action="append", help="speakerlab checkout(s) to run (default: this one)")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)
     work = Path(args.work).resolve()
     t0 = time.perf_counter()
     info = generate(work, args)
     print(
         f"data: {info['n_trials']} trials ({info['n_target']} target, {info['trials_mb']} MB) over {info['n_emb']} "
         f"embeddings of dim {args.dim}, cohort {args.cohort} ({time.perf_counter() - t0:.1f} s)",
-        flush=True,
     )
-    print(f"machine: {machine()}", flush=True)
+    print(f"machine: {machine()}")
     srcs = [Path(s).resolve() for s in (args.src or [str(ROOT)])]
     runs: Dict[Path, List[Dict]] = {s: [] for s in srcs}
     for r in range(args.repeats):
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{src}: the command failed with exit code {res['rc']}")
             runs[src].append(res)
             result = Path(f"{out}.result").read_text().strip()
-            print(f"run {r + 1} {src}: wall {res['wall']:.2f} s, peak RSS {res['rss_mb']:.0f} MB | {result}", flush=True)
+            print(f"run {r + 1} {src}: wall {res['wall']:.2f} s, peak RSS {res['rss_mb']:.0f} MB | {result}")
     print("command: PYTHONPATH=SRC " + " ".join(command(work, work / "outK" / "bench", args.asnorm)))
     for src, rs in runs.items():
         walls = [r["wall"] for r in rs]

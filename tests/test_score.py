@@ -102,7 +102,8 @@ def test_one_list_prefix_form_as_before(tmp_path, capsys):
     )
     result = (tmp_path / "exp" / "test.result").read_text()
     assert re.match(
-        r".*A/trials: \d+ trials \(\d+ target\) EER \d+\.\d\d% \(threshold -?\d\.\d{4}\) minDCF\(p_target=0.01\) \d\.\d{4}"
+        r".*A/trials: \d+ trials \(\d+ target\) EER \d+\.\d\d% \(threshold -?\d\.\d{4}\) "
+        r"minDCF\(p_target=0.01\) \d\.\d{4}"
         r".* threshold\(FA 1%\) -?\d\.\d{4} \(miss \d+\.\d\d%\) threshold\(FA 0\.1%\) ",
         result,
     )
