@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from speakerlab.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
-from speakerlab.lists import ListError, Trial, read_utt2spk
+from speakerlab.lists import ListError, read_utt2spk
 from speakerlab.metrics import verification_metrics
 from speakerlab.score_norm import Cohort, asnorm, cohort_stats, unit_rows
 from speakerlab.trials import IdIndex, TrialList, default_threads, read_trial_list
@@ -224,22 +224,6 @@ def evaluate(ids, emb, trials_path, p_target: float = 0.01):
     scores = scorer.scores(tl)
     m = verification_metrics(scores, tl.target, [p_target])
     return scores, tl.target, m["eer"], m["min_dcf"][float(p_target)]
-
-
-def cosine_scores(ids: Sequence[str], emb: np.ndarray, trials: List[Trial], trials_path="trials") -> np.ndarray:
-    """`(N, D)` embeddings named by `ids`, a list of `lists.Trial` -> `(len(trials),)` cosines (small lists)."""
-    index = IdIndex(ids)
-    pos = {u: i for i, u in enumerate(index.ids)}
-    missing = [t for t in trials if t.enrol not in pos or t.test not in pos]
-    if missing:
-        t = missing[0]
-        raise ListError(
-            f"{trials_path}:{t.line}: id '{t.enrol if t.enrol not in pos else t.test}' has no embedding"
-            f" ({len(missing)} trial line(s) affected)"
-        )
-    a = np.array([pos[t.enrol] for t in trials], np.int64)
-    b = np.array([pos[t.test] for t in trials], np.int64)
-    return cosine_trial_scores(unit_rows(emb), a, b)
 
 
 def _names(trials: Sequence[Path]) -> List[str]:
