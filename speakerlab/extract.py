@@ -18,11 +18,12 @@ checkpoint, the data and the settings are the same; otherwise the parts are disc
 torchrun each process takes every world-th shard; when all are done rank 0 merges them, in sorted
 utterance order, into OUT and removes the parts.
 
-Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), readable
-with numpy alone: `z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. `--kaldi` also writes
-`<OUT without .npz>.ark/.scp` (Kaldi float vectors, via kaldiio). When the data dir has an offline
-feature store (python -m speakerlab.feature_store) with the checkpoint's fbank options, fbank is read
-from it instead of computed from the audio (`--feats yes|no` forces the choice).
+Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
+read by `speakerlab.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
+z["embeddings"]))`). `--kaldi` also writes `<OUT without .npz>.ark/.scp` (Kaldi float vectors,
+kaldiio). When the data dir has an offline feature store (python -m speakerlab.feature_store) with the
+checkpoint's fbank options, fbank is read from it instead of computed from the audio (`--feats yes|no`
+forces the choice).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from speakerlab.audio import AudioError, audio_info, read_segment
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
+from speakerlab.embeddings import write_embeddings
 from speakerlab.features import num_frames
 from speakerlab.lists import DataDir, ListError, load_data_dir
 
@@ -236,28 +238,6 @@ def embed_feature_store(
     return data.utts, emb
 
 
-def save_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = False) -> None:
-    """`ids` (N,) and `emb` (N, D) float32 -> an .npz with arrays `ids` and `embeddings` (atomic); with
-    `kaldi` also `<path without .npz>.ark/.scp`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, ids=np.asarray(ids), embeddings=emb)
-    tmp.replace(path)
-    if kaldi:
-        import kaldiio
-
-        stem = path.with_suffix("")
-        with kaldiio.WriteHelper(f"ark,scp:{stem}.ark,{stem}.scp") as writer:
-            for utt, e in zip(ids, emb):
-                writer(utt, e)
-
-
-def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        return [str(i) for i in z["ids"]], z["embeddings"]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.extract", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
@@ -304,7 +284,7 @@ def main(argv=None) -> int:
     except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    save_embeddings(args.out, ids, emb, args.kaldi)
+    write_embeddings(args.out, ids, emb, args.kaldi)
     print(
         f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
         f"in {time.time() - t0:.1f}s",

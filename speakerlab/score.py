@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from speakerlab.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
+from speakerlab.embeddings import check_embeddings, read_embeddings
 from speakerlab.lists import ListError, read_utt2spk
 from speakerlab.metrics import verification_metrics
 from speakerlab.score_norm import Cohort, asnorm, cohort_stats, unit_rows
@@ -56,25 +57,6 @@ from speakerlab.trials import IdIndex, TrialList, default_threads, read_trial_li
 
 SCORE_BLOCK = 4096  # trials per gather: two (4096, D) float32 blocks stay in cache
 DET_POINTS = 4000  # points of the thinned DET curve kept for the picture
-
-
-def read_embeddings(path):
-    """An .npz with `ids (N,)` and `embeddings (N, D)` (as written by speakerlab.extract) -> (ids, emb)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ListError(f"{path}: embeddings file does not exist")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            ids, emb = [str(i) for i in z["ids"]], np.asarray(z["embeddings"])
-    except (KeyError, ValueError, OSError) as e:
-        raise ListError(f"{path}: not an embeddings .npz with 'ids' and 'embeddings' ({e})") from None
-    if emb.ndim != 2 or len(ids) != len(emb):
-        raise ListError(f"{path}: {len(ids)} ids but embeddings of shape {emb.shape}")
-    finite = np.isfinite(emb).all(axis=1)
-    if not finite.all():  # one NaN would make every score of its trials NaN, and the metrics meaningless
-        bad = np.flatnonzero(~finite)
-        raise ListError(f"{path}: {len(bad)} embedding(s) are not finite, e.g. '{ids[bad[0]]}'")
-    return ids, emb
 
 
 def cosine_trial_scores(
@@ -115,9 +97,10 @@ class Scorer:
 
     def __init__(self, ids: Sequence[str], emb: np.ndarray, cohort: Optional[Cohort] = None, source="embeddings"):
         self.source = str(source)
+        emb = np.asarray(emb, np.float32)
+        check_embeddings(ids, emb, self.source)
         self.index = IdIndex(ids, self.source)
         self.cohort = cohort
-        emb = np.asarray(emb, np.float32)
         self.norms = np.sqrt(np.einsum("ij,ij->i", emb, emb)).astype(np.float64)  # raw norms: a QMF feature
         self.unit = cohort.unit(emb, self.source) if cohort else unit_rows(emb)
         self.logdur: Optional[np.ndarray] = None

@@ -23,7 +23,7 @@ from speakerlab.checkpoint import (
     save_checkpoint,
 )
 from speakerlab.embedder import load_embedder
-from speakerlab.extract import load_embeddings
+from speakerlab.embeddings import read_embeddings
 from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.models import build_model
 
@@ -92,7 +92,7 @@ def test_checkpoint_written_before_the_schema_extracts_as_before():
     ck = load_checkpoint(LEGACY / "campplus_tiny.pt")
     assert ck.model_name == "campplus" and ck.features.sample_rate == 16000 and ck.features.mean_norm
     assert ck.resume is not None and ck.step == 2 and len(ck.speakers) == 4
-    ids, before = load_embeddings(LEGACY / "embeddings.npz")
+    ids, before = read_embeddings(LEGACY / "embeddings.npz")
     embedder = load_embedder(LEGACY / "campplus_tiny.pt", device="cpu")
     now = embedder.embed_waves([embedder.read(str(LEGACY / "wav" / f"{u}.wav")) for u in ids])
     np.testing.assert_allclose(now, before, rtol=1e-5, atol=1e-6)

@@ -6,7 +6,8 @@ import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.embedder import Embedder, length_batches, load_embedder
-from speakerlab.extract import embed_data_dir, load_embeddings, main
+from speakerlab.embeddings import read_embeddings
+from speakerlab.extract import embed_data_dir, main
 from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.models import build_model
 from tests.helpers import make_data_dir, write_wav
@@ -78,7 +79,7 @@ def test_padded_batches_repeat_shorter_waves(ckpt):
 def test_command_writes_embeddings_and_names_bad_input(ckpt, data, tmp_path, capsys):
     out = tmp_path / "e" / "emb.npz"
     assert main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu"]) == 0
-    ids, emb = load_embeddings(out)
+    ids, emb = read_embeddings(out)
     assert ids[0] == "u0" and emb.shape == (6, 16) and np.isfinite(emb).all()
     (data / "wav" / "u2.wav").unlink()
     assert main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu"]) == 2

@@ -11,7 +11,8 @@ import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.embedder import load_embedder
-from speakerlab.extract import StreamingExtractor, load_embeddings, main, plan_units
+from speakerlab.embeddings import read_embeddings
+from speakerlab.extract import StreamingExtractor, main, plan_units
 from speakerlab.features import FbankConfig, FeatureSpec
 from speakerlab.lists import load_data_dir
 from speakerlab.models import build_model
@@ -84,7 +85,7 @@ def test_chunked_embeddings_are_the_mean_of_their_chunks(ckpt, tmp_path):
         )
         == 0
     )
-    ids, emb = load_embeddings(out)
+    ids, emb = read_embeddings(out)
     scp = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
     for i, utt in enumerate(ids):
         wave = embedder.read(scp[utt])
@@ -115,7 +116,7 @@ def test_rerun_skips_finished_shards_and_changed_settings_start_again(ckpt, tmp_
         "cpu",
     ]
     assert main(args) == 0
-    _, whole = load_embeddings(out)
+    _, whole = read_embeddings(out)
     # A run that was killed after its first shard: the same command finishes the other three.
     ex = StreamingExtractor(
         load_embedder(ckpt, device="cpu"), load_data_dir(data, need_speakers=False), out, shard_units=3, num_workers=0
@@ -126,7 +127,7 @@ def test_rerun_skips_finished_shards_and_changed_settings_start_again(ckpt, tmp_
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "1 of 4 shards already done" in err and "rank 0 embedded 3 shard(s)" in err
-    np.testing.assert_allclose(load_embeddings(out)[1], whole, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(read_embeddings(out)[1], whole, rtol=1e-6, atol=1e-7)
     ex.prepare_parts(print)
     ex.run_shard(0)
     assert main(args[:-4] + ["--max-seconds", "0.6", "--num-workers", "0", "--device", "cpu"]) == 0
@@ -156,7 +157,7 @@ def test_kaldi_output_is_readable_by_kaldiio(ckpt, tmp_path):
         )
         == 0
     )
-    ids, emb = load_embeddings(out)
+    ids, emb = read_embeddings(out)
     scp = kaldiio.load_scp(str(tmp_path / "e.scp"))
     assert sorted(scp) == ids
     for utt, e in zip(ids, emb):
@@ -206,7 +207,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert_no_traceback(r.stdout, r.stderr)
     assert "rank 0 embedded" in r.stderr and "rank 1 embedded" in r.stderr
-    (ids1, e1), (ids2, e2) = load_embeddings(one), load_embeddings(two)
+    (ids1, e1), (ids2, e2) = read_embeddings(one), read_embeddings(two)
     assert ids1 == ids2
     np.testing.assert_allclose(e2, e1, rtol=1e-5, atol=1e-6)
 
