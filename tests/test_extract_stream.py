@@ -55,7 +55,7 @@ def ckpt(tmp_path_factory):
 
 
 def test_plan_units_cuts_long_utterances_into_equal_chunks():
-    utt, start, length = plan_units([100, 250, 300, 301], max_samples=100)
+    utt, start, length = plan_units([100, 250, 300, 301], max_len=100)
     assert utt.tolist() == [0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3]
     assert length.tolist() == [100, 83, 84, 83, 100, 100, 100, 75, 75, 76, 75]
     assert start.tolist() == [0, 0, 83, 167, 0, 100, 200, 0, 75, 150, 226]
@@ -253,3 +253,70 @@ def test_peak_memory_grows_less_than_20_percent_with_5x_more_audio(ckpt, tmp_pat
         assert r.returncode == 0, r.stderr[-3000:]
         peaks.append(int(r.stdout.split()[-1]))
     assert peaks[1] < 1.2 * peaks[0], f"peak RSS {peaks[0] / 1024:.0f} MB -> {peaks[1] / 1024:.0f} MB"
+
+
+def _store_args(ckpt, data, out, *extra):
+    return ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--feats", "yes", "--device", "cpu"]
+
+
+def test_feature_store_units_chunk_shard_and_resume_like_audio(ckpt, tmp_path, capsys):
+    """From the store: utterances longer than --max-seconds are the mean of equal frame chunks; parts and
+    resumption as on the audio path."""
+    from speakerlab.feature_store import FeatureStore
+    from speakerlab.feature_store import main as store_main
+    from speakerlab.features import num_frames
+
+    data = make_dir(tmp_path / "d", 7, [0.6, 2.2, 0.8, 1.4])
+    assert store_main(["--data", str(data)]) == 0
+    out = tmp_path / "e.npz"
+    args = _store_args(ckpt, data, out) + ["--max-seconds", "1.0", "--shard-units", "3", "--num-workers", "0"]
+    assert main(args) == 0
+    assert "rank 0 embedded 4 shard(s)" in capsys.readouterr().err  # 10 units: 4 shards
+    ids, emb = read_embeddings(out)
+    embedder, store = load_embedder(ckpt, device="cpu"), FeatureStore(data)
+    limit = num_frames(16000, embedder.spec.fbank)
+    for i, utt in enumerate(ids):
+        feats = torch.tensor(store[utt])
+        k = -(-len(feats) // limit)
+        edges = np.linspace(0, len(feats), k + 1).round().astype(int)
+        chunks = [embedder.embed_fbank(feats[a:b][None])[0].numpy() for a, b in zip(edges[:-1], edges[1:])]
+        np.testing.assert_allclose(emb[i], np.mean(chunks, axis=0), rtol=1e-4, atol=1e-5)
+    # A run killed after one shard: the same command embeds only the other three.
+    ex = StreamingExtractor(
+        embedder, load_data_dir(data, need_speakers=False), out, 1.0, shard_units=3, num_workers=0, store=store
+    )
+    ex.prepare_parts(print)
+    ex.run_shard(0)
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "1 of 4 shards already done" in err and "rank 0 embedded 3 shard(s)" in err
+    np.testing.assert_allclose(read_embeddings(out)[1], emb, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_feature_store_under_torchrun_only_rank_0_writes(ckpt, tmp_path):
+    """Two processes from the store: each embeds its shards, rank 0 alone writes OUT, equal to one process."""
+    from speakerlab.feature_store import main as store_main
+
+    data = make_dir(tmp_path / "d", 20, [0.5, 0.7, 1.3, 2.5])
+    assert store_main(["--data", str(data)]) == 0
+    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
+    common = ["--shard-units", "4", "--max-seconds", "1.0", "--num-workers", "1"]
+    assert main(_store_args(ckpt, data, one) + common) == 0
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29543"]
+        + ["-m", "speakerlab.extract", *_store_args(ckpt, data, two), *common],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_traceback(r.stdout, r.stderr)
+    assert "rank 0 embedded" in r.stderr and "rank 1 embedded" in r.stderr
+    assert r.stderr.count("extract: 20 embeddings") == 1  # one writer
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == ["two.npz"]
+    (ids1, e1), (ids2, e2) = read_embeddings(one), read_embeddings(two)
+    assert ids1 == ids2
+    np.testing.assert_allclose(e2, e1, rtol=1e-5, atol=1e-6)
