@@ -17,8 +17,9 @@ the prefix `DIR/<name>` (`--names`, else the file name, else its parent director
 repeat). Per prefix P:
     P.scores     `enrol test score target|nontarget`, one line per trial, in list order; the score is
                  the cosine, its AS-norm, or with --qmf-train the calibrated LLR (natural log)
-    P.result     one line: counts, EER, minDCF (and Cllr, actDCF), as printed
-    P.json       the same numbers and the scoring settings
+    P.result     one line: counts, EER and its threshold, minDCF, the thresholds at false-alarm rates
+                 1% and 0.1% with their miss rates (and Cllr, actDCF), as printed
+    P.json       the same numbers (`operating_points`: threshold, p_miss, p_fa of each) and the settings
     P.det.png    DET curve, 640 x 480 px
     P.hist.png   target / nontarget score histograms, 640 x 480 px
 and one markdown table over all lists, printed and written to `--table` (default: DIR/results.md in
@@ -28,14 +29,16 @@ From Python: `evaluate(ids, emb, trials_path)` -> (scores, labels, EER, minDCF) 
 (training-time validation, the baseline); `Scorer(ids, emb, cohort)` with `.trial_list(path)` and
 `.scores(trial_list)` for the rest; `run(args)` is the command without its argument parsing.
 
-How memory is bounded: no Python object is made per trial. Trial files are parsed in 16 MB blocks (at
-most threads + 1 blocks at a time); scores are computed in blocks of `SCORE_BLOCK` trials (two
-`(SCORE_BLOCK, D)` row gathers per thread); AS-norm statistics in blocks of 2048 embeddings against the
-cohort; the scores file is written in blocks of 1 M lines; the DET picture is thinned to a few thousand
-points. What grows with a list is its arrays: 13 bytes per trial (two int32 rows, a label, an int32 line
-number) and 4 for the score, plus, while they run, the duplicate check (9 bytes per trial) and the
-metrics' sorted copies and error curves (about 40 bytes per trial). Measured (bench/scoring.py): 10 M
-trials over 100 k embeddings of dim 256 peak at about 1 GB RSS, the embeddings included.
+How memory and time are bounded: no Python object is made per trial. Trial files are parsed in 2 MB
+blocks (at most threads + 1 blocks at a time); scores are computed in blocks of `SCORE_BLOCK` trials
+(two `(SCORE_BLOCK, D)` row gathers per thread, into buffers reused block after block); AS-norm
+statistics in blocks of 512 embeddings against the cohort, over the same threads; the metrics come from
+one sort (`speakerlab.metrics`) and the DET picture from the thinned curve; P.scores is written in
+blocks of 64 k lines by a second thread while the metrics and pictures are computed; matplotlib is
+imported only for the pictures. What grows with a list is its arrays: 13 bytes per trial (two int32
+rows, a label, an int32 line number) and 4 for the score, plus, while they run, the duplicate check
+(8 bytes per trial) and the metrics' sorted keys and error curves (about 40 bytes per trial).
+Measured figures: bench/RESULTS.md (bench/scoring.py runs this command end to end).
 """
 
 from __future__ import annotations

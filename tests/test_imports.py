@@ -15,6 +15,7 @@ INFERENCE = [
     "speakerlab.extract",
     "speakerlab.export",
     "speakerlab.embedder",
+    "speakerlab.embeddings",
     "speakerlab.score",
     "speakerlab.baseline",
     "speakerlab.cli",
