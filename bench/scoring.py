@@ -12,8 +12,9 @@ from the speaker part of the ids), a cohort of `--cohort` embeddings of other sp
 (`--cohort-per-speaker` each) and its utt2spk.
 
 Each run is the whole command in a fresh process: import, parse, score, metrics, writing P.scores,
-P.json, P.result, the table and both pictures. Wall seconds come from the parent's clock, peak RSS
-from the child's own rusage (os.wait4). `--src` (repeatable) names speakerlab checkouts to run
+P.json, P.result, the table and both pictures. Wall seconds come from the parent's clock, CPU seconds
+(user + system, all threads: less sensitive than wall time to other work on a shared machine) and
+peak RSS from the child's own rusage (os.wait4). `--src` (repeatable) names speakerlab checkouts to run
 (PYTHONPATH); their runs alternate within each repeat. The last lines give best, median and worst wall
 time and the largest peak RSS per source, with the machine (cores, CPU, load average at the start).
 """
@@ -133,7 +134,8 @@ def command(work: Path, out: Path, asnorm: bool) -> List[str]:
 
 
 def run_once(cmd: List[str], src: Path, log: Path) -> Dict:
-    """One run of `cmd` with `src` on PYTHONPATH -> wall seconds, peak RSS (MB), exit code."""
+    """One run of `cmd` with `src` on PYTHONPATH -> wall seconds, CPU seconds (user + system, all threads),
+    peak RSS (MB), exit code."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     with open(log, "wb") as f:
         t0 = time.perf_counter()
@@ -141,7 +143,8 @@ def run_once(cmd: List[str], src: Path, log: Path) -> Dict:
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak RSS alone
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall": wall, "rss_mb": usage.ru_maxrss / 1024, "rc": proc.returncode}
+    cpu = usage.ru_utime + usage.ru_stime
+    return {"wall": wall, "cpu": cpu, "rss_mb": usage.ru_maxrss / 1024, "rc": proc.returncode}
 
 
 def machine() -> str:
@@ -193,14 +196,18 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{src}: the command failed with exit code {res['rc']}")
             runs[src].append(res)
             result = Path(f"{out}.result").read_text().strip()
-            print(f"run {r + 1} {src}: wall {res['wall']:.2f} s, peak RSS {res['rss_mb']:.0f} MB | {result}")
+            print(
+                f"run {r + 1} {src}: wall {res['wall']:.2f} s, CPU {res['cpu']:.2f} s, "
+                f"peak RSS {res['rss_mb']:.0f} MB, load {os.getloadavg()[0]:.2f} | {result}"
+            )
     print("command: PYTHONPATH=SRC " + " ".join(command(work, work / "outK" / "bench", args.asnorm)))
     for src, rs in runs.items():
-        walls = [r["wall"] for r in rs]
+        walls, cpus = [r["wall"] for r in rs], [r["cpu"] for r in rs]
         print(
             f"{src}: {info['n_trials']} trials over {info['n_emb']} embeddings{' + AS-norm' if args.asnorm else ''}: "
-            f"wall best {min(walls):.2f} s, median {float(np.median(walls)):.2f} s, worst {max(walls):.2f} s "
-            f"({len(rs)} runs), peak RSS {max(r['rss_mb'] for r in rs):.0f} MB"
+            f"wall best {min(walls):.2f} s, median {float(np.median(walls)):.2f} s, worst {max(walls):.2f} s; "
+            f"CPU best {min(cpus):.2f} s, worst {max(cpus):.2f} s ({len(rs)} runs), "
+            f"peak RSS {max(r['rss_mb'] for r in rs):.0f} MB"
         )
     print(f"machine at the end: {machine()}")
     return 0
