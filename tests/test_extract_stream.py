@@ -320,3 +320,21 @@ def test_feature_store_under_torchrun_only_rank_0_writes(ckpt, tmp_path):
     (ids1, e1), (ids2, e2) = read_embeddings(one), read_embeddings(two)
     assert ids1 == ids2
     np.testing.assert_allclose(e2, e1, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_batches_are_bounded_in_audio_whatever_the_number_of_equal_utterances(ckpt, tmp_path):
+    """Many utterances of one length would fill batches of --batch-size, a peak that grows with the data
+    until that count; on the CPU the default bound is 30 s of padded audio a batch."""
+    from speakerlab.extract import default_batch_seconds
+    from speakerlab.features import num_frames
+
+    data = make_dir(tmp_path / "d", 1, [2.0])
+    scp = (data / "wav.scp").read_text().split()[1]
+    (data / "wav.scp").write_text("".join(f"u{i:03d} {scp}\n" for i in range(64)))
+    (data / "utt2spk").unlink()
+    embedder = load_embedder(ckpt, device="cpu")
+    ex = StreamingExtractor(embedder, load_data_dir(data, need_speakers=False), tmp_path / "e.npz")
+    assert default_batch_seconds(torch.device("cpu")) == 30.0
+    frames = num_frames(32000, embedder.spec.fbank)
+    sizes = [len(b) for shard in ex.shards for b in shard]
+    assert sum(sizes) == 64 and max(sizes) == 3000 // frames  # 15 units of 2 s (not 32)
