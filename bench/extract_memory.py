@@ -111,16 +111,20 @@ def main(argv=None) -> int:
     source, work, src = Path(args.source).resolve(), Path(args.work).resolve(), Path(args.src).resolve()
     if "feats" in args.path and not (source / "feats.json").exists():
         subprocess.run([sys.executable, "-m", "speakerlab.features.store", "--data", str(source)], check=True, cwd=ROOT)
+    # Checkouts from before the layer subpackages (54ec90b and older) name the module speakerlab.extract.
+    module = (
+        "speakerlab.inference.extract" if (src / "speakerlab/inference/extract.py").exists() else "speakerlab.extract"
+    )
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     for path in args.path:
         for procs in args.procs:
             for n in args.sizes:
                 data = make_dir(source, work / f"{path}_{n}", n, path == "feats")
                 out = work / f"{path}_{n}_{procs}.npz"
-                cmd = [sys.executable, "-m", "speakerlab.inference.extract"]
+                cmd = [sys.executable, "-m", module]
                 if procs > 1:
                     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}"]
-                    cmd += ["--master_port=29577", "-m", "speakerlab.inference.extract"]
+                    cmd += ["--master_port=29577", "-m", module]
                 cmd += ["--checkpoint", str(args.checkpoint), "--data", str(data), "--out", str(out)]
                 cmd += ["--device", "cpu", "--feats", "yes" if path == "feats" else "no", *args.extra]
                 res = run_case(cmd, src, work / f"{path}_{n}_{procs}.log")
