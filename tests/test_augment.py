@@ -232,6 +232,7 @@ def test_bad_augment_config_names_the_key(tmp_path, text, match):
         load_config(p)
 
 
+@pytest.mark.slow  # a training run: 25 s; the fast lane trains in test_learning
 def test_training_with_speed_and_augmentation(lists, tmp_path, capsys):
     extra = f"augment: {{lists: {lists}, prob: 1.0, speed_prob: 0.7, reverb_noise_prob: 0.5}}"
     cfg, _ = tiny_config(tmp_path, val=False, extra=extra)

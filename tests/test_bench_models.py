@@ -188,6 +188,7 @@ class ReDimNet2Wrap(ReDimNet2):
 """
 
 
+@pytest.mark.slow  # float64 ReDimNet2: 16 s
 def test_float64_reference_script_writes_the_official_embedding(tmp_path, capsys):
     """bench/redimnet2_float64.py: fill rule, strict load, float64 calibration, output layout."""
     from tests.fixture_models import calibrated_embedding

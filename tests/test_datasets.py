@@ -422,6 +422,7 @@ def test_recipe_parses_and_prints_help(recipe):
     assert "--stage" in r.stdout and "--gpus" in r.stdout and "--archive_dir" in r.stdout
 
 
+@pytest.mark.slow  # the recipe through bash: 17 s
 @pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages for this interpreter")
 def test_cnceleb_recipe_stages_1_to_2_on_fake_archives(synth_corpus, tmp_path):
     """The shell plumbing of a real recipe: --archive_dir, data preparation (stage 1), features (stage 2)."""

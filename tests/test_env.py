@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -40,6 +42,7 @@ def test_nothing_is_installed_when_everything_is_importable(tmp_path):
     assert pip == ""
 
 
+@pytest.mark.slow  # builds and installs wheels: 20 s
 def test_only_the_missing_requirements_are_installed_from_the_wheels_dir(tmp_path):
     wheels = tmp_path / "wheels"
     reqs = "numpy>=1.0\nspeakerlab-absent-package>=1.0\nnumpy-too-new==999.0\ntorch>=99.0\n"

@@ -9,13 +9,14 @@ from tests.helpers import registry_params
 
 pytest.importorskip("onnxruntime")
 
+# The fast lane exports ResNet34 (22 s); CAM++'s export takes minutes on 2 cores and runs in the full suite.
 # resnet293 is resnet221's class and bottleneck block with more blocks per stage, so its export path is
 # the same, only longer: exporting and checking it in full took 52 s + 44 s wall (23 s + 22 s CPU) on a
 # loaded 2-core machine, against 26 s + 24 s for resnet221, which is exported at full depth.
 EXPORT_ARGS = {"resnet293": {"num_blocks": (2, 2, 3, 2)}}
 
 
-@pytest.mark.parametrize("name", registry_params(list_models(), fast=("campplus", "resnet34")))
+@pytest.mark.parametrize("name", registry_params(list_models(), fast=("resnet34",)))
 def test_onnx_export_matches_pytorch_at_two_lengths(name, tmp_path):
     """onnxruntime vs PyTorch at 200 and 317 frames: one file serves any length (dynamic time axis).
     (TorchScript of every model is checked in test_models.py.)"""
