@@ -339,7 +339,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     switches = resolve_switches(hw.compile, hw.channels_last, hw.cudnn_benchmark, net.model, device)
     apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
-    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
+    loader, sampler = make_loader(cfg, data, data.spk2idx, plan, info, pin, augmenter)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,
