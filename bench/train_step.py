@@ -32,8 +32,14 @@ from speakerlab.config import load_config  # noqa: E402
 from speakerlab.engine.batch_plan import BatchPlan  # noqa: E402
 from speakerlab.engine.distributed import DistInfo  # noqa: E402
 from speakerlab.engine.precision import resolve_precision  # noqa: E402
-from speakerlab.engine.setup import build_frontend, build_net, build_optimizer, load_train_data, make_fbank, make_loader  # noqa: E402,E501
-from speakerlab.features import compute_features  # noqa: E402
+from speakerlab.engine.setup import (  # noqa: E402,E501
+    build_frontend,
+    build_net,
+    build_optimizer,
+    load_train_data,
+    make_features,
+    make_loader,
+)
 
 # Dense peak TFLOP/s per card and precision (vendor data sheets, SXM parts; no sparsity).
 PEAK_TFLOPS = {
@@ -85,15 +91,15 @@ def bench_one(name, precision, batch, args, device):
         net = net.to(memory_format=torch.channels_last)
     opt = build_optimizer(cfg, net)
     scaler = prec.grad_scaler()
-    fbank = make_fbank(cfg, device)
+    features = make_features(cfg, device)
     crop = int(args.crop * 16000)
-    frontend = build_frontend(cfg, fbank, num_speakers) if data is not None else None
+    frontend = build_frontend(cfg, features, num_speakers) if data is not None else None
 
     def batches():
         if data is None:
             while True:
                 waves = torch.randn(batch, crop, device=device) * 0.1
-                yield compute_features(fbank, waves, True), torch.randint(0, num_speakers, (batch,), device=device)
+                yield features(waves), torch.randint(0, num_speakers, (batch,), device=device)
         plan = BatchPlan(batch * (len(data.utts) // batch), 1, batch, len(data.utts) // batch)
         loader, sampler = make_loader(cfg, data, data.spk2idx, plan, DistInfo(), device.type == "cuda")
         epoch = 0

@@ -17,7 +17,8 @@ import torch
 from speakerlab.devices import resolve_device
 from speakerlab.embedder import Embedder
 from speakerlab.extract import embed_data_dir
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.feature_spec import FeatureSpec
+from speakerlab.features import FbankConfig
 from speakerlab.score import evaluate
 
 

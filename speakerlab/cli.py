@@ -6,11 +6,13 @@
         --calibration data/dev/trials --calibration-embeddings exp/campplus/embeddings/dev.npz
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --checkpoint exp/campplus
     speakerlab-embed data/test/wav.scp exp/emb/test.ark --3dspeaker campplus --weights w.pt   # + .scp, .npz
+    speakerlab-embed data/test/wav.scp exp/emb/test.npz --redimnet2 b6-vox2-lm.pt     # a ReDimNet2 release
 
-Both load the model through `speakerlab.embedder.load_embedder` (our checkpoint file or exp dir, or a
-3D-Speaker state dict with its published features) and read audio with `speakerlab.resample.read_for_model`:
-any sample rate (resampled in torch to the model's), multi-channel files as their first channel (with a
-warning on stderr naming the file).
+Both load the model through `speakerlab.embedder.load_embedder` (our checkpoint file or exp dir, a
+3D-Speaker state dict with its published features, or a ReDimNet2 release with its own log-mel
+front-end) and read audio with `speakerlab.resample.read_for_model`: any sample rate (resampled in
+torch to the model's), multi-channel files as their first channel (with a warning on stderr naming
+the file).
 
 `speakerlab-verify` prints three lines on stdout:
     score 0.734512                          the cosine of the two embeddings
@@ -45,7 +47,6 @@ from speakerlab.audio import AudioError
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.embedder import Embedder, NonFiniteEmbedding, add_source_args, check_finite, embedder_from_args
 from speakerlab.extract import save_embeddings
-from speakerlab.features import num_frames
 from speakerlab.lists import ListError, read_wav_scp
 from speakerlab.metrics import error_rates
 from speakerlab.resample import read_for_model
@@ -67,17 +68,17 @@ def warn_stderr(msg: str) -> None:
 
 
 def read_wave(embedder: Embedder, path: str, where: str = "") -> np.ndarray:
-    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES fbank frames is an error.
+    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES feature frames is an error.
     `where` prefixes messages (a wav.scp line)."""
     warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
     try:
         wave = read_for_model(path, embedder.sample_rate, warn)
     except AudioError as e:
         raise AudioError(f"{where}{e}") from None
-    frames = num_frames(len(wave), embedder.spec.fbank)
+    frames = embedder.num_frames(len(wave))
     if frames < MIN_FRAMES:
         raise AudioError(
-            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} fbank "
+            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} feature "
             f"frame(s), need {MIN_FRAMES}"
         )
     return wave

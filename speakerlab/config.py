@@ -101,12 +101,17 @@ class AugmentSettings:
 
 @dataclass
 class FeatureSettings:
+    # The front-end (speakerlab.feature_spec): kaldi_fbank, Kaldi's log-mel fbank; redimnet_mel, the ReDimNet2
+    # releases' log-mel (Hamming window, pre-emphasis, waveform normalised per utterance, HTK mel 20-7600 Hz,
+    # so data.sample_rate >= 15200), which takes num_mel_bins, frame_length_ms, frame_shift_ms and mean_norm.
+    kind: str = setting("kaldi_fbank", choices=("kaldi_fbank", "redimnet_mel"))
     num_mel_bins: int = setting(80, ge=1, le=512)
     frame_length_ms: float = setting(25.0, gt=0)
     frame_shift_ms: float = setting(10.0, gt=0)
-    window_type: str = setting("povey", choices=("povey", "hamming", "hanning", "rectangular"))
-    dither: float = setting(0.0, ge=0)  # training only; extraction always uses 0
-    mean_norm: bool = True  # per-utterance mean normalisation
+    # kaldi_fbank's window; null: povey. redimnet_mel has its own Hamming window (null or hamming only).
+    window_type: Optional[str] = setting(None, choices=("povey", "hamming", "hanning", "rectangular"))
+    dither: float = setting(0.0, ge=0)  # kaldi_fbank, training only (extraction always uses 0); redimnet_mel: 0
+    mean_norm: bool = True  # per-utterance mean normalisation of each bin (redimnet_mel: the releases' true)
 
 
 @dataclass
@@ -199,10 +204,32 @@ def _validate(cfg: Config) -> None:
             "config key 'data.shards': tar shards hold audio, stored features are read from data.train; "
             "set one of data.shards and data.feats"
         )
+    _validate_features(cfg)
     if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
         raise ConfigError(
             f"config key 'augment.speed_factors' needs a factor other than 1 when "
             f"augment.speed_prob > 0, got {cfg.augment.speed_factors}"
+        )
+
+
+def _validate_features(cfg: Config) -> None:
+    """The front-end kind's rules (see FeatureSettings.kind)."""
+    f = cfg.features
+    if f.kind == "kaldi_fbank":
+        return
+    if cfg.data.feats:
+        raise ConfigError(
+            f"config key 'data.feats': the feature store holds Kaldi fbank, features.kind is {f.kind}; "
+            "set data.feats to false"
+        )
+    if f.window_type not in (None, "hamming"):
+        raise ConfigError(f"config key 'features.window_type': {f.kind} has a Hamming window; set null or hamming")
+    if f.dither != 0.0:
+        raise ConfigError(f"config key 'features.dither': {f.kind} has no dither; set 0")
+    if cfg.data.sample_rate < 15200:
+        raise ConfigError(
+            f"config key 'features.kind': {f.kind} spans 20-7600 Hz, data.sample_rate must be >= 15200 "
+            f"(got {cfg.data.sample_rate})"
         )
 
 

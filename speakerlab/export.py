@@ -3,9 +3,10 @@
     python -m speakerlab.export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
     python -m speakerlab.export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript --out m.pt
 
-Both formats take fbank features `(B, T, 80)` (input name `feats`) and return embeddings `(B, D)`
-(output name `embedding`); feature extraction stays outside, as in every deployment runtime that
-has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
+Both formats take the features of the model's front-end `(B, T, F)` (input name `feats`; Kaldi fbank,
+or the ReDimNet2 log-mel, as the checkpoint's feature spec says and the export line prints) and return
+embeddings `(B, D)` (output name `embedding`); feature extraction stays outside, as in every
+deployment runtime that has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
 input lengths.
 """
 
@@ -127,8 +128,8 @@ def main(argv=None) -> int:
     (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
     err = check_export(model, args.out, args.format, feat_dim=feat_dim)
     print(
-        f"export: {args.out} ({args.format}, {feat_dim} bins of {embedder.spec.fbank.sample_rate} Hz fbank, "
-        f"mean norm {'on' if embedder.spec.mean_norm else 'off'}); max |diff| vs PyTorch at 2 lengths: {err:.2e}",
+        f"export: {args.out} ({args.format}; input: {embedder.spec.describe()}); "
+        f"max |diff| vs PyTorch at 2 lengths: {err:.2e}",
         file=sys.stderr,
     )
     return 0

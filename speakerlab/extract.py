@@ -2,16 +2,18 @@
 
     python -m speakerlab.extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
         --out exp/mini/embeddings/test.npz
+    python -m speakerlab.extract --redimnet2 b6-vox2-lm.pt --data data/vox1 --out vox1.npz   # a release
     torchrun --nproc_per_node=4 -m speakerlab.extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
 
-The checkpoint (or an exp dir: its newest intact checkpoint) brings its own model and features
-(speakerlab.embedder). Loader workers read audio while the model runs. Utterances longer than
-`--max-seconds` are cut into equal chunks of at most that length whose embeddings are averaged; the
-rest are embedded whole. Units (utterances or chunks) are sorted by length and batched when their
-frame counts are equal (with `--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter
-repeated to the batch length), at most `--batch-size` units and `--batch-seconds` of padded audio a
-batch. Memory stays bounded whatever the size of the data dir: a process holds one shard of units
-at a time (`--shard-units`), and the output grows only by D floats per utterance.
+The checkpoint (or an exp dir: its newest intact checkpoint; or any other model source of
+speakerlab.embedder.add_source_args) brings its own model and front-end (speakerlab.embedder). Loader
+workers read audio while the model runs. Utterances longer than `--max-seconds` are cut into equal
+chunks of at most that length whose embeddings are averaged; the rest are embedded whole. Units
+(utterances or chunks) are sorted by length and batched when their batch lengths are equal (fbank frames,
+or samples for front-ends that normalise the whole wave; with `--pad-ratio r > 0`, up to r x longer ones
+share a batch, the shorter repeated to the batch length), at most `--batch-size` units and
+`--batch-seconds` of padded audio a batch. Memory stays bounded whatever the size of the data dir: a
+process holds one shard of units at a time (`--shard-units`), and the output grows only by D floats per utterance.
 
 Shards are written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the
 checkpoint, the data and the settings are the same; otherwise the parts are discarded). Under
@@ -21,8 +23,8 @@ utterance order, into OUT and removes the parts.
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), readable
 with numpy alone: `z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. `--kaldi` also writes
 `<OUT without .npz>.ark/.scp` (Kaldi float vectors, via kaldiio). When the data dir has an offline
-feature store (python -m speakerlab.feature_store) with the checkpoint's fbank options, fbank is read
-from it instead of computed from the audio (`--feats yes|no` forces the choice).
+feature store (python -m speakerlab.feature_store) with the checkpoint's fbank options (a kaldi_fbank
+front-end), fbank is read from it instead of computed from the audio (`--feats yes|no` forces the choice).
 """
 
 from __future__ import annotations
@@ -43,8 +45,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from speakerlab.audio import AudioError, audio_info, read_segment
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
-from speakerlab.features import num_frames
+from speakerlab.embedder import (
+    Embedder,
+    NonFiniteEmbedding,
+    add_source_args,
+    check_finite,
+    embedder_from_args,
+    length_batches,
+)
 from speakerlab.lists import DataDir, ListError, load_data_dir
 
 
@@ -112,10 +120,11 @@ class StreamingExtractor:
         rate = embedder.sample_rate
         lengths = utterance_lengths(data, rate)
         self.utt, self.start, self.length = plan_units(lengths, int(max_seconds * rate))
-        # Batched by frame count: units of equal frames embed exactly as they would alone.
-        frames = [num_frames(int(n), embedder.spec.fbank) for n in self.length]
-        step = embedder.spec.fbank.frame_shift_ms / 1000
-        batches = length_batches(frames, batch_size, pad_ratio, int(batch_seconds / step))
+        # Batched by the front-end's batch length (fbank frames, or samples): units of equal batch length
+        # embed exactly as they would alone.
+        lengths = [embedder.features.batch_length(int(n)) for n in self.length]
+        max_total = embedder.features.batch_length(int(batch_seconds * rate))
+        batches = length_batches(lengths, batch_size, pad_ratio, max_total)
         # Deal the length-sorted batches round-robin into shards: every shard has short and long units.
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
@@ -229,6 +238,8 @@ def embed_feature_store(
     `store`: that store already opened (`fitting_store`), else it is opened here."""
     from speakerlab.feature_store import FeatureStore  # kaldiio only when the store is used
 
+    if embedder.spec.kind != "kaldi_fbank":
+        raise ValueError(f"{data_dir}: the feature store holds Kaldi fbank, the model takes {embedder.spec.kind}")
     data = load_data_dir(data_dir, need_speakers=False)
     store = store if store is not None else FeatureStore(data_dir, embedder.spec.fbank)
     emb = embedder.embed_features([store[u] for u in data.utts], max_batch, pad_ratio)
@@ -260,10 +271,9 @@ def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speakerlab.extract", description=__doc__.split("\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
+    add_source_args(ap)
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")
-    ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=32, help="units per batch at most")
     ap.add_argument("--batch-seconds", type=float, default=240.0, help="padded audio per batch at most")
     ap.add_argument(
@@ -285,12 +295,11 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = args.device
-    if world > 1 and device in ("auto", "cuda") and torch.cuda.is_available():
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if world > 1 and args.device in ("auto", "cuda") and torch.cuda.is_available():
+        args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     t0 = time.time()
     try:
-        embedder = load_embedder(args.checkpoint, device=device)
+        embedder = embedder_from_args(ap, args)
         store = None
         if args.feats == "auto":
             store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr))
@@ -321,6 +330,9 @@ def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], No
     from speakerlab.feature_store import FeatureStore
 
     say = log or (lambda m: None)
+    if embedder.spec.kind != "kaldi_fbank":
+        say(f"extract: not using the feature store of {data_dir}: it holds Kaldi fbank, not {embedder.spec.kind}")
+        return None
     try:
         store = FeatureStore(data_dir, embedder.spec.fbank)
     except (ValueError, ListError) as e:

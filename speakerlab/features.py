@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
@@ -272,35 +272,6 @@ def mean_normalize(feats: Tensor, num_frames: Tensor | None = None) -> Tensor:
     return (feats - mean) * mask
 
 
-@dataclass(frozen=True)
-class FeatureSpec:
-    """What an embedding model expects from audio: Kaldi fbank settings (sample rate included, dither
-    0) and per-utterance mean normalisation. Stored as plain values in every checkpoint, so inference
-    rebuilds the exact front-end without the training config."""
-
-    fbank: FbankConfig = FbankConfig()
-    mean_norm: bool = True
-
-    @property
-    def sample_rate(self) -> int:
-        return self.fbank.sample_rate
-
-    @property
-    def feat_dim(self) -> int:
-        return self.fbank.num_mel_bins
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"fbank": dataclasses.asdict(self.fbank), "mean_norm": self.mean_norm}
-
-    @classmethod
-    def from_dict(cls, raw: Dict[str, Any]) -> "FeatureSpec":
-        known = {f.name for f in dataclasses.fields(FbankConfig)}
-        unknown = sorted(set(raw["fbank"]) - known)
-        if unknown:
-            raise ValueError(f"unknown fbank setting(s) {unknown}")
-        return cls(FbankConfig(**raw["fbank"]), bool(raw["mean_norm"]))
-
-
 def fbank_config(settings: "FeatureSettings", sample_rate: int, dither: Optional[float] = None) -> FbankConfig:
     """The fbank of a `features` config section at `sample_rate`; `dither` overrides the section's
     (inference always uses 0)."""
@@ -309,18 +280,6 @@ def fbank_config(settings: "FeatureSettings", sample_rate: int, dither: Optional
         num_mel_bins=settings.num_mel_bins,
         frame_length_ms=settings.frame_length_ms,
         frame_shift_ms=settings.frame_shift_ms,
-        window_type=settings.window_type,
+        window_type=settings.window_type or "povey",
         dither=settings.dither if dither is None else dither,
     )
-
-
-def feature_spec(settings: "FeatureSettings", sample_rate: int) -> FeatureSpec:
-    """The inference front-end (no dither) of a `features` config section."""
-    return FeatureSpec(fbank_config(settings, sample_rate, dither=0.0), settings.mean_norm)
-
-
-def compute_features(fbank: Fbank, waves: Tensor, mean_norm: bool) -> Tensor:
-    """`(B, samples)` fp32 waves -> `(B, frames, bins)` fp32 features. Called outside autocast on
-    purpose: log-mel energies in bf16 lose the small differences the model learns from."""
-    feats = fbank(waves)
-    return mean_normalize(feats) if mean_norm else feats

@@ -31,7 +31,7 @@ from speakerlab.engine.setup import Run, build_run, load_train_config
 from speakerlab.engine.stability import TrainingStopped, batch_culprits
 from speakerlab.engine.validation import validation_eer
 from speakerlab.engine.watchdog import Watchdog
-from speakerlab.features import feature_spec
+from speakerlab.feature_spec import feature_spec
 from speakerlab.lists import ListError
 from speakerlab.schedules import lr_at, margin_at
 

@@ -19,7 +19,7 @@ from speakerlab.average import main as average_main
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from speakerlab.cli import run_verify
 from speakerlab.extract import main as extract_main
-from speakerlab.features import FeatureSpec
+from speakerlab.feature_spec import FeatureSpec
 from speakerlab.models import build_model
 from speakerlab.noise_bank import main as bank_main
 from speakerlab.prepare import main as prepare_main

@@ -24,7 +24,8 @@ from speakerlab.checkpoint import (
 )
 from speakerlab.embedder import load_embedder
 from speakerlab.extract import load_embeddings
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.feature_spec import FeatureSpec
+from speakerlab.features import FbankConfig
 from speakerlab.models import build_model
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"

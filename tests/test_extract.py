@@ -7,7 +7,8 @@ import torch
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.embedder import Embedder, length_batches, load_embedder
 from speakerlab.extract import embed_data_dir, load_embeddings, main
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.feature_spec import FeatureSpec
+from speakerlab.features import FbankConfig
 from speakerlab.models import build_model
 from tests.helpers import make_data_dir, write_wav
 

@@ -12,7 +12,8 @@ import torch
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.embedder import load_embedder
 from speakerlab.extract import StreamingExtractor, load_embeddings, main, plan_units
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.feature_spec import FeatureSpec
+from speakerlab.features import FbankConfig
 from speakerlab.lists import load_data_dir
 from speakerlab.models import build_model
 from tests.helpers import assert_no_traceback, write_wav

@@ -9,8 +9,9 @@ from speakerlab.audio import read_audio
 from speakerlab.config import ConfigError, load_config
 from speakerlab.embedder import Embedder
 from speakerlab.extract import embed_data_dir, embed_feature_store
+from speakerlab.feature_spec import FeatureSpec
 from speakerlab.feature_store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
-from speakerlab.features import Fbank, FbankConfig, FeatureSpec, num_frames
+from speakerlab.features import Fbank, FbankConfig, num_frames
 from speakerlab.lists import ListError
 from speakerlab.models import build_model
 from speakerlab.train import main as train_main

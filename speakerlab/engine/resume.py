@@ -15,7 +15,7 @@ from speakerlab.checkpoint import (
     save_checkpoint,
 )
 from speakerlab.engine.setup import Run
-from speakerlab.features import feature_spec
+from speakerlab.feature_spec import feature_spec
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:

@@ -25,8 +25,9 @@ from speakerlab.engine.distributed import DistInfo
 from speakerlab.engine.monitor import Monitor
 from speakerlab.engine.precision import Precision, resolve_precision
 from speakerlab.engine.stability import NonFiniteGuard
+from speakerlab.feature_spec import build_features, feature_spec
 from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
-from speakerlab.features import Fbank, fbank_config, num_frames
+from speakerlab.features import fbank_config
 from speakerlab.lists import DataDir, ListError, load_data_dir
 from speakerlab.loss import AAMSoftmax, SphereFace2
 from speakerlab.models import build_model, model_args_problems
@@ -112,13 +113,13 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     return open_augmenter(a, cfg.data.sample_rate, log)
 
 
-def build_frontend(cfg: Config, fbank: Fbank, num_speakers: int) -> Frontend:
-    """Loader batch -> (features, labels) on fbank's device: speed, reverb, noise, fbank, mean norm."""
+def build_frontend(cfg: Config, features: nn.Module, num_speakers: int) -> Frontend:
+    """Loader batch -> (features, labels) on the device of `features` (`make_features`): speed, reverb,
+    noise, then the front-end."""
     a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     return Frontend(
-        fbank,
+        features,
         crop,
-        cfg.features.mean_norm,
         a.speed_factors if a.speed_prob > 0 else (),
         num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None,
     )
@@ -143,15 +144,26 @@ def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: i
     )
 
 
-def make_fbank(cfg: Config, device: torch.device) -> Fbank:
-    """The training front-end: fbank of `cfg.features` at `cfg.data.sample_rate`, with its dither."""
-    return Fbank(fbank_config(cfg.features, cfg.data.sample_rate)).to(device)
+def make_features(cfg: Config, device: torch.device) -> nn.Module:
+    """The training front-end: wave `(B, samples)` -> model input, of `cfg.features` at `cfg.data.sample_rate`
+    with its dither (the checkpoint stores the same spec without dither)."""
+    return build_features(feature_spec(cfg.features, cfg.data.sample_rate, dither=None)).to(device)
+
+
+def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
+    """The model input of one random wave of `seconds` (default: the training crop), `(1, ...)` on the CPU;
+    drawn from its own generator, so the run's random streams are untouched."""
+    n = int(round((seconds or cfg.data.crop_seconds) * cfg.data.sample_rate))
+    wave = 0.1 * torch.randn(1, n, generator=torch.Generator().manual_seed(0))
+    spec = feature_spec(cfg.features, cfg.data.sample_rate)
+    with torch.no_grad():
+        return build_features(spec)(wave)
 
 
 def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     model = build_model(cfg.model.name, **cfg.model.args)
     with torch.no_grad():
-        dim = model.eval()(torch.zeros(1, 200, cfg.features.num_mel_bins)).shape[-1]
+        dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
     if cfg.loss.name == "sphereface2":
         classifier = SphereFace2(
@@ -251,9 +263,10 @@ def choose_plan(
 
 
 def cuda_probe(
-    net: nn.Module, fbank_frames: int, feat_dim: int, num_speakers: int, device: torch.device, margin: float
+    net: nn.Module, input_shape: Sequence[int], num_speakers: int, device: torch.device, margin: float
 ) -> Callable[[int], bool]:
-    """`fits(batch)`: a real forward+backward at the crop length; False on OOM or peak > margin x memory."""
+    """`fits(batch)`: a real forward+backward on inputs of `input_shape` (one crop's model input, batch
+    axis left out); False on OOM or peak > margin x memory."""
     total = torch.cuda.get_device_properties(device).total_memory
 
     def fits(batch: int) -> bool:
@@ -261,7 +274,7 @@ def cuda_probe(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         try:
-            feats = torch.randn(batch, fbank_frames, feat_dim, device=device)
+            feats = torch.randn(batch, *input_shape, device=device)
             labels = torch.randint(0, num_speakers, (batch,), device=device)
             loss, _ = net(feats, labels)
             loss.backward()
@@ -297,7 +310,7 @@ class Run:
     raw: SpeakerNet  # the SpeakerNet itself
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, fbank
+    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, front-end
     loader: torch.utils.data.DataLoader
     sampler: Union[GlobalBatchSampler, ShardStream]  # set_epoch(epoch, start_step), steps_per_epoch
     plan: BatchPlan
@@ -334,11 +347,10 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
             f"{len(speakers)} classes{' (sped-up copies are new speakers)' if new else ''}"
         )
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
-    fbank = make_fbank(cfg, device)
-    frontend = build_frontend(cfg, fbank, len(data.speakers))
-    crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
+    frontend = build_frontend(cfg, make_features(cfg, device), len(data.speakers))
+    crop_shape = example_input(cfg).shape[1:]
     probe = (
-        cuda_probe(net, crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
+        cuda_probe(net, crop_shape, len(speakers), device, cfg.hardware.memory_margin)
         if device.type == "cuda"
         else None
     )

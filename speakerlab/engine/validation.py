@@ -8,13 +8,13 @@ import torch
 
 from speakerlab.embedder import Embedder
 from speakerlab.extract import embed_data_dir, embed_feature_store, fitting_store
-from speakerlab.features import FeatureSpec
+from speakerlab.feature_spec import FeatureSpec
 from speakerlab.score import evaluate
 
 
 def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, device: torch.device) -> float:
     """EER (fraction) of `model` with the inference front-end `spec` on `<val_dir>/trials`, through the
-    same path as extraction (from `<val_dir>/feats.scp` when that store holds the same fbank); the model
+    same path as extraction (from `<val_dir>/feats.scp` when that store holds the same Kaldi fbank); the model
     is put back in the mode it was in."""
     was_training = model.training
     model.eval()
