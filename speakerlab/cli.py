@@ -56,7 +56,8 @@ DEFAULT_THRESHOLD = 0.5
 # padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
 MIN_FRAMES = 10
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
-BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError)
+# ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it).
+BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError, ImportError)
 
 
 class UsageError(ValueError):

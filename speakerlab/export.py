@@ -102,6 +102,7 @@ def check_export(
 def main(argv=None) -> int:
     from speakerlab.checkpoint import CheckpointError
     from speakerlab.embedder import add_source_args, embedder_from_args
+    from speakerlab.feature_spec import FEATURE_KINDS
 
     ap = argparse.ArgumentParser(prog="python -m speakerlab.export", description=__doc__.split("\n")[0])
     add_source_args(ap)
@@ -111,8 +112,13 @@ def main(argv=None) -> int:
     args.device = "cpu"  # exported graphs are traced on the CPU
     try:
         embedder = embedder_from_args(ap, args)
-    except (CheckpointError, ValueError) as e:
+    except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if embedder.spec.kind not in FEATURE_KINDS:
+        print(
+            f"error: export takes models over (B, T, F) features, this one takes {embedder.spec.kind}", file=sys.stderr
+        )
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim
     if args.format == "onnx":

@@ -310,7 +310,7 @@ def main(argv=None) -> int:
             if result is None:  # not rank 0: its shards are done
                 return 0
             ids, emb = result
-    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError) as e:
+    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     save_embeddings(args.out, ids, emb, args.kaldi)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotation only: features never needs the config module at 
     from speakerlab.config import FeatureSettings
 
 WINDOW_TYPES = ("povey", "hamming", "hanning", "rectangular")
+FLT_EPSILON = torch.finfo(torch.float32).eps  # Kaldi's floor of energies before the log, in any dtype
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,8 @@ def _frame_counts(lengths: Tensor, config: FbankConfig) -> Tensor:
     return torch.div(lengths + shift // 2, shift, rounding_mode="floor")
 
 
-def _mel_matrix(config: FbankConfig) -> Tensor:
-    """Triangular filters on the mel scale, (fft_size // 2, num_mel_bins) float32.
+def _mel_matrix(config: FbankConfig, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Triangular filters on the mel scale, (fft_size // 2, num_mel_bins) in `dtype`.
 
     Built in float32 as Kaldi's MelBanks (BaseFloat) and torchaudio do: the rounding of the
     filter edges shows in the narrow low-frequency filters at the 1e-4 level.
@@ -111,18 +112,18 @@ def _mel_matrix(config: FbankConfig) -> Tensor:
     lo = 1127.0 * math.log(1.0 + config.low_freq / 700.0)
     hi = 1127.0 * math.log(1.0 + config.effective_high_freq / 700.0)
     delta = (hi - lo) / (config.num_mel_bins + 1)
-    index = torch.arange(config.num_mel_bins, dtype=torch.float32)
+    index = torch.arange(config.num_mel_bins, dtype=dtype)
     left, center, right = lo + index * delta, lo + (index + 1.0) * delta, lo + (index + 2.0) * delta
     # Kaldi's filters cover FFT bins 0 .. N/2 - 1: the Nyquist bin never contributes.
     bin_width = config.sample_rate / config.fft_size
-    bin_mel = mel(bin_width * torch.arange(config.fft_size // 2, dtype=torch.float32)).unsqueeze(1)
+    bin_mel = mel(bin_width * torch.arange(config.fft_size // 2, dtype=dtype)).unsqueeze(1)
     up = (bin_mel - left) / (center - left)
     down = (right - bin_mel) / (right - center)
     return torch.minimum(up, down).clamp_min(0.0)
 
 
-def _window(kind: str, size: int) -> Tensor:
-    """Kaldi's symmetric analysis windows (denominator size - 1), (size,) float32.
+def _window(kind: str, size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Kaldi's symmetric analysis windows (denominator size - 1), (size,) in `dtype`.
 
     Computed in float32 with torch's window functions, as torchaudio does, not in float64 and
     rounded as Kaldi does. This is not cosmetic: after pre-emphasis the lowest mel bins of a loud
@@ -131,16 +132,16 @@ def _window(kind: str, size: int) -> Tensor:
     it), so parity comes from rounding alike, not from more precision.
     """
     if kind == "hanning":
-        return torch.hann_window(size, periodic=False, dtype=torch.float32)
+        return torch.hann_window(size, periodic=False, dtype=dtype)
     if kind == "hamming":
-        return torch.hamming_window(size, periodic=False, alpha=0.54, beta=0.46, dtype=torch.float32)
+        return torch.hamming_window(size, periodic=False, alpha=0.54, beta=0.46, dtype=dtype)
     if kind == "povey":  # Dan Povey's window: a Hann window raised to 0.85, zero at both ends
-        return torch.hann_window(size, periodic=False, dtype=torch.float32).pow(0.85)
-    return torch.ones(size, dtype=torch.float32)
+        return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85)
+    return torch.ones(size, dtype=dtype)
 
 
 class Fbank(torch.nn.Module):
-    """Batched Kaldi log-mel filterbank: ``Fbank(config=None, **overrides)``.
+    """Batched Kaldi log-mel filterbank: ``Fbank(config=None, dtype=torch.float32, **overrides)``.
 
     ``forward(wave, lengths=None, *, generator=None)``: ``wave`` (B, samples) of real or integer
     samples (scale them yourself: Kaldi recipes feed int16 values, 3D-Speaker feeds samples/32768)
@@ -149,14 +150,17 @@ class Fbank(torch.nn.Module):
     the frames past each count are zero; every valid frame equals the single-utterance result.
     Dither is Kaldi's: applied whenever ``dither > 0``, train or eval, drawn from ``generator``
     (which must live on the wave's device) when given.
+
+    ``dtype`` float64 computes everything, window and mel filters included, in float64 (features come
+    back in float64): the arithmetic of float64 references (to 1e-6 where float32 gets 1e-4).
     """
 
-    def __init__(self, config: FbankConfig | None = None, **overrides) -> None:
+    def __init__(self, config: FbankConfig | None = None, dtype: torch.dtype = torch.float32, **overrides) -> None:
         super().__init__()
         self.config = dataclasses.replace(config or FbankConfig(), **overrides)
-        window = _window(self.config.window_type, self.config.window_size)
+        window = _window(self.config.window_type, self.config.window_size, dtype)
         self.register_buffer("window", window, persistent=False)
-        self.register_buffer("mel", _mel_matrix(self.config), persistent=False)
+        self.register_buffer("mel", _mel_matrix(self.config, dtype), persistent=False)
 
     def extra_repr(self) -> str:
         return repr(self.config)
@@ -178,7 +182,7 @@ class Fbank(torch.nn.Module):
         return wave.unfold(1, size, shift)
 
     def _log_energy(self, frames: Tensor) -> Tensor:
-        eps = torch.finfo(frames.dtype).eps
+        eps = FLT_EPSILON
         energy = frames.square().sum(-1).clamp_min(eps).log()
         if self.config.energy_floor > 0.0:
             energy = energy.clamp_min(math.log(self.config.energy_floor))
@@ -230,7 +234,7 @@ class Fbank(torch.nn.Module):
         # Callers may sit in autocast: a half-precision matmul here would cost ~1e-2 in log.
         with torch.autocast(power.device.type, enabled=False):
             mel = power[..., : cfg.fft_size // 2] @ self.mel
-        feats = mel.clamp_min(torch.finfo(mel.dtype).eps).log()
+        feats = mel.clamp_min(FLT_EPSILON).log()
         if cfg.use_energy:
             feats = torch.cat([energy.unsqueeze(-1), feats], dim=-1)
         if counts is None:

@@ -26,8 +26,9 @@ from speakerlab.embedder import NonFiniteEmbedding
 from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.lock import ExpDirLock, ExpDirLocked
 from speakerlab.engine.monitor import Meter
+from speakerlab.engine.optim import encoder_frozen_at, set_encoder_frozen
 from speakerlab.engine.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
-from speakerlab.engine.setup import Run, build_run, load_train_config
+from speakerlab.engine.setup import Run, build_run, load_train_config, wrap_ddp
 from speakerlab.engine.stability import TrainingStopped, batch_culprits
 from speakerlab.engine.validation import validation_eer
 from speakerlab.engine.watchdog import Watchdog
@@ -50,7 +51,8 @@ class StepResult:
 
 
 def set_schedules(run: Run) -> tuple:
-    """LR and margin of the current global step (functions of the step alone: hardware-independent)."""
+    """LR, margin and encoder freeze of the current global step (functions of the step alone:
+    hardware-independent). Each optimizer group gets the LR x its `lr_scale` (speakerlab.engine.optim)."""
     o, loss = run.cfg.optim, run.cfg.loss
     total = run.cfg.train.epochs * run.steps_per_epoch
     lr = lr_at(run.state.step, total, int(o.warmup_epochs * run.steps_per_epoch), o.lr, o.min_lr)
@@ -58,8 +60,10 @@ def set_schedules(run: Run) -> tuple:
         run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch, loss.margin_warmup_epochs
     )
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
+    if set_encoder_frozen(run.raw.model, encoder_frozen_at(run.state.step, run.cfg.train.freeze_encoder_steps)):
+        run.net = wrap_ddp(run.raw, run.info, run.device)  # DDP registers the parameters that train now
     return lr, margin
 
 
@@ -250,7 +254,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_train_config(args.config, args.overrides, args.hardware)
         run = build_run(cfg, exp_dir)
-    except (ListError, ConfigError, ValueError) as e:
+    except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()
         return 2

@@ -23,9 +23,10 @@ from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
 from speakerlab.engine.distributed import DistInfo
 from speakerlab.engine.monitor import Monitor
+from speakerlab.engine.optim import check_encoder_settings, parameter_groups
 from speakerlab.engine.precision import Precision, resolve_precision
 from speakerlab.engine.stability import NonFiniteGuard
-from speakerlab.feature_spec import build_features, feature_spec
+from speakerlab.feature_spec import build_features, feature_spec, input_problem
 from speakerlab.feature_store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.features import fbank_config
 from speakerlab.lists import DataDir, ListError, load_data_dir
@@ -162,6 +163,10 @@ def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
 
 def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     model = build_model(cfg.model.name, **cfg.model.args)
+    problem = input_problem(model, cfg.features.kind, cfg.features.mean_norm)
+    if problem:
+        raise ConfigError(f"config key {problem} (model {cfg.model.name})")
+    check_encoder_settings(model, cfg.optim, cfg.train, cfg.model.name)
     with torch.no_grad():
         dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
@@ -179,14 +184,10 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     return SpeakerNet(model, classifier, autocast)
 
 
-def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
-    # No weight decay on norms and biases: decaying BN scales toward 0 only fights the normalisation.
-    decay, no_decay = [], []
-    for p in net.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
+def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
+    """The optimizer of `cfg.optim` over the groups of speakerlab.engine.optim (weight decay, LR scale)."""
     o = cfg.optim
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = parameter_groups(net.model, net.classifier, o)
     if o.name == "adam":
         return torch.optim.Adam(groups, lr=o.lr)
     if o.name == "adamw":
@@ -328,6 +329,14 @@ class Run:
         return self.sampler.steps_per_epoch
 
 
+def wrap_ddp(net: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """`net` under DistributedDataParallel when the run is distributed. DDP takes the parameters that require
+    gradients when it is built: freezing or releasing an encoder wraps the net again."""
+    if not info.enabled:
+        return net
+    return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def build_run(cfg: Config, exp_dir: Path) -> Run:
     """Process group, device, precision, data, model, optimizer, batch plan and loader of a run."""
     info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
@@ -365,11 +374,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         ranks_on_node,
         monitor.log,
     )
-    ddp = (
-        nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-        if info.enabled
-        else net
-    )
+    ddp = wrap_ddp(net, info, device)
 
     def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
         flag = torch.tensor([float(bad)], device=device)
