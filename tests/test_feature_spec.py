@@ -1,4 +1,4 @@
-"""The front-end kind of the feature spec (speakerlab.feature_spec): its round trip through checkpoints,
+"""The front-end kind of the feature spec (speakerlab.features.spec): its round trip through checkpoints,
 old files, the config rules, ReDimNet2 releases through the inference commands, and training on the
 ReDimNet2 front-end with a shipped redimnet2 config."""
 
@@ -14,18 +14,19 @@ import soundfile as sf
 import torch
 
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from speakerlab.cli import embed_parser, run_embed, run_verify
 from speakerlab.config import ConfigError, load_config
-from speakerlab.embedder import embedder_from_args, load_embedder
-from speakerlab.extract import load_embeddings
-from speakerlab.extract import main as extract_main
-from speakerlab.feature_spec import FeatureSpec, KaldiFeatures, build_features, feature_spec
-from speakerlab.features import Fbank, FbankConfig, mean_normalize
-from speakerlab.features_redimnet import ReDimNetMel, ReDimNetMelConfig, release_mel_config
+from speakerlab.features.fbank import Fbank, FbankConfig, mean_normalize
+from speakerlab.features.redimnet import ReDimNetMel, ReDimNetMelConfig, release_mel_config
+from speakerlab.features.spec import FeatureSpec, KaldiFeatures, build_features, feature_spec
+from speakerlab.inference.cli import embed_parser, run_embed, run_verify
+from speakerlab.inference.embedder import embedder_from_args, load_embedder
+from speakerlab.inference.extract import load_embeddings
+from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model, load_redimnet2
+from tests.fixture_models import calibrate, filled_state, fixture_input
+from tests.fixture_models import load_redimnet2_fixture as load_fixture
 from tests.helpers import make_data_dir, write_wav
-from tests.test_compat import calibrate
-from tests.test_redimnet2 import assert_embedding_matches, filled_state, fixture_input, load_fixture
+from tests.test_redimnet2 import assert_embedding_matches
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}
@@ -37,7 +38,8 @@ SPECS = [
 
 def checkpoint_with(spec: FeatureSpec) -> Checkpoint:
     model = build_model("campplus", feat_dim=spec.feat_dim, num_layers=[1, 1, 1], **TINY)
-    return Checkpoint("campplus", dict(TINY, feat_dim=spec.feat_dim, num_layers=[1, 1, 1]), model.state_dict(), spec)
+    args = dict(TINY, feat_dim=spec.feat_dim, num_layers=[1, 1, 1])
+    return Checkpoint(model_name="campplus", model_args=args, model=model.state_dict(), features=spec)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
@@ -195,11 +197,11 @@ def test_not_a_release_is_named(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_shipped_redimnet2_config_trains_on_its_front_end(tmp_path):
-    """conf/voxceleb_redimnet2_b0.yaml (front-end redimnet_mel), sized down by overrides: a few steps train,
+    """conf/voxceleb/redimnet2_b0.yaml (front-end redimnet_mel), sized down by overrides: a few steps train,
     validation runs through the same front-end, and the checkpoint embeds as ReDimNetMel + its model."""
     from speakerlab.checkpoint import rebuild_model
-    from speakerlab.train import main as train_main
-    from tests.test_train import losses, tiny_config
+    from speakerlab.train.loop import main as train_main
+    from tests.helpers import losses, tiny_config
 
     _, train = tiny_config(tmp_path, val=False)
     trials = "".join(f"s{a}-0 s{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(4) for b in range(4))
@@ -222,7 +224,7 @@ def test_shipped_redimnet2_config_trains_on_its_front_end(tmp_path):
         "hardware.num_workers=0",
         "hardware.pin_memory=false",
     ]
-    config = str(ROOT / "conf" / "voxceleb_redimnet2_b0.yaml")
+    config = str(ROOT / "conf" / "voxceleb" / "redimnet2_b0.yaml")
     assert train_main(["--config", config, "--exp-dir", str(tmp_path / "e"), *overrides]) == 0
     assert sorted(losses(tmp_path / "e")) == [1, 2] and all(np.isfinite(list(losses(tmp_path / "e").values())))
     assert "validation EER" in (tmp_path / "e" / "train.log").read_text()
@@ -235,10 +237,10 @@ def test_shipped_redimnet2_config_trains_on_its_front_end(tmp_path):
 
 
 def test_feature_store_stage_skips_other_kinds(tmp_path, capsys):
-    from speakerlab.feature_store import main as store_main
+    from speakerlab.features.store import main as store_main
 
     data = make_data_dir(tmp_path / "d", {"a": "s"}, seconds=0.3)
-    config = str(ROOT / "conf" / "voxceleb_redimnet2_b0.yaml")
+    config = str(ROOT / "conf" / "voxceleb" / "redimnet2_b0.yaml")
     assert store_main(["--config", config, "--data", str(data)]) == 0
     assert "nothing to store for features.kind redimnet_mel" in capsys.readouterr().err
     assert not (data / "feats.scp").exists()

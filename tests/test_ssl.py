@@ -1,4 +1,4 @@
-"""Self-supervised front-ends (speakerlab.models.ssl, speakerlab.features_w2vbert): tiny random encoders of
+"""Self-supervised front-ends (speakerlab.models.ssl, speakerlab.features.w2vbert): tiny random encoders of
 each family written by transformers' save_pretrained to temporary directories, loaded as a downloaded
 model would be."""
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from speakerlab.config import ConfigError, OptimSettings, TrainSettings, load_config
-from speakerlab.engine.optim import check_encoder_settings, parameter_groups
-from speakerlab.feature_spec import FeatureSpec, WaveformConfig, build_features, feature_spec
-from speakerlab.features_w2vbert import W2VBertFbank, W2VBertFbankConfig
+from speakerlab.features.spec import FeatureSpec, WaveformConfig, build_features, feature_spec
+from speakerlab.features.w2vbert import W2VBertFbank, W2VBertFbankConfig
 from speakerlab.models import build_model, list_models, list_ssl_models
 from speakerlab.models.ssl.encoders import require_ssl
+from speakerlab.train.optim import check_encoder_settings, parameter_groups
 from tests.helpers import TINY_ENCODERS, save_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,7 +186,7 @@ def test_encoder_settings_are_an_error_for_fbank_models():
 def test_the_features_kind_must_be_the_encoders(tmp_path, encoder_dirs):
     import contextlib
 
-    from speakerlab.engine.setup import build_net
+    from speakerlab.train.build import build_net
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -220,13 +220,13 @@ def test_ssl_models_are_listed_apart():
 
 
 def test_training_without_transformers_stops_naming_the_extra(tmp_path, monkeypatch, capsys):
-    from speakerlab.train import main as train_main
-    from tests.test_train import tiny_config
+    from speakerlab.train.loop import main as train_main
+    from tests.helpers import tiny_config
 
     _, train = tiny_config(tmp_path, val=False)
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setitem(sys.modules, "peft", None)
-    config = str(ROOT / "conf" / "mini_ssl_mfa.yaml")
+    config = str(ROOT / "conf" / "mini" / "ssl_mfa.yaml")
     assert (
         train_main(["--config", config, "--exp-dir", str(tmp_path / "e"), f"data.train={train}", "data.val=null"]) == 2
     )
@@ -237,7 +237,7 @@ def test_training_without_transformers_stops_naming_the_extra(tmp_path, monkeypa
 def test_each_back_end_fits_a_batch_of_encoder_layers(backend, encoder_dirs):
     """The back-ends learn: over a fixed batch of the tiny encoder's hidden layers (4 speakers x 2), 40 AdamW steps
     with an AAM head (margin 0) bring the loss below a tenth of its start."""
-    from speakerlab.loss import AAMSoftmax
+    from speakerlab.train.loss import AAMSoftmax
 
     torch.manual_seed(0)
     model = build_model(backend, pretrained=str(encoder_dirs["wavlm"]), **BACKENDS[backend])

@@ -10,13 +10,12 @@ import soundfile as sf
 import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
-from speakerlab.cli import run_embed
-from speakerlab.extract import load_embeddings
-from speakerlab.extract import main as extract_main
-from speakerlab.feature_spec import build_features
-from speakerlab.train import main as train_main
-from tests.helpers import save_tiny_encoder
-from tests.test_train import losses, tiny_config
+from speakerlab.features.spec import build_features
+from speakerlab.inference.cli import run_embed
+from speakerlab.inference.extract import load_embeddings
+from speakerlab.inference.extract import main as extract_main
+from speakerlab.train.loop import main as train_main
+from tests.helpers import losses, save_tiny_encoder, tiny_config
 
 pytestmark = pytest.mark.slow  # each test trains (tens of seconds on a 2-core CPU)
 
@@ -124,8 +123,8 @@ def test_frozen_encoder_then_joint_training_resumes_exactly(tmp_path):
 def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path):
     """Stage 1 trains LoRA adapters (encoder frozen for good); stage 2, without LoRA, starts from that
     checkpoint: the adapters merged into the encoder, so its model embeds as stage 1's did."""
-    from speakerlab.engine.resume import resume
-    from speakerlab.engine.setup import build_run, load_train_config
+    from speakerlab.train.build import build_run, load_train_config
+    from speakerlab.train.resume import resume
 
     cfg, train, overrides = ssl_config(tmp_path, "wav2vec2-bert")
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "s1"), "train.epochs=1", *overrides]) == 0

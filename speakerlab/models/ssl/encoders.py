@@ -5,7 +5,7 @@ front-ends: built from a local pretrained directory (never the hub) or from a co
     encoder = SSLEncoder(pretrained="/models/wavlm-base-plus")          # config.json + weights
     hidden = encoder(wave)            # (B, samples) -> (num_layers + 1) x (B, frames, hidden_size)
     encoder = SSLEncoder(config={"model_type": "wav2vec2-bert", ...})   # random weights (tests, egs/mini)
-    hidden = encoder(feats)           # w2v-BERT: (B, T, 160) stacked fbank (speakerlab.features_w2vbert)
+    hidden = encoder(feats)           # w2v-BERT: (B, T, 160) stacked fbank (speakerlab.features.w2vbert)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ over the layers -> `(B, embedding_size)`. Registered builders (each takes `pretr
     ssl_mfa          layer-wise adapters + attentive statistics pooling (w2v-BERT 2.0, with LoRA)
 
 The model input is the front-end kind of the encoder family (`input_kind`): `waveform` (WavLM, wav2vec 2.0,
-HuBERT: `(B, samples)`) or `w2vbert_fbank` (`(B, T, 160)`, speakerlab.features_w2vbert).
+HuBERT: `(B, samples)`) or `w2vbert_fbank` (`(B, T, 160)`, speakerlab.features.w2vbert).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class SSLSpeakerModel(nn.Module):
 
     @property
     def input_kind(self) -> str:
-        """The front-end kind this model takes (speakerlab.feature_spec)."""
+        """The front-end kind this model takes (speakerlab.features.spec)."""
         return self.encoder.input_kind
 
     @property
