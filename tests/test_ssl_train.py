@@ -4,6 +4,10 @@ merged weights to a joint stage, and the checkpoint alone embeds through the con
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -82,7 +86,25 @@ def test_each_family_trains_and_its_checkpoint_embeds(family, tmp_path):
     )
     args = ["--checkpoint", str(ckpt), "--data", str(train), "--out", str(tmp_path / "x.npz"), "--num-workers", "0"]
     assert extract_main(args) == 0
-    for out in ("e.npz", "x.npz"):
+    outs = ["e.npz", "x.npz"]
+    script = Path(sys.executable).parent / "speakerlab-embed"
+    if family == "wav2vec2" and script.exists():  # the installed console script, in its own process
+        r = subprocess.run(
+            [
+                str(script),
+                str(train / "wav.scp"),
+                str(tmp_path / "s.npz"),
+                "--checkpoint",
+                str(ckpt),
+                "--device",
+                "cpu",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append("s.npz")
+    for out in outs:
         ids, emb = load_embeddings(tmp_path / out)
         for i, utt in enumerate(ids):
             np.testing.assert_allclose(emb[i], direct[utt], rtol=1e-4, atol=1e-4 * np.abs(direct[utt]).max())
@@ -151,9 +173,6 @@ def test_encoder_release_under_torchrun(tmp_path):
     """Two processes (gloo): DDP is wrapped again when the encoder is frozen and when it is released, so both
     phases train without an unused-parameter error, and the encoder moves only after the release."""
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from tests.helpers import assert_no_traceback
 
