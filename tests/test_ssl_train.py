@@ -19,7 +19,7 @@ from speakerlab.inference.cli import run_embed
 from speakerlab.inference.extract import load_embeddings
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import losses, save_tiny_encoder, tiny_config
+from tests.helpers import losses, save_tiny_encoder, tiny_config, voice_data_dir
 
 pytestmark = pytest.mark.slow  # each test trains (tens of seconds on a 2-core CPU)
 
@@ -35,8 +35,10 @@ RECIPES = {
 
 
 def ssl_config(tmp_path, family: str, lora=None, extra: str = "", val: bool = False):
-    """(config path, train dir, encoder dir): the tiny engine corpus of tests/test_train.py, a tiny encoder."""
-    _, train = tiny_config(tmp_path, val=val)
+    """(config path, train dir, overrides): harmonic voices of 4 speakers (learnable in a few steps, whatever
+    the random encoder), the tiny engine corpus's validation dir, a tiny encoder of `family`."""
+    tiny_config(tmp_path / "tiny", val=val)
+    train = voice_data_dir(tmp_path / "train", speakers=4, utts=4)
     encoder = save_tiny_encoder(tmp_path / "encoder", family)
     model, args, default_lora = RECIPES[family]
     lora = default_lora if lora is None else lora
@@ -46,9 +48,9 @@ def ssl_config(tmp_path, family: str, lora=None, extra: str = "", val: bool = Fa
         f"""
 model: {{name: {model}, args: {args}}}
 features: {{kind: {kind}}}
-data: {{train: {train}, val: {tmp_path / "val" if val else "null"}, crop_seconds: 0.5}}
+data: {{train: {train}, val: {tmp_path / "tiny" / "val" if val else "null"}, crop_seconds: 0.5}}
 loss: {{margin: 0.0}}
-optim: {{name: adamw, lr: 0.005, min_lr: 0.0001, warmup_epochs: 0, weight_decay: 0.0}}
+optim: {{name: adamw, lr: 0.002, min_lr: 0.0001, warmup_epochs: 0, weight_decay: 0.0}}
 train: {{epochs: 6, global_batch_size: 8, log_every_steps: 1, save_every_steps: 0}}
 hardware: {{device: cpu, precision: fp32, per_device_batch: 8, num_workers: 0, pin_memory: false}}
 {extra}"""
