@@ -56,7 +56,7 @@ def speech_like(n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("samples", [16000, 16160, 24321])
 def test_w2vbert_features_equal_the_reference_extractor(samples):
-    """features_w2vbert against transformers' SeamlessM4TFeatureExtractor (w2v-BERT 2.0's) to 1e-4, for even
+    """speakerlab.features.w2vbert against transformers' SeamlessM4TFeatureExtractor (w2v-BERT 2.0's) to 1e-4, for even
     and odd frame counts (the reference's masked last pair is the one left out) and a batch of two."""
     from transformers import SeamlessM4TFeatureExtractor
 
