@@ -1,7 +1,8 @@
-"""Peak memory and training samples/s of the published self-supervised front-ends, random weights.
+"""Peak memory and training samples/s of the published self-supervised front-ends, random weights (not named
+ssl.py: run as a script, this directory comes first on sys.path and would shadow the standard library's ssl).
 
-    python bench/ssl.py                                  # every case on the CPU, 2 crops of 3 s, 3 timed steps
-    python bench/ssl.py --device cuda --batch 64 --precision bf16 --cases wavlm_base_plus_mhfa_joint
+    python bench/ssl_encoders.py                         # every case on the CPU, 2 crops of 3 s, 3 timed steps
+    python bench/ssl_encoders.py --device cuda --batch 64 --precision bf16 --cases wavlm_base_plus_mhfa_joint
 
 Each case is one training step of the recipe's model (speakerlab.models.ssl) at its stage's setting: the encoder
 frozen (stage 1 of the WavLM recipes), LoRA on the frozen encoder (stage 1 of w2v-BERT 2.0's), or the whole model
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     if args.one:
         print(json.dumps(run_case(args.one, args)))
         return 0
-    command = "python bench/ssl.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python bench/ssl_encoders.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"# {command.strip()}")
     print(f"# {machine(args.device)}; batch {args.batch} x {args.seconds:g} s, {args.precision}, {args.repeats} steps")
     print("| case | params (M) | trained (M) | step s (median, range) | samples/s | peak memory GB |")
