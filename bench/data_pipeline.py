@@ -38,7 +38,8 @@ from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa
 from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
 from speakerlab.dataio.noise_bank import NoiseBank, build_bank  # noqa: E402
 from speakerlab.dataio.speed import input_length, resample_ratio  # noqa: E402
-from speakerlab.features.fbank import Fbank, mean_normalize  # noqa: E402
+from speakerlab.features.fbank import Fbank, FbankConfig, mean_normalize  # noqa: E402
+from speakerlab.features.spec import KaldiFeatures  # noqa: E402
 from speakerlab.train.frontend import Frontend  # noqa: E402
 
 SR, CROP = 16000, 3 * 16000
@@ -139,7 +140,7 @@ def wait_fraction(utts, aug, args, device: torch.device) -> str:
         pin_memory=cuda,
         prefetch_factor=4 if args.workers else None,
     )
-    frontend = Frontend(Fbank(), CROP, True, FACTORS).to(device)
+    frontend = Frontend(KaldiFeatures(FbankConfig(), True), CROP, FACTORS).to(device)
     model = build_model("campplus").to(device)
     with torch.no_grad():
         dim = model.eval()(torch.zeros(1, 200, 80, device=device)).shape[-1]
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
         a = best_of(args.repeats, lambda: [peers(i, s) for i, s in items[: args.samples]]) / args.samples
         b_worker = best_of(args.repeats, lambda: collate([ds[it] for it in items])) / args.batch
         torch.set_num_threads(threads)
-        frontend = Frontend(Fbank(), CROP, True, FACTORS)
+        frontend = Frontend(KaldiFeatures(FbankConfig(), True), CROP, FACTORS)
         batch = collate([ds[it] for it in items])
         with torch.no_grad():
             b_device = best_of(args.repeats, lambda: frontend(batch)) / args.batch

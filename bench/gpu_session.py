@@ -91,7 +91,7 @@ def extract(out: Path, data_dir: Path, models, model_args: str, batch_size: int,
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
     from speakerlab.dataio.audio import audio_info
     from speakerlab.dataio.lists import read_wav_scp
-    from speakerlab.features.fbank import FeatureSpec
+    from speakerlab.features.spec import FeatureSpec
     from speakerlab.inference.extract import main as extract_main
     from speakerlab.models import build_model
 
@@ -103,7 +103,8 @@ def extract(out: Path, data_dir: Path, models, model_args: str, batch_size: int,
         args = json.loads(model_args).get(name, {})
         ckpt = work / f"{name}.pt"
         ckpt.parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(ckpt, Checkpoint(name, args, build_model(name, **args).state_dict(), FeatureSpec()))
+        model = build_model(name, **args).state_dict()
+        save_checkpoint(ckpt, Checkpoint(model_name=name, model_args=args, model=model, features=FeatureSpec()))
         emb = work / f"{name}.npz"
         for p in (emb, emb.with_suffix(".parts")):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)

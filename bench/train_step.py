@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench.models import macs  # noqa: E402
 from speakerlab.config import load_config  # noqa: E402
-from speakerlab.features.fbank import compute_features, num_frames  # noqa: E402
 from speakerlab.train import build as setup  # noqa: E402
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, probe_sizes  # noqa: E402
 from speakerlab.train.distributed import DistInfo  # noqa: E402
@@ -100,15 +99,15 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
     apply_switches(switches, net, lambda m: print(f"# {m}", flush=True), backend=args.compile_backend)
     opt = setup.build_optimizer(cfg, net)
     scaler = prec.grad_scaler()
-    fbank = setup.make_fbank(cfg, device)
+    features = setup.make_features(cfg, device)
     crop = int(args.crop * cfg.data.sample_rate)
 
     def batches():
         if data is None:
             while True:
                 waves = torch.randn(batch, crop, device=device) * 0.1
-                yield compute_features(fbank, waves, True), torch.randint(0, num_speakers, (batch,), device=device)
-        frontend = setup.build_frontend(cfg, fbank, num_speakers)
+                yield features(waves), torch.randint(0, num_speakers, (batch,), device=device)
+        frontend = setup.build_frontend(cfg, features, num_speakers)
         steps = len(data.utts) // batch
         plan = BatchPlan(batch * steps, 1, batch, steps)
         loader, sampler = setup.make_loader(cfg, data, data.spk2idx, plan, DistInfo(), device.type == "cuda")
@@ -148,9 +147,9 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
 def probe_one(name, precision, args, device) -> dict:
     """The per-card batch `auto` picks for this model and precision (up to --probe-max), with its tries."""
     cfg, net, _ = build(name, precision, args, device)
-    frames = num_frames(int(args.crop * cfg.data.sample_rate), setup.make_fbank(cfg, torch.device("cpu")).config)
+    shape = tuple(setup.example_input(cfg, args.crop).shape[1:])  # one crop's model input
     memory = CudaMemory(device) if device.type == "cuda" else FixedMemory()
-    probe = MemoryProbe(net, frames, cfg.features.num_mel_bins, 1000, device, cfg.hardware.memory_margin, memory)
+    probe = MemoryProbe(net, shape, 1000, device, cfg.hardware.memory_margin, memory)
     chosen = find_max_batch(probe, probe_sizes(args.probe_max, args.probe_max, lower=args.probe_min))
     return {"model": name, "precision": precision, "chosen": chosen, "tries": probe.describe()}
 
@@ -223,7 +222,7 @@ def main(argv=None) -> int:
     pipelines = (["synthetic"] if args.synthetic else []) + (["loader"] if args.data else [])
     for name in args.models:
         cfg, net, _ = build(name, "fp32", args, torch.device("cpu"))
-        frames = num_frames(int(args.crop * cfg.data.sample_rate), setup.make_fbank(cfg, torch.device("cpu")).config)
+        frames = setup.example_input(cfg, args.crop).shape[1]  # (1, frames, bins): the fbank models benched here
         gflops = macs(net.model, frames, cfg.features.num_mel_bins) * 2 * 3 / 1e9  # per sample, fwd + bwd
         del net
         for precision in precisions:

@@ -4,7 +4,8 @@ A checkpoint file is a dict of tensors and plain Python values (loadable with `w
 
     schema         2
     model_name     registered builder name          model_args   its keyword arguments
-    model          embedding-model state dict       features     FeatureSpec.to_dict(): fbank + mean_norm
+    model          embedding-model state dict       features     FeatureSpec.to_dict(): front-end kind, its
+                                                                 settings, mean_norm (no kind: kaldi_fbank)
     speakers       the classifier's speaker list    classifier   classifier state dict (None after export)
     step, epoch    optimizer steps / epochs done    resume       ResumeState.to_dict(), or None
     config         the training config as written, kept as a record of provenance only
@@ -37,7 +38,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.models import build_model
 
 SCHEMA = 2

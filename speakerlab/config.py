@@ -116,12 +116,20 @@ class AugmentSettings:
 
 @dataclass
 class FeatureSettings:
+    # The front-end (speakerlab.features.spec): kaldi_fbank, Kaldi's log-mel fbank; redimnet_mel, the ReDimNet2
+    # releases' log-mel (Hamming window, pre-emphasis, waveform normalised per utterance, HTK mel 20-7600 Hz,
+    # so data.sample_rate >= 15200), which takes num_mel_bins, frame_length_ms, frame_shift_ms and mean_norm;
+    # waveform (WavLM, wav2vec 2.0, HuBERT encoders), the wave, zero mean and unit variance when mean_norm;
+    # w2vbert_fbank (w2v-BERT 2.0), 16 kHz Kaldi fbank of num_mel_bins (80) normalised per bin, frame pairs stacked.
+    kind: str = setting("kaldi_fbank", choices=("kaldi_fbank", "redimnet_mel", "waveform", "w2vbert_fbank"))
     num_mel_bins: int = setting(80, ge=1, le=512)
     frame_length_ms: float = setting(25.0, gt=0)
     frame_shift_ms: float = setting(10.0, gt=0)
-    window_type: str = setting("povey", choices=("povey", "hamming", "hanning", "rectangular"))
-    dither: float = setting(0.0, ge=0)  # training only; extraction always uses 0
-    mean_norm: bool = True  # per-utterance mean normalisation
+    # kaldi_fbank's window; null: povey. The other kinds have their own (null, or its name).
+    window_type: Optional[str] = setting(None, choices=("povey", "hamming", "hanning", "rectangular"))
+    dither: float = setting(0.0, ge=0)  # kaldi_fbank, training only (extraction always uses 0); other kinds: 0
+    mean_norm: bool = True  # per-utterance mean normalisation of each bin (redimnet_mel: the releases' true;
+    # waveform: the encoder's do_normalize; w2vbert_fbank: always on, true only)
 
 
 @dataclass
@@ -150,6 +158,10 @@ class OptimSettings:
     nesterov: bool = True  # sgd only
     weight_decay: float = setting(1e-4, ge=0)
     warmup_epochs: float = setting(1.0, ge=0)
+    # Models on a self-supervised encoder (speakerlab.models.ssl) only: the encoder's LR is lr x encoder_lr_scale,
+    # and its layer i of L (1-based; 0: everything before the layers) gets another layer_decay ** (L - i).
+    encoder_lr_scale: float = setting(1.0, ge=0)
+    layer_decay: float = setting(1.0, gt=0, le=1)
 
 
 @dataclass
@@ -165,6 +177,8 @@ class TrainSettings:
     val_every: int = setting(1, ge=1)  # epochs between validation EERs (needs data.val)
     init_from: Optional[str] = None  # start from this checkpoint's model + classifier weights (fine-tuning);
     # ignored once the run has its own checkpoint
+    freeze_encoder_steps: int = setting(0, ge=-1)  # SSL models: the encoder stays frozen (back-end and head
+    # train) for the first this many optimizer steps; -1: the whole run
 
 
 @dataclass
@@ -224,10 +238,35 @@ def _validate(cfg: Config) -> None:
             "config key 'data.shards': tar shards hold audio, stored features are read from data.train; "
             "set one of data.shards and data.feats"
         )
+    _validate_features(cfg)
     if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
         raise ConfigError(
             f"config key 'augment.speed_factors' needs a factor other than 1 when "
             f"augment.speed_prob > 0, got {cfg.augment.speed_factors}"
+        )
+
+
+def _validate_features(cfg: Config) -> None:
+    """The front-end kind's rules (see FeatureSettings.kind)."""
+    f = cfg.features
+    if f.kind == "kaldi_fbank":
+        return
+    if cfg.data.feats:
+        raise ConfigError(
+            f"config key 'data.feats': the feature store holds Kaldi fbank, features.kind is {f.kind}; "
+            "set data.feats to false"
+        )
+    own = {"redimnet_mel": "hamming", "w2vbert_fbank": "povey"}.get(f.kind)
+    if f.window_type not in (None, own):
+        raise ConfigError(f"config key 'features.window_type': {f.kind} has its own window ({own}); set null")
+    if f.dither != 0.0:
+        raise ConfigError(f"config key 'features.dither': {f.kind} has no dither; set 0")
+    if f.kind == "w2vbert_fbank" and not f.mean_norm:
+        raise ConfigError("config key 'features.mean_norm': w2vbert_fbank always normalises each bin; set true")
+    if f.kind == "redimnet_mel" and cfg.data.sample_rate < 15200:
+        raise ConfigError(
+            f"config key 'features.kind': {f.kind} spans 20-7600 Hz, data.sample_rate must be >= 15200 "
+            f"(got {cfg.data.sample_rate})"
         )
 
 

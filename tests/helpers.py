@@ -115,3 +115,45 @@ FAST_MODELS = ("campplus", "ecapa_tdnn_c512", "resnet34", "redimnet2_b0")
 def registry_params(names, fast=FAST_MODELS) -> list:
     """`names` as pytest params, the ones outside `fast` marked slow."""
     return [pytest.param(n, marks=() if n in fast else pytest.mark.slow) for n in names]
+
+
+# Tiny random encoders of each self-supervised family (speakerlab.models.ssl): a few thousand weights,
+# the published architectures otherwise (convolutional feature encoder of 7 layers, 20 ms frames).
+_WAVE_ENCODER = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    conv_dim=(16,) * 7,
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=2,
+)
+TINY_ENCODERS = {
+    "wavlm": dict(_WAVE_ENCODER, model_type="wavlm", num_buckets=32, max_bucket_distance=80),
+    "wav2vec2": dict(_WAVE_ENCODER, model_type="wav2vec2"),
+    "hubert": dict(_WAVE_ENCODER, model_type="hubert"),
+    "wav2vec2-bert": dict(
+        model_type="wav2vec2-bert",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        output_hidden_size=32,
+        conv_depthwise_kernel_size=3,
+        left_max_position_embeddings=8,
+        right_max_position_embeddings=2,
+    ),
+}
+
+
+def save_tiny_encoder(directory: Path, model_type: str, seed: int = 0) -> Path:
+    """A tiny random encoder of `model_type` written by transformers' `save_pretrained` (config.json and
+    model.safetensors), as a downloaded model directory would hold it."""
+    import torch
+    import transformers
+
+    settings = dict(TINY_ENCODERS[model_type])
+    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
+    torch.manual_seed(seed)
+    transformers.AutoModel.from_config(config).save_pretrained(str(directory))
+    return directory

@@ -11,7 +11,8 @@ from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.augment import INT16_SCALE, Augmenter, power, reference_wave
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.dataio.noise_bank import NoiseBank, build_bank
-from speakerlab.features.fbank import Fbank
+from speakerlab.features.fbank import FbankConfig
+from speakerlab.features.spec import KaldiFeatures
 from speakerlab.train.build import build_frontend, build_net, class_names
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.loop import main as train_main
@@ -70,7 +71,7 @@ def dataset(utts, augmenter=None, speed=()):
 
 
 def frontend(speed=(), num_speakers=None):
-    return Frontend(Fbank(), CROP, True, speed, num_speakers)
+    return Frontend(KaldiFeatures(FbankConfig(), True), CROP, speed, num_speakers)
 
 
 def batch_of(ds, seeds):
@@ -181,7 +182,7 @@ def test_perturbed_speaker_ids_and_classifier_size_agree(tmp_path, lists, utts):
     assert net.classifier.weight.shape[0] == 12
     # One training step on CPU with speed + reverb + noise: labels index the expanded classes.
     aug = Augmenter(bank_of(lists), prob=1.0, reverb_noise_prob=0.5)
-    fe = build_frontend(config, Fbank(), len(speakers))
+    fe = build_frontend(config, KaldiFeatures(FbankConfig(), True), len(speakers))
     fe.crop = CROP  # the tiny config's crop is 0.5 s; this dataset reads 0.25 s crops
     ds = CropDataset(utts, [0, 1, 2, 3], [SR] * 4, CROP, SR, aug, config.augment.speed_factors, 1.0)
     items, batch = batch_of(ds, range(8))

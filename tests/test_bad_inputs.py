@@ -18,7 +18,7 @@ import torch
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from speakerlab.dataio.noise_bank import main as bank_main
 from speakerlab.dataio.prepare import main as prepare_main
-from speakerlab.features.fbank import FeatureSpec
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.cli import run_verify
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model

@@ -26,7 +26,8 @@ from speakerlab.dataio.resample import (
     read_for_model,
     resample,
 )
-from speakerlab.features.fbank import FbankConfig, FeatureSpec, compute_features
+from speakerlab.features.fbank import Fbank, FbankConfig
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, run_embed, run_verify
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
@@ -189,8 +190,7 @@ def test_other_rates_of_the_same_signal_embed_close_to_16k(ckpt, tmp_path, capsy
 
     embedder = load_embedder(ckpt, device="cpu")
     feats = {
-        sr: compute_features(embedder.fbank, torch.from_numpy(read_for_model(p, 16000))[None], False)[0]
-        for sr, p in paths.items()
+        sr: Fbank(embedder.spec.fbank)(torch.from_numpy(read_for_model(p, 16000))[None])[0] for sr, p in paths.items()
     }
     low = slice(0, 48)  # mel bins whose upper edge is below about 2.8 kHz (of 80 bins, 20 Hz .. 8 kHz)
     for sr in (8000, 44100):
@@ -347,7 +347,7 @@ def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
     nan = write_wav(tmp_path / "nan.wav", np.full(16000, np.nan, np.float32), subtype="FLOAT")
     fails(run_verify, [wavs[0], str(missing), *model], missing)
     fails(run_verify, [str(text), wavs[0], *model], text)
-    fails(run_verify, [str(short), wavs[0], *model], short, "too short for an embedding: 0.115 s, 9 fbank frame(s)")
+    fails(run_verify, [str(short), wavs[0], *model], short, "too short for an embedding: 0.115 s, 9 feature frame(s)")
     fails(run_verify, [wavs[0], str(nan), *model], nan, "non-finite")
     fails(run_verify, [*wavs[:2], "--checkpoint", str(tmp_path / "nothing.pt")], tmp_path / "nothing.pt")
     torch.save({"not": torch.zeros(1)}, tmp_path / "w.bin")

@@ -157,14 +157,26 @@ _NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each
 
 
 def _train_config(name):
+    import json
+
     import yaml
 
     from speakerlab.train.build import load_train_config
 
-    mini = str(CONF / "mini" / "campplus.yaml")
-    overlay = "model" not in yaml.safe_load((CONF / name).read_text())  # fine-tuning / augmentation overlays
-    paths = [mini, str(CONF / name)] if overlay else [str(CONF / name)]
-    return load_train_config(paths, ["data.train=x"], None)
+    # Fine-tuning / augmentation overlays go on the mini config; those of an SSL back-end (conf/ssl/<model>_<stage>)
+    # on its VoxCeleb config.
+    stem = Path(name).stem.rsplit("_", 1)[0]
+    base = CONF / ("voxceleb/ssl_" + stem + ".yaml" if name.startswith("ssl/") else "mini/campplus.yaml")
+    overlay = "name" not in (yaml.safe_load((CONF / name).read_text()).get("model") or {})
+    paths = [str(base), str(CONF / name)] if overlay else [str(CONF / name)]
+    cfg = load_train_config(paths, ["data.train=x"], None)
+    if cfg.model.args.get("pretrained"):  # no published encoder can be downloaded here: a tiny one of its family
+        from tests.helpers import TINY_ENCODERS
+
+        family = "wav2vec2-bert" if cfg.features.kind == "w2vbert_fbank" else "wavlm"
+        tiny = f"model.args.encoder={json.dumps(TINY_ENCODERS[family])}"  # JSON is YAML
+        cfg = load_train_config(paths, ["data.train=x", "model.args.pretrained=null", tiny], None)
+    return cfg
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -176,13 +188,14 @@ def test_every_shipped_config_builds_its_model_and_head(name):
 
     import torch
 
-    from speakerlab.train.build import build_net
+    from speakerlab.train.build import build_net, example_input
 
     cfg = _train_config(name)
     l = cfg.loss
     key = (
         cfg.model.name,
         json.dumps(cfg.model.args, sort_keys=True),
+        cfg.features.kind,
         cfg.features.num_mel_bins,
         l.name,
         l.scale,
@@ -193,7 +206,8 @@ def test_every_shipped_config_builds_its_model_and_head(name):
         torch.manual_seed(0)
         net = build_net(cfg, 7, contextlib.nullcontext)
         with torch.no_grad():
-            loss, cos = net(torch.randn(2, 64, cfg.features.num_mel_bins), torch.tensor([0, 6]))
+            x = example_input(cfg, 0.66)
+            loss, cos = net(torch.cat([x, x]), torch.tensor([0, 6]))
         _NETS[key] = (tuple(cos.shape), bool(torch.isfinite(loss)))
     assert _NETS[key] == ((2, 7), True), name
 
@@ -219,12 +233,12 @@ def _header_commands(text):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_config_header_names_the_command_that_runs_it(name):
     """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for an
-    overlay, --lm_config / --augment_config), and that recipe exists and takes that option; a <corpus>/<model>.yaml
-    file's command runs the <corpus> recipe."""
+    overlay, --lm_config / --augment_config / --ft_config), and that recipe exists and takes that option; a
+    <corpus>/<model>.yaml file's command runs the <corpus> recipe."""
     root = CONF.parent
     found = []
     for words in _header_commands((CONF / name).read_text()):
-        for opt in ("--config", "--lm_config", "--augment_config"):
+        for opt in ("--config", "--lm_config", "--augment_config", "--ft_config"):
             if opt in words[:-1] and words[words.index(opt) + 1] == f"../../conf/{name}":
                 found.append((words[1], opt))
     assert found, f"{name}: no 'bash egs/<recipe>/run.sh ... --config ../../conf/{name}' in its header"
@@ -276,3 +290,15 @@ def test_an_installed_wheel_resolves_the_hardware_profiles_by_name(tmp_path):
     ).stdout
     assert out.startswith(str(tmp_path / "site" / "speakerlab" / "hardware" / "h100-80g.yaml"))
     assert (CONF / "hardware" / "h100-80g.yaml").read_text() in out
+
+
+def test_every_ssl_model_has_a_voxceleb_and_a_3dspeaker_config():
+    import yaml
+
+    from speakerlab.models import list_ssl_models
+
+    for model in list_ssl_models():
+        for corpus in ("voxceleb", "3dspeaker"):
+            p = CONF / corpus / f"{model}.yaml"
+            assert p.is_file(), f"missing {p.relative_to(CONF)}"
+            assert yaml.safe_load(p.read_text())["model"]["name"] == model, p.name

@@ -134,7 +134,7 @@ def test_memory_probe_leaves_the_trained_net_and_the_random_streams_alone():
     before = {k: v.clone() for k, v in net.state_dict().items()}
     rng = torch.get_rng_state()
     memory = FakeMemory(usable=100, per_sample=2)  # budget 0.85 x 100: batches up to 42 fit
-    probe = MemoryProbe(Metered(net, memory), 60, 80, 5, torch.device("cpu"), 0.85, memory)
+    probe = MemoryProbe(Metered(net, memory), (60, 80), 5, torch.device("cpu"), 0.85, memory)
     assert find_max_batch(probe, [64, 32, 16]) == 32
     assert "64: too large" in probe.describe() and "32: fits" in probe.describe()
     after = net.state_dict()
@@ -148,10 +148,10 @@ def test_memory_probe_counts_every_allocation_failure_as_too_large_and_nothing_e
     cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"}})
     net = build_net(cfg, num_speakers=5, autocast=contextlib.nullcontext)
     memory = FakeMemory(usable=10**9, per_sample=1)
-    probe = MemoryProbe(Metered(net, memory, fail_above=16), 60, 80, 5, torch.device("cpu"), 0.85, memory)
+    probe = MemoryProbe(Metered(net, memory, fail_above=16), (60, 80), 5, torch.device("cpu"), 0.85, memory)
     assert find_max_batch(probe, [32, 16]) == 16 and "32: allocation failed" in probe.describe()
     probe = MemoryProbe(
-        Metered(net, memory, 16, "CUDNN_STATUS_BAD_PARAM"), 60, 80, 5, torch.device("cpu"), 0.85, memory
+        Metered(net, memory, 16, "CUDNN_STATUS_BAD_PARAM"), (60, 80), 5, torch.device("cpu"), 0.85, memory
     )
     with pytest.raises(RuntimeError, match="BAD_PARAM"):  # a real error is not "too large"
         probe(32)

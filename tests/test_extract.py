@@ -6,7 +6,8 @@ import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import Embedder, length_batches, load_embedder
 from speakerlab.inference.extract import embed_data_dir, main
 from speakerlab.models import build_model

@@ -12,7 +12,8 @@ import torch
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.lists import load_data_dir
-from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.extract import StreamingExtractor, main, plan_units
 from speakerlab.models import build_model

@@ -8,7 +8,8 @@ import torch
 from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.lists import ListError
-from speakerlab.features.fbank import Fbank, FbankConfig, FeatureSpec, num_frames
+from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.features.store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir

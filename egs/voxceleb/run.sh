@@ -6,8 +6,8 @@
 #   bash egs/voxceleb/run.sh --parts vox1 --train_set vox1_dev --eval_set vox1_test --trials vox1_o_clean
 # Stages (the same numbers in every recipe): 1 data preparation (download, extract, VoxCeleb2 m4a ->
 # wav with ffmpeg, Kaldi lists and trials, MUSAN/RIR lists), 2 features (validate lists, check audio,
-# index lengths), 3 train, 4 embeddings, 5 score every trial list; optional: 6 average checkpoints,
-# 7 large-margin fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# index lengths), 3 train (two runs with --ft_config), 4 embeddings, 5 score every trial list; optional:
+# 6 average checkpoints, 7 large-margin fine-tuning, then stages 4-5 with --exp ${exp}_lm.
 # Every stage can be re-run: finished downloads/extractions/conversions are skipped and training
 # resumes from its latest checkpoint. See README.md here for disk space and hosts.
 set -euo pipefail
@@ -33,6 +33,8 @@ opt shards false                   # stage 2 also writes tar shards of the train
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
 opt average_last 10                # stage 6: epoch checkpoints averaged into $exp/checkpoints/avg.pt
+opt ft_config ""                   # stage 3 in two runs (SSL encoders): $config -> ${exp}_frozen, then this
+                                   # joint fine-tuning overlay from its averaged checkpoints -> $exp
 opt lm_config ../../conf/finetune_lm.yaml   # stage 7: large-margin fine-tuning overlay -> ${exp}_lm
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
@@ -74,7 +76,14 @@ if stage_on 2; then
   fi
 fi
 
-if stage_on 3; then
+if stage_on 3 && [ -n "$ft_config" ]; then
+  log "stage 3: train $config -> ${exp}_frozen, average its last $average_last, then $ft_config -> $exp"
+  launch speakerlab-train --config "$config" --exp-dir "${exp}_frozen" --hardware "$hardware" $train_data \
+    $train_overrides
+  speakerlab-average --exp-dir "${exp}_frozen" --last "$average_last"
+  launch speakerlab-train --config "$config" --config "$ft_config" --exp-dir "$exp" --hardware "$hardware" \
+    train.init_from="${exp}_frozen/checkpoints/avg.pt" $train_data $train_overrides
+elif stage_on 3; then
   log "stage 3: train $config -> $exp"
   launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
 fi

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # annotation only: features never needs the config module at 
     from speakerlab.config import FeatureSettings
 
 WINDOW_TYPES = ("povey", "hamming", "hanning", "rectangular")
+FLT_EPSILON = torch.finfo(torch.float32).eps  # Kaldi's floor of energies before the log, in any dtype
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ def _frame_counts(lengths: Tensor, config: FbankConfig) -> Tensor:
     return torch.div(lengths + shift // 2, shift, rounding_mode="floor")
 
 
-def _mel_matrix(config: FbankConfig) -> Tensor:
-    """Triangular filters on the mel scale, (fft_size // 2, num_mel_bins) float32.
+def _mel_matrix(config: FbankConfig, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Triangular filters on the mel scale, (fft_size // 2, num_mel_bins) in `dtype`.
 
     Built in float32 as Kaldi's MelBanks (BaseFloat) and torchaudio do: the rounding of the
     filter edges shows in the narrow low-frequency filters at the 1e-4 level.
@@ -113,18 +114,18 @@ def _mel_matrix(config: FbankConfig) -> Tensor:
     lo = 1127.0 * math.log(1.0 + config.low_freq / 700.0)
     hi = 1127.0 * math.log(1.0 + config.effective_high_freq / 700.0)
     delta = (hi - lo) / (config.num_mel_bins + 1)
-    index = torch.arange(config.num_mel_bins, dtype=torch.float32)
+    index = torch.arange(config.num_mel_bins, dtype=dtype)
     left, center, right = lo + index * delta, lo + (index + 1.0) * delta, lo + (index + 2.0) * delta
     # Kaldi's filters cover FFT bins 0 .. N/2 - 1: the Nyquist bin never contributes.
     bin_width = config.sample_rate / config.fft_size
-    bin_mel = mel(bin_width * torch.arange(config.fft_size // 2, dtype=torch.float32)).unsqueeze(1)
+    bin_mel = mel(bin_width * torch.arange(config.fft_size // 2, dtype=dtype)).unsqueeze(1)
     up = (bin_mel - left) / (center - left)
     down = (right - bin_mel) / (right - center)
     return torch.minimum(up, down).clamp_min(0.0)
 
 
-def _window(kind: str, size: int) -> Tensor:
-    """Kaldi's symmetric analysis windows (denominator size - 1), (size,) float32.
+def _window(kind: str, size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Kaldi's symmetric analysis windows (denominator size - 1), (size,) in `dtype`.
 
     Computed in float32 with torch's window functions, as torchaudio does, not in float64 and
     rounded as Kaldi does. This is not cosmetic: after pre-emphasis the lowest mel bins of a loud
@@ -133,16 +134,16 @@ def _window(kind: str, size: int) -> Tensor:
     it), so parity comes from rounding alike, not from more precision.
     """
     if kind == "hanning":
-        return torch.hann_window(size, periodic=False, dtype=torch.float32)
+        return torch.hann_window(size, periodic=False, dtype=dtype)
     if kind == "hamming":
-        return torch.hamming_window(size, periodic=False, alpha=0.54, beta=0.46, dtype=torch.float32)
+        return torch.hamming_window(size, periodic=False, alpha=0.54, beta=0.46, dtype=dtype)
     if kind == "povey":  # Dan Povey's window: a Hann window raised to 0.85, zero at both ends
-        return torch.hann_window(size, periodic=False, dtype=torch.float32).pow(0.85)
-    return torch.ones(size, dtype=torch.float32)
+        return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85)
+    return torch.ones(size, dtype=dtype)
 
 
 class Fbank(torch.nn.Module):
-    """Batched Kaldi log-mel filterbank: ``Fbank(config=None, **overrides)``.
+    """Batched Kaldi log-mel filterbank: ``Fbank(config=None, dtype=torch.float32, **overrides)``.
 
     ``forward(wave, lengths=None, *, generator=None)``: ``wave`` (B, samples) of real or integer
     samples (scale them yourself: Kaldi recipes feed int16 values, 3D-Speaker feeds samples/32768)
@@ -151,14 +152,17 @@ class Fbank(torch.nn.Module):
     the frames past each count are zero; every valid frame equals the single-utterance result.
     Dither is Kaldi's: applied whenever ``dither > 0``, train or eval, drawn from ``generator``
     (which must live on the wave's device) when given.
+
+    ``dtype`` float64 computes everything, window and mel filters included, in float64 (features come
+    back in float64): the arithmetic of float64 references (to 1e-6 where float32 gets 1e-4).
     """
 
-    def __init__(self, config: FbankConfig | None = None, **overrides) -> None:
+    def __init__(self, config: FbankConfig | None = None, dtype: torch.dtype = torch.float32, **overrides) -> None:
         super().__init__()
         self.config = dataclasses.replace(config or FbankConfig(), **overrides)
-        window = _window(self.config.window_type, self.config.window_size)
+        window = _window(self.config.window_type, self.config.window_size, dtype)
         self.register_buffer("window", window, persistent=False)
-        self.register_buffer("mel", _mel_matrix(self.config), persistent=False)
+        self.register_buffer("mel", _mel_matrix(self.config, dtype), persistent=False)
 
     def extra_repr(self) -> str:
         return repr(self.config)
@@ -180,7 +184,7 @@ class Fbank(torch.nn.Module):
         return wave.unfold(1, size, shift)
 
     def _log_energy(self, frames: Tensor) -> Tensor:
-        eps = torch.finfo(frames.dtype).eps
+        eps = FLT_EPSILON
         energy = frames.square().sum(-1).clamp_min(eps).log()
         if self.config.energy_floor > 0.0:
             energy = energy.clamp_min(math.log(self.config.energy_floor))
@@ -233,7 +237,7 @@ class Fbank(torch.nn.Module):
         # Callers may sit in autocast: a half-precision matmul here would cost ~1e-2 in log.
         with torch.autocast(power.device.type, enabled=False):
             mel = power[..., : cfg.fft_size // 2] @ self.mel
-        feats = mel.clamp_min(torch.finfo(mel.dtype).eps).log()
+        feats = mel.clamp_min(FLT_EPSILON).log()
         if cfg.use_energy:
             feats = torch.cat([energy.unsqueeze(-1), feats], dim=-1)
         if counts is None:
@@ -275,35 +279,6 @@ def mean_normalize(feats: Tensor, num_frames: Tensor | None = None) -> Tensor:
     return (feats - mean) * mask
 
 
-@dataclass(frozen=True)
-class FeatureSpec:
-    """What an embedding model expects from audio: Kaldi fbank settings (sample rate included, dither
-    0) and per-utterance mean normalisation. Stored as plain values in every checkpoint, so inference
-    rebuilds the exact front-end without the training config."""
-
-    fbank: FbankConfig = FbankConfig()
-    mean_norm: bool = True
-
-    @property
-    def sample_rate(self) -> int:
-        return self.fbank.sample_rate
-
-    @property
-    def feat_dim(self) -> int:
-        return self.fbank.num_mel_bins
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"fbank": dataclasses.asdict(self.fbank), "mean_norm": self.mean_norm}
-
-    @classmethod
-    def from_dict(cls, raw: Dict[str, Any]) -> "FeatureSpec":
-        known = {f.name for f in dataclasses.fields(FbankConfig)}
-        unknown = sorted(set(raw["fbank"]) - known)
-        if unknown:
-            raise ValueError(f"unknown fbank setting(s) {unknown}")
-        return cls(FbankConfig(**raw["fbank"]), bool(raw["mean_norm"]))
-
-
 def fbank_config(settings: "FeatureSettings", sample_rate: int, dither: Optional[float] = None) -> FbankConfig:
     """The fbank of a `features` config section at `sample_rate`; `dither` overrides the section's
     (inference always uses 0)."""
@@ -312,18 +287,6 @@ def fbank_config(settings: "FeatureSettings", sample_rate: int, dither: Optional
         num_mel_bins=settings.num_mel_bins,
         frame_length_ms=settings.frame_length_ms,
         frame_shift_ms=settings.frame_shift_ms,
-        window_type=settings.window_type,
+        window_type=settings.window_type or "povey",
         dither=settings.dither if dither is None else dither,
     )
-
-
-def feature_spec(settings: "FeatureSettings", sample_rate: int) -> FeatureSpec:
-    """The inference front-end (no dither) of a `features` config section."""
-    return FeatureSpec(fbank_config(settings, sample_rate, dither=0.0), settings.mean_norm)
-
-
-def compute_features(fbank: Fbank, waves: Tensor, mean_norm: bool) -> Tensor:
-    """`(B, samples)` fp32 waves -> `(B, frames, bins)` fp32 features. Called outside autocast on
-    purpose: log-mel energies in bf16 lose the small differences the model learns from."""
-    feats = fbank(waves)
-    return mean_normalize(feats) if mean_norm else feats

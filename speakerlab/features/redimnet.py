@@ -10,6 +10,7 @@ uses an HTK mel scale with a quirky bin-frequency grid and subtracts the utteran
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,37 @@ def redimnet_mel_matrix(
     return torch.cat([torch.zeros(1, n_mels, dtype=torch.float64), weights]).float()
 
 
+@dataclass(frozen=True)
+class ReDimNetMelConfig:
+    """The settings of `ReDimNetMel` that a checkpoint stores (its `FeatureSpec`); the defaults are the
+    releases' (`TFMelBanks(n_mels=72, hop_length=160, do_preemph=True, norm_signal=True)`)."""
+
+    sample_rate: int = 16000
+    n_mels: int = 72
+    n_fft: int = 512
+    win_length: int = 400
+    hop_length: int = 160
+    f_min: float = 20.0
+    f_max: float = 7600.0
+    preemphasis: float = 0.97
+    normalize_signal: bool = True
+
+    def __post_init__(self) -> None:
+        checks = {
+            "n_mels must be >= 1": self.n_mels >= 1,
+            "need 2 <= win_length <= n_fft": 2 <= self.win_length <= self.n_fft,
+            "hop_length must be >= 1": self.hop_length >= 1,
+            "preemphasis must lie in [0, 1]": 0.0 <= self.preemphasis <= 1.0,
+            f"need 0 <= f_min < f_max <= Nyquist ({self.sample_rate / 2:g} Hz)": 0.0
+            <= self.f_min
+            < self.f_max
+            <= self.sample_rate / 2,
+        }
+        problems = [message for message, ok in checks.items() if not ok]
+        if problems:
+            raise ValueError(f"invalid {self}: " + "; ".join(problems))
+
+
 class ReDimNetMel(torch.nn.Module):
     """ReDimNet2 log-mel features: wave `(B, samples)` or `(samples,)` -> `(B, frames, n_mels)` float32.
 
@@ -53,7 +85,7 @@ class ReDimNetMel(torch.nn.Module):
     `frames = (samples - 240) // 160 + 1`; symmetric Hamming window; power spectrum of the frame
     zero-padded to `n_fft`, bins 0 .. n_fft/2 - 1 (Nyquist dropped), clipped to [1e-8, 1e8]; mel
     weights (`redimnet_mel_matrix`), clipped likewise; `log(mel + 1e-8)`; minus each bin's mean over
-    the utterance's frames. The released checkpoints use the defaults (with `normalize_signal`).
+    the utterance's frames (when `mean_norm`). The released checkpoints use the defaults.
 
     Every row is one whole utterance: the normalisations are over the full row, so right-padded
     batches of different lengths do not give each utterance's own features.
@@ -70,6 +102,7 @@ class ReDimNetMel(torch.nn.Module):
         f_max: float = 7600.0,
         preemphasis: float = 0.97,
         normalize_signal: bool = True,
+        mean_norm: bool = True,
         eps: float = 1e-8,
     ):
         super().__init__()
@@ -81,6 +114,7 @@ class ReDimNetMel(torch.nn.Module):
         self.hop_length = hop_length
         self.preemphasis = preemphasis
         self.normalize_signal = normalize_signal
+        self.mean_norm = mean_norm
         self.eps = eps
         n = torch.arange(win_length, dtype=torch.float64)
         window = 0.54 - 0.46 * torch.cos(2.0 * math.pi * n / (win_length - 1))
@@ -91,6 +125,11 @@ class ReDimNetMel(torch.nn.Module):
     def num_frames(self, num_samples: int) -> int:
         """Frames produced for `num_samples` samples."""
         return (num_samples + 2 * (self.hop_length // 2) - self.win_length) // self.hop_length + 1
+
+    def batch_length(self, num_samples: int) -> int:
+        """Waves batch (shorter ones repeated) without changing their features only at equal sample
+        counts: the signal normalisation spans the whole row."""
+        return num_samples
 
     def forward(self, wave: Tensor) -> Tensor:
         if wave.dim() == 1:
@@ -114,4 +153,38 @@ class ReDimNetMel(torch.nn.Module):
             power = (spectrum.real.square() + spectrum.imag.square()).clamp(self.eps, 1.0 / self.eps)
             mel = torch.matmul(power, self.mel).clamp(self.eps, 1.0 / self.eps)
             feats = torch.log(mel + self.eps)
-            return feats - feats.mean(dim=1, keepdim=True)
+            return feats - feats.mean(dim=1, keepdim=True) if self.mean_norm else feats
+
+
+# A release's `model_config` builds its front-end as `TFMelBanks(n_mels=F, hop_length=hop_length,
+# **spec_params)`; these `spec_params` map onto ReDimNetMelConfig, with the official constructor's
+# defaults where a config leaves one out. SpecAugment settings act in training only.
+_SPEC_PARAMS = {"sample_rate", "n_fft", "win_length", "f_min", "f_max", "do_preemph", "norm_signal", "eps"}
+_SPEC_AUGMENT = {"do_spec_aug", "freq_start_bin", "freq_mask_width", "time_mask_width"}
+
+
+def release_mel_config(model_config: dict) -> ReDimNetMelConfig:
+    """The front-end settings of a released ReDimNet2 (`{"model_config": ..., "state_dict": ...}` of
+    PalabraAI/redimnet2); a ValueError names a setting this front-end cannot reproduce."""
+    feat_type = model_config.get("feat_type", "pt")
+    if feat_type not in ("tf", "tf_mel"):
+        raise ValueError(
+            f"ReDimNet2 model_config feat_type={feat_type!r}: only the releases' 'tf' front-end is reproduced"
+        )
+    params = dict(model_config.get("spec_params") or {})
+    unknown = sorted(set(params) - _SPEC_PARAMS - _SPEC_AUGMENT)
+    if unknown:
+        raise ValueError(f"ReDimNet2 model_config spec_params has unknown setting(s) {unknown}")
+    if params.get("eps", 1e-8) != 1e-8:
+        raise ValueError(f"ReDimNet2 model_config spec_params eps={params['eps']!r} is not supported (only 1e-8)")
+    return ReDimNetMelConfig(
+        sample_rate=int(params.get("sample_rate", 16000)),
+        n_mels=int(model_config.get("F", 72)),
+        n_fft=int(params.get("n_fft", 512)),
+        win_length=int(params.get("win_length", 400)),
+        hop_length=int(model_config.get("hop_length", 160)),
+        f_min=float(params.get("f_min", 20.0)),
+        f_max=float(params.get("f_max", 7600.0)),
+        preemphasis=0.97 if params.get("do_preemph", True) else 0.0,
+        normalize_signal=bool(params.get("norm_signal", False)),
+    )

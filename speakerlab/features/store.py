@@ -166,6 +166,9 @@ def main(argv=None) -> int:
     try:
         raw = None if args.config else {"model": {"name": "campplus"}, "data": {"train": args.data[0]}}
         cfg = load_config(args.config, args.overrides, raw=raw)
+        if cfg.features.kind != "kaldi_fbank":  # other front-ends are computed from the audio every time
+            print(f"feature store: nothing to store for features.kind {cfg.features.kind}", file=sys.stderr)
+            return 0
         fbank = Fbank(fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0))
         for data_dir in args.data:
             write_store(data_dir, fbank)

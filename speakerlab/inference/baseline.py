@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.scoring.score import evaluate

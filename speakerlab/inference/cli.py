@@ -6,11 +6,12 @@
         --calibration data/dev/trials --calibration-embeddings exp/campplus/embeddings/dev.npz
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --checkpoint exp/campplus
     speakerlab-embed data/test/wav.scp exp/emb/test.ark --3dspeaker campplus --weights w.pt   # + .scp, .npz
+    speakerlab-embed data/test/wav.scp exp/emb/test.npz --redimnet2 b6-vox2-lm.pt     # a ReDimNet2 release
 
-Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, or a
-3D-Speaker state dict with its published features) and read audio with `speakerlab.dataio.resample.read_for_model`:
-any sample rate (resampled in torch to the model's), multi-channel files as their first channel (with a
-warning on stderr naming the file).
+Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, a
+3D-Speaker state dict with its published features, or a ReDimNet2 release with its own log-mel front-end) and
+read audio with `speakerlab.dataio.resample.read_for_model`: any sample rate (resampled in torch to the model's),
+multi-channel files as their first channel (with a warning on stderr naming the file).
 
 `speakerlab-verify` prints three lines on stdout:
     score 0.734512                          the cosine of the two embeddings
@@ -46,7 +47,6 @@ from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.dataio.resample import read_for_model
-from speakerlab.features.fbank import num_frames
 from speakerlab.inference.embedder import (
     Embedder,
     NonFiniteEmbedding,
@@ -61,7 +61,8 @@ DEFAULT_THRESHOLD = 0.5
 # padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
 MIN_FRAMES = 10
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
-BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError)
+# ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it).
+BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError, ImportError)
 
 
 class UsageError(ValueError):
@@ -73,17 +74,17 @@ def warn_stderr(msg: str) -> None:
 
 
 def read_wave(embedder: Embedder, path: str, where: str = "") -> np.ndarray:
-    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES fbank frames is an error.
+    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES feature frames is an error.
     `where` prefixes messages (a wav.scp line)."""
     warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
     try:
         wave = read_for_model(path, embedder.sample_rate, warn)
     except AudioError as e:
         raise AudioError(f"{where}{e}") from None
-    frames = num_frames(len(wave), embedder.spec.fbank)
+    frames = embedder.num_frames(len(wave))
     if frames < MIN_FRAMES:
         raise AudioError(
-            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} fbank "
+            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} feature "
             f"frame(s), need {MIN_FRAMES}"
         )
     return wave

@@ -1,8 +1,9 @@
-"""The one inference path: a checkpoint (ours, or a 3D-Speaker state dict) -> an `Embedder`, a model
-in eval mode together with the feature front-end it was trained with.
+"""The one inference path: a checkpoint (ours, a 3D-Speaker state dict or a ReDimNet2 release) -> an
+`Embedder`, a model in eval mode together with the feature front-end it was trained with.
 
     embedder = load_embedder("exp/campplus")                      # an exp dir: its latest checkpoint
     embedder = load_embedder(threedspeaker="campplus", weights="campplus_cn_en_common.pt")
+    embedder = load_embedder(redimnet2="b6-vox2-lm.pt")           # a ReDimNet2 release, its own log-mel
     emb = embedder.embed_waves([embedder.read("a.wav"), embedder.read("b.wav")])   # (2, D)
 
 Extraction, inference, export, the no-training baseline and training-time validation all embed
@@ -15,7 +16,7 @@ import argparse
 import pickle
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -24,7 +25,8 @@ import torch.nn as nn
 from speakerlab.checkpoint import load_given, rebuild_model
 from speakerlab.dataio.resample import read_for_model
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import Fbank, FbankConfig, FeatureSpec, compute_features, mean_normalize, num_frames
+from speakerlab.features.fbank import FbankConfig
+from speakerlab.features.spec import FeatureSpec, build_features
 
 # The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
 # 25/10 ms povey frames, no dither, per-utterance mean normalisation.
@@ -48,7 +50,8 @@ def check_finite(names: Sequence[str], emb: np.ndarray) -> None:
 
 
 class Embedder:
-    """`(B, samples)` waves at `sample_rate` -> `(B, D)` embeddings: fbank, mean normalisation, model.
+    """`(B, samples)` waves at `sample_rate` -> `(B, D)` embeddings: the front-end of `spec`
+    (speakerlab.features.spec), then the model.
 
     The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
     `name` says where it came from, for logs.
@@ -58,12 +61,16 @@ class Embedder:
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.spec = spec
-        self.fbank = Fbank(spec.fbank).to(self.device)
+        self.features = build_features(spec).to(self.device)
         self.name = name
 
     @property
     def sample_rate(self) -> int:
         return self.spec.sample_rate
+
+    def num_frames(self, num_samples: int) -> int:
+        """Frames of model input for `num_samples` samples."""
+        return self.features.num_frames(num_samples)
 
     def read(self, path: str) -> np.ndarray:
         """A whole file at this embedder's sample rate: `(samples,)` float32. Other rates are resampled
@@ -73,18 +80,17 @@ class Embedder:
     @torch.no_grad()
     def __call__(self, waves: torch.Tensor) -> torch.Tensor:
         """`(B, samples)` float waves -> `(B, D)` float32 embeddings, on this embedder's device."""
-        feats = compute_features(self.fbank, waves.to(self.device, torch.float32), self.spec.mean_norm)
-        return self.model(feats).float()
+        return self.model(self.features(waves.to(self.device, torch.float32))).float()
 
     def embed_waves(self, waves: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
         """Whole waves of any lengths -> `(N, D)` float32, in input order.
 
-        Waves of equal frame count share a batch; with `pad_ratio` r > 0 waves up to r x longer than
-        the shortest do too, the shorter ones repeated to the batch length (faster, slightly
-        different from exact whole-utterance embeddings)."""
-        frames = [num_frames(len(w), self.spec.fbank) for w in waves]
+        Waves of equal batch length (the front-end's: fbank frames, or samples) share a batch; with
+        `pad_ratio` r > 0 waves up to r x longer than the shortest do too, the shorter ones repeated to
+        the batch length (faster, slightly different from exact whole-utterance embeddings)."""
+        lengths = [self.features.batch_length(len(w)) for w in waves]
         out: List[Optional[np.ndarray]] = [None] * len(waves)
-        for batch in length_batches(frames, max_batch, pad_ratio):
+        for batch in length_batches(lengths, max_batch, pad_ratio):
             n = max(len(waves[i]) for i in batch)
             # Repeat (not zero-pad) shorter members: padding with silence would shift the statistics.
             rows = np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
@@ -95,10 +101,11 @@ class Embedder:
 
     @torch.no_grad()
     def embed_fbank(self, feats: torch.Tensor) -> torch.Tensor:
-        """`(B, frames, F)` stored fbank (the offline feature store: no mean normalisation) -> `(B, D)`
-        float32 embeddings: mean normalisation per this embedder's spec, then the model."""
-        x = feats.to(self.device, torch.float32)
-        return self.model(mean_normalize(x) if self.spec.mean_norm else x).float()
+        """`(B, frames, F)` stored fbank (the offline feature store: no mean normalisation; kaldi_fbank
+        front-ends only) -> `(B, D)` float32 embeddings: normalisation per this embedder's spec, then the model."""
+        if self.spec.kind != "kaldi_fbank":
+            raise ValueError(f"stored Kaldi fbank cannot feed a model of front-end {self.spec.kind}")
+        return self.model(self.features.normalize(feats.to(self.device, torch.float32))).float()
 
 
 def length_batches(
@@ -122,11 +129,32 @@ def length_batches(
     return batches
 
 
+def load_redimnet2_release(path: Union[str, Path]) -> Tuple[nn.Module, FeatureSpec]:
+    """A released ReDimNet2 file (`{"model_config": ..., "state_dict": ...}`, PalabraAI/redimnet2) -> (eval-mode
+    model `(B, T, n_mels) -> (B, D)`, its redimnet_mel front-end). Read with `weights_only=True`; a file
+    that is not one is a ValueError naming it."""
+    from speakerlab.features.redimnet import release_mel_config
+    from speakerlab.models import load_redimnet2
+
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+        raise ValueError(f"{path}: cannot read as a ReDimNet2 release: {e}") from None
+    if not isinstance(raw, dict) or not {"model_config", "state_dict"} <= set(raw):
+        raise ValueError(f"{path}: not a ReDimNet2 release (a dict with model_config and state_dict)")
+    try:
+        spec = FeatureSpec(release_mel_config(raw["model_config"]), mean_norm=True)
+        return load_redimnet2(raw["model_config"], raw["state_dict"]), spec
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 def load_embedder(
     checkpoint: Optional[Union[str, Path]] = None,
     *,
     threedspeaker: Optional[str] = None,
     weights: Optional[Union[str, Path]] = None,
+    redimnet2: Optional[Union[str, Path]] = None,
     device: Union[str, torch.device] = "auto",
 ) -> Embedder:
     """An eval-mode `Embedder` from one of:
@@ -135,13 +163,17 @@ def load_embedder(
       newer one reported on stderr). The model and its features come from the checkpoint alone.
     - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME, with
       the features those models were published with (`THREEDSPEAKER_FEATURES`).
+    - `redimnet2=FILE`: a released ReDimNet2 file, with its own front-end (`load_redimnet2_release`).
     """
     dev = resolve_device(device) if isinstance(device, str) else device
-    if (checkpoint is None) == (threedspeaker is None):
-        raise ValueError("give exactly one of a checkpoint or a 3D-Speaker model name (with weights)")
+    if sum(x is not None for x in (checkpoint, threedspeaker, redimnet2)) != 1:
+        raise ValueError("give exactly one of a checkpoint, a 3D-Speaker model name (with weights) or a ReDimNet2 file")
     if checkpoint is not None:
         path, ckpt = load_given(checkpoint, warn=lambda m: print(m, file=sys.stderr))
         return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}")
+    if redimnet2 is not None:
+        model, spec = load_redimnet2_release(redimnet2)
+        return Embedder(model, spec, dev, f"ReDimNet2 release {redimnet2}")
     if weights is None:
         raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")
     from speakerlab.models import load_3dspeaker
@@ -151,8 +183,8 @@ def load_embedder(
 
 
 def add_source_args(ap: argparse.ArgumentParser) -> None:
-    """The options every inference command takes to name its model: `--checkpoint` or `--3dspeaker NAME
-    --weights FILE`, and `--device`."""
+    """The options every inference command takes to name its model: `--checkpoint`, `--3dspeaker NAME
+    --weights FILE` or `--redimnet2 FILE`, and `--device`."""
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a speakerlab checkpoint file, or an exp dir (its latest checkpoint)")
     src.add_argument(
@@ -161,19 +193,26 @@ def add_source_args(ap: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="registered model name of a 3D-Speaker state dict given by --weights (e.g. campplus)",
     )
+    src.add_argument(
+        "--redimnet2",
+        metavar="FILE",
+        help="a released ReDimNet2 file ({model_config, state_dict}, e.g. b6-vox2-lm.pt), with its own front-end",
+    )
     ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
     ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")
 
 
 def embedder_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
-    """`load_embedder` from the options of `add_source_args`; a 3D-Speaker file that does not load is a
-    ValueError naming it."""
+    """`load_embedder` from the options of `add_source_args`; a 3D-Speaker or ReDimNet2 file that does not
+    load is a ValueError naming it."""
     if args.threedspeaker and not args.weights:
         ap.error("--3dspeaker needs --weights")
     if args.weights and not args.threedspeaker:
         ap.error("--weights goes with --3dspeaker NAME")
     if args.checkpoint is not None:
         return load_embedder(args.checkpoint, device=args.device)
+    if args.redimnet2 is not None:
+        return load_embedder(redimnet2=args.redimnet2, device=args.device)
     try:
         return load_embedder(threedspeaker=args.threedspeaker, weights=args.weights, device=args.device)
     except (RuntimeError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as e:

@@ -4,9 +4,10 @@
     speakerlab-export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript \
         --out m.pt
 
-Both formats take fbank features `(B, T, 80)` (input name `feats`) and return embeddings `(B, D)`
-(output name `embedding`); feature extraction stays outside, as in every deployment runtime that
-has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
+Both formats take the features of the model's front-end `(B, T, F)` (input name `feats`; Kaldi fbank,
+or the ReDimNet2 log-mel, as the checkpoint's feature spec says and the export line prints) and return
+embeddings `(B, D)` (output name `embedding`); feature extraction stays outside, as in every
+deployment runtime that has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
 input lengths.
 """
 
@@ -101,6 +102,7 @@ def check_export(
 
 def main(argv=None) -> int:
     from speakerlab.checkpoint import CheckpointError
+    from speakerlab.features.spec import FEATURE_KINDS
     from speakerlab.inference.embedder import add_source_args, embedder_from_args
 
     ap = argparse.ArgumentParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
@@ -111,8 +113,13 @@ def main(argv=None) -> int:
     args.device = "cpu"  # exported graphs are traced on the CPU
     try:
         embedder = embedder_from_args(ap, args)
-    except (CheckpointError, ValueError) as e:
+    except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if embedder.spec.kind not in FEATURE_KINDS:
+        print(
+            f"error: export takes models over (B, T, F) features, this one takes {embedder.spec.kind}", file=sys.stderr
+        )
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim
     if args.format == "onnx":
@@ -128,8 +135,8 @@ def main(argv=None) -> int:
     (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
     err = check_export(model, args.out, args.format, feat_dim=feat_dim)
     print(
-        f"export: {args.out} ({args.format}, {feat_dim} bins of {embedder.spec.fbank.sample_rate} Hz fbank, "
-        f"mean norm {'on' if embedder.spec.mean_norm else 'off'}); max |diff| vs PyTorch at 2 lengths: {err:.2e}",
+        f"export: {args.out} ({args.format}; input: {embedder.spec.describe()}); "
+        f"max |diff| vs PyTorch at 2 lengths: {err:.2e}",
         file=sys.stderr,
     )
     return 0

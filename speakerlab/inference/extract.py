@@ -2,19 +2,22 @@
 
     speakerlab-extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
         --out exp/mini/embeddings/test.npz
+    speakerlab-extract --redimnet2 b6-vox2-lm.pt --data data/vox1 --out vox1.npz   # a release
     torchrun --nproc_per_node=4 --no-python speakerlab-extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
 
-The checkpoint (or an exp dir: its newest intact checkpoint) brings its own model and features
-(speakerlab.inference.embedder). Loader workers read the units while the model runs: audio segments, or frame
-ranges of the offline feature store (below). Utterances longer than `--max-seconds` are cut into equal
-chunks of at most that length (in frames, from the store) whose embeddings are averaged; the rest are
-embedded whole. Units (utterances or chunks) are sorted by length and batched when their frame counts
-are equal (with `--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter repeated to the
-batch length), at most `--batch-size` units and `--batch-seconds` of padded audio a batch (default 30 s
-on the CPU, where a batch's activations are host memory, 240 s on a GPU). Memory stays bounded whatever
-the size of the data dir: a process holds one shard of units at a time (`--shard-units`), batches are
-bounded in audio, not only in count (with many utterances of one length, a count bound alone lets the
-batches, and the peak, grow with the data), and the output grows only by D floats per utterance.
+The checkpoint (or an exp dir: its newest intact checkpoint; or any other model source of
+speakerlab.inference.embedder.add_source_args) brings its own model and front-end
+(speakerlab.inference.embedder). Loader workers read the units while the model runs: audio segments, or
+frame ranges of the offline feature store (below). Utterances longer than `--max-seconds` are cut into
+equal chunks of at most that length (in frames, from the store) whose embeddings are averaged; the rest
+are embedded whole. Units (utterances or chunks) are sorted by length and batched when their batch
+lengths are equal (fbank frames, or samples for front-ends that normalise the whole wave; with
+`--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter repeated to the batch length), at
+most `--batch-size` units and `--batch-seconds` of padded audio a batch (default 30 s on the CPU, where a
+batch's activations are host memory, 240 s on a GPU). Memory stays bounded whatever the size of the data
+dir: a process holds one shard of units at a time (`--shard-units`), batches are bounded in audio, not
+only in count (with many utterances of one length, a count bound alone lets the batches, and the peak,
+grow with the data), and the output grows only by D floats per utterance.
 
 Shards are written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the
 checkpoint, the data and the settings are the same; otherwise the parts are discarded). Under
@@ -24,10 +27,11 @@ utterance order, into OUT and removes the parts: only rank 0 writes OUT, on both
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
 read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
 z["embeddings"]))`). `--kaldi` also writes `<OUT without .npz>.ark/.scp` (Kaldi float vectors,
-kaldiio). When the data dir has an offline feature store (python -m speakerlab.features.store) with the
-checkpoint's fbank options, fbank is read from it instead of computed from the audio (`--feats yes|no`
-forces the choice), as units of the same streaming extractor (chunks, shards, parts, resumption, ranks);
-utterance lengths then come from utt2num_samples (or the audio headers), as on the audio path.
+kaldiio). When the data dir has an offline feature store (speakerlab-feature-store) with the checkpoint's
+fbank options (a kaldi_fbank front-end), fbank is read from it instead of computed from the audio
+(`--feats yes|no` forces the choice), as units of the same streaming extractor (chunks, shards, parts,
+resumption, ranks); utterance lengths then come from utt2num_samples (or the audio headers), as on the
+audio path.
 """
 
 from __future__ import annotations
@@ -51,7 +55,14 @@ from speakerlab.dataio.audio import AudioError, audio_info, read_segment
 from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 from speakerlab.features.fbank import num_frames
-from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
+from speakerlab.inference.embedder import (
+    Embedder,
+    NonFiniteEmbedding,
+    add_source_args,
+    check_finite,
+    embedder_from_args,
+    length_batches,
+)
 
 # --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
 # model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
@@ -177,21 +188,24 @@ class StreamingExtractor:
         self.embedder, self.data, self.out, self.store = embedder, data, Path(out), store
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        rate, fbank = embedder.sample_rate, embedder.spec.fbank
+        rate = embedder.sample_rate
         if batch_seconds is None:
             batch_seconds = default_batch_seconds(embedder.device)
         samples = utterance_lengths(data, rate)
         max_samples = int(max_seconds * rate)
         if store is None:
             self.utt, self.start, self.length = plan_units(samples, max_samples)
-            # Batched by frame count: units of equal frames embed exactly as they would alone.
-            frames = [num_frames(int(n), fbank) for n in self.length]
+            # Batched by the front-end's batch length (fbank frames, or samples): units of equal batch
+            # length embed exactly as they would alone.
+            lengths = [embedder.features.batch_length(int(n)) for n in self.length]
+            max_total = embedder.features.batch_length(int(batch_seconds * rate))
         else:
+            fbank = embedder.spec.fbank
             max_frames = num_frames(max_samples, fbank) if max_samples > 0 else 0
             self.utt, self.start, self.length = plan_units([num_frames(n, fbank) for n in samples], max_frames)
-            frames = self.length.tolist()
-        step = fbank.frame_shift_ms / 1000
-        batches = length_batches(frames, batch_size, pad_ratio, int(batch_seconds / step))
+            lengths = self.length.tolist()
+            max_total = int(batch_seconds / (fbank.frame_shift_ms / 1000))
+        batches = length_batches(lengths, batch_size, pad_ratio, max_total)
         # Deal the length-sorted batches round-robin into shards: every shard has short and long units.
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
@@ -320,10 +334,9 @@ def _sources(data: DataDir, store) -> List[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
+    add_source_args(ap)
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")
-    ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=32, help="units per batch at most")
     ap.add_argument(
         "--batch-seconds",
@@ -355,12 +368,11 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = args.device
-    if world > 1 and device in ("auto", "cuda") and torch.cuda.is_available():
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if world > 1 and args.device in ("auto", "cuda") and torch.cuda.is_available():
+        args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     t0 = time.time()
     try:
-        embedder = load_embedder(args.checkpoint, device=device)
+        embedder = embedder_from_args(ap, args)
         if args.pad_ratio is None:
             args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0
         store = None
@@ -369,12 +381,17 @@ def main(argv=None) -> int:
         elif args.feats == "yes":
             from speakerlab.features.store import FeatureStore
 
+            if embedder.spec.kind != "kaldi_fbank":
+                raise ValueError(
+                    f"--feats yes: the feature store holds Kaldi fbank, the model takes {embedder.spec.kind}"
+                )
+
             store = FeatureStore(args.data, embedder.spec.fbank)
         result = _stream(embedder, args, rank, world, store)
         if result is None:  # not rank 0: its shards are done, rank 0 writes OUT
             return 0
         ids, emb = result
-    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError) as e:
+    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_embeddings(args.out, ids, emb, args.kaldi)
@@ -394,6 +411,9 @@ def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], No
     from speakerlab.features.store import FeatureStore
 
     say = log or (lambda m: None)
+    if embedder.spec.kind != "kaldi_fbank":
+        say(f"extract: not using the feature store of {data_dir}: it holds Kaldi fbank, not {embedder.spec.kind}")
+        return None
     try:
         store = FeatureStore(data_dir, embedder.spec.fbank)
     except (ValueError, ListError) as e:

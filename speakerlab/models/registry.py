@@ -7,17 +7,20 @@
 
     build_model("campplus", embedding_size=192)
 
-Every model maps fbank features `(B, T, F)` to embeddings `(B, D)`.
+Every model of `list_models()` maps fbank features `(B, T, F)` to embeddings `(B, D)` and builds from its
+defaults. Models on a self-supervised encoder (`register_ssl`, `list_ssl_models()`) need its directory or
+config among their arguments and take the input of their encoder's front-end (speakerlab.models.ssl).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch.nn as nn
 
 _BUILDERS: Dict[str, Callable[..., nn.Module]] = {}
+_SSL: Set[str] = set()
 
 
 def register(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
@@ -50,18 +53,31 @@ def register_variant(
     register(builder)
 
 
+def register_ssl(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """`register` for a model on a self-supervised encoder (listed by `list_ssl_models`, not `list_models`)."""
+    register(builder)
+    _SSL.add(builder.__name__)
+    return builder
+
+
 def list_models() -> list:
-    """Sorted names of every registered model."""
-    return sorted(_BUILDERS)
+    """Sorted names of the registered fbank models (each builds from its defaults)."""
+    return sorted(set(_BUILDERS) - _SSL)
+
+
+def list_ssl_models() -> list:
+    """Sorted names of the registered models on a self-supervised encoder."""
+    return sorted(_SSL)
 
 
 def build_model(name: str, **kwargs) -> nn.Module:
     """Build a registered model by name; unknown names or arguments raise a ValueError naming them.
 
-    The returned module maps `(B, T, feat_dim)` fbank to `(B, embedding_size)` embeddings.
+    The returned module maps `(B, T, feat_dim)` fbank (an SSL model: its front-end's input) to
+    `(B, embedding_size)` embeddings.
     """
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; registered: {', '.join(list_models())}")
+        raise ValueError(f"unknown model {name!r}; registered: {', '.join(sorted(_BUILDERS))}")
     builder = _BUILDERS[name]
     params = inspect.signature(builder).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -75,7 +91,7 @@ def model_args_problems(name: str, args: Dict[str, object], prefix: str = "model
     """What is wrong with building model `name` from `args`, one line per problem naming
     `<prefix>.<key>` (an empty list when it would build): unknown names, missing required arguments."""
     if name not in _BUILDERS:
-        return [f"'model.name': unknown model {name!r}; registered: {', '.join(list_models())}"]
+        return [f"'model.name': unknown model {name!r}; registered: {', '.join(sorted(_BUILDERS))}"]
     params = inspect.signature(_BUILDERS[name]).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -105,14 +105,14 @@ class MemoryProbe:
     """`probe(batch) -> bool`: does a training step of `batch` crops fit in `margin` x the usable memory?
 
     One forward+backward of a deep copy of `net` (the trained net keeps its BatchNorm statistics and
-    weights; its own autocast is the configured precision) on random features of the training crop
-    shape `(batch, frames, feat_dim)`, inside `torch.random.fork_rng` (the run's random streams do not
+    weights; its own autocast is the configured precision) on random model inputs of the training crop
+    shape `(batch, *input_shape)`, inside `torch.random.fork_rng` (the run's random streams do not
     move). Every allocation failure (torch.OutOfMemoryError, cuBLAS/cuDNN ALLOC_FAILED) means "does not
     fit"; any other error propagates. `notes` keeps one line per try for the log."""
 
-    def __init__(self, net: torch.nn.Module, frames: int, feat_dim: int, num_speakers: int, device, margin, memory):
+    def __init__(self, net: torch.nn.Module, input_shape: Sequence[int], num_speakers: int, device, margin, memory):
         self.net = copy.deepcopy(net).train()
-        self.shape, self.num_speakers, self.device = (frames, feat_dim), num_speakers, device
+        self.shape, self.num_speakers, self.device = tuple(input_shape), num_speakers, device
         self.memory = memory
         self.budget = margin * memory.usable()
         self.notes: List[str] = []

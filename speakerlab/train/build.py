@@ -22,7 +22,8 @@ from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.dataio.speed import speed_speaker_names
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import Fbank, fbank_config, num_frames
+from speakerlab.features.fbank import fbank_config
+from speakerlab.features.spec import build_features, feature_spec, input_problem
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.train import distributed as dist_utils
@@ -31,6 +32,7 @@ from speakerlab.train.distributed import DistInfo
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
+from speakerlab.train.optim import check_encoder_settings, parameter_groups
 from speakerlab.train.precision import Precision, resolve_precision
 from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
@@ -114,13 +116,13 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     return open_augmenter(a, cfg.data.sample_rate, log)
 
 
-def build_frontend(cfg: Config, fbank: Fbank, num_speakers: int) -> Frontend:
-    """Loader batch -> (features, labels) on fbank's device: speed, reverb, noise, fbank, mean norm."""
+def build_frontend(cfg: Config, features: nn.Module, num_speakers: int) -> Frontend:
+    """Loader batch -> (features, labels) on the device of `features` (`make_features`): speed, reverb,
+    noise, then the front-end."""
     a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
     return Frontend(
-        fbank,
+        features,
         crop,
-        cfg.features.mean_norm,
         a.speed_factors if a.speed_prob > 0 else (),
         num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None,
     )
@@ -145,15 +147,30 @@ def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: i
     )
 
 
-def make_fbank(cfg: Config, device: torch.device) -> Fbank:
-    """The training front-end: fbank of `cfg.features` at `cfg.data.sample_rate`, with its dither."""
-    return Fbank(fbank_config(cfg.features, cfg.data.sample_rate)).to(device)
+def make_features(cfg: Config, device: torch.device) -> nn.Module:
+    """The training front-end: wave `(B, samples)` -> model input, of `cfg.features` at `cfg.data.sample_rate`
+    with its dither (the checkpoint stores the same spec without dither)."""
+    return build_features(feature_spec(cfg.features, cfg.data.sample_rate, dither=None)).to(device)
+
+
+def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
+    """The model input of one random wave of `seconds` (default: the training crop), `(1, ...)` on the CPU;
+    drawn from its own generator, so the run's random streams are untouched."""
+    n = int(round((seconds or cfg.data.crop_seconds) * cfg.data.sample_rate))
+    wave = 0.1 * torch.randn(1, n, generator=torch.Generator().manual_seed(0))
+    spec = feature_spec(cfg.features, cfg.data.sample_rate)
+    with torch.no_grad():
+        return build_features(spec)(wave)
 
 
 def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     model = build_model(cfg.model.name, **cfg.model.args)
+    problem = input_problem(model, cfg.features.kind, cfg.features.mean_norm)
+    if problem:
+        raise ConfigError(f"config key {problem} (model {cfg.model.name})")
+    check_encoder_settings(model, cfg.optim, cfg.train, cfg.model.name)
     with torch.no_grad():
-        dim = model.eval()(torch.zeros(1, 200, cfg.features.num_mel_bins)).shape[-1]
+        dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
     if cfg.loss.name == "sphereface2":
         classifier = SphereFace2(
@@ -169,18 +186,15 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     return SpeakerNet(model, classifier, autocast)
 
 
-def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
-    # No weight decay on norms and biases: decaying BN scales toward 0 only fights the normalisation.
-    decay, no_decay = [], []
-    for p in net.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
+def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
+    """The optimizer of `cfg.optim` over the groups of speakerlab.train.optim (weight decay, LR scale)."""
     o = cfg.optim
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = parameter_groups(net.model, net.classifier, o)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[o.name]
     # On CUDA the fused kernels update every parameter in one launch (torch picks the slower foreach path
     # by default); on the CPU the default is kept.
-    fused = {"fused": True} if all(p.is_cuda for p in decay + no_decay) and supports_fused(cls) else {}
+    params = [p for g in groups for p in g["params"]]
+    fused = {"fused": True} if all(p.is_cuda for p in params) and supports_fused(cls) else {}
     if o.name == "sgd":
         return cls(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, **fused)
     return cls(groups, lr=o.lr, **fused)
@@ -289,7 +303,7 @@ class Run:
     raw: SpeakerNet  # the SpeakerNet itself
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, fbank
+    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, front-end
     loader: torch.utils.data.DataLoader
     sampler: Union[GlobalBatchSampler, ShardStream]  # set_epoch(epoch, start_step), steps_per_epoch
     plan: BatchPlan
@@ -305,6 +319,14 @@ class Run:
     @property
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch
+
+
+def wrap_ddp(net: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """`net` under DistributedDataParallel when the run is distributed. DDP takes the parameters that require
+    gradients when it is built: freezing or releasing an encoder wraps the net again."""
+    if not info.enabled:
+        return net
+    return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def build_run(cfg: Config, exp_dir: Path) -> Run:
@@ -326,13 +348,11 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
             f"{len(speakers)} classes{' (sped-up copies are new speakers)' if new else ''}"
         )
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
-    fbank = make_fbank(cfg, device)
-    frontend = build_frontend(cfg, fbank, len(data.speakers))
-    crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
+    frontend = build_frontend(cfg, make_features(cfg, device), len(data.speakers))
     probe = None
     if device.type == "cuda" and cfg.hardware.per_device_batch == "auto":
-        args = (crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
-        probe = MemoryProbe(net, *args, CudaMemory(device))
+        crop_shape = tuple(example_input(cfg).shape[1:])  # one training crop's model input
+        probe = MemoryProbe(net, crop_shape, len(speakers), device, cfg.hardware.memory_margin, CudaMemory(device))
     plan = choose_plan(cfg, info, device, probe, monitor.log)
     del probe  # its copy of the net
     hw = cfg.hardware
@@ -348,11 +368,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         ranks_on_node,
         monitor.log,
     )
-    ddp = (
-        nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-        if info.enabled
-        else net
-    )
+    ddp = wrap_ddp(net, info, device)
 
     def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
         flag = torch.tensor([float(bad)], device=device)

@@ -1,6 +1,6 @@
 """The training step's front end, batched on the training device: loader batch -> (features, labels).
 
-    frontend = Frontend(fbank, crop_samples, mean_norm=True, speed_factors=[0.9, 1.1], num_speakers=S)
+    frontend = Frontend(features, crop_samples, speed_factors=[0.9, 1.1], num_speakers=S)
     feats, labels = frontend(batch)    # batch: `speakerlab.dataio.batches.collate` output, on the host or device
 
 The loader workers only read int16 audio and draw (speakerlab.dataio.batches, speakerlab.dataio.augment); here,
@@ -10,7 +10,8 @@ training and the tests):
   speed      items grouped by factor, polyphase resampling (speakerlab.dataio.speed), cut to the crop
   reverb     FFT convolution with each item's RIR, aligned on its direct path, input power kept
   additive   segments at equal level, summed per item (babble), scaled to the drawn SNR, added
-  features   Kaldi fbank (speakerlab.features.fbank), per-utterance mean normalisation
+  features   the front-end module of the run's FeatureSpec (speakerlab.features.spec.build_features):
+             Kaldi fbank and per-utterance mean normalisation, or the ReDimNet2 log-mel
 
 The arithmetic is float32 (the float64 per-sample reference, `speakerlab.dataio.augment.reference_wave`,
 agrees to ~1e-5 of full scale). Labels: with speed perturbation as new speakers, speaker index +
@@ -26,7 +27,6 @@ from torch import Tensor
 
 from speakerlab.dataio.augment import INT16_SCALE
 from speakerlab.dataio.speed import SpeedPerturb, by_rows, speed_labels
-from speakerlab.features.fbank import Fbank, mean_normalize
 
 CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.dataio.speed.by_rows); a GPU takes the batch at once
 
@@ -73,27 +73,30 @@ def add_noise_batch(x: Tensor, noise: Tensor, owner: Tensor, snr_db: Tensor) -> 
 class Frontend(torch.nn.Module):
     """`forward(batch) -> (feats (B, T, F) float32, labels (B,) int64)`, see the module docstring.
 
+    `features`: wave `(B, samples)` -> model input, from `speakerlab.features.spec.build_features` (with
+    the training dither); a feature-store batch only goes through its `normalize`.
     `speed_factors`: the factors the dataset draws from (its classes, `speakerlab.dataio.speed.factor_classes`);
     `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded).
     `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch)."""
 
     def __init__(
         self,
-        fbank: Fbank,
+        features: torch.nn.Module,
         crop_samples: int,
-        mean_norm: bool = True,
         speed_factors: Sequence[float] = (),
         num_speakers: Optional[int] = None,
         cpu_rows: Optional[int] = CPU_ROWS,
     ):
         super().__init__()
-        self.fbank, self.crop, self.mean_norm = fbank, int(crop_samples), bool(mean_norm)
+        self.features, self.crop = features, int(crop_samples)
+        # Where this module lives (the front-end of every kind has buffers, but need not).
+        self.register_buffer("anchor", torch.zeros(0), persistent=False)
         self.speed = SpeedPerturb(speed_factors)
         self.num_speakers, self.cpu_rows = num_speakers, cpu_rows
 
     @property
     def device(self) -> torch.device:
-        return self.fbank.window.device
+        return self.anchor.device
 
     def to_device(self, batch: Dict[str, object]) -> Dict[str, object]:
         """The batch's tensors on this module's device (non-blocking from pinned memory)."""
@@ -116,10 +119,9 @@ class Frontend(torch.nn.Module):
     def forward(self, batch: Dict[str, object]) -> Tuple[Tensor, Tensor]:
         labels = batch["label"].to(self.device, non_blocking=True)
         if "feats" in batch:  # a feature-store batch (speakerlab.features.store): only the normalisation
-            feats = batch["feats"].to(self.device, non_blocking=True)
-            return (mean_normalize(feats) if self.mean_norm else feats), labels
+            return self.features.normalize(batch["feats"].to(self.device, non_blocking=True)), labels
         x = self.waves(batch)
         if self.num_speakers is not None:
             labels = speed_labels(labels, batch["speed"].to(self.device, non_blocking=True), self.num_speakers)
-        feats = by_rows(self.fbank, self.cpu_rows if self.device.type == "cpu" else None, x)  # fp32, no autocast
-        return (mean_normalize(feats) if self.mean_norm else feats), labels
+        feats = by_rows(self.features, self.cpu_rows if self.device.type == "cpu" else None, x)  # fp32, no autocast
+        return feats, labels

@@ -24,12 +24,13 @@ from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.lists import ListError
-from speakerlab.features.fbank import feature_spec
+from speakerlab.features.spec import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
-from speakerlab.train.build import Run, build_run, load_train_config
+from speakerlab.train.build import Run, build_run, load_train_config, wrap_ddp
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
+from speakerlab.train.optim import encoder_frozen_at, set_encoder_frozen
 from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
 from speakerlab.train.stability import TrainingStopped, batch_culprits
@@ -51,7 +52,8 @@ class StepResult:
 
 
 def set_schedules(run: Run) -> tuple:
-    """LR and margin of the current global step (functions of the step alone: hardware-independent)."""
+    """LR, margin and encoder freeze of the current global step (functions of the step alone:
+    hardware-independent). Each optimizer group gets the LR x its `lr_scale` (speakerlab.train.optim)."""
     o, loss = run.cfg.optim, run.cfg.loss
     total = run.cfg.train.epochs * run.steps_per_epoch
     lr = lr_at(run.state.step, total, int(o.warmup_epochs * run.steps_per_epoch), o.lr, o.min_lr)
@@ -59,8 +61,10 @@ def set_schedules(run: Run) -> tuple:
         run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch, loss.margin_warmup_epochs
     )
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
+    if set_encoder_frozen(run.raw.model, encoder_frozen_at(run.state.step, run.cfg.train.freeze_encoder_steps)):
+        run.net = wrap_ddp(run.raw, run.info, run.device)  # DDP registers the parameters that train now
     return lr, margin
 
 
@@ -285,7 +289,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_train_config(args.config, args.overrides, args.hardware)
         run = build_run(cfg, Path(args.exp_dir))
-    except (ListError, ConfigError, ValueError) as e:
+    except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()
         return 2

@@ -3,6 +3,8 @@ fine-tuning from another run). The file schema itself is speakerlab.checkpoint's
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from speakerlab.checkpoint import (
@@ -11,10 +13,11 @@ from speakerlab.checkpoint import (
     load_checkpoint,
     load_latest,
     prune_checkpoints,
+    rebuild_model,
     run_checkpoints,
     save_checkpoint,
 )
-from speakerlab.features.fbank import feature_spec
+from speakerlab.features.spec import feature_spec
 from speakerlab.train.build import Run
 
 
@@ -29,10 +32,13 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
         rng_cpu=torch.get_rng_state(),
         rng_cuda=torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
     )
+    model = run.raw.model
+    # A model whose arguments name files (an SSL encoder's pretrained directory) says how to rebuild it alone.
+    args = model.standalone_args() if hasattr(model, "standalone_args") else dict(cfg.model.args)
     return Checkpoint(
         model_name=cfg.model.name,
-        model_args=dict(cfg.model.args),
-        model=run.raw.model.state_dict(),
+        model_args=args,
+        model=model.state_dict(),
         features=feature_spec(cfg.features, cfg.data.sample_rate),
         speakers=list(run.speakers),
         classifier=run.raw.classifier.state_dict(),
@@ -75,8 +81,14 @@ def _load_weights(run: Run, ckpt: Checkpoint, path, hint: str) -> None:
 
 
 def init_from(run: Run, path: str) -> None:
-    """Fine-tuning start: model and classifier weights of another run (same model, same speakers)."""
+    """Fine-tuning start: model and classifier weights of another run (same model, same speakers). From a
+    model with LoRA into one without (the joint stage after a LoRA stage) the adapters are merged first."""
     ckpt = load_checkpoint(path, map_location=run.device)
+    if ckpt.model_args.get("lora") and not run.cfg.model.args.get("lora"):
+        source = rebuild_model(ckpt)
+        source.merge_lora()
+        ckpt = dataclasses.replace(ckpt, model=source.state_dict())
+        run.monitor.log(f"{path}: LoRA adapters merged into the encoder weights")
     _load_weights(run, ckpt, path, "train.init_from needs a training checkpoint of the same model and speakers")
     run.monitor.log(f"initialised from {path} (epoch {ckpt.epoch}, step {ckpt.step})")
 
@@ -102,6 +114,9 @@ SCHEDULE_KEYS = (
     "optim.lr",
     "optim.min_lr",
     "optim.warmup_epochs",
+    "optim.encoder_lr_scale",
+    "optim.layer_decay",
+    "train.freeze_encoder_steps",
     "loss.scale",
     "loss.margin",
     "loss.margin_start_epoch",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from speakerlab.features.fbank import FeatureSpec
+from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir, fitting_store
 from speakerlab.scoring.score import evaluate
@@ -14,7 +14,7 @@ from speakerlab.scoring.score import evaluate
 
 def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, device: torch.device) -> float:
     """EER (fraction) of `model` with the inference front-end `spec` on `<val_dir>/trials`, through the
-    same path as extraction (from `<val_dir>/feats.scp` when that store holds the same fbank); the model
+    same path as extraction (from `<val_dir>/feats.scp` when that store holds the same Kaldi fbank); the model
     is put back in the mode it was in."""
     was_training = model.training
     model.eval()
