@@ -24,6 +24,7 @@ from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.embedder import NonFiniteEmbedding
 from speakerlab.engine import distributed as dist_utils
+from speakerlab.engine.init import apply_freeze
 from speakerlab.engine.lock import ExpDirLock, ExpDirLocked
 from speakerlab.engine.monitor import Meter
 from speakerlab.engine.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
@@ -58,8 +59,9 @@ def set_schedules(run: Run) -> tuple:
         run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch, loss.margin_warmup_epochs
     )
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
+    apply_freeze(run)
     return lr, margin
 
 

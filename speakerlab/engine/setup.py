@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from speakerlab.devices import resolve_device
 from speakerlab.engine import distributed as dist_utils
 from speakerlab.engine.batch_plan import BatchPlan, find_max_batch, plan_batches
 from speakerlab.engine.distributed import DistInfo
+from speakerlab.engine.init import resolve_model
 from speakerlab.engine.monitor import Monitor
 from speakerlab.engine.precision import Precision, resolve_precision
 from speakerlab.engine.stability import NonFiniteGuard
@@ -36,9 +37,12 @@ from speakerlab.speed import speed_speaker_names
 
 
 def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
-    """The training config: `load_config` plus the model arguments checked against the registered
-    builder's signature, so a typo in `model.args` stops here, naming the key, before any work."""
+    """The training config: `load_config`, the model section taken from `train.init` when it is set, and the
+    model arguments checked against the registered builder's signature, so a typo in `model.args` stops
+    here, naming the key, before any work."""
     cfg = load_config(list(paths), list(overrides), hardware=hardware)
+    if cfg.train.init:
+        resolve_model(cfg)  # the model section from the pretrained model; a conflicting key is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
     if problems:
         raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
@@ -167,14 +171,25 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     return SpeakerNet(model, classifier, autocast)
 
 
-def build_optimizer(cfg: Config, net: nn.Module) -> torch.optim.Optimizer:
-    # No weight decay on norms and biases: decaying BN scales toward 0 only fights the normalisation.
-    decay, no_decay = [], []
-    for p in net.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
+def param_groups(parts: Sequence[Tuple[Sequence[nn.Parameter], float]], weight_decay: float) -> List[dict]:
+    """Optimizer groups of `parts`, each (parameters, LR scale): every part split into matrices (decayed)
+    and norms and biases (no weight decay: decaying BN scales toward 0 only fights the normalisation).
+    Parts of equal scale share groups, so with every scale 1 there are the two groups runs always had (and
+    their optimizer states stay loadable). Each group's `lr_scale` multiplies the scheduled LR."""
+    groups: List[dict] = []
+    for scale in dict.fromkeys(s for _, s in parts):  # distinct scales, in order
+        params = [p for ps, s in parts if s == scale for p in ps if p.requires_grad]
+        groups.append({"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay, "lr_scale": scale})
+        groups.append({"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, "lr_scale": scale})
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
+    """The optimizer of `optim`: the embedding model's parameters at `optim.backbone_lr_scale` x the
+    scheduled LR, the classifier's at the LR itself."""
     o = cfg.optim
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    parts = [(list(net.model.parameters()), o.backbone_lr_scale), (list(net.classifier.parameters()), 1.0)]
+    groups = param_groups(parts, o.weight_decay)
     if o.name == "adam":
         return torch.optim.Adam(groups, lr=o.lr)
     if o.name == "adamw":
@@ -305,6 +320,7 @@ class Run:
     speakers: List[str]  # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
+    frozen: List[nn.Parameter] = field(default_factory=list)  # parameters train.freeze_epochs holds fixed now
 
     @property
     def ckpt_dir(self) -> Path:
@@ -353,11 +369,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         ranks_on_node,
         monitor.log,
     )
-    ddp = (
-        nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-        if info.enabled
-        else net
-    )
+    ddp = dist_utils.wrap_ddp(net, info, device)
 
     def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
         flag = torch.tensor([float(bad)], device=device)
