@@ -4,6 +4,7 @@
     python -m speakerlab.datasets.threedspeaker download | extract | prepare
     python -m speakerlab.datasets.cnceleb      download | extract | prepare
     python -m speakerlab.datasets.musan_rirs   download | extract | prepare
+    python -m speakerlab.datasets.folder --root DIR | --csv FILE --data OUT    (one's own recordings)
 
 `download` fetches (or, with `--archive-dir`, only verifies) the published archives, `extract`
 unpacks them under `--raw-dir`, `prepare` writes Kaldi data dirs (`wav.scp` with absolute paths,
