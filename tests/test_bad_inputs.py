@@ -509,7 +509,7 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
         (["--http_proxy", "x"], "unknown option --http_proxy"),
     ],
 )
-@pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb"])
+@pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb", "custom"])
 def test_recipe_option_errors(recipe, args, message, tmp_path):
     r = subprocess.run(
         ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
@@ -520,3 +520,27 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 1 and message in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--init", "x"], "error: stage 1 needs --root DIR (one folder per speaker) or --csv FILE"),
+        (["--root", "a", "--csv", "b"], "error: give one of --root and --csv"),
+        (["--stage", "3", "--3dspeaker", "campplus"], "error: --3dspeaker campplus needs --weights FILE"),
+        (["--stage", "3", "--weights", "w.bin"], "error: --weights goes with --3dspeaker NAME"),
+        (
+            ["--stage", "3", "--init", "x", "--3dspeaker=campplus", "--weights", "w.bin"],
+            "error: give one pretrained model: --init or --3dspeaker NAME --weights FILE",
+        ),
+    ],
+)
+def test_custom_recipe_source_errors(args, message, tmp_path):
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / "custom" / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and message in r.stderr and r.stdout == ""

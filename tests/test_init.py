@@ -3,6 +3,9 @@ the source, the weights loaded, a new classifier (or the rows of matching speake
 first epochs, a lower LR for it; from our checkpoints, 3D-Speaker state dicts and ReDimNet2 release files."""
 
 import json
+import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -16,11 +19,11 @@ from speakerlab.engine.init import read_source
 from speakerlab.engine.resume import resume
 from speakerlab.engine.setup import build_optimizer, build_run, load_train_config, param_groups
 from speakerlab.train import main as train_main
-from tests.helpers import make_data_dir
+from tests.helpers import assert_no_traceback, make_data_dir
 from tests.test_compat import fill_state_dict
 from tests.test_compat import load_fixture as compat_fixture
 from tests.test_redimnet2 import load_fixture as redimnet_fixture
-from tests.test_train import losses, tiny_config
+from tests.test_train import ROOT, losses, tiny_config
 
 RUN = {
     "loss": {"margin": 0.2, "margin_start_epoch": 0, "margin_warmup_epochs": 1},
@@ -284,3 +287,23 @@ def test_cnc2_release_maps_to_agg_gnorm(tmp_path):
     src = read_source(str(path))
     assert src.model_name == "redimnet2_b3" and src.model_args["agg_gnorm"] is True
     np.testing.assert_equal(src.model_args["out_channels"], 224)
+
+
+@pytest.mark.slow
+def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
+    """Two processes: DDP reduces the classifier alone while the trunk is frozen, and the trunk once it thaws
+    (the wrapper is rebuilt then); the frozen epoch leaves the trunk as it was."""
+    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze_epochs": 1})
+    exp = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531", "-m"]
+    cmd += ["speakerlab.train", "--config", config, "--exp-dir", str(exp)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (exp / "train.log").read_text()
+    assert_no_traceback(r.stdout, r.stderr, log)
+    assert "training done: 2 epochs, 4 steps" in log and "embedding model trains from step 2" in log
+    source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt").model
+    e1, e2 = (load_checkpoint(exp / "checkpoints" / f"epoch_00{n}.pt").model for n in (1, 2))
+    assert all(torch.equal(e1[k], v) for k, v in source.items())
+    assert sum(not torch.equal(e2[k], v) for k, v in source.items() if v.is_floating_point()) > len(source) // 2

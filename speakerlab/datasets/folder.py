@@ -324,20 +324,7 @@ def prepare(
             report.append(f"{it.path}: {r.problem}")
         elif r.note:
             report.append(f"{it.path}: {r.note}")
-    usable: Dict[str, List[int]] = defaultdict(list)
-    for i, r in enumerate(results):
-        if not r.problem:
-            usable[items[i].speaker].append(i)
-    dropped = {s: v for s, v in usable.items() if len(v) < min_utts}
-    for spk in sorted(set(spk_ids) - set(usable)):
-        log(f"speaker {spk!r}: no usable file; left out")
-    for spk, idx in sorted(dropped.items()):
-        log(f"speaker {spk!r}: {len(idx)} usable file(s), fewer than --min-utts {min_utts}; left out")
-        report.extend(
-            f"{items[i].path}: left out: speaker with too few files ({spk!r}: {len(idx)} < --min-utts {min_utts})"
-            for i in idx
-        )
-    kept = [i for s, idx in usable.items() if s not in dropped for i in idx]
+    kept = _enough_per_speaker(items, results, set(spk_ids), min_utts, report)
     _remove_stale(audio, {results[i].use for i in kept})
     how = Counter(results[i].how for i in kept)
     left = sum(": left out: " in line for line in report)
@@ -351,7 +338,10 @@ def prepare(
     for i in kept:
         by_spk[spk_ids[items[i].speaker]].append(i)
     train_spk, test_spk = split_speakers(sorted(by_spk), test_speakers, seed)
-    sessions = {utt_ids[i]: items[i].session for i in kept} if sessions_given else None
+    sessions = None
+    if sessions_given:  # list-safe session ids, as for speakers
+        session_ids = safe_ids({s: s or "none" for s in {items[i].session for i in kept}}, _UTT_BAD)
+        sessions = {utt_ids[i]: session_ids[items[i].session] for i in kept}
     for name, speakers in (("train", train_spk), ("test", test_spk)):
         idx = [i for s in speakers for i in by_spk[s]]
         d = out / name
@@ -360,7 +350,7 @@ def prepare(
         )
         write_table(d / "utt2num_samples", sorted((utt_ids[i], results[i].samples) for i in idx))
         if sessions is not None:
-            write_table(d / "utt2sess", sorted((utt_ids[i], sessions[utt_ids[i]] or "-") for i in idx))
+            write_table(d / "utt2sess", sorted((utt_ids[i], sessions[utt_ids[i]]) for i in idx))
     spk2utt = {s: sorted(utt_ids[i] for i in by_spk[s]) for s in test_spk}
     rows, note = make_trials(spk2utt, sessions, trials, seed)
     if note:
@@ -369,6 +359,26 @@ def prepare(
     n_target = sum(t for _, _, t in rows)
     log(f"{out / 'test' / 'trials'}: {len(rows)} trials ({n_target} target{', cross-session' if sessions else ''})")
     _write_sources(out / "sources.csv", items, utt_ids, kept, set(i for s in test_spk for i in by_spk[s]))
+
+
+def _enough_per_speaker(items, results, speakers: set, min_utts: int, report: List[str]) -> List[int]:
+    """Indices of the usable files of speakers with at least `min_utts` of them; the others' files get
+    report lines, and every speaker left out is said."""
+    usable: Dict[str, List[int]] = defaultdict(list)
+    for i, r in enumerate(results):
+        if not r.problem:
+            usable[items[i].speaker].append(i)
+    for spk in sorted(speakers - set(usable)):
+        log(f"speaker {spk!r}: no usable file; left out")
+    kept = []
+    for spk, idx in sorted(usable.items()):
+        if len(idx) >= min_utts:
+            kept += idx
+            continue
+        log(f"speaker {spk!r}: {len(idx)} usable file(s), fewer than --min-utts {min_utts}; left out")
+        why = f"left out: speaker with too few files ({spk!r}: {len(idx)} < --min-utts {min_utts})"
+        report.extend(f"{items[i].path}: {why}" for i in idx)
+    return kept
 
 
 def _write_lines(path: Path, lines: Sequence[str]) -> None:

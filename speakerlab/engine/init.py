@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
@@ -45,9 +45,6 @@ from speakerlab.models import build_model, list_models, model_args_problems
 from speakerlab.models.compat import unwrap_state_dict
 from speakerlab.models.redimnet2 import RELEASES, redimnet2_kwargs
 from speakerlab.models.registry import builder_defaults
-
-if TYPE_CHECKING:
-    from speakerlab.engine.setup import Run
 
 
 @dataclass
@@ -89,11 +86,17 @@ def read_source(init: str, threedspeaker: Optional[str] = None) -> InitSource:
                 f"config key 'train.init_3dspeaker' ({threedspeaker}): {found} is a speakerlab checkpoint, "
                 "not a 3D-Speaker state dict; leave train.init_3dspeaker out"
             )
-        loss = (ckpt.config.get("loss") or {}).get("name", "aam")
         return InitSource(
-            found, "speakerlab", ckpt.model_name, ckpt.model_args, ckpt.model, ckpt.features, ckpt.speakers,
-            ckpt.classifier, loss,
-        )  # fmt: skip
+            path=found,
+            kind="speakerlab",
+            model_name=ckpt.model_name,
+            model_args=ckpt.model_args,
+            weights=ckpt.model,
+            features=ckpt.features,
+            speakers=ckpt.speakers,
+            classifier=ckpt.classifier,
+            loss=(ckpt.config.get("loss") or {}).get("name", "aam"),
+        )
     if isinstance(raw, Mapping) and "model_config" in raw and "state_dict" in raw:
         return _redimnet2(path, raw)
     if threedspeaker:
@@ -126,7 +129,9 @@ def _redimnet2(path: Path, raw: Mapping) -> InitSource:
             raise _init_error(f"{path}: ReDimNet2 {key}={kwargs[key]!r}; the registered sizes take only {only!r}")
     args = {k: kwargs[k] for k in ("feat_dim", "embedding_size", "out_channels", "return_2d_output", "agg_gnorm")}
     weights = {k: v for k, v in raw["state_dict"].items() if not k.startswith("spec.")}  # the front-end's buffers
-    return InitSource(path, "redimnet2", f"redimnet2_{size}", args, weights, None)
+    return InitSource(
+        path=path, kind="redimnet2", model_name=f"redimnet2_{size}", model_args=args, weights=weights, features=None
+    )
 
 
 def _threedspeaker(path: Path, raw: Any, name: str) -> InitSource:
@@ -139,7 +144,9 @@ def _threedspeaker(path: Path, raw: Any, name: str) -> InitSource:
     state = dict(unwrap_state_dict(raw))
     mats = [v for v in state.values() if isinstance(v, torch.Tensor) and v.ndim >= 2]
     args = {"embedding_size": int(mats[-1].shape[0])} if mats and "embedding_size" in builder_defaults(name) else {}
-    return InitSource(path, "3dspeaker", name, args, state, THREEDSPEAKER_FEATURES)
+    return InitSource(
+        path=path, kind="3dspeaker", model_name=name, model_args=args, weights=state, features=THREEDSPEAKER_FEATURES
+    )
 
 
 def resolve_model(cfg: Config) -> InitSource:
@@ -209,8 +216,9 @@ def _check_fits(src: InitSource, name: str, args: Dict[str, Any]) -> None:
         raise _init_error(f"the weights of {src.path} do not fit model {name} with args {args}{hint}: {shown}")
 
 
-def initialise(run: Run) -> None:
-    """A fresh run's starting weights from `train.init` (see the module docstring)."""
+def initialise(run) -> None:
+    """A fresh run's starting weights from `train.init` (see the module docstring). `run`: the
+    speakerlab.engine.setup.Run (not imported: setup imports this module to resolve the config)."""
     cfg = run.cfg
     src = read_source(cfg.train.init, cfg.train.init_3dspeaker)
     run.raw.model.load_state_dict(src.weights)
@@ -240,7 +248,7 @@ def initialise(run: Run) -> None:
         save_checkpoint(run.exp_dir / "pretrained.pt", ckpt)
 
 
-def apply_freeze(run: Run) -> None:
+def apply_freeze(run) -> None:
     """Freeze the embedding model during the first `train.freeze_epochs` epochs (a function of the step, so a
     resumed run freezes alike); it is thawed, and DDP re-wrapped, when the step leaves them."""
     frozen = run.state.step < run.cfg.train.freeze_epochs * run.steps_per_epoch
