@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fine-tuning on one's own data, measured: the egs/mini model (pretrained on 400 synthetic speakers, wide-band)
 # fine-tuned with egs/custom on other synthetic speakers (another seed) recorded over a telephone channel and
-# kept as a folder tree (python -m speakerlab.synth.tree: nested folders, FLAC and WAV, 8/16/44.1 kHz, a stereo
+# kept as a folder tree (speakerlab-synth-tree: nested folders, FLAC and WAV, 8/16/44.1 kHz, a stereo
 # file), against the same model without fine-tuning and the same CAM++ trained from scratch for the same steps.
 #   bash bench/custom_finetune.sh [WORK_DIR] [-- egs/custom/run.sh options...]
 # Prints the three EERs on the held-out speakers' trials, the stage times and the command. The egs/mini model is
@@ -24,10 +24,10 @@ if [ ! -f "$mini/checkpoints/epoch_010.pt" ]; then
   stamp "egs/mini stages 1-3 (the pretrained model)"
 fi
 if [ ! -d "$work/tree" ]; then
-  python -m speakerlab.synth --out "$work/corpus" --seed 999 --num-train-speakers "$speakers" \
+  speakerlab-synth --out "$work/corpus" --seed 999 --num-train-speakers "$speakers" \
     --num-val-speakers 2 --num-test-speakers 2 --utts-per-speaker "$utts" --eval-utts-per-speaker 2 --min-dur 2 \
     --max-dur 4 --eval-min-dur 2 --eval-max-dur 4 --jobs 2 2> "$work/synth.log"
-  python -m speakerlab.synth.tree --corpus "$work/corpus" --out "$work/tree"
+  speakerlab-synth-tree --corpus "$work/corpus" --out "$work/tree"
   stamp "custom speakers: synthetic voices (seed 999) as a telephone folder tree"
 fi
 custom=(--root "$work/tree" --data "$work/data" --jobs 2 --prepare_opts "--test-speakers 40" "$@")

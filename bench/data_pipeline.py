@@ -6,9 +6,9 @@
     crop (crop x factor) and the noise crop and the RIR file from disk, scipy.signal.resample_poly,
     scipy.signal.fftconvolve with the RIR (direct-path aligned, power kept), mixing at the SNR, Kaldi
     fbank + mean normalisation of the one sample.
-(b) ours: the loader worker reads the int16 crop and draws (speakerlab.batches.CropDataset +
+(b) ours: the loader worker reads the int16 crop and draws (speakerlab.dataio.batches.CropDataset +
     collate, noise and RIR audio sliced from the memory-mapped bank); the batched arithmetic
-    (speakerlab.augment_batch.Frontend: speed, RIR convolution, mixing, fbank) runs on the training
+    (speakerlab.train.frontend.Frontend: speed, RIR convolution, mixing, fbank) runs on the training
     device, here timed on this machine's CPU with a batch of `--batch`.
 Worker-side figures run with one torch thread, as in a DataLoader worker. Every figure is the best
 of `--repeats` (the machine is shared: the best run is the least disturbed one). The inputs (speech,
@@ -34,12 +34,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speakerlab.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
-from speakerlab.augment_batch import Frontend  # noqa: E402
-from speakerlab.batches import CropDataset, collate  # noqa: E402
-from speakerlab.features import Fbank, mean_normalize  # noqa: E402
-from speakerlab.noise_bank import NoiseBank, build_bank  # noqa: E402
-from speakerlab.speed import input_length, resample_ratio  # noqa: E402
+from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
+from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
+from speakerlab.dataio.noise_bank import NoiseBank, build_bank  # noqa: E402
+from speakerlab.dataio.speed import input_length, resample_ratio  # noqa: E402
+from speakerlab.features.fbank import Fbank, mean_normalize  # noqa: E402
+from speakerlab.train.frontend import Frontend  # noqa: E402
 
 SR, CROP = 16000, 3 * 16000
 FACTORS = (0.9, 1.1)  # every sample is sped up (the worst case of speed_prob 1)
@@ -149,9 +149,10 @@ def wait_fraction(utts, aug, args, device: torch.device) -> str:
     wait = total = 0.0
     t_ready = t0 = time.perf_counter()
     for step, batch in enumerate(loader):
-        if step == 3:  # warm-up steps (cuDNN autotuning, worker start) are not counted
-            wait, t0 = 0.0, time.perf_counter()
-        wait += time.perf_counter() - t_ready
+        fetched = time.perf_counter()
+        if step == 3:  # warm-up steps (cuDNN autotuning, worker start) are not counted; the clock starts
+            wait, t0 = 0.0, t_ready  # where step 2 ended, so this step's fetch counts in wait and in total
+        wait += fetched - t_ready
         feats, labels = frontend(batch)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = torch.nn.functional.cross_entropy(head(model(feats)).float(), labels % 8)

@@ -12,13 +12,13 @@ heldout="${HELDOUT:-/tmp/speakerlab_heldout}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # Seed 777 (the recipe uses 1234): other voices; test utterances of 4-8 s as in the recipe.
-python -m speakerlab.synth --out "$heldout" --seed 777 --num-train-speakers 2 --utts-per-speaker 2 \
+speakerlab-synth --out "$heldout" --seed 777 --num-train-speakers 2 --utts-per-speaker 2 \
   --num-val-speakers 2 --num-test-speakers 150 --jobs 2 2> "$work/synth.log" || { cat "$work/synth.log" >&2; exit 1; }
 echo "command: bash bench/heldout_eer.sh $*  (held-out set $heldout/test: seed 777, 150 speakers)"
 for model in "$@"; do
-  python -m speakerlab.extract --checkpoint "$model" --data "$heldout/test" --out "$work/emb.npz" 2> "$work/log" \
+  speakerlab-extract --checkpoint "$model" --data "$heldout/test" --out "$work/emb.npz" 2> "$work/log" \
     || { cat "$work/log" >&2; exit 1; }
-  eer=$(python -m speakerlab.score --embeddings "$work/emb.npz" --trials "$heldout/test/trials" --out "$work/s" \
+  eer=$(speakerlab-score --embeddings "$work/emb.npz" --trials "$heldout/test/trials" --out "$work/s" \
     2>&1 | grep -o 'EER [0-9.]*%' | head -n 1)
   echo "  $model: $(wc -l < "$heldout/test/trials") trials, $eer"
 done

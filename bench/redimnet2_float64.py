@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import models as bm  # noqa: E402  (bench/models.py: reference import machinery; puts the root on sys.path)
 
-from tests.test_compat import calibrate, fill_state_dict, make_input  # noqa: E402
+from tests.fixture_models import calibrate, fill_state_dict, make_input  # noqa: E402
 
 OUT = bm.REDIMNET2_FIXTURES / "official_float64.json"
 SIZES = sorted(p.stem for p in bm.REDIMNET2_FIXTURES.glob("b*.json"))

@@ -6,8 +6,8 @@
 Generates random embeddings (speakers of `--utts-per-speaker` utterances: a speaker centre plus noise) and
 a random trial list without repeated pairs (`--target-fraction` same-speaker pairs) in a temporary
 directory, then times, in a fresh child process each run (so its peak RSS is the scoring's own), the wall
-and CPU seconds of: loading the .npz, parsing the list (`speakerlab.trials`), cosine scoring
-(`speakerlab.score.Scorer`) and EER + minDCF at p_target 0.01 and 0.05 (`speakerlab.metrics`). `--write`
+and CPU seconds of: loading the .npz, parsing the list (`speakerlab.dataio.trials`), cosine scoring
+(`speakerlab.scoring.score.Scorer`) and EER + minDCF at p_target 0.01 and 0.05 (`speakerlab.scoring.metrics`). `--write`
 also times writing the scores file (not part of the total). The last line reads
 `N trials over M embeddings: T s, peak RSS R MB` with the best wall time of the runs and the largest peak RSS.
 """
@@ -76,8 +76,8 @@ def generate(root: Path, n_trials: int, n_emb: int, dim: int, per_spk: int, targ
 
 def measure(root: Path, write: bool) -> dict:
     """One timed run (in this process): load, parse, score, metrics; wall and CPU seconds of each."""
-    from speakerlab.metrics import verification_metrics
-    from speakerlab.score import Scorer, read_embeddings
+    from speakerlab.scoring.metrics import verification_metrics
+    from speakerlab.scoring.score import Scorer, read_embeddings
 
     wall, cpu, got = {}, {}, {}
 
@@ -95,7 +95,7 @@ def measure(root: Path, write: bool) -> dict:
     stage("metrics", lambda: verification_metrics(got["score"], tl.target, (0.01, 0.05)))
     wall["total"], cpu["total"] = sum(wall.values()), sum(cpu.values())
     if write:
-        from speakerlab.score_report import write_scores
+        from speakerlab.scoring.report import write_scores
 
         stage("write_scores", lambda: write_scores(root / "out.scores", tl, got["score"]))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig, FeatureSpec
 from speakerlab.models import build_model
 
 SCHEMA = 2
@@ -50,7 +50,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or not one of ours; the message names the file."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ResumeState:
     """What only resuming a run needs, beyond the weights."""
 
@@ -66,7 +66,7 @@ class ResumeState:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Checkpoint:
     """One checkpoint in memory; `save_checkpoint` / `load_checkpoint` convert to and from the file."""
 
@@ -113,17 +113,17 @@ class Checkpoint:
                 raise CheckpointError(f"{where}: checkpoint schema {schema} is newer than this speakerlab ({SCHEMA})")
             resume = raw.get("resume")
             return cls(
-                raw["model_name"],
-                dict(raw["model_args"]),
-                raw["model"],
-                FeatureSpec.from_dict(raw["features"]),
-                list(raw.get("speakers", [])),
-                raw.get("classifier"),
-                int(raw.get("step", 0)),
-                int(raw.get("epoch", 0)),
-                None if resume is None else ResumeState(**resume),
-                raw.get("config") or {},
-                list(raw.get("averaged_from", [])),
+                model_name=raw["model_name"],
+                model_args=dict(raw["model_args"]),
+                model=raw["model"],
+                features=FeatureSpec.from_dict(raw["features"]),
+                speakers=list(raw.get("speakers", [])),
+                classifier=raw.get("classifier"),
+                step=int(raw.get("step", 0)),
+                epoch=int(raw.get("epoch", 0)),
+                resume=None if resume is None else ResumeState(**resume),
+                config=raw.get("config") or {},
+                averaged_from=list(raw.get("averaged_from", [])),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed checkpoint (schema {schema}): {e!r}") from None
@@ -144,25 +144,25 @@ def _from_schema1(raw: Dict[str, Any]) -> Checkpoint:
     resume = None
     if "optimizer" in raw:
         resume = ResumeState(
-            raw["optimizer"],
-            raw.get("scaler", {}),
-            int(raw.get("step_in_epoch", 0)),
-            int(raw.get("skipped_steps", 0)),
-            raw.get("rng_cpu"),
-            list(raw.get("rng_cuda", [])),
+            optimizer=raw["optimizer"],
+            scaler=raw.get("scaler", {}),
+            step_in_epoch=int(raw.get("step_in_epoch", 0)),
+            skipped_steps=int(raw.get("skipped_steps", 0)),
+            rng_cpu=raw.get("rng_cpu"),
+            rng_cuda=list(raw.get("rng_cuda", [])),
         )
     return Checkpoint(
-        raw["model_name"],
-        dict(raw["model_args"]),
-        raw["model"],
-        FeatureSpec(fbank, bool(f.get("mean_norm", True))),
-        list(raw.get("speakers", [])),
-        raw.get("classifier"),
-        int(raw.get("step", 0)),
-        int(raw.get("epoch", 0)),
-        resume,
-        config,
-        list(raw.get("averaged_from", [])),
+        model_name=raw["model_name"],
+        model_args=dict(raw["model_args"]),
+        model=raw["model"],
+        features=FeatureSpec(fbank, bool(f.get("mean_norm", True))),
+        speakers=list(raw.get("speakers", [])),
+        classifier=raw.get("classifier"),
+        step=int(raw.get("step", 0)),
+        epoch=int(raw.get("epoch", 0)),
+        resume=resume,
+        config=config,
+        averaged_from=list(raw.get("averaged_from", [])),
     )
 
 
@@ -323,8 +323,21 @@ def rebuild_model(ckpt: Checkpoint) -> nn.Module:
     return model.eval()
 
 
+def _mean_state(states: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """Element-wise mean (in float64, stored in each tensor's dtype) of the floating-point tensors of
+    state dicts with the same keys; other tensors (BatchNorm's counters) are the last one's."""
+    last = states[-1]
+    return {
+        k: sum(s[k].double() for s in states).div(len(states)).to(v.dtype) if v.is_floating_point() else v
+        for k, v in last.items()
+    }
+
+
 def average_checkpoints(paths: List[PathLike]) -> Checkpoint:
-    """A checkpoint whose model weights are the mean of `paths`' (float tensors; others from the last).
+    """A checkpoint whose model and classifier weights are the means of `paths`' (float tensors; others from
+    the last). The classifier is averaged with the embedding network it scores, so a fine-tuning run
+    started from the average (stage 7) begins from a consistent pair; it is dropped (None) when a
+    checkpoint lacks it or the speaker lists differ.
 
     Resume state is dropped: the result is for extraction or fine-tuning (`train.init`).
     """
@@ -335,10 +348,12 @@ def average_checkpoints(paths: List[PathLike]) -> Checkpoint:
     if len(names) != 1:
         raise ValueError(f"cannot average checkpoints of different models: {sorted(names)}")
     last = ckpts[-1]
-    avg = {}
-    for key, value in last.model.items():
-        if value.is_floating_point():
-            avg[key] = sum(c.model[key].double() for c in ckpts).div(len(ckpts)).to(value.dtype)
-        else:
-            avg[key] = value
-    return dataclasses.replace(last, model=avg, resume=None, averaged_from=[str(p) for p in paths])
+    same_classes = all(c.classifier is not None and c.speakers == last.speakers for c in ckpts)
+    classifier = _mean_state([c.classifier for c in ckpts]) if same_classes else None
+    return dataclasses.replace(
+        last,
+        model=_mean_state([c.model for c in ckpts]),
+        classifier=classifier,
+        resume=None,
+        averaged_from=[str(p) for p in paths],
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -20,7 +21,7 @@ import yaml
 from speakerlab.settings import ConfigError, build_settings, setting
 
 # The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
-# WeSpeaker's), in dB; speakerlab.augment implements them.
+# WeSpeaker's), in dB; speakerlab.dataio.augment implements them.
 AUGMENT_KINDS = ("reverb", "noise", "music", "babble")
 DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
 DEFAULT_BABBLE_SPEAKERS = (3, 7)
@@ -46,7 +47,7 @@ def _kinds(v) -> Optional[str]:
 
 
 def _speed_factors(v) -> Optional[str]:
-    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.speed).
+    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.dataio.speed).
     for f in v:
         if not f > 0:
             return f"must all be > 0, got {v}"
@@ -54,6 +55,20 @@ def _speed_factors(v) -> Optional[str]:
         if abs(float(ratio) - 1 / f) > 1e-9 / f:
             return f"must be ratios of integers <= 100 (like 0.9 or 1.1), got {f}"
     return None if v else "must not be empty"
+
+
+# torch.compile's modes (hardware.compile); speakerlab.train.speedups applies them.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _compile(v) -> Optional[str]:
+    if isinstance(v, bool) or v == "auto" or v in COMPILE_MODES:
+        return None
+    return f"must be false, true, auto or a torch.compile mode ({', '.join(COMPILE_MODES)}), got {v!r}"
+
+
+def _auto_or_bool(v) -> Optional[str]:
+    return None if isinstance(v, bool) or v == "auto" else f"must be auto, true or false, got {v!r}"
 
 
 def _batch(v) -> Optional[str]:
@@ -71,13 +86,13 @@ class DataSettings:
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated
     check_audio: bool = False  # re-read every header at start even with utt2num_samples
-    feats: bool = False  # train from <train>/feats.scp (speakerlab.feature_store);
+    feats: bool = False  # train from <train>/feats.scp (speakerlab.features.store);
     # no augmentation or speed perturbation then
     on_bad_audio: str = setting("skip", choices=("skip", "stop"))  # a crop that fails to read mid-training:
     # skip: the row leaves its batch, counted and named in the log; stop: the run ends (checkpoints intact)
     max_bad_audio: int = setting(100, ge=0)  # skip: stop anyway past this many failed reads (a lost mount,
     # not a few broken files)
-    shards: Optional[str] = None  # stream tar shards of data.train from this dir (python -m speakerlab.shards);
+    shards: Optional[str] = None  # stream tar shards of data.train from this dir (speakerlab-shards);
     # data.train's lists must be those the shards were written from; its audio is not read
     shuffle_buffer: int = setting(1000, ge=1)  # data.shards: samples each loader worker shuffles among
 
@@ -92,7 +107,7 @@ class AugmentSettings:
     babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
     babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
     reverb_noise_prob: float = setting(0.0, ge=0, le=1)  # chance a reverberated crop also gets an additive kind
-    bank: Optional[str] = None  # int16 noise bank (python -m speakerlab.noise_bank); null: <lists>/bank,
+    bank: Optional[str] = None  # int16 noise bank (speakerlab-noise-bank); null: <lists>/bank,
     # built at start when missing or older than the lists
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
     speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off
@@ -150,7 +165,7 @@ class TrainSettings:
     keep_checkpoints: int = setting(5, ge=1)  # epoch checkpoints kept (for averaging the last N)
     log_every_steps: int = setting(10, ge=1)
     val_every: int = setting(1, ge=1)  # epochs between validation EERs (needs data.val)
-    init: Optional[str] = None  # start from a pretrained model (speakerlab.engine.init): a checkpoint or exp dir,
+    init: Optional[str] = None  # start from a pretrained model (speakerlab.train.init): a checkpoint or exp dir,
     # a ReDimNet2 release file, or a 3D-Speaker state dict (with init_3dspeaker); ignored once the run has its own
     # checkpoint. model.name / model.args may then be left out: they are taken from it
     init_3dspeaker: Optional[str] = None  # train.init is a 3D-Speaker state dict of this registered model (campplus)
@@ -165,13 +180,23 @@ class HardwareSettings:
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     precision: str = setting("auto", choices=("auto", "bf16", "fp16", "fp32"))
     tf32: bool = True  # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
-    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto (largest of 16..128 that fits)
+    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto: the largest micro batch
+    # of the plan (<= max_per_device_batch) whose forward+backward fits in memory_margin x the card's free memory
+    max_per_device_batch: int = setting(128, ge=1)  # auto: the largest per-card batch tried
     num_workers: int = setting(2, ge=0)
     pin_memory: bool = True
     prefetch_factor: int = setting(2, ge=1)
     dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout
     watchdog_s: int = setting(300, ge=5)  # multi-process: a rank not running this long ends the job
-    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of device memory
+    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of free memory
+    # Speed switches (speakerlab.train.speedups); none changes results beyond float rounding.
+    compile: Union[bool, str] = setting(False, check=_compile)  # torch.compile the embedding model:
+    # false | true | a mode (default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs) | auto
+    # (compile on CUDA, eager on CPU; a failed compile falls back to eager, logged); a failure under true or a
+    # mode stops the run naming this key
+    channels_last: Union[bool, str] = setting("auto", check=_auto_or_bool)  # NHWC; auto: 2-D CNNs on CUDA
+    cudnn_benchmark: Union[bool, str] = setting("auto", check=_auto_or_bool)  # auto: on CUDA (crops have one
+    # length, so cuDNN's kernel search runs once)
 
 
 @dataclass
@@ -302,13 +327,15 @@ def save_config(cfg: Config, path: Union[str, Path]) -> None:
 
 
 def resolve_hardware(name_or_path: Union[str, Path]) -> Path:
-    """A hardware profile: a YAML path, or a name under <repo>/conf/hardware/."""
+    """A hardware profile: a YAML path, or a name among the shipped profiles (`conf/hardware/NAME.yaml`, which
+    the package also carries as `speakerlab/hardware/`, so an installed package resolves the names too)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
-    profile = Path(__file__).resolve().parent.parent / "conf" / "hardware" / f"{name_or_path}.yaml"
+    shipped = Path(str(resources.files("speakerlab") / "hardware"))
+    profile = shipped / f"{name_or_path}.yaml"
     if not profile.exists():
-        known = sorted(q.stem for q in profile.parent.glob("*.yaml"))
+        known = sorted(q.stem for q in shipped.glob("*.yaml"))
         raise ConfigError(f"unknown hardware profile {str(name_or_path)!r}; known: {', '.join(known)}")
     return profile
 

@@ -1,4 +1,4 @@
-"""`python tests/crash_points.py KIND N -- <speakerlab.train arguments>`: run training exactly like
+"""`python tests/crash_points.py KIND N -- <speakerlab.train.loop arguments>`: run training exactly like
 `python -m speakerlab.train`, but SIGKILL the process at the N-th event of KIND:
 
     write  half-way through writing the N-th checkpoint file (a torn temporary file is left)
@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-import speakerlab.batches
-from speakerlab.train import main
+import speakerlab.dataio.batches
+from speakerlab.train.loop import main
 
 
 def kill_at(kind: str, n: int) -> None:
@@ -40,14 +40,14 @@ def kill_at(kind: str, n: int) -> None:
 
         torch.save = save
     elif kind == "load":
-        real_item = speakerlab.batches.CropDataset.__getitem__
+        real_item = speakerlab.dataio.batches.CropDataset.__getitem__
 
         def item(self, index):
             if hit():
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_item(self, index)
 
-        speakerlab.batches.CropDataset.__getitem__ = item
+        speakerlab.dataio.batches.CropDataset.__getitem__ = item
     elif kind == "step":
         real_clip = torch.nn.utils.clip_grad_norm_
 

@@ -302,16 +302,13 @@ def synth_trials(corpus: Path, name: str) -> List[Tuple[str, str, bool]]:
 
 
 def env_ready() -> bool:
-    """egs/tools/env.sh would install packages unless this interpreter's stamp is current."""
-    stamp = Path(sys.prefix) / ".speakerlab-installed-requirements"
-    want = subprocess.run(
-        "cat requirements.txt requirements.txt pyproject.toml | cksum",
-        shell=True,
-        cwd=REPO,
+    """egs/tools/env.sh would install nothing for this interpreter: every requirement is there."""
+    r = subprocess.run(
+        [sys.executable, str(REPO / "egs" / "tools" / "missing_requirements.py"), str(REPO / "requirements.txt")],
         capture_output=True,
         text=True,
-    ).stdout.split()[0]
-    return stamp.is_file() and stamp.read_text().strip() == want
+    )
+    return r.returncode == 0 and not r.stdout.strip()
 
 
 def recipe_env(path_first: str = "", **extra: str) -> dict:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speakerlab.audio import AudioError, audio_info, read_audio, read_crop, read_crop_int16
+from speakerlab.dataio.audio import AudioError, audio_info, read_audio, read_crop, read_crop_int16
 from tests.helpers import write_wav
 
 

@@ -7,16 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.augment import INT16_SCALE, Augmenter, power, reference_wave
-from speakerlab.augment_batch import Frontend
-from speakerlab.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.config import ConfigError, load_config
-from speakerlab.engine.setup import build_frontend, build_net, class_names
-from speakerlab.features import Fbank
-from speakerlab.noise_bank import NoiseBank, build_bank
-from speakerlab.train import main as train_main
-from tests.helpers import write_wav
-from tests.test_train import losses, tiny_config
+from speakerlab.dataio.augment import INT16_SCALE, Augmenter, power, reference_wave
+from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.dataio.noise_bank import NoiseBank, build_bank
+from speakerlab.features.fbank import Fbank
+from speakerlab.train.build import build_frontend, build_net, class_names
+from speakerlab.train.frontend import Frontend
+from speakerlab.train.loop import main as train_main
+from tests.helpers import losses, tiny_config, write_wav
 
 SR = 16000
 CROP = 4000

@@ -15,17 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.average import main as average_main
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from speakerlab.cli import run_verify
-from speakerlab.extract import main as extract_main
-from speakerlab.features import FeatureSpec
+from speakerlab.dataio.noise_bank import main as bank_main
+from speakerlab.dataio.prepare import main as prepare_main
+from speakerlab.features.fbank import FeatureSpec
+from speakerlab.inference.cli import run_verify
+from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model
-from speakerlab.noise_bank import main as bank_main
-from speakerlab.prepare import main as prepare_main
-from speakerlab.train import main as train_main
-from tests.helpers import make_data_dir, write_wav
-from tests.test_train import ROOT, tiny_config
+from speakerlab.train.average import main as average_main
+from speakerlab.train.loop import main as train_main
+from tests.helpers import ROOT, make_data_dir, tiny_config, write_wav
 
 TINY = {
     "embedding_size": 16,
@@ -141,7 +140,7 @@ def test_stale_length_index_found_at_start(tmp_path, capsys):
 def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys, monkeypatch):
     """A stale length the start-up sample missed: the crop read fails mid-epoch; the error names the file,
     says what to do, and the checkpoints before it stay."""
-    import speakerlab.engine.setup as setup
+    import speakerlab.train.build as setup
 
     monkeypatch.setattr(setup, "SPOT_CHECKS", 1)  # only the first and the last utterance are checked
     cfg, train = tiny_config(tmp_path, val=False)
@@ -156,7 +155,7 @@ def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys
 def test_unreadable_utterance_skipped_counted_and_named(tmp_path, capsys, monkeypatch):
     """data.on_bad_audio skip (the default): an utterance that fails to read mid-epoch leaves its batch,
     every failed read is named and counted, and training finishes; past data.max_bad_audio it stops."""
-    import speakerlab.engine.setup as setup
+    import speakerlab.train.build as setup
 
     monkeypatch.setattr(setup, "SPOT_CHECKS", 1)
     cfg, train = tiny_config(tmp_path, val=False)
@@ -307,7 +306,7 @@ def test_failed_start_keeps_the_exp_dir_config(trained, tmp_path, capsys):
 
 def test_full_disk_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
     model = build_model("campplus", **TINY)
-    ck = Checkpoint("campplus", TINY, model.state_dict(), FeatureSpec())
+    ck = Checkpoint(model_name="campplus", model_args=TINY, model=model.state_dict(), features=FeatureSpec())
 
     def no_space(obj, f):
         f.write(b"partial")

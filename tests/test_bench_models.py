@@ -190,7 +190,7 @@ class ReDimNet2Wrap(ReDimNet2):
 
 def test_float64_reference_script_writes_the_official_embedding(tmp_path, capsys):
     """bench/redimnet2_float64.py: fill rule, strict load, float64 calibration, output layout."""
-    from tests.test_redimnet2 import calibrated_embedding
+    from tests.fixture_models import calibrated_embedding
 
     redim = write_tree(
         tmp_path / "redimnet2", {"redimnet2/__init__.py": "", "redimnet2/redimnet2.py": OURS_AS_REDIMNET2}

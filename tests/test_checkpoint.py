@@ -1,5 +1,5 @@
 """speakerlab.checkpoint: the one schema (round trip, the pre-schema files), and the inference path
-built on it (speakerlab.embedder)."""
+built on it (speakerlab.inference.embedder)."""
 
 from pathlib import Path
 
@@ -22,9 +22,9 @@ from speakerlab.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
-from speakerlab.embedder import load_embedder
-from speakerlab.extract import load_embeddings
-from speakerlab.features import FbankConfig, FeatureSpec
+from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.inference.embedder import load_embedder
+from speakerlab.inference.extract import load_embeddings
 from speakerlab.models import build_model
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"
@@ -41,7 +41,17 @@ TINY = {
 def tiny_checkpoint(step=3, epoch=1, seed=0, resume=True, **over) -> Checkpoint:
     torch.manual_seed(seed)
     model = build_model("campplus", **TINY)
-    state = ResumeState({"state": {}, "param_groups": []}, {}, 2, 1, torch.get_rng_state()) if resume else None
+    state = (
+        ResumeState(
+            optimizer={"state": {}, "param_groups": []},
+            scaler={},
+            step_in_epoch=2,
+            skipped_steps=1,
+            rng_cpu=torch.get_rng_state(),
+        )
+        if resume
+        else None
+    )
     fields = dict(
         model_name="campplus",
         model_args=dict(TINY),
@@ -190,7 +200,10 @@ def test_average_and_rebuild(tmp_path):
     a, b = load_checkpoint(paths[0]), load_checkpoint(paths[1])
     key = next(k for k, v in a.model.items() if v.is_floating_point() and v.ndim > 1)
     torch.testing.assert_close(avg.model[key], (a.model[key] + b.model[key]) / 2)
+    torch.testing.assert_close(avg.classifier["weight"], (a.classifier["weight"] + b.classifier["weight"]) / 2)
     assert avg.resume is None and avg.averaged_from == [str(p) for p in paths]
+    save_checkpoint(tmp_path / "renamed.pt", tiny_checkpoint(seed=2, speakers=["a", "c"]))
+    assert average_checkpoints([paths[0], tmp_path / "renamed.pt"]).classifier is None  # other classes
     model = rebuild_model(avg)
     assert not model.training and model(torch.randn(1, 50, 80)).shape == (1, 16)
     other = tiny_checkpoint(

@@ -2,21 +2,20 @@
 
 Each fixture in tests/data/3dspeaker_compat/ lists a released checkpoint's keys and shapes, the
 published parameter count, and the reference model's embeddings for a synthetic state dict
-(deterministic fill rule + BatchNorm calibration) and a synthetic input; see fill_state_dict,
-calibrate and make_input below.
+(deterministic fill rule + BatchNorm calibration) and a synthetic input; see tests/fixture_models.py.
 """
 
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from speakerlab.models import build_model, load_3dspeaker
+from tests.fixture_models import calibrate, fill_state_dict, make_input
+from tests.helpers import registry_params
 
 DATA = Path(__file__).parent / "data" / "3dspeaker_compat"
 ARCHITECTURES = ["campplus", "eres2net_base", "eres2net_large", "eres2netv2", "ecapa_tdnn_c1024", "resnet34"]
@@ -42,48 +41,6 @@ def builder_kwargs(fixture: dict) -> dict:
     return {ours: ref[theirs] for theirs, ours in _KWARG_NAMES.items() if theirs in ref}
 
 
-def fill_state_dict(keys_and_shapes) -> dict:
-    """The fixture README's fill rule: a deterministic state dict from names and shapes alone."""
-    state = {}
-    for name, shape in keys_and_shapes:
-        if name.endswith("num_batches_tracked"):
-            state[name] = torch.zeros(shape, dtype=torch.long)
-            continue
-        n = int(np.prod(shape)) if shape else 1
-        noise = np.random.RandomState(zlib.crc32(name.encode())).standard_normal(n).reshape(shape)
-        if name.endswith("running_var"):
-            value = np.ones(shape)
-        elif name.endswith("running_mean"):
-            value = np.zeros(shape)
-        elif len(shape) == 1:
-            value = 1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise
-        else:
-            value = noise * np.sqrt(2.0 / (n // shape[0]))
-        state[name] = torch.from_numpy(np.asarray(value, dtype=np.float64)).float()
-    return state
-
-
-def make_input(batch: int, frames: int, dims: int) -> torch.Tensor:
-    """x[b, t, f] = sin(0.01 (t+1)(f+1) + b) + 0.3 cos(0.05 t (b+1)), computed in float64."""
-    b = np.arange(batch)[:, None, None]
-    t = np.arange(frames)[None, :, None]
-    f = np.arange(dims)[None, None, :]
-    x = np.sin(0.01 * (t + 1) * (f + 1) + b) + 0.3 * np.cos(0.05 * t * (b + 1))
-    return torch.from_numpy(x).float()
-
-
-def calibrate(model: torch.nn.Module, x: torch.Tensor) -> None:
-    """Set every BatchNorm's running statistics to those of one training-mode pass over `x`."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average: after one batch, exactly that batch's stats
-    model.train()
-    with torch.no_grad():
-        model(x)
-    model.eval()
-
-
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_parameter_count(arch):
     fixture = load_fixture(arch)
@@ -100,7 +57,7 @@ def test_state_dict_layout(arch):
     assert ours == fixture["state_dict"]
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", registry_params(ARCHITECTURES, fast=("campplus", "resnet34")))
 def test_reference_embedding(arch, tmp_path):
     fixture = load_fixture(arch)
     path = tmp_path / f"{arch}.bin"

@@ -140,7 +140,7 @@ def test_every_numeric_setting_has_a_range_rule():
 
 
 def test_model_args_are_checked_against_the_builder(tmp_path):
-    from speakerlab.engine.setup import load_train_config
+    from speakerlab.train.build import load_train_config
 
     p = write(tmp_path, BASE + "model:\n  name: campplus\n  args: {embeding_size: 64}\n")
     with pytest.raises(ConfigError, match="'model.args.embeding_size': model 'campplus' has no argument") as e:
@@ -151,7 +151,7 @@ def test_model_args_are_checked_against_the_builder(tmp_path):
 
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-SHIPPED = sorted(p.name for p in CONF.glob("*.yaml"))
+SHIPPED = sorted(str(p.relative_to(CONF)) for p in CONF.rglob("*.yaml") if p.parent.name != "hardware")
 CORPORA = ("3dspeaker", "voxceleb", "cnceleb")
 _NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each distinct net is built once
 
@@ -159,9 +159,9 @@ _NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each
 def _train_config(name):
     import yaml
 
-    from speakerlab.engine.setup import load_train_config
+    from speakerlab.train.build import load_train_config
 
-    mini = str(CONF / "mini_campplus.yaml")
+    mini = str(CONF / "mini" / "campplus.yaml")
     overlay = "model" not in yaml.safe_load((CONF / name).read_text())  # fine-tuning / augmentation overlays
     paths = [mini, str(CONF / name)] if overlay else [str(CONF / name)]
     return load_train_config(paths, ["data.train=x"], None)
@@ -176,7 +176,7 @@ def test_every_shipped_config_builds_its_model_and_head(name):
 
     import torch
 
-    from speakerlab.engine.setup import build_net
+    from speakerlab.train.build import build_net
 
     cfg = _train_config(name)
     l = cfg.loss
@@ -199,10 +199,10 @@ def test_every_shipped_config_builds_its_model_and_head(name):
 
 
 def test_hardware_profiles_load_on_top_of_a_config():
-    from speakerlab.engine.setup import load_train_config
+    from speakerlab.train.build import load_train_config
 
     for p in sorted((CONF / "hardware").glob("*.yaml")):
-        cfg = load_train_config([str(CONF / "mini_campplus.yaml")], ["data.train=x"], p.stem)
+        cfg = load_train_config([str(CONF / "mini" / "campplus.yaml")], ["data.train=x"], p.stem)
         assert cfg.hardware.precision in ("auto", "bf16", "fp16", "fp32"), p.name
 
 
@@ -219,8 +219,8 @@ def _header_commands(text):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_config_header_names_the_command_that_runs_it(name):
     """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for an
-    overlay, --lm_config / --augment_config), and that recipe exists and takes that option; a <corpus>_<model> file's
-    command runs the <corpus> recipe."""
+    overlay, --lm_config / --augment_config), and that recipe exists and takes that option; a <corpus>/<model>.yaml
+    file's command runs the <corpus> recipe."""
     root = CONF.parent
     found = []
     for words in _header_commands((CONF / name).read_text()):
@@ -232,7 +232,7 @@ def test_every_config_header_names_the_command_that_runs_it(name):
         run_sh = root / script
         assert run_sh.is_file(), f"{name}: {script} does not exist"
         assert f"opt {opt[2:]} " in run_sh.read_text(), f"{name}: {script} has no {opt} option"
-    corpus = name.split("_")[0]
+    corpus = name.split("/")[0]
     if corpus in CORPORA:
         assert any(script == f"egs/{corpus}/run.sh" for script, _ in found), name
 
@@ -244,6 +244,35 @@ def test_every_registered_model_has_a_config_per_corpus():
 
     for model in list_models():
         for corpus in CORPORA:
-            p = CONF / f"{corpus}_{model}.yaml"
-            assert p.is_file(), f"missing {p.name}"
+            p = CONF / corpus / f"{model}.yaml"
+            assert p.is_file(), f"missing {p.relative_to(CONF)}"
             assert yaml.safe_load(p.read_text())["model"]["name"] == model, p.name
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_resolves_the_hardware_profiles_by_name(tmp_path):
+    """A non-editable install (no checkout next to it) still finds `--hardware h100-80g`: the profiles of
+    conf/hardware ride in the wheel as speakerlab/hardware."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    shutil.copytree(CONF.parent / "speakerlab", src / "speakerlab", symlinks=True)
+    shutil.copytree(CONF / "hardware", src / "conf" / "hardware")
+    shutil.copy(CONF.parent / "pyproject.toml", src)
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path)], check=True)
+    wheel = next(tmp_path.glob("speakerlab-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True)
+    code = "from speakerlab.config import resolve_hardware as r; p = r('h100-80g'); print(p, p.read_text())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.startswith(str(tmp_path / "site" / "speakerlab" / "hardware" / "h100-80g.yaml"))
+    assert (CONF / "hardware" / "h100-80g.yaml").read_text() in out

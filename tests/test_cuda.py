@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from speakerlab.engine.precision import resolve_precision
-from speakerlab.engine.stability import NonFiniteGuard
-from speakerlab.features import Fbank, FbankConfig
-from speakerlab.loss import AAMSoftmax
+from speakerlab.dataio.speed import Resampler, resample_ratio
+from speakerlab.features.fbank import Fbank, FbankConfig
 from speakerlab.models import build_model
+from speakerlab.train.loss import AAMSoftmax
+from speakerlab.train.precision import resolve_precision
+from speakerlab.train.stability import NonFiniteGuard
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,11 +54,16 @@ def test_fp16_grad_scaler_scale_and_the_guard_on_an_overflow():
     assert guard.total == 0 and "fp16 gradient overflow" in logs[0]  # the scaler's business, not counted
 
 
-def test_device_fbank_equals_the_cpu_fbank():
-    wave = torch.randn(3, 48000) * 0.1
+def test_device_fbank_and_resampling_equal_the_cpu_ones_with_tf32_on():
+    """hardware.tf32 on (the default) must not reach the features: TF32 would leave ~1e-3 in log-mel."""
+    resolve_precision("bf16", "cuda", tf32=True)
+    wave = torch.randn(3, 48000, generator=torch.Generator().manual_seed(0)) * 0.1
     cpu = Fbank(FbankConfig())(wave)
     gpu = Fbank(FbankConfig()).cuda()(wave.cuda()).cpu()
-    torch.testing.assert_close(gpu, cpu, rtol=0, atol=1e-3)
+    torch.testing.assert_close(gpu, cpu, rtol=0, atol=1e-4)
+    resampler = Resampler(*resample_ratio(0.9))
+    torch.testing.assert_close(resampler.cuda()(wave.cuda()).cpu(), resampler.cpu()(wave), rtol=0, atol=1e-5)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # the run's setting is back
 
 
 def test_tf32_is_set_explicitly_from_the_setting():
@@ -69,7 +75,7 @@ def test_tf32_is_set_explicitly_from_the_setting():
 
 @pytest.mark.slow
 def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
-    from tests.test_train import tiny_config
+    from tests.helpers import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=True)
     r = subprocess.run(
@@ -98,7 +104,7 @@ def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL DDP needs two GPUs (one process per device)")
 def test_nccl_two_processes(tmp_path):
-    from tests.test_train import tiny_config
+    from tests.helpers import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=False)
     r = subprocess.run(
@@ -123,3 +129,43 @@ def test_nccl_two_processes(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 device(s)" in (tmp_path / "d" / "train.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["campplus", "eres2net_base"])
+def test_a_compiled_training_step_equals_the_eager_one_on_the_card(name):
+    """Triton's compiled step against eager, in fp32 with TF32 off (bf16 would hide differences)."""
+    from tests.test_compile import compare_compiled_step
+
+    resolve_precision("fp32", "cuda", tf32=False)
+    compare_compiled_step(name, torch.device("cuda", 0))
+
+
+def test_nccl_process_group_of_world_size_one():
+    """The NCCL backend initialises and reduces on this card (a multi-GPU run's first collective)."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "torch.cuda.set_device(0)\n"
+        "dist.init_process_group('nccl', init_method='tcp://127.0.0.1:29563', rank=0, world_size=1)\n"
+        "t = torch.ones(3, device='cuda'); dist.all_reduce(t); dist.barrier()\n"
+        "assert t.tolist() == [1.0, 1.0, 1.0]; dist.destroy_process_group(); print('nccl ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "nccl ok" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_fp16_training_logs_the_loss_scale(tmp_path):
+    import json
+
+    from tests.test_train import tiny_config
+
+    cfg, _ = tiny_config(tmp_path, val=False)
+    cmd = [sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "f")]
+    cmd += ["hardware.device=cuda", "hardware.precision=fp16", "hardware.per_device_batch=4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "f" / "metrics.jsonl").read_text().splitlines()]
+    scales = [row["loss_scale"] for row in rows if "loss_scale" in row]
+    assert scales and all(s > 1.0 for s in scales)  # GradScaler's scale, not the 1.0 of bf16/fp32
+    assert "precision fp16 on cuda" in (tmp_path / "f" / "train.log").read_text()

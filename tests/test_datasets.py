@@ -14,6 +14,8 @@ from urllib.error import HTTPError
 import pytest
 import soundfile as sf
 
+from speakerlab.dataio.lists import load_data_dir, read_trials
+from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
 from speakerlab.datasets.archives import extract
 from speakerlab.datasets.common import DatasetError
@@ -27,8 +29,6 @@ from speakerlab.datasets.download import (
     fetch_archives,
     join_parts,
 )
-from speakerlab.lists import load_data_dir, read_trials
-from speakerlab.prepare import prepare as index_data_dir
 from tests.fake_corpora import (
     FAKE_FFMPEG,
     cnceleb_blobs,
@@ -364,10 +364,10 @@ def test_cnceleb_download_extract_prepare(tmp_path, monkeypatch):
     train = check_data_dir(data / "cnceleb_train")
     assert train.speakers == ["id00000", "id00001", "id10000", "id10001"]  # dev.lst + CN-Celeb2, not id00800
     assert "id00000-singing-01-001" in train.utts and all(p.endswith(".flac") for p in train.wav.values())
-    ev = check_data_dir(data / "cnceleb_eval", ["trials"])
+    ev = check_data_dir(data / "cnceleb_eval", ["trials_cnceleb1"])
     assert ev.utt2spk["id00800-enroll"] == "id00800"
     assert ev.wav["id00800-enroll"].endswith("eval/enroll/id00800-enroll.flac")
-    lines = (data / "cnceleb_eval/trials").read_text().splitlines()
+    lines = (data / "cnceleb_eval/trials_cnceleb1").read_text().splitlines()
     assert len(lines) == 6 and lines[0] == "id00800-enroll id00800-singing-01-005 target"
     assert lines[2] == "id00800-enroll id00801-vlog-01-001 nontarget"
 

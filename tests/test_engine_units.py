@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from speakerlab.config import ConfigError, load_config
-from speakerlab.engine.batch_plan import find_max_batch, plan_batches
-from speakerlab.engine.precision import resolve_precision
-from speakerlab.engine.setup import build_net, build_optimizer
-from speakerlab.loss import AAMSoftmax, SphereFace2
+from speakerlab.train.batch_plan import MemoryProbe, find_max_batch, plan_batches, probe_sizes
+from speakerlab.train.build import build_net, build_optimizer
+from speakerlab.train.loss import AAMSoftmax, SphereFace2
+from speakerlab.train.precision import resolve_precision
 
 
 def test_precision_gets_device_type_from_any_device_string():
@@ -20,7 +20,7 @@ def test_precision_gets_device_type_from_any_device_string():
 
 
 def test_precision_resolution_on_cpu(tmp_path, monkeypatch):
-    from speakerlab.engine import precision
+    from speakerlab.train import precision
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f\n")
@@ -60,7 +60,8 @@ def test_plan_uneven_split_is_a_clear_error():
 
 
 def test_auto_batch_with_fake_memory_limit():
-    """Fake card: 10 GiB usable, 1 GiB fixed + 150 MiB per sample; the search must pick 48."""
+    """Fake card: 10 GiB usable, 1 GiB fixed + 150 MiB per sample; of the plan's micro batches the search
+    must pick 32 (64 needs 10.4 GiB)."""
     gib = 2**30
     tried = []
 
@@ -68,12 +69,92 @@ def test_auto_batch_with_fake_memory_limit():
         tried.append(batch)
         return 1 * gib + batch * 150 * 2**20 <= 10 * gib
 
-    best = find_max_batch(fits)
-    assert best == 48 and tried[0] == 128
+    sizes = probe_sizes(128, upper=128)
+    best = find_max_batch(fits, sizes)
+    assert best == 32 and tried == [128, 64, 32]
     plan = plan_batches(256, 2, best)
     assert (plan.per_device, plan.accumulation) == (32, 4)
     assert plan.describe() == "global 256 = 2 device(s) x 32 x accum 4"
-    assert find_max_batch(lambda b: False) is None
+    assert find_max_batch(lambda b: False, sizes) is None
+
+
+@pytest.mark.parametrize(
+    "share,upper,want",
+    [
+        (256, 128, [128, 64, 32, 16]),
+        (256, 1024, [256, 128, 64, 32, 16]),
+        (300, 512, [300, 150, 100, 75, 60, 50, 30, 25, 20, 15]),
+        (8, 128, [8]),
+    ],
+)
+def test_probe_sizes_are_the_micro_batches_a_plan_can_use(share, upper, want):
+    sizes = probe_sizes(share, upper)
+    assert sizes == want
+    for size in sizes:  # each one is a plan's micro batch as it is
+        assert plan_batches(share, 1, size).per_device == size
+
+
+class FakeMemory:
+    """A card of `usable` bytes where a step needs `per_sample` bytes per row of the last batch the net saw."""
+
+    def __init__(self, usable, per_sample):
+        self._usable, self.per_sample, self.last = usable, per_sample, 0
+
+    def __deepcopy__(self, memo):  # the probe's copy of the net reports to this same card
+        return self
+
+    def usable(self):
+        return self._usable
+
+    def start(self):
+        self.last = 0
+
+    def peak(self):
+        return self.last * self.per_sample
+
+
+class Metered(torch.nn.Module):
+    """The net, telling the fake memory its batch; batches above `fail_above` fail like cuBLAS does."""
+
+    def __init__(self, net, memory, fail_above=None, error="CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling"):
+        super().__init__()
+        self.net, self.memory, self.fail_above, self.error = net, memory, fail_above, error
+
+    def forward(self, feats, labels):
+        self.memory.last = feats.shape[0]
+        if self.fail_above is not None and feats.shape[0] > self.fail_above:
+            raise RuntimeError(self.error)
+        return self.net(feats, labels)
+
+
+def test_memory_probe_leaves_the_trained_net_and_the_random_streams_alone():
+    cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"}})
+    torch.manual_seed(0)
+    net = build_net(cfg, num_speakers=5, autocast=contextlib.nullcontext)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    rng = torch.get_rng_state()
+    memory = FakeMemory(usable=100, per_sample=2)  # budget 0.85 x 100: batches up to 42 fit
+    probe = MemoryProbe(Metered(net, memory), 60, 80, 5, torch.device("cpu"), 0.85, memory)
+    assert find_max_batch(probe, [64, 32, 16]) == 32
+    assert "64: too large" in probe.describe() and "32: fits" in probe.describe()
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # BN running statistics included
+    assert any("running_mean" in k for k in before)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_memory_probe_counts_every_allocation_failure_as_too_large_and_nothing_else():
+    cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"}})
+    net = build_net(cfg, num_speakers=5, autocast=contextlib.nullcontext)
+    memory = FakeMemory(usable=10**9, per_sample=1)
+    probe = MemoryProbe(Metered(net, memory, fail_above=16), 60, 80, 5, torch.device("cpu"), 0.85, memory)
+    assert find_max_batch(probe, [32, 16]) == 16 and "32: allocation failed" in probe.describe()
+    probe = MemoryProbe(
+        Metered(net, memory, 16, "CUDNN_STATUS_BAD_PARAM"), 60, 80, 5, torch.device("cpu"), 0.85, memory
+    )
+    with pytest.raises(RuntimeError, match="BAD_PARAM"):  # a real error is not "too large"
+        probe(32)
 
 
 # A CAM++ small enough for a training step in well under a second.

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from speakerlab.export import check_export, export_onnx, export_torchscript
+from speakerlab.inference.export import check_export, export_onnx, export_torchscript
 from speakerlab.models import build_model, list_models
+from tests.helpers import registry_params
 
 pytest.importorskip("onnxruntime")
 
@@ -14,7 +15,7 @@ pytest.importorskip("onnxruntime")
 EXPORT_ARGS = {"resnet293": {"num_blocks": (2, 2, 3, 2)}}
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", registry_params(list_models(), fast=("campplus", "resnet34")))
 def test_onnx_export_matches_pytorch_at_two_lengths(name, tmp_path):
     """onnxruntime vs PyTorch at 200 and 317 frames: one file serves any length (dynamic time axis).
     (TorchScript of every model is checked in test_models.py.)"""

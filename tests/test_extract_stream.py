@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
-from speakerlab.embedder import load_embedder
-from speakerlab.extract import StreamingExtractor, load_embeddings, main, plan_units
-from speakerlab.features import FbankConfig, FeatureSpec
-from speakerlab.lists import load_data_dir
+from speakerlab.dataio.lists import load_data_dir
+from speakerlab.features.fbank import FbankConfig, FeatureSpec
+from speakerlab.inference.embedder import load_embedder
+from speakerlab.inference.extract import StreamingExtractor, load_embeddings, main, plan_units
 from speakerlab.models import build_model
 from tests.helpers import assert_no_traceback, write_wav
 
@@ -48,7 +48,13 @@ def ckpt(tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("ck") / "c.pt"
     save_checkpoint(
-        path, Checkpoint("campplus", TINY, build_model("campplus", **TINY).state_dict(), FeatureSpec(FbankConfig()))
+        path,
+        Checkpoint(
+            model_name="campplus",
+            model_args=TINY,
+            model=build_model("campplus", **TINY).state_dict(),
+            features=FeatureSpec(FbankConfig()),
+        ),
     )
     return path
 
@@ -193,7 +199,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
             "--nproc_per_node=2",
             "--master_port=29541",
             "-m",
-            "speakerlab.extract",
+            "speakerlab.inference.extract",
             *common,
             "--out",
             str(two),
@@ -213,7 +219,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
 
 PEAK = """
 import resource, sys
-from speakerlab.extract import main
+from speakerlab.inference.extract import main
 assert main(sys.argv[1:]) == 0
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """

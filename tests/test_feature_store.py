@@ -5,17 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.audio import read_audio
 from speakerlab.config import ConfigError, load_config
-from speakerlab.embedder import Embedder
-from speakerlab.extract import embed_data_dir, embed_feature_store
-from speakerlab.feature_store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
-from speakerlab.features import Fbank, FbankConfig, FeatureSpec, num_frames
-from speakerlab.lists import ListError
+from speakerlab.dataio.audio import read_audio
+from speakerlab.dataio.lists import ListError
+from speakerlab.features.fbank import Fbank, FbankConfig, FeatureSpec, num_frames
+from speakerlab.features.store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
+from speakerlab.inference.embedder import Embedder
+from speakerlab.inference.extract import embed_data_dir, embed_feature_store
 from speakerlab.models import build_model
-from speakerlab.train import main as train_main
-from tests.helpers import make_data_dir
-from tests.test_train import losses, tiny_config
+from speakerlab.train.loop import main as train_main
+from tests.helpers import losses, make_data_dir, tiny_config
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ def test_store_holds_the_fbank_of_every_utterance(data):
 
 
 def test_store_with_other_options_names_the_option(data, tmp_path):
-    with pytest.raises(ListError, match="no complete feature store; run python -m speakerlab.feature_store"):
+    with pytest.raises(ListError, match="no complete feature store; run speakerlab-feature-store"):
         FeatureStore(data)
     assert main(["--data", str(data)]) == 0
     with pytest.raises(ValueError, match="num_mel_bins=80, the config asks for num_mel_bins=64"):
@@ -101,7 +100,7 @@ def test_rerun_keeps_an_up_to_date_store_and_rebuilds_a_stale_one(data, tmp_path
 
 
 def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):
-    from speakerlab.engine import validation
+    from speakerlab.train import validation
 
     cfg, _ = tiny_config(tmp_path, val=True)
     val = tmp_path / "val"

@@ -1,4 +1,4 @@
-"""Tests of speakerlab.features: Kaldi parity on stored references, batching, options, errors."""
+"""Tests of speakerlab.features.fbank: Kaldi parity on stored references, batching, options, errors."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.features import Fbank, FbankConfig, fbank, mean_normalize, num_frames
+from speakerlab.features.fbank import Fbank, FbankConfig, fbank, mean_normalize, num_frames
 
 DATA = Path(__file__).parent / "data" / "kaldi_fbank"
 TOL = 1e-3  # the fixture's definition of Kaldi-compatible, on log values
@@ -261,3 +261,36 @@ def test_matches_torchaudio(overrides):
     names = {value: key for key, value in TORCHAUDIO_NAMES.items()}
     expected = kaldi.fbank(wave, **{names.get(key, key): value for key, value in overrides.items()})
     torch.testing.assert_close(Fbank(**overrides)(wave)[0], expected, atol=TOL, rtol=0)
+
+
+class FlagsSeen(torch.overrides.TorchFunctionMode):
+    """Records the TF32 switches in force at each matmul / convolution called inside the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("matmul", "__matmul__", "mm", "bmm", "conv1d", "conv2d"):
+            self.seen.append((name, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def tf32_on():
+    """The run's setting `hardware.tf32: true`, as resolve_precision leaves it; restored after the test."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_the_mel_product_runs_with_tf32_off_whatever_the_run_says(tf32_on):
+    """The flags are read where the matmul happens (a CPU run cannot see TF32 rounding itself), and the
+    run's own setting is back afterwards."""
+    with FlagsSeen() as mode:
+        Fbank()(torch.randn(2, 4000) * 0.1)
+    assert [seen[0] for seen in mode.seen] == ["matmul"]  # the mel product
+    assert all(seen[1:] == (False, False) for seen in mode.seen), mode.seen
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32

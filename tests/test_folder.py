@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from speakerlab.dataio.lists import load_data_dir, read_trials
+from speakerlab.dataio.prepare import prepare as index_data_dir
+from speakerlab.dataio.resample import rate_ratio, resample
 from speakerlab.datasets.folder import main as folder_main
-from speakerlab.lists import load_data_dir, read_trials
-from speakerlab.prepare import prepare as index_data_dir
-from speakerlab.resample import rate_ratio, resample
 from tests.helpers import write_wav
 
 SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")

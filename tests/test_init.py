@@ -1,4 +1,4 @@
-"""Starting a run from a pretrained model (`train.init`, speakerlab.engine.init): the model section taken from
+"""Starting a run from a pretrained model (`train.init`, speakerlab.train.init): the model section taken from
 the source, the weights loaded, a new classifier (or the rows of matching speakers), the trunk frozen for the
 first epochs, a lower LR for it; from our checkpoints, 3D-Speaker state dicts and ReDimNet2 release files."""
 
@@ -15,15 +15,13 @@ import yaml
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.config import ConfigError
-from speakerlab.engine.init import read_source
-from speakerlab.engine.resume import resume
-from speakerlab.engine.setup import build_optimizer, build_run, load_train_config, param_groups
-from speakerlab.train import main as train_main
-from tests.helpers import assert_no_traceback, make_data_dir
-from tests.test_compat import fill_state_dict
+from speakerlab.train.build import build_optimizer, build_run, load_train_config, param_groups
+from speakerlab.train.init import read_source
+from speakerlab.train.loop import main as train_main
+from speakerlab.train.resume import resume
+from tests.fixture_models import fill_state_dict, load_redimnet2_fixture
+from tests.helpers import ROOT, assert_no_traceback, losses, make_data_dir, tiny_config
 from tests.test_compat import load_fixture as compat_fixture
-from tests.test_redimnet2 import load_fixture as redimnet_fixture
-from tests.test_train import ROOT, losses, tiny_config
 
 RUN = {
     "loss": {"margin": 0.2, "margin_start_epoch": 0, "margin_warmup_epochs": 1},
@@ -252,7 +250,7 @@ def test_3dspeaker_weights_that_do_not_fit_are_named(tmp_path, capsys):
 def redimnet_release(tmp_path, size="b0") -> tuple:
     """A ReDimNet2 release file: the fixture's model_config and a state dict filled by the compat rule, with a
     front-end buffer (`spec.*`) as the releases carry."""
-    fixture = redimnet_fixture(size)
+    fixture = load_redimnet2_fixture(size)
     state = fill_state_dict(fixture["state_dict"])
     n = zlib.crc32(b"spec") % 7 + 1
     path = tmp_path / f"redimnet2_{size}.pt"

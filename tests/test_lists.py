@@ -2,7 +2,14 @@ import re
 
 import pytest
 
-from speakerlab.lists import ListError, check_trial_ids, load_data_dir, read_trials, read_utt2num_samples, read_wav_scp
+from speakerlab.dataio.lists import (
+    ListError,
+    check_trial_ids,
+    load_data_dir,
+    read_trials,
+    read_utt2num_samples,
+    read_wav_scp,
+)
 from tests.helpers import make_data_dir
 
 

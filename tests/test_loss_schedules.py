@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speakerlab.loss import AAMSoftmax, SphereFace2
-from speakerlab.schedules import lr_at, margin_at
+from speakerlab.train.loss import AAMSoftmax, SphereFace2
+from speakerlab.train.schedules import lr_at, margin_at
 
 
 def test_aam_logits_apply_margin_to_target_only():
@@ -126,7 +126,7 @@ def test_schedules_depend_on_global_step_only():
     """Same global batch on 1 process, 4 ranks or 4 accumulation steps: the same steps per epoch, and
     optimizer step k sees the same utterances and crops, so LR and margin (functions of the global step
     and steps per epoch) meet the same data."""
-    from speakerlab.batches import GlobalBatchSampler
+    from speakerlab.dataio.batches import GlobalBatchSampler
 
     one = GlobalBatchSampler(1000, 64, 64, 1, 0, 1, seed=3)
     ranks = [GlobalBatchSampler(1000, 64, 16, 1, r, 4, seed=3) for r in range(4)]

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from speakerlab.lists import read_trials
-from speakerlab.metrics import compute_eer, compute_min_dcf, verification_metrics
-from speakerlab.score import cosine_scores
+from speakerlab.dataio.lists import read_trials
+from speakerlab.scoring.metrics import compute_eer, compute_min_dcf, verification_metrics
+from speakerlab.scoring.score import cosine_scores
 
 
 def brute_force(scores, labels, p_target=0.01):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from speakerlab.models import build_model, list_models
+from tests.helpers import registry_params
 
 MODELS = list_models()
 FEAT_DIM = 80
@@ -19,7 +20,7 @@ def _fbank(batch: int, frames: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, frames, FEAT_DIM, generator=gen)
 
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="module", params=registry_params(MODELS))
 def model(request):
     torch.manual_seed(0)
     return build_model(request.param, feat_dim=FEAT_DIM).eval()

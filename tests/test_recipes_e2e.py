@@ -24,6 +24,7 @@ import pytest
 import soundfile as sf
 import yaml
 
+from speakerlab.scoring.metrics import compute_eer
 from tests.fake_corpora import (
     REPO,
     cnceleb_archives,
@@ -78,7 +79,7 @@ def run_recipe(recipe: str, *args: str, env: dict, log: Path) -> subprocess.Comp
 
 
 def train_config(tmp_path: Path) -> dict:
-    """The configuration stage 3 trained with (written by speakerlab.train into the experiment folder)."""
+    """The configuration stage 3 trained with (written by speakerlab.train.loop into the experiment folder)."""
     return yaml.safe_load((tmp_path / "exp" / "config.yaml").read_text())
 
 
@@ -136,9 +137,14 @@ def check_scored(
             re.M,
         )
         assert m, f"no EER line for {path}:\n{r.stdout}"
-        assert (int(m.group(1)), int(m.group(2))) == (n, n_target) and 0.0 <= float(m.group(3)) <= 100.0
-        scores = (exp / "scores" / f"{name}.scores").read_text().splitlines()
-        assert len(scores) == n and all(np.isfinite(float(line.split()[2])) for line in scores)
+        assert (int(m.group(1)), int(m.group(2))) == (n, n_target)
+        rows = [line.split() for line in (exp / "scores" / f"{name}.scores").read_text().splitlines()]
+        scores, labels = np.array([float(r[2]) for r in rows]), np.array([r[3] == "target" for r in rows])
+        assert len(rows) == n and np.isfinite(scores).all()
+        # The printed EER is the EER of the written scores, which are the cosines of the written embeddings.
+        assert float(m.group(3)) == pytest.approx(100 * compute_eer(scores, labels), abs=0.006)
+        e = dict(zip(ids, emb / np.linalg.norm(emb, axis=1, keepdims=True)))
+        np.testing.assert_allclose(scores, [e[r[0]] @ e[r[1]] for r in rows], atol=1e-4)
         assert f"| {name} | {n} | {n_target} | {m.group(3)} |" in r.stdout  # its row of the printed table
         assert (exp / "scores" / f"{name}.det.png").stat().st_size > 0
         assert (exp / "scores" / f"{name}.hist.png").stat().st_size > 0
@@ -394,7 +400,7 @@ def cnceleb_from_synth(corpus: Path):
     c1[f"{lists}/test.lst"] = "".join(f"test/{t}.wav\n" for t in tests).encode()
     trials = [(f"{s}-enroll", t, t.startswith(s + "-")) for s in enroll for t in tests]
     c1[f"{lists}/trials.lst"] = "".join(f"{e} test/{t}.wav {int(y)}\n" for e, t, y in trials).encode()
-    return cnceleb_archives(c1, c2), train_utts, eval_utts, {"trials": ("trials", *count(trials))}
+    return cnceleb_archives(c1, c2), train_utts, eval_utts, {"cnceleb1": ("trials_cnceleb1", *count(trials))}
 
 
 def test_cnceleb_recipe_end_to_end(corpus, tmp_path):

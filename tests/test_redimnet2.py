@@ -17,53 +17,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from speakerlab.features_redimnet import ReDimNetMel
+from speakerlab.features.redimnet import ReDimNetMel
 from speakerlab.models import build_model, load_redimnet2
 from speakerlab.models.redimnet2 import ReDimNet2, redimnet2_kwargs
-from tests.test_compat import calibrate, fill_state_dict, make_input
+from tests.fixture_models import (
+    calibrated_embedding,
+    filled_state,
+    load_redimnet2_fixture,
+)
+from tests.helpers import registry_params
 
 DATA = Path(__file__).parent / "data" / "redimnet2"
 VOX2 = ["b0", "b1", "b2", "b3", "b4", "b5", "b6"]
 SIZES = VOX2 + ["b3_vb2_vox2_cnc2", "b6_vb2_vox2_cnc2"]
 ALTERNATIVE = [s for s in SIZES if s in ("b1", "b2", "b4")]
-
-
-@functools.lru_cache(maxsize=None)
-def load_fixture(size: str) -> dict:
-    with open(DATA / f"{size}.json") as f:
-        return json.load(f)
-
-
-def fixture_input(fixture: dict) -> torch.Tensor:
-    """The fixture's input, time-major as our models take it: (B, T, 72)."""
-    shape = fixture["input"]
-    return make_input(shape["batch"], shape["frames"], shape["mels"])
-
-
-@functools.lru_cache(maxsize=None)
-def filled_state(size: str) -> dict:
-    return fill_state_dict(load_fixture(size)["state_dict"])
-
-
-@functools.lru_cache(maxsize=None)
-def calibrated_embedding(
-    size: str, return_2d_output: bool | None = None, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Our eval-mode embedding of the fixture input, after loading the filled state and calibrating,
-    computed in `dtype` (the filled values and the input are float32 values either way).
-
-    Built once per size and setting (cached): the largest sizes take seconds on a small CPU.
-    """
-    fixture = load_fixture(size)
-    config = dict(fixture["reference_kwargs"])
-    if return_2d_output is not None:
-        config["return_2d_output"] = return_2d_output
-    model = load_redimnet2(config, filled_state(size)).to(dtype)
-    assert not model.training
-    x = fixture_input(fixture).to(dtype)
-    calibrate(model, x)
-    with torch.no_grad():
-        return model(x)
+FAST_SIZES = ("b0", "b1")  # the fast lane; every size in the full suite
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,20 +40,20 @@ def official_float64() -> dict:
         return json.load(f)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_parameter_count_and_state_dict_layout(size):
     """Same parameter count, and the same keys in the same order with the same shapes, as the release."""
-    fixture = load_fixture(size)
+    fixture = load_redimnet2_fixture(size)
     model = ReDimNet2(**redimnet2_kwargs(fixture["reference_kwargs"]))
     assert sum(p.numel() for p in model.parameters()) == fixture["num_parameters"]
     assert sum(p.numel() for p in model.parameters() if not p.requires_grad) == fixture["num_parameters_frozen"]
     assert [[k, list(v.shape)] for k, v in model.state_dict().items()] == fixture["state_dict"]
 
 
-@pytest.mark.parametrize("size", VOX2)
+@pytest.mark.parametrize("size", registry_params(VOX2, fast=FAST_SIZES))
 def test_registered_defaults_are_the_vox2_release(size):
     """`build_model("redimnet2_<size>")` has the release's parameter count and state-dict layout."""
-    fixture = load_fixture(size)
+    fixture = load_redimnet2_fixture(size)
     model = build_model(f"redimnet2_{size}")
     assert model.feat_dim == fixture["reference_kwargs"]["F"]
     assert sum(p.numel() for p in model.parameters()) == fixture["num_parameters"]
@@ -99,13 +67,13 @@ def test_registered_defaults_are_the_vox2_release(size):
 FLOAT64_TOL = dict(rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_in_float64_equals_official(size):
     expected = torch.tensor(official_float64()["embeddings"][size], dtype=torch.float64)
     torch.testing.assert_close(calibrated_embedding(size, dtype=torch.float64), expected, **FLOAT64_TOL)
 
 
-@pytest.mark.parametrize("size", ALTERNATIVE)
+@pytest.mark.parametrize("size", registry_params(ALTERNATIVE, fast=FAST_SIZES))
 def test_alternative_flattening_in_float64_equals_official(size):
     alternative = official_float64()["alternative"][size]
     assert alternative["reference_kwargs_override"] == {"return_2d_output": False}
@@ -143,16 +111,16 @@ def assert_embedding_matches(ours: torch.Tensor, expected: torch.Tensor) -> None
     assert torch.nn.functional.cosine_similarity(ours, expected, dim=1).min() >= MIN_COSINE
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_to_float32_reproducibility(size):
-    expected = torch.tensor(load_fixture(size)["embedding"], dtype=torch.float32)
+    expected = torch.tensor(load_redimnet2_fixture(size)["embedding"], dtype=torch.float32)
     assert_embedding_matches(calibrated_embedding(size), expected)
 
 
-@pytest.mark.parametrize("size", ALTERNATIVE)
+@pytest.mark.parametrize("size", registry_params(ALTERNATIVE, fast=FAST_SIZES))
 def test_reference_embedding_alternative_flattening(size):
     """With `return_2d_output=False` (same keys and shapes) the model gives `embedding_alternative`."""
-    alternative = load_fixture(size)["embedding_alternative"]
+    alternative = load_redimnet2_fixture(size)["embedding_alternative"]
     assert alternative["reference_kwargs_override"] == {"return_2d_output": False}
     expected = torch.tensor(alternative["embedding"], dtype=torch.float32)
     assert_embedding_matches(calibrated_embedding(size, return_2d_output=False), expected)
@@ -161,15 +129,15 @@ def test_reference_embedding_alternative_flattening(size):
 
 
 @pytest.mark.xfail(reason="float32 rounding amplified by the calibrated BatchNorms exceeds 1e-3 (see above)")
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_at_fixture_tolerance(size):
-    expected = torch.tensor(load_fixture(size)["embedding"], dtype=torch.float32)
+    expected = torch.tensor(load_redimnet2_fixture(size)["embedding"], dtype=torch.float32)
     torch.testing.assert_close(calibrated_embedding(size), expected, rtol=1e-3, atol=1e-3)
 
 
 def test_load_accepts_and_drops_frontend_buffers():
     """A release's state dict also holds the front-end's `spec.*` constants: accepted and ignored."""
-    fixture = load_fixture("b0")
+    fixture = load_redimnet2_fixture("b0")
     state = filled_state("b0")
     with_spec = dict(state)
     for name, shape in fixture["frontend_state_dict"]:
@@ -183,7 +151,7 @@ def test_load_accepts_and_drops_frontend_buffers():
 
 
 def test_load_names_missing_unexpected_and_misshapen_keys():
-    config = load_fixture("b0")["reference_kwargs"]
+    config = load_redimnet2_fixture("b0")["reference_kwargs"]
     state = dict(filled_state("b0"))
     missing = dict(state)
     del missing["backbone.stage2.0.w"]
@@ -198,7 +166,7 @@ def test_load_names_missing_unexpected_and_misshapen_keys():
 
 
 def test_unsupported_settings_are_named():
-    config = dict(load_fixture("b0")["reference_kwargs"], dual_agg=True)
+    config = dict(load_redimnet2_fixture("b0")["reference_kwargs"], dual_agg=True)
     with pytest.raises(ValueError, match="dual_agg"):
         redimnet2_kwargs(config)
     with pytest.raises(ValueError, match="no_such_setting"):

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import latest_checkpoint, load_checkpoint
-from tests.helpers import assert_no_traceback
-from tests.test_train import ROOT, losses, tiny_config
+from tests.helpers import ROOT, assert_no_traceback, losses, tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 

@@ -7,11 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from speakerlab.metrics import compute_eer, compute_min_dcf
-from speakerlab.score import evaluate, main
-from speakerlab.score_plots import HEIGHT, WIDTH
-from speakerlab.score_report import write_scores
-from speakerlab.trials import IdIndex, TrialList
+from speakerlab.dataio.trials import IdIndex, TrialList
+from speakerlab.scoring.metrics import compute_eer, compute_min_dcf
+from speakerlab.scoring.plots import HEIGHT, WIDTH
+from speakerlab.scoring.report import write_scores
+from speakerlab.scoring.score import evaluate, main
 
 
 def _case(tmp_path, n_spk=8, per_spk=4, dim=12, seed=0):
@@ -276,8 +276,8 @@ def test_scoring_side_imports_no_training_code():
     import sys
 
     code = (
-        "import sys, speakerlab.score, speakerlab.metrics, speakerlab.score_plots;"
-        "bad = [m for m in sys.modules if m.startswith(('speakerlab.engine', 'speakerlab.train', 'torch'))];"
+        "import sys, speakerlab.scoring.score, speakerlab.scoring.metrics, speakerlab.scoring.plots;"
+        "bad = [m for m in sys.modules if m.startswith(('speakerlab.train', 'speakerlab.train.loop', 'torch'))];"
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

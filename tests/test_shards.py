@@ -1,4 +1,4 @@
-"""Sharded corpora (speakerlab.shards): the writer's WebDataset layout, the stream's epoch split across
+"""Sharded corpora (speakerlab.dataio.shards): the writer's WebDataset layout, the stream's epoch split across
 ranks and loader workers, determinism and resume, items equal to CropDataset's, bad settings, torchrun."""
 
 import io
@@ -14,15 +14,14 @@ import pytest
 import torch
 import webdataset as wds
 
-from speakerlab.audio import AudioError
-from speakerlab.batches import CropDataset
 from speakerlab.config import ConfigError, load_config
-from speakerlab.lists import ListError
-from speakerlab.prepare import prepare
-from speakerlab.shards import ShardStream, main, write_shards
-from speakerlab.train import main as train_main
-from tests.helpers import assert_no_traceback, make_data_dir, write_wav
-from tests.test_train import losses, tiny_config
+from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.batches import CropDataset
+from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.prepare import prepare
+from speakerlab.dataio.shards import ShardStream, main, write_shards
+from speakerlab.train.loop import main as train_main
+from tests.helpers import assert_no_traceback, losses, make_data_dir, tiny_config, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,7 +171,7 @@ def test_bad_settings_and_stale_or_broken_shards(tmp_path, capsys):
     (train / "utt2spk").write_text("\n".join(lines[:-1] + [lines[-1].split()[0] + " s0"]) + "\n")
     assert train_main(["--config", str(cfg), "--exp-dir", exp, f"data.shards={shards}"]) == 2
     err = capsys.readouterr().err
-    assert "was not written from the lists of config key 'data.train'" in err and "speakerlab.shards" in err
+    assert "was not written from the lists of config key 'data.train'" in err and "speakerlab.dataio.shards" in err
     # A shard cut short is named when it is read (not a silent short epoch: the other ranks would hang).
     tar = shards / "shard-000001.tar"
     tar.write_bytes(tar.read_bytes()[:5000])
@@ -194,7 +193,7 @@ def test_bad_settings_and_stale_or_broken_shards(tmp_path, capsys):
 TORCHRUN_STREAM = """
 import json, sys
 import torch, torch.distributed as dist
-from speakerlab.shards import ShardStream
+from speakerlab.dataio.shards import ShardStream
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 out = {}

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.signal import resample_poly
 
-from speakerlab.speed import (
+from speakerlab.dataio.speed import (
     Resampler,
     SpeedPerturb,
     factor_classes,
@@ -73,3 +73,21 @@ def test_perturbed_speakers_are_new_classes():
     labels, classes = torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1, 2, 2])
     expanded = speed_labels(labels, classes, len(speakers))
     assert [names[i] for i in expanded] == ["id1", "sp0.9-id3", "sp1.1-id2", "sp1.1-id3"]
+
+
+def test_resampling_runs_with_tf32_off_and_restores_the_flags():
+    """The polyphase convolution sees TF32 off while the run has it on (hardware.tf32), also on error."""
+    from tests.test_features import FlagsSeen
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with FlagsSeen() as mode:
+            Resampler(*resample_ratio(1.1))(torch.randn(2, 1600))
+        assert mode.seen == [("conv1d", False, False)]
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        with pytest.raises(ValueError):
+            Resampler(10, 9)(torch.randn(1600))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

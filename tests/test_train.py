@@ -7,50 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
-from speakerlab.train import main as train_main
-from tests.helpers import assert_no_traceback, make_data_dir, write_wav
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY_MODEL = """
-model:
-  name: campplus
-  args: {embedding_size: 32, growth_rate: 8, bn_size: 2, init_channels: 16, m_channels: 8,
-         num_layers: [1, 1, 1]}
-"""
-
-
-def tiny_config(tmp_path, val=True, extra=""):
-    utts = {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(4)}
-    train = make_data_dir(tmp_path / "train", utts, seconds=0.6)
-    trials = "".join(f"s{a}-0 s{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(4) for b in range(4))
-    valdir = make_data_dir(
-        tmp_path / "val", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(2)}, seconds=0.7, seed=1, trials=trials
-    )
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(
-        TINY_MODEL
-        + f"""
-data: {{train: {train}, val: {valdir if val else "null"}, crop_seconds: 0.5}}
-loss: {{margin: 0.2, margin_start_epoch: 0, margin_warmup_epochs: 1}}
-optim: {{lr: 0.05, warmup_epochs: 0.5}}
-train: {{epochs: 2, global_batch_size: 8, log_every_steps: 1, save_every_steps: 1, max_consecutive_skips: 2}}
-hardware: {{device: cpu, precision: fp32, per_device_batch: 4, num_workers: 0, pin_memory: false}}
-{extra}"""
-    )
-    return cfg, train
-
-
-def losses(exp):
-    return {
-        r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines()) if "loss" in r
-    }
+from speakerlab.train.loop import main as train_main
+from tests.helpers import ROOT, assert_no_traceback, losses, tiny_config, write_wav
 
 
 def test_resume_equals_uninterrupted(tmp_path):
@@ -71,6 +35,37 @@ def test_resume_equals_uninterrupted(tmp_path):
     for k in wa.model:
         torch.testing.assert_close(wa.model[k], wb.model[k], rtol=1e-5, atol=1e-6)
     assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
+
+
+def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tmp_path, monkeypatch):
+    """A checkpoint holding the CUDA random states of 2 GPUs: resumed here on the CPU (0 GPUs) it continues
+    the same schedule and data order, equal to the uninterrupted run, warning once; with 1 GPU (faked)
+    the state of GPU 0 is restored and the warning names the counts."""
+    from speakerlab.checkpoint import save_checkpoint
+    from speakerlab.train.resume import restore_cuda_rng
+
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "3"]) == 0
+    path = tmp_path / "b" / "checkpoints" / "partial_002.pt"
+    ck = load_checkpoint(path)
+    fake = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
+    ck.resume.rng_cuda = fake
+    save_checkpoint(path, ck)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b")]) == 0
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == [1, 2, 3, 4] and all(b[s] == pytest.approx(a[s], rel=1e-6, abs=1e-7) for s in a)
+    log = (tmp_path / "b" / "train.log").read_text()
+    assert log.count("CUDA random state of 2 GPU(s), this run has 0: restored 0") == 1
+
+    restored, warnings = [], []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: restored.append((index, state)))
+    restore_cuda_rng(fake, torch.device("cuda", 0), warnings.append)
+    assert [i for i, _ in restored] == [0] and torch.equal(restored[0][1], fake[0])
+    assert len(warnings) == 1 and "2 GPU(s), this run has 1: restored 1" in warnings[0]
+    restore_cuda_rng(fake[:1], torch.device("cuda", 0), warnings.append)
+    assert len(warnings) == 1  # the same count: nothing to say
 
 
 def test_checkpoint_alone_rebuilds_model(tmp_path):
@@ -255,7 +250,7 @@ def test_torchrun_two_processes(tmp_path):
 
 
 def test_average_then_large_margin_finetune(tmp_path):
-    from speakerlab.average import main as average_main
+    from speakerlab.train.average import main as average_main
 
     cfg, _ = tiny_config(tmp_path, val=False)
     exp = tmp_path / "base"
@@ -268,7 +263,7 @@ def test_average_then_large_margin_finetune(tmp_path):
     torch.testing.assert_close(avg.model[key], (e1.model[key] + e2.model[key]) / 2)
     assert avg.resume is None and avg.averaged_from and avg.classifier is not None
     lm = tmp_path / "lm"
-    overlay = ROOT / "conf" / "mini_finetune_lm.yaml"
+    overlay = ROOT / "conf" / "mini" / "finetune_lm.yaml"
     assert (
         train_main(
             [

@@ -1,12 +1,12 @@
-"""Vectorised trial-list parsing (speakerlab.trials) against the per-line reader and the bad inputs."""
+"""Vectorised trial-list parsing (speakerlab.dataio.trials) against the per-line reader and the bad inputs."""
 
 import re
 
 import numpy as np
 import pytest
 
-from speakerlab.lists import ListError, read_trials
-from speakerlab.trials import IdIndex, read_trial_list
+from speakerlab.dataio.lists import ListError, read_trials
+from speakerlab.dataio.trials import IdIndex, read_trial_list
 
 IDS = ["a", "ab", "abc", "id10001/1zcIwhmdeo4/00001.wav", "id10001/1zcIwhmdeo4/00002.wav", "x" * 40, "ü-ß", "12345678"]
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 CHILDREN = textwrap.dedent(
     """
     import os, sys, torch
-    from speakerlab.engine.watchdog import Watchdog
+    from speakerlab.train.watchdog import Watchdog
 
     class Store:
         def __init__(self): self.kv = {}

@@ -23,11 +23,11 @@ opt jobs 8                         # parallel downloads / index threads
 opt train_set cnceleb_train
 opt val_set ""                     # a data dir with `trials`, scored during training (data.val)
 opt eval_set cnceleb_eval
-opt trials "trials"                # trial lists of $data/$eval_set (CN-Celeb has one: trials)
+opt trials "cnceleb1"              # $data/$eval_set/trials_<name> (CN-Celeb has one: the CN-Celeb1 evaluation list)
 opt exp exp/campplus
-opt config ../../conf/cnceleb_campplus.yaml
+opt config ../../conf/cnceleb/campplus.yaml
 opt hardware auto                  # profile in conf/hardware/
-launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+launch_options                     # --gpus (default: all visible) --nproc --nnodes --node_rank --master_addr --master_port
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
@@ -47,53 +47,53 @@ train_data="data.train=$data/$train_set ${val_set:+data.val=$data/$val_set} $aug
 if stage_on 1; then
   log "stage 1: data preparation: CN-Celeb1, CN-Celeb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $data"
   fetch=(--download-dir "$download_dir" --archive-dir="$archive_dir")
-  python -m speakerlab.datasets.cnceleb download "${fetch[@]}" --mirror="$mirror" --jobs "$jobs" $download_opts
-  python -m speakerlab.datasets.cnceleb extract "${fetch[@]}" --raw-dir "$raw_dir"
-  python -m speakerlab.datasets.cnceleb prepare --raw-dir "$raw_dir" --data "$data"
+  speakerlab-cnceleb download "${fetch[@]}" --mirror="$mirror" --jobs "$jobs" $download_opts
+  speakerlab-cnceleb extract "${fetch[@]}" --raw-dir "$raw_dir"
+  speakerlab-cnceleb prepare --raw-dir "$raw_dir" --data "$data"
   if [ "$musan_rirs" = true ]; then
-    python -m speakerlab.datasets.musan_rirs download "${fetch[@]}" --mirror="$mirror" --jobs "$jobs" $download_opts
-    python -m speakerlab.datasets.musan_rirs extract "${fetch[@]}" --raw-dir "$raw_dir"
-    python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
+    speakerlab-musan-rirs download "${fetch[@]}" --mirror="$mirror" --jobs "$jobs" $download_opts
+    speakerlab-musan-rirs extract "${fetch[@]}" --raw-dir "$raw_dir"
+    speakerlab-musan-rirs prepare --raw-dir "$raw_dir" --out "$data/musan_rirs"
   fi
 fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, check audio, index lengths; the noise/RIR bank"
-  python -m speakerlab.prepare --data "$data/$train_set" --data "$data/$eval_set" --jobs "$jobs"
+  speakerlab-prepare --data "$data/$train_set" ${val_set:+--data "$data/$val_set"} --data "$data/$eval_set" --jobs "$jobs"
   if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
-    python -m speakerlab.noise_bank --lists "$data/musan_rirs"
+    speakerlab-noise-bank --lists "$data/musan_rirs"
   fi
-  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
-    python -m speakerlab.shards --data "$data/$train_set" --out "$data/$train_set/shards"
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.shards): for data on network storage
+    speakerlab-shards --data "$data/$train_set" --out "$data/$train_set/shards"
   fi
 fi
 
 if stage_on 3; then
   log "stage 3: train $config -> $exp"
-  launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
+  launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
 fi
 
 if stage_on 4; then
   log "stage 4: embeddings of $data/$eval_set"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" \
+  speakerlab-extract --checkpoint "${checkpoint:-$exp}" --data "$data/$eval_set" \
     --out "$exp/embeddings/$eval_set.npz"
 fi
 
 if stage_on 5; then
   log "stage 5: score $trials -> $exp/scores (per list: scores, metrics JSON, DET and histogram PNGs; one table)"
-  lists=(); for t in $trials; do lists+=("$data/$eval_set/$t"); done
-  python -m speakerlab.score --embeddings "$exp/embeddings/$eval_set.npz" --trials "${lists[@]}" --names $trials \
+  lists=(); for t in $trials; do lists+=("$data/$eval_set/trials_$t"); done
+  speakerlab-score --embeddings "$exp/embeddings/$eval_set.npz" --trials "${lists[@]}" --names $trials \
     --out "$exp/scores/"
 fi
 
 if stage_on 6; then
   log "stage 6: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  speakerlab-average --exp-dir "$exp" --last "$average_last"
 fi
 
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
-  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+  launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" $train_data $train_overrides
 fi
 log "done"

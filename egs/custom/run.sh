@@ -6,7 +6,7 @@
 #   bash egs/custom/run.sh --root /data/voices --init b2-vox2-ptn.pt \
 #     --train_overrides "features.num_mel_bins=72 features.mean_norm=false"     # a ReDimNet2 release
 #   bash egs/custom/run.sh --root /data/voices                                  # no --init: from scratch
-# Stages (the same numbers in every recipe): 1 data preparation (python -m speakerlab.datasets.folder: every
+# Stages (the same numbers in every recipe): 1 data preparation (speakerlab-folder: every
 # file checked, $data/report.txt; speaker-disjoint train/ and test/, test/trials), 2 features (validate lists,
 # index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one), 4 embeddings of
 # test/ with the trained model and with the pretrained one, 5 scoring (`EER: x%` of both); optional: 6 average
@@ -27,13 +27,13 @@ opt prepare_opts ""                # e.g. "--test-speakers 40 --trials 40000 --m
 opt init ""                        # pretrained model: a speakerlab exp dir or checkpoint, a ReDimNet2 release file
 opt threedspeaker ""               # --3dspeaker NAME: a 3D-Speaker state dict (--weights) of registered model NAME
 opt weights ""                     # the 3D-Speaker state dict file of --3dspeaker
-opt config ../../conf/custom_finetune.yaml
-opt scratch_config ../../conf/custom_scratch.yaml   # added to --config when there is no pretrained model
+opt config ../../conf/custom/finetune.yaml
+opt scratch_config ../../conf/custom/scratch.yaml   # added to --config when there is no pretrained model
 opt exp ""                         # default exp/finetune (exp/scratch without a pretrained model)
 opt hardware cpu                   # profile in conf/hardware/ (e.g. auto, a100-80g)
 opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
-opt lm_config ../../conf/custom_finetune_lm.yaml   # stage 7 overlay
+opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
 launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1"
@@ -79,28 +79,28 @@ store_opts="hardware.num_workers=0"   # crops come from the fbank store: a loade
 
 if stage_on 1; then
   log "stage 1: data preparation: ${root:-$csv} -> $data/{train,test} (report: $data/report.txt)"
-  python -m speakerlab.datasets.folder ${root:+--root "$root"} ${csv:+--csv "$csv"} --data "$data" \
+  speakerlab-folder ${root:+--root "$root"} ${csv:+--csv "$csv"} --data "$data" \
     --jobs "$jobs" $prepare_opts
 fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, index lengths; fbank stores of train and test"
-  python -m speakerlab.prepare --data "$data/train" --data "$data/test" --jobs "$jobs"
-  python -m speakerlab.feature_store "${configs[@]}" --data "$data/train" --data "$data/test" $settings \
+  speakerlab-prepare --data "$data/train" --data "$data/test" --jobs "$jobs"
+  speakerlab-feature-store "${configs[@]}" --data "$data/train" --data "$data/test" $settings \
     $train_overrides
 fi
 
 if stage_on 3; then
   log "stage 3: $exp: $what"
-  launch speakerlab.train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" $settings $store_opts \
+  launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" $settings $store_opts \
     $train_overrides
 fi
 
 if stage_on 4; then
   log "stage 4: embeddings of $data/test (and with the pretrained model, $exp/pretrained.pt)"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
+  speakerlab-extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
   if [ -f "$exp/pretrained.pt" ]; then
-    python -m speakerlab.extract --checkpoint "$exp/pretrained.pt" --data "$data/test" \
+    speakerlab-extract --checkpoint "$exp/pretrained.pt" --data "$data/test" \
       --out "$exp/embeddings/test_pretrained.npz"
   fi
 fi
@@ -111,12 +111,12 @@ eer() {  # the EER of a scoring's JSON, as `EER: x.xx%`
 
 if stage_on 5; then
   log "stage 5: score $data/test/trials (the trained model, then the pretrained one)"
-  python -m speakerlab.score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
+  speakerlab-score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
     --out "$exp/scores/test"
   have_pretrained=false
   if [ -f "$exp/embeddings/test_pretrained.npz" ]; then
     have_pretrained=true
-    python -m speakerlab.score --embeddings "$exp/embeddings/test_pretrained.npz" --trials "$data/test/trials" \
+    speakerlab-score --embeddings "$exp/embeddings/test_pretrained.npz" --trials "$data/test/trials" \
       --out "$exp/scores/test_pretrained"
   fi
   echo "$(eer "$exp/scores/test.json") $what ($exp, ${checkpoint:-its latest checkpoint}) on $data/test/trials"
@@ -127,12 +127,12 @@ fi
 
 if stage_on 6; then
   log "stage 6: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  speakerlab-average --exp-dir "$exp" --last "$average_last"
 fi
 
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
-  launch speakerlab.train "${configs[@]}" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+  launch speakerlab-train "${configs[@]}" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     data.train="$data/train" train.init="$exp/checkpoints/avg.pt" $store_opts $train_overrides
 fi
 log "done"

@@ -17,18 +17,18 @@ opt stage 1
 opt stop_stage 5
 opt data data                      # corpus and Kaldi data dirs
 opt exp ""                         # default exp/campplus (exp/campplus_augment with --augment true)
-opt config ../../conf/mini_campplus.yaml
+opt config ../../conf/mini/campplus.yaml
 opt hardware cpu                   # profile in conf/hardware/
 opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
-opt lm_config ../../conf/mini_finetune_lm.yaml
+opt lm_config ../../conf/mini/finetune_lm.yaml
 opt corpus_opts ""                 # extra generator options, e.g. "--num-train-speakers 50"
 opt augment false                  # true: train from audio with speed perturbation, reverb, noise ...
-opt augment_config ../../conf/mini_augment.yaml  # ... as this overlay of $config says
+opt augment_config ../../conf/mini/augment.yaml  # ... as this overlay of $config says
 opt seed 1234
 opt jobs 2                         # corpus generation processes
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
-launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+launch_options none                # --gpus (none: the CPU profile) --nproc --nnodes --node_rank --master_addr --master_port
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 
 . ../tools/parse_options.sh
@@ -44,55 +44,55 @@ store_opts="hardware.num_workers=0"
 
 if stage_on 1; then
   log "stage 1: data preparation: synthetic corpus and its MUSAN/RIR lists -> $data"
-  python -m speakerlab.synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts
+  speakerlab-synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts
   # The corpus has MUSAN/RIRS_NOISES-shaped noise (fewer files than the real sets: count warnings are
   # expected). Training augments with them only when asked: --augment true.
-  python -m speakerlab.datasets.musan_rirs prepare --raw-dir "$data" --out "$data/musan_rirs"
+  speakerlab-musan-rirs prepare --raw-dir "$data" --out "$data/musan_rirs"
 fi
 
 if stage_on 2; then
   log "stage 2: features: validate lists, check audio, index lengths; fbank stores; the int16 noise/RIR bank"
-  python -m speakerlab.prepare --data "$data/train" --data "$data/val" --data "$data/test"
+  speakerlab-prepare --data "$data/train" --data "$data/val" --data "$data/test"
   # Kaldi feats.ark/scp with $config's fbank: training without augmentation (data.feats) crops frames
   # from it, validation and stage 4 embed from it (a config whose fbank differs recomputes from audio).
-  python -m speakerlab.feature_store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
-  python -m speakerlab.noise_bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
-  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.shards): for data on network storage
-    python -m speakerlab.shards --data "$data/train" --out "$data/train/shards"
+  speakerlab-feature-store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
+  speakerlab-noise-bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.shards): for data on network storage
+    speakerlab-shards --data "$data/train" --out "$data/train/shards"
   fi
 fi
 
 if stage_on 3; then
   log "stage 3: train $config -> $exp (augment: $augment)"
   if [ "$augment" = true ]; then
-    launch speakerlab.train --config "$config" --config "$augment_config" --exp-dir "$exp" --hardware "$hardware" \
+    launch speakerlab-train --config "$config" --config "$augment_config" --exp-dir "$exp" --hardware "$hardware" \
       $train_data augment.lists="$data/musan_rirs" $train_overrides
   else
-    launch speakerlab.train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $store_opts \
+    launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $store_opts \
       $train_overrides
   fi
 fi
 
 if stage_on 4; then
   log "stage 4: embeddings of $data/test"
-  python -m speakerlab.extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
+  speakerlab-extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
 fi
 
 if stage_on 5; then
   log "stage 5: score the test trials; then the no-training baseline (cosine of mean log-mel)"
-  python -m speakerlab.score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
+  speakerlab-score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" \
     --out "$exp/scores/test"
-  python -m speakerlab.baseline --data "$data/test" --out "$exp/scores/test_baseline"
+  speakerlab-baseline --data "$data/test" --out "$exp/scores/test_baseline"
 fi
 
 if stage_on 6; then
   log "stage 6: average the last $average_last epoch checkpoints of $exp"
-  python -m speakerlab.average --exp-dir "$exp" --last "$average_last"
+  speakerlab-average --exp-dir "$exp" --last "$average_last"
 fi
 
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
-  launch speakerlab.train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
+  launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides
 fi
 log "done"

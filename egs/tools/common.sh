@@ -31,29 +31,48 @@ fetch_options() {
   opt musan_rirs true                # also fetch MUSAN + RIRS_NOISES and augment with them (false: none)
 }
 
-# launch_options: declare the options `launch` reads (one training process per GPU of --gpus, or
-# --nproc processes when --gpus is empty, e.g. CPU DDP; several machines with --nnodes ...).
+# launch_options [GPUS]: declare the options `launch` reads. --gpus: `all` (the default, or GPUS when
+# given: every GPU this shell sees, CUDA_VISIBLE_DEVICES respected; the CPU when there is none), a list
+# like "0 1 2 3" (one process each), or `none` (the CPU with --nproc processes, e.g. CPU DDP). Several
+# machines: the same command on each with --nnodes, --node_rank, --master_addr (node 0's address).
 launch_options() {
-  opt gpus ""                        # e.g. "0 1 2 3": one training process per GPU
-  opt nproc 1                        # training processes when gpus is empty
-  opt nnodes 1
-  opt node_rank 0
-  opt master_addr 127.0.0.1
+  opt gpus "${1:-all}"               # all | none | e.g. "0 1 2 3": one training process per GPU
+  opt nproc 1                        # training processes when no GPU is used
+  opt nnodes 1                       # machines taking part (the same command on each)
+  opt node_rank 0                    # this machine's number, 0 .. nnodes-1
+  opt master_addr 127.0.0.1          # node 0's address, reachable from every node
   opt master_port 29500
 }
 
-# launch MODULE ARGS...: `python -m MODULE ARGS` for one process, torchrun for several, from the
-# options of launch_options ("0 1 2 3" in gpus -> CUDA_VISIBLE_DEVICES and one process each).
+# visible_gpu_count: the CUDA devices this shell's python sees (CUDA_VISIBLE_DEVICES applied), 0 without any.
+visible_gpu_count() {
+  python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0
+}
+
+# launch COMMAND ARGS...: the console script `COMMAND ARGS` for one process, torchrun for several, from the
+# options of launch_options; says how many processes it starts and on what.
 launch() {
-  local n="$nproc"
-  if [ -n "$gpus" ]; then
-    export CUDA_VISIBLE_DEVICES="$(echo $gpus | tr ' ' ',')"
-    n=$(echo $gpus | wc -w)
-  fi
+  local n="$nproc" where="the CPU"
+  case "$gpus" in
+    none) ;;
+    all)
+      local count; count="$(visible_gpu_count)"
+      if [ "$count" -gt 0 ]; then
+        n="$count"; where="$count GPU(s) (all visible${CUDA_VISIBLE_DEVICES:+: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES})"
+      else
+        where="the CPU (no GPU visible)"
+      fi ;;
+    *)
+      export CUDA_VISIBLE_DEVICES="$(echo $gpus | tr ' ' ',')"
+      n=$(echo $gpus | wc -w); where="GPU(s) $CUDA_VISIBLE_DEVICES" ;;
+  esac
+  local nodes=""
+  [ "$nnodes" -gt 1 ] && nodes=" on node $node_rank of $nnodes (master $master_addr:$master_port)"
+  log "launch: $n process(es) on $where$nodes: $1"
   if [ "$n" -gt 1 ] || [ "$nnodes" -gt 1 ]; then
     python -m torch.distributed.run --nnodes="$nnodes" --node_rank="$node_rank" --nproc_per_node="$n" \
-      --master_addr="$master_addr" --master_port="$master_port" -m "$@"
+      --master_addr="$master_addr" --master_port="$master_port" --no-python "$@"
   else
-    python -m "$@"
+    "$@"
   fi
 }

@@ -1,10 +1,10 @@
 """Real corpora: download, extraction and Kaldi data-dir preparation, one module per corpus.
 
-    python -m speakerlab.datasets.voxceleb     download | extract | convert | prepare
-    python -m speakerlab.datasets.threedspeaker download | extract | prepare
-    python -m speakerlab.datasets.cnceleb      download | extract | prepare
-    python -m speakerlab.datasets.musan_rirs   download | extract | prepare
-    python -m speakerlab.datasets.folder --root DIR | --csv FILE --data OUT    (one's own recordings)
+    speakerlab-voxceleb     download | extract | convert | prepare
+    speakerlab-3dspeaker download | extract | prepare
+    speakerlab-cnceleb      download | extract | prepare
+    speakerlab-musan-rirs   download | extract | prepare
+    speakerlab-folder --root DIR | --csv FILE --data OUT    (one's own recordings)
 
 `download` fetches (or, with `--archive-dir`, only verifies) the published archives, `extract`
 unpacks them under `--raw-dir`, `prepare` writes Kaldi data dirs (`wav.scp` with absolute paths,

@@ -1,9 +1,9 @@
 """CN-Celeb1 + CN-Celeb2 (16 kHz flac) as Kaldi data dirs, with the CN-Celeb1 evaluation trials.
 
-    python -m speakerlab.datasets.cnceleb download [--parts cnceleb1 cnceleb2] [--download-dir D]
+    speakerlab-cnceleb download [--parts cnceleb1 cnceleb2] [--download-dir D]
                                                    [--archive-dir A] [--mirror URL]
-    python -m speakerlab.datasets.cnceleb extract  [--parts cnceleb1 cnceleb2] [--raw-dir R]
-    python -m speakerlab.datasets.cnceleb prepare  [--raw-dir R] [--data DATA] [--parts cnceleb1 cnceleb2]
+    speakerlab-cnceleb extract  [--parts cnceleb1 cnceleb2] [--raw-dir R]
+    speakerlab-cnceleb prepare  [--raw-dir R] [--data DATA] [--parts cnceleb1 cnceleb2]
 
 OpenSLR 82 archives, unpacked into R: cn-celeb_v2.tar.gz (CN-Celeb1) and cn-celeb2_v2.tar.gz
 (cn-celeb2_v2.tar.gza[a-c] joined):
@@ -20,7 +20,7 @@ The lists name files `.wav` (the first release was wav); each is resolved to the
 Data dirs under DATA (the flac files are read directly; nothing is converted):
   cnceleb_train  CN-Celeb1 dev.lst speakers + CN-Celeb2, 2,793 speakers; utterance `<spk>-<file stem>`
   cnceleb_eval   `<spk>-enroll` enrolment utterances and `<spk>-<genre>-<session>-<n>` test utterances;
-                 `trials` = the CN-Celeb1 evaluation list (196 enrolments x 17,777 tests = 3,484,292)
+                 `trials_cnceleb1` = the CN-Celeb1 evaluation list (196 enrolments x 17,777 tests = 3,484,292)
 
 Enrolment: in the official protocol a speaker is enrolled with the concatenation of his or her
 enrolment utterances, and the release ships exactly that concatenation as eval/enroll/<spk>-enroll
@@ -72,7 +72,7 @@ PUBLISHED = {
     "trials": 3484292,
 }
 AUDIO_EXT = (".flac", ".wav")
-HINT = "run `python -m speakerlab.datasets.cnceleb extract --parts {}` (or check --raw-dir)"
+HINT = "run `speakerlab-cnceleb extract --parts {}` (or check --raw-dir)"
 
 
 def resolve(base: Path, rel: str, where: str) -> Path:
@@ -145,7 +145,9 @@ def prepare_eval(raw: Path, data: Path) -> None:
             test = test_ids.get(f[1]) or PurePosixPath(f[1]).stem
             yield f[0], test, parse_label(f[2], f"{src}:{lineno}"), lineno
 
-    check_count("cnceleb_eval trials", write_trials(out / "trials", rows(), set(wav), src), PUBLISHED["trials"])
+    check_count(
+        "cnceleb_eval trials", write_trials(out / "trials_cnceleb1", rows(), set(wav), src), PUBLISHED["trials"]
+    )
 
 
 def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> None:
@@ -157,7 +159,7 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> N
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("python -m speakerlab.datasets.cnceleb", __doc__, PARTS)
+    ap, sub = make_parser("speakerlab-cnceleb", __doc__, PARTS)
     p = sub.add_parser("prepare", help="write the Kaldi data dirs and the trial list")
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--data", default="data", help="output folder for the data dirs")

@@ -13,9 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
+from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
-from speakerlab.lists import ListError, write_table
 
 PASSWORD_ENV = "SPEAKERLAB_DOWNLOAD_PASSWORD"
 

@@ -1,8 +1,8 @@
 """Your own recordings as Kaldi data dirs: a folder tree (one subfolder per speaker) or a CSV list ->
 `train/` and `test/` with a speaker-disjoint split, and a balanced trial list for `test/`.
 
-    python -m speakerlab.datasets.folder --root DIR --data OUT [--test-speakers 0.1] [--trials 20000]
-    python -m speakerlab.datasets.folder --csv FILE --data OUT [...]
+    speakerlab-folder --root DIR --data OUT [--test-speakers 0.1] [--trials 20000]
+    speakerlab-folder --csv FILE --data OUT [...]
 
 Input:
   --root DIR  DIR/<speaker>/**/<file>: the first folder level names the speaker; anything below it is
@@ -55,11 +55,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
+from speakerlab.dataio.lists import ListError, write_table
+from speakerlab.dataio.resample import resample
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
 from speakerlab.datasets.split import make_trials, split_speakers
-from speakerlab.lists import ListError, write_table
-from speakerlab.resample import resample
 
 KEEP_FORMATS = ("WAV", "FLAC")  # read in place by training (seekable crops); others are converted
 MAX_ID = 64  # characters of a cleaned name kept in an id
@@ -408,7 +408,7 @@ def _remove_stale(audio: Path, used: set) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m speakerlab.datasets.folder",
+        prog="speakerlab-folder",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

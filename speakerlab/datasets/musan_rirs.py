@@ -1,15 +1,15 @@
 """MUSAN and RIRS_NOISES: download, extract, and the augmentation lists.
 
-    python -m speakerlab.datasets.musan_rirs download [--parts musan rirs] [--download-dir D] [--archive-dir A]
-    python -m speakerlab.datasets.musan_rirs extract  [--parts musan rirs] [--raw-dir R]
-    python -m speakerlab.datasets.musan_rirs prepare  [--raw-dir R] [--out DATA/musan_rirs]
+    speakerlab-musan-rirs download [--parts musan rirs] [--download-dir D] [--archive-dir A]
+    speakerlab-musan-rirs extract  [--parts musan rirs] [--raw-dir R]
+    speakerlab-musan-rirs prepare  [--raw-dir R] [--out DATA/musan_rirs]
                                                       [--rooms smallroom mediumroom largeroom]
 
 OpenSLR 17 (musan.tar.gz) and OpenSLR 28 (rirs_noises.zip), unpacked into R:
   musan/{noise,music,speech}/<source>/*.wav                     (plus ANNOTATIONS / LICENSE files)
   RIRS_NOISES/simulated_rirs/<size>room/RoomNNN/RoomNNN-NNNNN.wav
   RIRS_NOISES/simulated_rirs/<size>room/rir_list   `--rir-id ID --room-id ROOM RIRS_NOISES/simulated_rirs/...wav`
-The synthetic corpus of egs/mini (`python -m speakerlab.synth --out DIR`) writes the same tree, so
+The synthetic corpus of egs/mini (`speakerlab-synth --out DIR`) writes the same tree, so
 `prepare --raw-dir DIR` works on it too.
 
 `prepare` writes four `<id> <absolute path>` lists (sorted) into --out:
@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Sequence
 
+from speakerlab.dataio.lists import write_table
 from speakerlab.datasets.common import (
     DatasetError,
     check_count,
@@ -37,7 +38,6 @@ from speakerlab.datasets.common import (
     run,
 )
 from speakerlab.datasets.download import Archive, log
-from speakerlab.lists import write_table
 
 PARTS = {
     "musan": (Archive("musan.tar.gz", "0c472d4fc0c5141eca47ad1ffeb2a7df", "https://openslr.elda.org/resources/17"),),
@@ -48,7 +48,7 @@ ROOMS = ("smallroom", "mediumroom", "largeroom")
 # Published sizes, checked as warnings: MUSAN file counts per category, and the simulated RIRs
 # (3 room sizes x 200 rooms x 100 RIRs).
 PUBLISHED = {"noise": 930, "music": 660, "speech": 426, "rirs": 60000}
-HINT = "run `python -m speakerlab.datasets.musan_rirs extract --parts {}` (or check --raw-dir)"
+HINT = "run `speakerlab-musan-rirs extract --parts {}` (or check --raw-dir)"
 
 
 def musan_files(folder: Path) -> Dict[str, str]:
@@ -115,7 +115,7 @@ def prepare(raw_dir, out, rooms: Sequence[str] = ROOMS) -> Dict[str, int]:
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("python -m speakerlab.datasets.musan_rirs", __doc__, PARTS)
+    ap, sub = make_parser("speakerlab-musan-rirs", __doc__, PARTS)
     p = sub.add_parser("prepare", help="write noise.scp, music.scp, babble.scp, rirs.scp")
     p.add_argument("--raw-dir", default="data/raw", help="folder holding musan/ and RIRS_NOISES/")
     p.add_argument("--out", default="data/musan_rirs", help="output folder for the lists")

@@ -1,8 +1,8 @@
 """The 3D-Speaker corpus (multi-Device, multi-Distance, multi-Dialect) as Kaldi data dirs.
 
-    python -m speakerlab.datasets.threedspeaker download [--download-dir D] [--archive-dir A] [--mirror URL]
-    python -m speakerlab.datasets.threedspeaker extract  [--raw-dir R]
-    python -m speakerlab.datasets.threedspeaker prepare  [--raw-dir R] [--data DATA] [--keep-device09]
+    speakerlab-3dspeaker download [--download-dir D] [--archive-dir A] [--mirror URL]
+    speakerlab-3dspeaker extract  [--raw-dir R]
+    speakerlab-3dspeaker prepare  [--raw-dir R] [--data DATA] [--keep-device09]
 
 Archives (https://3dspeaker.github.io/): train.tar.gz (train.tar.gz-part-[a-f] joined), test.tar.gz
 and 3dspeaker_files.tar.gz, all unpacked into R/3dspeaker, which then holds
@@ -129,9 +129,7 @@ def convert_trials(src: Path, dst: Path, rename: Dict[str, str], keep_device09: 
 
 def prepare(raw_dir, data, keep_device09: bool = False) -> None:
     """Write DATA/3dspeaker_train and DATA/3dspeaker_test (+ its three trial lists)."""
-    root = require_dir(
-        Path(raw_dir) / "3dspeaker", "run `python -m speakerlab.datasets.threedspeaker extract` (or check --raw-dir)"
-    )
+    root = require_dir(Path(raw_dir) / "3dspeaker", "run `speakerlab-3dspeaker extract` (or check --raw-dir)")
     # Audio folders are not checked by name: the lists say where each file is, and read_split
     # reports any listed file that is missing.
     data = Path(data)
@@ -150,7 +148,7 @@ def prepare(raw_dir, data, keep_device09: bool = False) -> None:
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("python -m speakerlab.datasets.threedspeaker", __doc__, PARTS)
+    ap, sub = make_parser("speakerlab-3dspeaker", __doc__, PARTS)
     p = sub.add_parser("prepare", help="write the Kaldi data dirs and trial lists")
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--data", default="data", help="output folder for the data dirs")

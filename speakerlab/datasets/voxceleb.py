@@ -1,10 +1,10 @@
 """VoxCeleb1 (wav) and VoxCeleb2 dev (m4a -> 16 kHz wav) as Kaldi data dirs, with Vox1-O/E/H trials.
 
-    python -m speakerlab.datasets.voxceleb download [--parts vox1 vox2] [--download-dir D] [--archive-dir A]
+    speakerlab-voxceleb download [--parts vox1 vox2] [--download-dir D] [--archive-dir A]
                                                     [--mirror URL] [--url NAME=URL] [--user U]
-    python -m speakerlab.datasets.voxceleb extract  [--parts vox1 vox2] [--raw-dir R]
-    python -m speakerlab.datasets.voxceleb convert  [--raw-dir R] [--jobs N]     # VoxCeleb2: needs ffmpeg
-    python -m speakerlab.datasets.voxceleb prepare  [--raw-dir R] [--data DATA] [--parts vox1 vox2]
+    speakerlab-voxceleb extract  [--parts vox1 vox2] [--raw-dir R]
+    speakerlab-voxceleb convert  [--raw-dir R] [--jobs N]     # VoxCeleb2: needs ffmpeg
+    speakerlab-voxceleb prepare  [--raw-dir R] [--data DATA] [--parts vox1 vox2]
 
 Layout under R once extracted and converted:
   voxceleb1/dev/wav/<spk>/<video>/<n>.wav   from vox1_dev_wav.zip (vox1_dev_wav_parta[a-d] joined)
@@ -155,7 +155,7 @@ def _check(name: str, wav: Dict[str, str]) -> None:
 def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir=None) -> None:
     """Write the data dirs of the docstring for the chosen parts; missing folders raise naming them."""
     raw, data = Path(raw_dir), Path(data)
-    hint = "run `python -m speakerlab.datasets.voxceleb extract --parts {}` (or check --raw-dir)"
+    hint = "run `speakerlab-voxceleb extract --parts {}` (or check --raw-dir)"
     if "vox1" in parts:
         dev = scan(require_dir(raw / "voxceleb1/dev/wav", hint.format("vox1")))
         test = scan(require_dir(raw / "voxceleb1/test/wav", hint.format("vox1")))
@@ -178,7 +178,7 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir
             convert_trials(meta / TRIALS["vox1_o_clean"][0], data / "vox1_test" / name, test)
     if "vox2" in parts:
         wav_root = Path(vox2_wav_dir) if vox2_wav_dir else raw / "voxceleb2/dev/wav"
-        wav = scan(require_dir(wav_root, "run `python -m speakerlab.datasets.voxceleb convert` first (needs ffmpeg)"))
+        wav = scan(require_dir(wav_root, "run `speakerlab-voxceleb convert` first (needs ffmpeg)"))
         m4a_root = raw / "voxceleb2/dev/aac"
         if m4a_root.is_dir():
             n_m4a = len(walk(m4a_root, ".m4a"))
@@ -235,7 +235,7 @@ def convert(raw_dir, jobs: int = 8, ffmpeg: str = "ffmpeg", src=None, dst=None) 
         raise DatasetError(FFMPEG_HELP)
     src = require_dir(
         src or Path(raw_dir) / "voxceleb2/dev/aac",
-        "run `python -m speakerlab.datasets.voxceleb extract --parts vox2` first",
+        "run `speakerlab-voxceleb extract --parts vox2` first",
     )
     dst = Path(dst or Path(raw_dir) / "voxceleb2/dev/wav")
     files = walk(src, ".m4a")
@@ -255,7 +255,7 @@ def convert(raw_dir, jobs: int = 8, ffmpeg: str = "ffmpeg", src=None, dst=None) 
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("python -m speakerlab.datasets.voxceleb", __doc__, PARTS)
+    ap, sub = make_parser("speakerlab-voxceleb", __doc__, PARTS)
     p = sub.add_parser("convert", help="VoxCeleb2 m4a -> 16 kHz wav with ffmpeg, in a process pool")
     p.add_argument("--raw-dir", default="data/raw")
     p.add_argument("--jobs", type=int, default=8)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from speakerlab.models.blocks import EmbeddingHead, conv1x1, downsampled_size, to_image
 from speakerlab.models.pooling import TSTP
-from speakerlab.models.registry import register
+from speakerlab.models.registry import register_variant
 
 # (frequency, time) stride of each of the four downsampling convs (Golden Gemini "T14c").
 _STRIDES = ((2, 1), (2, 2), (2, 1), (2, 1))
@@ -110,25 +110,14 @@ class GeminiDFResNet(EmbeddingHead):
         return self._embed(self.pool(out))
 
 
-@register
-def gemini_dfresnet114(
-    feat_dim: int = 80,
-    embedding_size: int = 256,
-    depths: Sequence[int] = (3, 3, 27, 3),
-    dims: Sequence[int] = (32, 32, 64, 128, 256),
-    two_emb_layer: bool = False,
-) -> GeminiDFResNet:
-    """Gemini DF-ResNet114 (WeSpeaker `Gemini_DF_ResNet114`, 6.53 M params): `(B, T, 80) -> (B, 256)`."""
-    return GeminiDFResNet(feat_dim, embedding_size, depths, dims, two_emb_layer)
-
-
-@register
-def gemini_dfresnet183(
-    feat_dim: int = 80,
-    embedding_size: int = 256,
-    depths: Sequence[int] = (3, 8, 45, 3),
-    dims: Sequence[int] = (32, 32, 64, 128, 256),
-    two_emb_layer: bool = False,
-) -> GeminiDFResNet:
-    """Gemini DF-ResNet183 (WeSpeaker `Gemini_DF_ResNet183`, 9.20 M params): `(B, T, 80) -> (B, 256)`."""
-    return GeminiDFResNet(feat_dim, embedding_size, depths, dims, two_emb_layer)
+_DIMS = (32, 32, 64, 128, 256)
+for _name, _doc, _depths in (
+    ("gemini_dfresnet114", "Gemini DF-ResNet114 (WeSpeaker `Gemini_DF_ResNet114`, 6.53 M params).", (3, 3, 27, 3)),
+    ("gemini_dfresnet183", "Gemini DF-ResNet183 (WeSpeaker `Gemini_DF_ResNet183`, 9.20 M params).", (3, 8, 45, 3)),
+):
+    register_variant(
+        _name,
+        GeminiDFResNet,
+        dict(feat_dim=80, embedding_size=256, depths=_depths, dims=_DIMS, two_emb_layer=False),
+        _doc + " `(B, T, 80) -> (B, 256)`.",
+    )

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speakerlab.models.pooling import stats_dtype, weighted_mean_std
-from speakerlab.models.registry import register
+from speakerlab.models.registry import register_variant
 
 
 class Conv1d(nn.Module):
@@ -215,39 +215,9 @@ class ECAPATDNN(nn.Module):
         return F.linear(x, self.fc.conv.weight.squeeze(-1), self.fc.conv.bias)
 
 
-@register
-def ecapa_tdnn_c1024(
-    feat_dim: int = 80,
-    embedding_size: int = 192,
-    attention_channels: int = 128,
-    res2net_scale: int = 8,
-    se_channels: int = 128,
-) -> ECAPATDNN:
-    """ECAPA-TDNN with 1024 channels (20.77 M parameters at 192-D): `(B, T, feat_dim) -> (B, embedding_size)`."""
-    return ECAPATDNN(
-        feat_dim,
-        embedding_size,
-        (1024, 1024, 1024, 1024, 3072),
-        attention_channels=attention_channels,
-        res2net_scale=res2net_scale,
-        se_channels=se_channels,
-    )
-
-
-@register
-def ecapa_tdnn_c512(
-    feat_dim: int = 80,
-    embedding_size: int = 192,
-    attention_channels: int = 128,
-    res2net_scale: int = 8,
-    se_channels: int = 128,
-) -> ECAPATDNN:
-    """ECAPA-TDNN with 512 channels: `(B, T, feat_dim) -> (B, embedding_size)`."""
-    return ECAPATDNN(
-        feat_dim,
-        embedding_size,
-        (512, 512, 512, 512, 1536),
-        attention_channels=attention_channels,
-        res2net_scale=res2net_scale,
-        se_channels=se_channels,
-    )
+_ARGS = dict(feat_dim=80, embedding_size=192, attention_channels=128, res2net_scale=8, se_channels=128)
+for _name, _doc, _width in (
+    ("ecapa_tdnn_c1024", "ECAPA-TDNN, 1024 channels (20.77 M params at 192-D): `(B, T, feat_dim) -> (B, D)`.", 1024),
+    ("ecapa_tdnn_c512", "ECAPA-TDNN, 512 channels (6.19 M params at 192-D): `(B, T, feat_dim) -> (B, D)`.", 512),
+):
+    register_variant(_name, ECAPATDNN, _ARGS, _doc, dict(channels=(_width,) * 4 + (3 * _width,)))

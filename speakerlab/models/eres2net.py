@@ -30,7 +30,7 @@ from speakerlab.models.blocks import (
     to_image,
 )
 from speakerlab.models.pooling import TSTP
-from speakerlab.models.registry import register
+from speakerlab.models.registry import register_variant
 
 
 class ERes2Net(EmbeddingHead):
@@ -102,29 +102,9 @@ class ERes2Net(EmbeddingHead):
         return self._embed(self.pool(fused))
 
 
-@register
-def eres2net_base(
-    feat_dim: int = 80,
-    embedding_size: int = 192,
-    m_channels: int = 32,
-    num_blocks: Sequence[int] = (3, 4, 6, 3),
-    base_width: int = 32,
-    scale: int = 2,
-    two_emb_layer: bool = False,
-) -> ERes2Net:
-    """ERes2Net-base (3D-Speaker `eres2net_base`, 6.61 M params): `(B, T, 80) -> (B, 192)`."""
-    return ERes2Net(feat_dim, embedding_size, m_channels, num_blocks, base_width, scale, two_emb_layer)
-
-
-@register
-def eres2net_large(
-    feat_dim: int = 80,
-    embedding_size: int = 192,
-    m_channels: int = 64,
-    num_blocks: Sequence[int] = (3, 4, 6, 3),
-    base_width: int = 32,
-    scale: int = 2,
-    two_emb_layer: bool = False,
-) -> ERes2Net:
-    """ERes2Net-large (3D-Speaker `eres2net_large`, 22.46 M params): `(B, T, 80) -> (B, 192)`."""
-    return ERes2Net(feat_dim, embedding_size, m_channels, num_blocks, base_width, scale, two_emb_layer)
+_COMMON = dict(feat_dim=80, embedding_size=192, num_blocks=(3, 4, 6, 3), base_width=32, scale=2, two_emb_layer=False)
+for _name, _doc, _channels in (
+    ("eres2net_base", "ERes2Net-base (3D-Speaker `eres2net_base`, 6.61 M params): `(B, T, 80) -> (B, 192)`.", 32),
+    ("eres2net_large", "ERes2Net-large (3D-Speaker `eres2net_large`, 22.46 M params): `(B, T, 80) -> (B, 192)`.", 64),
+):
+    register_variant(_name, ERes2Net, dict(_COMMON, m_channels=_channels), _doc)

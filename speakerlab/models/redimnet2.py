@@ -10,7 +10,7 @@
 Module and parameter names follow the released checkpoints (`backbone.stage0.3.conv_block...`,
 `pool.linear1`, `bn`, `linear`), so their `state_dict` loads with `strict=True`; the release's
 front-end buffers (`spec.*`) are not part of this model: the front-end lives in
-speakerlab/features_redimnet.py (`ReDimNetMel`), and the model takes its features time-major.
+speakerlab/features/redimnet.py (`ReDimNetMel`), and the model takes its features time-major.
 `load_redimnet2(model_config, state_dict)` builds the model from a release's constructor settings.
 """
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from speakerlab.models.pooling import ASTP
 from speakerlab.models.redimnet2_blocks import ReDimNet2Backbone, StageSpec
-from speakerlab.models.registry import register
+from speakerlab.models.registry import register_variant
 
 # Settings of the VoxCeleb2 releases (`b<n>-vox2-{ptn,lm}.pt`): channels C, output head width and
 # stages. B3 and B6 are written out in the official recipes; the others come from the released
@@ -150,96 +150,19 @@ class ReDimNet2(nn.Module):
         return self.bn2(self.linear(out))
 
 
-def _build(
-    size: str, feat_dim: int, embedding_size: int, out_channels: Optional[int], return_2d_output: bool, agg_gnorm: bool
-) -> ReDimNet2:
-    """A release size with its head width, output layout and GroupNorm setting overridden."""
-    settings = dict(RELEASES[size], out_channels=out_channels)
-    return ReDimNet2(feat_dim, embedding_size, return_2d_output=return_2d_output, agg_gnorm=agg_gnorm, **settings)
-
-
-@register
-def redimnet2_b0(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = 64,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B0 (1.12 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b0", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
-
-
-@register
-def redimnet2_b1(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = None,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B1 (2.16 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b1", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
-
-
-@register
-def redimnet2_b2(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = None,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B2 (3.68 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b2", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
-
-
-@register
-def redimnet2_b3(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = None,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B3 (4.18 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b3", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
-
-
-@register
-def redimnet2_b4(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = None,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B4 (6.66 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b4", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
-
-
-@register
-def redimnet2_b5(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = 256,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B5 (8.96 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b5", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
-
-
-@register
-def redimnet2_b6(
-    feat_dim: int = 72,
-    embedding_size: int = 192,
-    out_channels: Optional[int] = 224,
-    return_2d_output: bool = True,
-    agg_gnorm: bool = False,
-) -> ReDimNet2:
-    """ReDimNet2-B6 (12.39 M params): `(B, T, 72) -> (B, 192)`."""
-    return _build("b6", feat_dim, embedding_size, out_channels, return_2d_output, agg_gnorm)
+# Each VoxCeleb2 release size, registered as redimnet2_<size> (M params at the defaults): the release's
+# settings are fixed, its head width (`out_channels`, None: no head) is an argument.
+_MPARAMS = {"b0": 1.12, "b1": 2.16, "b2": 3.68, "b3": 4.18, "b4": 6.66, "b5": 8.96, "b6": 12.39}
+for _size, _mparams in _MPARAMS.items():
+    _release = dict(RELEASES[_size])
+    _head = _release.pop("out_channels", None)
+    register_variant(
+        f"redimnet2_{_size}",
+        ReDimNet2,
+        dict(feat_dim=72, embedding_size=192, out_channels=_head, return_2d_output=True, agg_gnorm=False),
+        f"ReDimNet2-{_size.upper()} ({_mparams} M params): `(B, T, 72) -> (B, 192)`.",
+        _release,
+    )
 
 
 # Release `model_config` keys (ReDimNet2Wrap's arguments) -> our constructor's, with the official
@@ -272,7 +195,7 @@ _FIXED = {
     "before_pool_offset": (None,),
     "return_all_outputs": (False,),
 }
-# Front-end settings (see speakerlab/features_redimnet.py) and arguments the official model ignores.
+# Front-end settings (see speakerlab/features/redimnet.py) and arguments the official model ignores.
 _NOT_MODEL = {"feat_type", "hop_length", "spec_params", "num_classes", "feat_agg_dropout", "head_activation"}
 
 
@@ -298,7 +221,7 @@ def load_redimnet2(model_config: Mapping[str, Any], state_dict: Mapping[str, tor
     """A released ReDimNet2 (`{"model_config": ..., "state_dict": ...}` of PalabraAI/redimnet2) as our model.
 
     `state_dict` holds the official keys, with or without the front-end's `spec.*` buffers (dropped:
-    the front-end is `speakerlab.features_redimnet.ReDimNetMel`). Every other key must match the
+    the front-end is `speakerlab.features.redimnet.ReDimNetMel`). Every other key must match the
     model exactly; a ValueError names missing, unexpected and mis-shaped keys. Returns the model
     in eval mode, mapping log-mel `(B, T, 72)` to `(B, embedding_size)`.
     """

@@ -1,7 +1,9 @@
-"""Model registry: builders register under their own function name.
+"""Model registry: builders register under their own function name, or variants of one class from a table.
 
     @register
     def campplus(feat_dim=80, embedding_size=512, **kw) -> nn.Module: ...
+
+    register_variant("resnet34", ResNet, dict(feat_dim=80, embedding_size=192, ...), "doc", fixed=dict(block="basic"))
 
     build_model("campplus", embedding_size=192)
 
@@ -11,7 +13,7 @@ Every model maps fbank features `(B, T, F)` to embeddings `(B, D)`.
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch.nn as nn
 
@@ -25,6 +27,27 @@ def register(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         raise ValueError(f"model name {name!r} is registered twice")
     _BUILDERS[name] = builder
     return builder
+
+
+def register_variant(
+    name: str,
+    make: Callable[..., nn.Module],
+    defaults: Dict[str, Any],
+    doc: str,
+    fixed: Optional[Dict[str, Any]] = None,
+) -> None:
+    """Register `name` as `make(**fixed, **defaults)`: `defaults` are the variant's keyword arguments (what a
+    config's `model.args` may set, checked like a builder's signature), `fixed` what makes it this variant
+    and is not an argument (a block type, channel widths of a release)."""
+
+    def builder(**kwargs) -> nn.Module:
+        return make(**(fixed or {}), **{**defaults, **kwargs})
+
+    builder.__name__ = builder.__qualname__ = name
+    builder.__doc__ = doc
+    kind = inspect.Parameter.KEYWORD_ONLY
+    builder.__signature__ = inspect.Signature([inspect.Parameter(k, kind, default=v) for k, v in defaults.items()])
+    register(builder)
 
 
 def list_models() -> list:

@@ -28,7 +28,7 @@ from speakerlab.models.blocks import (
     to_image,
 )
 from speakerlab.models.pooling import TSTP
-from speakerlab.models.registry import register
+from speakerlab.models.registry import register_variant
 
 
 class BasicBlock(nn.Module):
@@ -140,37 +140,23 @@ class ResNet(EmbeddingHead):
         return self._embed(self.pool(out))
 
 
-@register
-def resnet34(
-    feat_dim: int = 80,
-    embedding_size: int = 192,
-    m_channels: int = 32,
-    num_blocks: Sequence[int] = (3, 4, 6, 3),
-    two_emb_layer: bool = True,
-) -> ResNet:
-    """ResNet34 (3D-Speaker `resnet34`, 6.34 M params): `(B, T, 80) -> (B, 192)`."""
-    return ResNet(feat_dim, embedding_size, m_channels, num_blocks, two_emb_layer, "basic")
-
-
-@register
-def resnet221(
-    feat_dim: int = 80,
-    embedding_size: int = 256,
-    m_channels: int = 32,
-    num_blocks: Sequence[int] = (6, 16, 48, 3),
-    two_emb_layer: bool = False,
-) -> ResNet:
-    """ResNet221, bottleneck blocks (6, 16, 48, 3) (WeSpeaker `ResNet221`, 23.79 M): `(B, T, 80) -> (B, 256)`."""
-    return ResNet(feat_dim, embedding_size, m_channels, num_blocks, two_emb_layer, "bottleneck", pool_eps=1e-7)
-
-
-@register
-def resnet293(
-    feat_dim: int = 80,
-    embedding_size: int = 256,
-    m_channels: int = 32,
-    num_blocks: Sequence[int] = (10, 20, 64, 3),
-    two_emb_layer: bool = False,
-) -> ResNet:
-    """ResNet293, bottleneck blocks (10, 20, 64, 3) (WeSpeaker `ResNet293`, 28.62 M): `(B, T, 80) -> (B, 256)`."""
-    return ResNet(feat_dim, embedding_size, m_channels, num_blocks, two_emb_layer, "bottleneck", pool_eps=1e-7)
+# name -> (what it is, its arguments, what makes it this variant); params at the defaults.
+VARIANTS = {
+    "resnet34": (
+        "ResNet34 (3D-Speaker `resnet34`, 6.34 M params): `(B, T, 80) -> (B, 192)`.",
+        dict(feat_dim=80, embedding_size=192, m_channels=32, num_blocks=(3, 4, 6, 3), two_emb_layer=True),
+        dict(block="basic"),
+    ),
+    "resnet221": (
+        "ResNet221, bottleneck blocks (6, 16, 48, 3) (WeSpeaker `ResNet221`, 23.79 M): `(B, T, 80) -> (B, 256)`.",
+        dict(feat_dim=80, embedding_size=256, m_channels=32, num_blocks=(6, 16, 48, 3), two_emb_layer=False),
+        dict(block="bottleneck", pool_eps=1e-7),
+    ),
+    "resnet293": (
+        "ResNet293, bottleneck blocks (10, 20, 64, 3) (WeSpeaker `ResNet293`, 28.62 M): `(B, T, 80) -> (B, 256)`.",
+        dict(feat_dim=80, embedding_size=256, m_channels=32, num_blocks=(10, 20, 64, 3), two_emb_layer=False),
+        dict(block="bottleneck", pool_eps=1e-7),
+    ),
+}
+for _name, (_doc, _defaults, _fixed) in VARIANTS.items():
+    register_variant(_name, ResNet, _defaults, _doc, _fixed)

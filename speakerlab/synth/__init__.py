@@ -2,7 +2,7 @@
 
 voice.py: speaker traits and source-filter synthesis of phone strings with a per-session channel;
 rooms.py: synthetic noise, music and room impulse responses; __main__.py: the corpus writer,
-``python -m speakerlab.synth --out DIR`` (Kaldi data dirs, MUSAN- and RIRS_NOISES-shaped sets).
+``speakerlab-synth --out DIR`` (Kaldi data dirs, MUSAN- and RIRS_NOISES-shaped sets).
 """
 
 from .voice import SR, Session, SpeakerTraits, draw_session, draw_speaker, synth_utterance

@@ -1,4 +1,4 @@
-"""Write the synthetic speaker corpus: ``python -m speakerlab.synth --out DIR [options]``.
+"""Write the synthetic speaker corpus: ``speakerlab-synth --out DIR [options]``.
 
 Layout under DIR (all lists sorted, wav.scp paths absolute):
   train/ val/ test/           Kaldi data dirs: wav.scp utt2spk spk2utt (+ trials for val, test)
@@ -26,7 +26,8 @@ import time
 from itertools import combinations
 
 import numpy as np
-import soundfile as sf
+
+from speakerlab.dataio.audio import sf
 
 from . import rooms
 from .voice import SR, SpeakerTraits, draw_session, draw_speaker, synth_utterance
@@ -249,7 +250,7 @@ def _noise_tasks(out: str, seed: int) -> list:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m speakerlab.synth", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="speakerlab-synth", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--seed", type=int, default=20240607)
     p.add_argument("--num-train-speakers", type=int, default=400)

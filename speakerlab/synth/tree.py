@@ -1,7 +1,7 @@
 """A synthetic corpus re-written the way people keep their own recordings, over a telephone channel:
 
-    python -m speakerlab.synth --out corpus --seed 999 ...        # the voices (any speakers of any set)
-    python -m speakerlab.synth.tree --corpus corpus --out tree    # tree/<speaker>/**/<file>
+    speakerlab-synth --out corpus --seed 999 ...        # the voices (any speakers of any set)
+    speakerlab-synth-tree --corpus corpus --out tree    # tree/<speaker>/**/<file>
 
 Every speaker of the corpus's train, val and test sets becomes a folder of `tree` (folder names with
 spaces and non-ASCII letters for some), holding its utterances in one of three layouts by speaker: flat,
@@ -23,7 +23,7 @@ from typing import Dict, List
 import numpy as np
 import soundfile as sf
 
-from speakerlab.resample import resample
+from speakerlab.dataio.resample import resample
 from speakerlab.synth.voice import SR
 
 BAND_HZ = (300.0, 3400.0)
@@ -67,7 +67,7 @@ def write_tree(corpus: Path, out: Path) -> Dict[str, List[Path]]:
             utt, spk = line.split()
             speakers.setdefault(spk, []).append(utt)
     if not speakers:
-        raise SystemExit(f"error: {corpus} has no train/val/test data dirs (python -m speakerlab.synth --out ...)")
+        raise SystemExit(f"error: {corpus} has no train/val/test data dirs (speakerlab-synth --out ...)")
     written: Dict[str, List[Path]] = {}
     for i, spk in enumerate(sorted(speakers)):
         folder = speaker_folder(i, spk)
@@ -90,8 +90,8 @@ def write_tree(corpus: Path, out: Path) -> Dict[str, List[Path]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.synth.tree", description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", required=True, help="output of python -m speakerlab.synth")
+    ap = argparse.ArgumentParser(prog="speakerlab-synth-tree", description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus", required=True, help="output of speakerlab-synth")
     ap.add_argument("--out", required=True, help="the folder tree to write")
     args = ap.parse_args(argv)
     written = write_tree(Path(args.corpus), Path(args.out))

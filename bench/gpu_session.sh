@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The first command of a session on a GPU machine: proves the GPU path and measures it in <= 9 minutes
+# on one H100, offline.
+#   bash bench/gpu_session.sh [--out DIR] [--wheels DIR]     # on the card
+#   bash bench/gpu_session.sh --dry-run --out /tmp/gs         # the same steps on the CPU, tiny, < 3 minutes
+# --wheels DIR: wheels of what the machine lacks (bash bench/fetch_gpu_wheels.sh DIR, here, beforehand),
+# installed with pip --no-index (egs/tools/env.sh, SPEAKERLAB_WHEELS).
+# Steps, each logged with its time, its output kept under --out (default bench/gpu_session_out):
+#   1 environment (GPU, driver, torch, free memory, packages)                      env.txt
+#   2 tests/test_cuda.py (TF32 parity, autocast, fp16 scaler, compiled step, NCCL)   test_cuda.txt
+#   3 bench/gpu_session.py measure (one process), output in measure.txt:
+#     a synthetic data dir (768 x 4 s); the auto per-card batch of each model (bf16, up to 1024)  train_probe.json
+#     bench/train_step.py, CAM++ and ERes2Net-base at 3 s crops, per-card batch 256: fp32, tf32, bf16
+#     eager; bf16 compiled; bf16 eager and compiled through the data loader                 train_*.json
+#     extraction throughput (python -m speakerlab.inference.extract) of both models                   extract.json
+#     RESULTS.md-ready rows of the timed steps                                              rows.md
+# A step that fails is logged and the others still run; the exit code is that of the first failure. Steps
+# past the time budget (530 s; dry run 170 s, but a dry run skips nothing) are skipped, logged.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dry=false out=bench/gpu_session_out wheels=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=true; shift ;;
+    --out) out="$2"; shift 2 ;;
+    --wheels) wheels="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+start=$(date +%s)
+if [ "$dry" = true ]; then budget=170; else budget=530; fi
+deadline=$((start + budget))
+status=0
+log() { echo "[$(date '+%H:%M:%S') +$(( $(date +%s) - start ))s] gpu_session: $*" | tee -a "$out/session.log" >&2; }
+# step NAME COMMAND...: run it unless the budget is spent; its output to $out/NAME.txt and the log.
+step() {
+  local name="$1"; shift
+  if [ "$(date +%s)" -ge "$deadline" ] && [ "$dry" = false ]; then log "$name: skipped, past the budget"; return; fi
+  log "$name: $*"
+  "$@" > "$out/$name.txt" 2>&1
+  local rc=$?
+  grep -E "^(==|\| |probe |extraction |[0-9]+ (passed|failed|skipped)|FAILED|ERROR)" "$out/$name.txt" >&2
+  if [ "$rc" -ne 0 ]; then log "$name: FAILED (exit $rc), see $out/$name.txt"; [ "$status" -ne 0 ] || status=$rc; fi
+}
+
+[ -n "$wheels" ] && export SPEAKERLAB_WHEELS="$(cd "$wheels" && pwd)"
+SPEAKERLAB_REQUIREMENTS=requirements-test.txt source egs/tools/env.sh || { log "environment set-up failed"; exit 2; }
+export PYTHONUNBUFFERED=1
+
+log "start: dry-run $dry, out $out, wheels ${wheels:-none}, budget ${budget}s"
+step env python bench/gpu_session.py env
+step test_cuda python -m pytest -q -p no:cacheprovider tests/test_cuda.py
+measure=(python bench/gpu_session.py measure "$out")
+if [ "$dry" = true ]; then measure+=(--deadline $((start + 3600)) --dry-run); else measure+=(--deadline "$deadline"); fi
+step measure "${measure[@]}"
+log "done in $(( $(date +%s) - start ))s, exit $status; rows: $out/rows.md; JSON: $out/*.json"
+exit "$status"

@@ -1,0 +1,195 @@
+"""Training batches: random fixed-length crops, in an order that does not depend on the hardware.
+
+The order of one epoch is a permutation drawn from (seed, epoch). Optimizer step k consumes global
+positions [k*G, (k+1)*G) of it (G = global batch), split into world_size x accumulation micro-batches.
+Each item's crop offset is drawn from (seed, epoch, position). So the samples seen by every
+optimizer step, and their crops, are the same on 1 or 8 GPUs, with any accumulation and any
+number of loader workers; and a run resumed at step k continues with exactly the batches it
+would have seen. Speed perturbation and augmentation (speakerlab.dataio.augment) draw from the same
+per-item generator, so augmented samples keep that guarantee.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from speakerlab.dataio.audio import AudioError, read_crop_int16
+from speakerlab.dataio.augment import Augmenter, Draw
+from speakerlab.dataio.speed import factor_classes, input_length
+
+Item = Tuple[int, int]  # (utterance index, crop seed)
+CropReader = Callable[[int, np.random.Generator], Tuple[np.ndarray, bool]]  # (samples, rng) -> (int16 crop, finite)
+
+
+class CropDataset(Dataset):
+    """Indexed by `(utterance index, crop seed)`; returns one item of `collate`'s input (a dict).
+
+    Draws, in this order, from `np.random.default_rng(crop seed)`: the speed class (only when
+    `speed_prob` > 0: with that probability a factor drawn uniformly among the factors other than
+    1), the crop offset, then the augmentation (`augment.pick`). The worker reads
+    `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
+    (the most any factor needs) so that items stack; the arithmetic happens batched on the
+    training device (`speakerlab.train.frontend.Frontend`). With `skip_bad`, a read that fails gives
+    a silent item whose `bad` names the file and the reason (the training step drops that row);
+    otherwise the AudioError propagates.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        labels: Sequence[int],
+        lengths: Sequence[int],
+        crop_samples: int,
+        sample_rate: int = 16000,
+        augment: Optional[Augmenter] = None,
+        speed_factors: Sequence[float] = (),
+        speed_prob: float = 0.0,
+        skip_bad: bool = False,
+    ):
+        if not (len(paths) == len(labels) == len(lengths)):
+            raise ValueError("paths, labels and lengths must have equal lengths")
+        self.paths, self.labels, self.lengths = list(paths), list(labels), list(lengths)
+        self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
+        self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
+        self.skip_bad = skip_bad
+        if self.speed_prob > 0 and len(self.factors) < 2:
+            raise ValueError(f"speed_prob {speed_prob} needs a speed factor other than 1, got {list(speed_factors)}")
+        self.read_samples = max(input_length(crop_samples, f) for f in self.factors)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, item: Item) -> Dict[str, object]:
+        index, crop_seed = item
+
+        def read(num_samples: int, rng: np.random.Generator) -> Tuple[np.ndarray, bool]:
+            return read_crop_int16(self.paths[index], num_samples, self.lengths[index], rng, self.sample_rate)
+
+        return self.crop_item(index, crop_seed, read)
+
+    def crop_item(self, index: int, crop_seed, read: CropReader) -> Dict[str, object]:
+        """The item of utterance `index` whose crop `read(num_samples, rng) -> (int16 (num_samples,), finite)`
+        reads (from its file here; from a tar shard's bytes in `speakerlab.dataio.shards`); `crop_seed` is
+        anything `np.random.default_rng` takes. One function for both, so both draw alike."""
+        rng = np.random.default_rng(crop_seed)
+        speed = 0
+        if self.speed_prob > 0 and rng.random() < self.speed_prob:
+            speed = 1 + int(rng.integers(len(self.factors) - 1))
+        need = input_length(self.crop_samples, self.factors[speed])
+        wave = np.zeros(self.read_samples, dtype=np.int16)
+        bad = ""
+        try:
+            wave[:need], finite = read(need, rng)
+        except AudioError as e:
+            if not self.skip_bad:
+                raise
+            bad, finite = str(e), True
+        picked = self.augment.pick(rng, self.crop_samples) if self.augment is not None else None
+        return {
+            "wave": wave,
+            "finite": finite,
+            "label": self.labels[index],
+            "index": index,
+            "speed": speed,
+            "picked": picked,
+            "bad": bad,
+        }
+
+
+def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
+    """Dataset items -> one batch (runs in the loader worker). B items, R reverberated, S noise segments:
+
+    wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
+    label / index / speed (B,) int64; snr (B,) float32 (nan: no additive noise);
+    rir (R, L) int16 zero-padded, rir_item (R,) int64 the batch row of each;
+    noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host);
+    bad: per item "" or why its audio could not be read (a list, stays on the host).
+    """
+    b = len(items)
+    picked = [it["picked"] for it in items]
+    rirs = [(i, p.rir) for i, p in enumerate(picked) if p is not None and p.rir is not None]
+    segs = [(i, s) for i, p in enumerate(picked) if p is not None for s in p.noise]
+    rir = np.zeros((len(rirs), max((r.shape[0] for _, r in rirs), default=1)), dtype=np.int16)
+    for row, (_, r) in enumerate(rirs):
+        rir[row, : r.shape[0]] = r
+    noise = np.stack([s for _, s in segs]) if segs else np.zeros((0, 1), dtype=np.int16)
+    draws = [p.draw if p is not None else Draw() for p in picked]
+
+    def ints(values) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64)
+
+    return {
+        "wave": torch.from_numpy(np.stack([it["wave"] for it in items])),
+        "finite": torch.tensor([bool(it["finite"]) for it in items]),
+        "label": ints(it["label"] for it in items),
+        "index": ints(it["index"] for it in items),
+        "speed": ints(it["speed"] for it in items),
+        "snr": torch.tensor([d.snr_db for d in draws], dtype=torch.float32).reshape(b),
+        "rir": torch.from_numpy(rir),
+        "rir_item": ints(i for i, _ in rirs),
+        "noise": torch.from_numpy(noise),
+        "noise_item": ints(i for i, _ in segs),
+        "draws": draws,
+        "bad": [str(it.get("bad", "")) for it in items],
+    }
+
+
+def check_split(global_batch: int, micro_batch: int, accumulation: int, world_size: int) -> None:
+    """A global batch is world size x accumulation x micro batch, exactly (both batch orders need it)."""
+    if micro_batch * accumulation * world_size != global_batch:
+        raise ValueError(
+            f"global batch {global_batch} != micro batch {micro_batch} x accumulation "
+            f"{accumulation} x world size {world_size}"
+        )
+
+
+class GlobalBatchSampler(Sampler[List[Item]]):
+    """Yields this rank's micro-batches, `accumulation` per optimizer step, for one epoch.
+
+    Set the epoch (and the step to start from, when resuming mid-epoch) with `set_epoch` before
+    iterating. Each epoch has `num_items // global_batch` steps; the remainder is dropped (it
+    changes with the permutation, so every item is still seen across epochs).
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        global_batch: int,
+        micro_batch: int,
+        accumulation: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
+        check_split(global_batch, micro_batch, accumulation, world_size)
+        if num_items < global_batch:
+            raise ValueError(f"{num_items} training utterances are fewer than one global batch ({global_batch})")
+        self.num_items, self.global_batch = num_items, global_batch
+        self.micro_batch, self.accumulation = micro_batch, accumulation
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.epoch, self.start_step = 0, 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_items // self.global_batch
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self.epoch, self.start_step = epoch, start_step
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch - self.start_step) * self.accumulation
+
+    def __iter__(self) -> Iterator[List[Item]]:
+        perm = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+        # One seed per global position; distinct streams for (seed, epoch, position).
+        crop_seeds = np.random.default_rng([self.seed, self.epoch, 1]).integers(0, 2**62, self.num_items)
+        mb = self.micro_batch
+        for step in range(self.start_step, self.steps_per_epoch):
+            base = step * self.global_batch
+            for a in range(self.accumulation):
+                lo = base + (a * self.world_size + self.rank) * mb
+                yield [(int(perm[p]), int(crop_seeds[p])) for p in range(lo, lo + mb)]

@@ -1,0 +1,95 @@
+"""Audio of any sample rate and channel count for a model: read a whole file, keep its first channel,
+resample it in torch to the model's rate.
+
+    wave = read_for_model("call.wav", 16000)   # an 8 kHz stereo file -> (samples at 16 kHz,) float32
+
+Training reads 16 kHz mono only (speakerlab.dataio.audio refuses anything else, so a mislabelled corpus is
+caught); inference tools take what users have. Sample-rate conversion is `speakerlab.dataio.speed.Resampler`
+(the polyphase filter of `scipy.signal.resample_poly`) with up / down = target / source in lowest terms:
+8000 -> 16000 is 2 / 1, 44100 -> 16000 is 160 / 441. Its polyphase weights hold about
+up x down + 20 x max(up, down) floats (44.1 kHz: 79 k; 11.025 kHz, 640 / 441: 295 k), so a ratio above
+`MAX_WEIGHTS` (a rate like 16001 Hz) is refused rather than building a filter of gigabytes; every common
+rate (8, 11.025, 12, 16, 22.05, 24, 32, 44.1, 48, 88.2, 96, 192 kHz) to 16 or 8 kHz is well below it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from fractions import Fraction
+from functools import lru_cache
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+import torch
+
+from speakerlab.dataio.audio import AudioError, sf
+from speakerlab.dataio.speed import ZERO_CROSSINGS, Resampler
+
+MAX_WEIGHTS = 1_000_000  # floats (4 MB) of polyphase weights; see the module docstring
+
+
+class MultiChannelWarning(UserWarning):
+    """A multi-channel file was read as its first channel; the message names the file."""
+
+
+def rate_ratio(source: int, target: int) -> Tuple[int, int]:
+    """Sample rates -> (up, down), up / down = target / source in lowest terms (44100, 16000 -> (160, 441)).
+
+    Raises ValueError for a rate that is not positive, or a ratio whose filter would exceed `MAX_WEIGHTS`."""
+    if source <= 0 or target <= 0:
+        raise ValueError(f"sample rates must be > 0, got {source} -> {target}")
+    ratio = Fraction(int(target), int(source))
+    up, down = ratio.numerator, ratio.denominator
+    weights = up * down + 2 * ZERO_CROSSINGS * max(up, down)  # Resampler's (up, 1, taps) weight, about
+    if weights > MAX_WEIGHTS:
+        raise ValueError(
+            f"cannot resample {source} Hz -> {target} Hz: the ratio {up}/{down} needs a polyphase filter of "
+            f"about {weights} weights (limit {MAX_WEIGHTS}); convert the file first (e.g. sox)"
+        )
+    return up, down
+
+
+@lru_cache(maxsize=8)
+def _resampler(up: int, down: int) -> Resampler:
+    # Building the polyphase weights is a Python loop over up x taps; a tool embedding thousands of
+    # files at one rate builds them once.
+    return Resampler(up, down)
+
+
+def resample(wave: np.ndarray, source: int, target: int) -> np.ndarray:
+    """`(samples,)` float at `source` Hz -> `(ceil(samples x target / source),)` float32 at `target` Hz.
+
+    The same values as `scipy.signal.resample_poly(wave, up, down)` up to float32 rounding (tests:
+    within 1e-5 absolute for full-scale signals); the input itself when the rates are equal."""
+    wave = np.asarray(wave, dtype=np.float32)
+    if source == target:
+        return wave
+    up, down = rate_ratio(source, target)
+    with torch.no_grad():
+        out = _resampler(up, down)(torch.from_numpy(wave).unsqueeze(0))
+    return out[0].numpy()
+
+
+def read_for_model(path: str, sample_rate: int, warn: Optional[Callable[[str], None]] = None) -> np.ndarray:
+    """A whole file of any rate and channel count -> `(samples at sample_rate,)` float32.
+
+    A multi-channel file gives its first channel, and a message naming the file goes to `warn` (default:
+    `warnings.warn(..., MultiChannelWarning)`): the other channels are dropped, not mixed, because a
+    mixdown of a two-party call would blend two speakers. Errors raise `AudioError` naming the file."""
+    try:
+        wave, sr = sf.read(path, dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
+        raise AudioError(f"{path}: cannot read audio: {e}") from None
+    if wave.shape[1] > 1:
+        msg = f"{path}: {wave.shape[1]} channels, using the first"
+        if warn is None:
+            warnings.warn(msg, MultiChannelWarning, stacklevel=2)
+        else:
+            warn(msg)
+    wave = np.ascontiguousarray(wave[:, 0])
+    if wave.shape[0] == 0:
+        raise AudioError(f"{path}: empty audio file")
+    try:
+        return resample(wave, int(sr), int(sample_rate))
+    except ValueError as e:
+        raise AudioError(f"{path}: {e}") from None

@@ -1,0 +1,179 @@
+"""Offline features: fbank of every utterance of a data dir, stored once as Kaldi feats.ark/feats.scp.
+
+    speakerlab-feature-store --data data/train --data data/test [--config conf/voxceleb/campplus.yaml ...]
+
+Writes `<data>/feats.ark`, `<data>/feats.scp` (Kaldi's own format, through kaldiio, so Kaldi and
+other toolkits read them too) and `<data>/feats.json`, the fbank options they were computed with
+(no dither, no mean normalisation: readers normalise as their config says). feats.json is written
+last, so a data dir with it has a complete store. Readers: extraction (`speakerlab.inference.extract --feats`)
+and training without augmentation (`data.feats: true`), which then crops frames instead of decoding
+audio. A store whose options differ from the config's is an error naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from speakerlab.dataio.audio import read_audio
+from speakerlab.dataio.lists import ListError, load_data_dir, read_table
+from speakerlab.features.fbank import Fbank, FbankConfig, fbank_config, num_frames
+
+FEATS_SCP, FEATS_ARK, FEATS_CONF = "feats.scp", "feats.ark", "feats.json"
+
+
+def _kaldiio():
+    """kaldiio, imported on first use: only feature-store users need it (requirements.txt lists it)."""
+    try:
+        import kaldiio
+    except ImportError:
+        raise ImportError("the feature store needs kaldiio: pip install kaldiio (see requirements.txt)") from None
+    return kaldiio
+
+
+def write_store(data_dir, fbank: Fbank, log=print) -> Path:
+    """fbank `(T, F)` float32 of every utterance of `data_dir` -> its feats.ark / feats.scp / feats.json."""
+    root = Path(data_dir)
+    if fbank.config.dither != 0.0:
+        raise ValueError("a feature store holds deterministic features: build it with dither 0")
+    data = load_data_dir(root, need_speakers=False)
+    data.check_audio_exists()
+    if _up_to_date(root, fbank.config, len(data.utts)):  # a re-run of the stage costs nothing
+        log(f"feature store {root / FEATS_SCP}: up to date ({len(data.utts)} utterances)")
+        return root / FEATS_SCP
+    (root / FEATS_CONF).unlink(missing_ok=True)  # the store is incomplete until this is written again
+    frames = 0
+    with torch.no_grad(), _kaldiio().WriteHelper(f"ark,scp:{root / FEATS_ARK},{root / FEATS_SCP}") as writer:
+        for utt in data.utts:
+            wave = read_audio(data.wav[utt], fbank.config.sample_rate)
+            feats = fbank(torch.from_numpy(wave).unsqueeze(0))[0].numpy()
+            writer(utt, feats)
+            frames += feats.shape[0]
+    meta = {"fbank": dataclasses.asdict(fbank.config), "utterances": len(data.utts), "frames": frames}
+    (root / FEATS_CONF).write_text(json.dumps(meta, indent=1))
+    log(f"feature store {root / FEATS_SCP}: {len(data.utts)} utterances, {frames} frames")
+    return root / FEATS_SCP
+
+
+def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
+    """A complete store of `root` with these fbank options and utterance count, newer than wav.scp."""
+    conf = root / FEATS_CONF
+    if not conf.is_file() or conf.stat().st_mtime < (root / "wav.scp").stat().st_mtime:
+        return False
+    meta = json.loads(conf.read_text())
+    return meta.get("fbank") == dataclasses.asdict(config) and meta.get("utterances") == utterances
+
+
+class FeatureStore:
+    """Read side of a store: `store[utt]` -> `(T, F)` float32. Holds only the scp entries (picklable:
+    loader workers open the ark per read)."""
+
+    def __init__(self, data_dir, expect: Optional[FbankConfig] = None):
+        root = Path(data_dir)
+        conf = root / FEATS_CONF
+        if not conf.is_file():
+            raise ListError(f"{conf}: no complete feature store; run speakerlab-feature-store --data {root}")
+        self.config = json.loads(conf.read_text())["fbank"]
+        self.entries: Dict[str, str] = {u: fields[0] for u, (_, fields) in read_table(root / FEATS_SCP).items()}
+        if expect is not None:
+            want = dataclasses.asdict(expect)
+            for key in sorted(set(want) | set(self.config)):
+                if want.get(key) != self.config.get(key) and key != "dither":
+                    raise ValueError(
+                        f"{conf}: features computed with {key}={self.config.get(key)!r}, the config "
+                        f"asks for {key}={want.get(key)!r}; rebuild the store or change features.{key}"
+                    )
+
+    def __contains__(self, utt: str) -> bool:
+        return utt in self.entries
+
+    def __getitem__(self, utt: str) -> np.ndarray:
+        try:
+            return np.asarray(_kaldiio().load_mat(self.entries[utt]), dtype=np.float32)
+        except KeyError:
+            raise ListError(f"'{utt}' is not in the feature store ({len(self.entries)} utterances)") from None
+
+
+class FeatureCropDataset(Dataset):
+    """Training without augmentation from a store: `(utterance index, crop seed)` -> `{"feats" (n, F)
+    float32, "finite", "label", "index"}`, n = the frames of `crop_samples`. The crop offset is drawn
+    from `np.random.default_rng(crop seed)` as audio crops are; a shorter utterance is repeated from
+    a random phase, as `speakerlab.dataio.audio.read_crop` repeats short audio."""
+
+    def __init__(
+        self,
+        store: FeatureStore,
+        utts: Sequence[str],
+        paths: Sequence[str],
+        labels: Sequence[int],
+        crop_samples: int,
+        fbank: FbankConfig,
+    ):
+        self.store, self.utts, self.paths, self.labels = store, list(utts), list(paths), list(labels)
+        self.crop_samples, self.frames = crop_samples, num_frames(crop_samples, fbank)
+        missing = [u for u in self.utts if u not in store]
+        if missing:
+            raise ListError(f"{len(missing)} training utterance(s) not in the feature store, e.g. '{missing[0]}'")
+
+    def __len__(self) -> int:
+        return len(self.utts)
+
+    def __getitem__(self, item) -> Dict[str, object]:
+        index, crop_seed = item
+        rng = np.random.default_rng(crop_seed)
+        feats, n = self.store[self.utts[index]], self.frames
+        total = feats.shape[0]
+        if total >= n:
+            start = int(rng.integers(0, total - n + 1))
+            crop = feats[start : start + n]
+        else:
+            start = int(rng.integers(0, total))
+            crop = np.tile(feats, (-(-(start + n) // total), 1))[start : start + n]
+        return {
+            "feats": np.ascontiguousarray(crop),
+            "finite": bool(np.isfinite(crop).all()),
+            "label": self.labels[index],
+            "index": index,
+        }
+
+
+def collate_feats(items) -> Dict[str, torch.Tensor]:
+    """Items of `FeatureCropDataset` -> feats (B, n, F) float32, finite (B,) bool, label / index (B,) int64."""
+    return {
+        "feats": torch.from_numpy(np.stack([it["feats"] for it in items])),
+        "finite": torch.tensor([it["finite"] for it in items]),
+        "label": torch.tensor([it["label"] for it in items], dtype=torch.int64),
+        "index": torch.tensor([it["index"] for it in items], dtype=torch.int64),
+    }
+
+
+def main(argv=None) -> int:
+    from speakerlab.config import ConfigError, load_config
+
+    ap = argparse.ArgumentParser(prog="speakerlab-feature-store", description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, action="append", help="Kaldi data dir with wav.scp (repeatable)")
+    ap.add_argument("--config", action="append", help="experiment config(s) whose features section to use")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. features.num_mel_bins=64")
+    args = ap.parse_args(argv)
+    try:
+        raw = None if args.config else {"model": {"name": "campplus"}, "data": {"train": args.data[0]}}
+        cfg = load_config(args.config, args.overrides, raw=raw)
+        fbank = Fbank(fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0))
+        for data_dir in args.data:
+            write_store(data_dir, fbank)
+    except (ListError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

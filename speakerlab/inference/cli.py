@@ -1,0 +1,267 @@
+"""The console scripts: `speakerlab-verify` (one trial) and `speakerlab-embed` (a wav.scp of files).
+
+    speakerlab-verify a.wav b.wav --checkpoint exp/campplus
+    speakerlab-verify a.wav b.wav --3dspeaker campplus --weights campplus_cn_en_common.pt --threshold 0.35
+    speakerlab-verify a.wav b.wav --checkpoint exp/campplus \
+        --calibration data/dev/trials --calibration-embeddings exp/campplus/embeddings/dev.npz
+    speakerlab-embed data/test/wav.scp exp/emb/test.npz --checkpoint exp/campplus
+    speakerlab-embed data/test/wav.scp exp/emb/test.ark --3dspeaker campplus --weights w.pt   # + .scp, .npz
+
+Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, or a
+3D-Speaker state dict with its published features) and read audio with `speakerlab.dataio.resample.read_for_model`:
+any sample rate (resampled in torch to the model's), multi-channel files as their first channel (with a
+warning on stderr naming the file).
+
+`speakerlab-verify` prints three lines on stdout:
+    score 0.734512                          the cosine of the two embeddings
+    threshold 0.412300 (<where it came from>)
+    same speaker                            or: different speakers (same iff score >= threshold)
+The threshold is `--threshold`, or the EER threshold of `--calibration` (a trial list, `enrol test
+target|nontarget`) scored by cosine on `--calibration-embeddings` (an .npz of the same model, e.g. from
+`speakerlab-embed`): among the list's distinct scores t, deciding "same" iff score >= t, the t where
+|P_miss(t) - P_fa(t)| is smallest (the lower t on a tie), i.e. the operating point where the miss and
+false-alarm rates of that list cross. Without either, DEFAULT_THRESHOLD: a placeholder, not tuned for any
+model; calibrate on a list from your own conditions.
+
+`speakerlab-embed` reads `<id> <path>` lines and writes OUT: `.npz` with `ids` (wav.scp order) and
+`embeddings (N, D)` float32 (the format of speakerlab.inference.extract); an OUT ending in `.ark`, or `--kaldi`,
+also writes a Kaldi float-vector ark and its scp (kaldiio) next to the .npz. Nothing is written when a
+file fails or an embedding is not finite.
+
+Exit codes: 0 done; 2 bad input (a message on stderr naming the file, or the wav.scp line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from speakerlab.checkpoint import CheckpointError
+from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.dataio.resample import read_for_model
+from speakerlab.features.fbank import num_frames
+from speakerlab.inference.embedder import (
+    Embedder,
+    NonFiniteEmbedding,
+    add_source_args,
+    check_finite,
+    embedder_from_args,
+)
+from speakerlab.inference.extract import save_embeddings
+from speakerlab.scoring.metrics import error_rates
+
+DEFAULT_THRESHOLD = 0.5
+# Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
+# padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
+MIN_FRAMES = 10
+EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
+BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError)
+
+
+class UsageError(ValueError):
+    """An argument combination or value the parser cannot check; exit 2 with the message."""
+
+
+def warn_stderr(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def read_wave(embedder: Embedder, path: str, where: str = "") -> np.ndarray:
+    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES fbank frames is an error.
+    `where` prefixes messages (a wav.scp line)."""
+    warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
+    try:
+        wave = read_for_model(path, embedder.sample_rate, warn)
+    except AudioError as e:
+        raise AudioError(f"{where}{e}") from None
+    frames = num_frames(len(wave), embedder.spec.fbank)
+    if frames < MIN_FRAMES:
+        raise AudioError(
+            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} fbank "
+            f"frame(s), need {MIN_FRAMES}"
+        )
+    return wave
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two `(D,)` vectors (float64)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12))
+
+
+def eer_threshold(scores: np.ndarray, labels: np.ndarray) -> Tuple[float, float, float]:
+    """`scores (N,)`, `labels (N,)` bool -> (t, P_miss(t), P_fa(t)): among the distinct scores, the t
+    (decide target iff score >= t) where |P_miss - P_fa| is smallest, the lower t on a tie."""
+    p_miss, p_fa, thresholds = error_rates(scores, labels)
+    # Point k < K accepts scores >= thresholds[k]; the last point (accept nothing) has no threshold.
+    k = int(np.argmin(np.abs(p_miss[:-1] - p_fa[:-1])))  # argmin: the first, i.e. lowest, on ties
+    return float(thresholds[k]), float(p_miss[k]), float(p_fa[k])
+
+
+def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = None) -> Tuple[float, str]:
+    """The EER threshold of a trial list scored by cosine on an embeddings .npz -> (t, description).
+
+    `dim`: the model's embedding size, checked against the file's (embeddings of another model would
+    give a meaningless threshold)."""
+    from speakerlab.scoring.score import evaluate, read_embeddings  # the scoring stack only when calibrating
+
+    ids, emb = read_embeddings(embeddings)
+    if dim is not None and emb.shape[1] != dim:
+        raise ListError(
+            f"{embeddings}: embeddings of dimension {emb.shape[1]}, the model gives {dim} "
+            "(calibrate with embeddings of the same model)"
+        )
+    scores, labels, eer, _ = evaluate(ids, emb, trials)
+    t, p_miss, p_fa = eer_threshold(scores, labels)
+    return t, (
+        f"EER threshold of {trials}: {len(labels)} trials, P_miss {100 * p_miss:.2f} %, "
+        f"P_fa {100 * p_fa:.2f} %, EER {100 * eer:.2f} %"
+    )
+
+
+def verify_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="speakerlab-verify",
+        description="Cosine score of two audio files and the decision at a threshold.",
+        epilog="Threshold: --threshold, else the EER threshold of --calibration (the score where miss and false-alarm "
+        f"rates cross on that list), else {DEFAULT_THRESHOLD} (untuned). 'same speaker' iff score >= threshold.",
+    )
+    ap.add_argument("a", help="first audio file (any rate, first channel)")
+    ap.add_argument("b", help="second audio file")
+    add_source_args(ap)
+    th = ap.add_mutually_exclusive_group()
+    th.add_argument("--threshold", type=float, help="decide 'same speaker' iff score >= this")
+    th.add_argument(
+        "--calibration", metavar="TRIALS", help="trial list whose EER threshold to use (with --calibration-embeddings)"
+    )
+    ap.add_argument(
+        "--calibration-embeddings",
+        metavar="EMB.npz",
+        help="embeddings (ids, embeddings) of the calibration list's utterances, same model",
+    )
+    return ap
+
+
+def run_verify(argv: Optional[Sequence[str]] = None) -> int:
+    """`speakerlab-verify` without the process exit: returns the exit code."""
+    ap = verify_parser()
+    args = ap.parse_args(argv)
+    if bool(args.calibration) != bool(args.calibration_embeddings):
+        ap.error("--calibration and --calibration-embeddings go together")
+    try:
+        embedder = embedder_from_args(ap, args)
+        waves = [read_wave(embedder, args.a), read_wave(embedder, args.b)]
+        emb = embedder.embed_waves(waves)
+        check_finite([args.a, args.b], emb)
+        if args.threshold is not None:
+            threshold, source = args.threshold, "--threshold"
+        elif args.calibration:
+            threshold, source = calibration_threshold(args.calibration, args.calibration_embeddings, emb.shape[1])
+        else:
+            threshold, source = DEFAULT_THRESHOLD, "default, not tuned: give --threshold or --calibration"
+    except BAD_INPUT as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    score = cosine(emb[0], emb[1])
+    print(f"score {score:.6f}")
+    print(f"threshold {threshold:.6f} ({source})")
+    print("same speaker" if score >= threshold else "different speakers")
+    return 0
+
+
+def output_paths(out: str, kaldi: bool) -> Tuple[Path, Optional[Path], Optional[Path]]:
+    """OUT -> (npz, ark, scp): `x.npz` gives x.npz (and x.ark, x.scp with `kaldi`); `x.ark` gives all three."""
+    path = Path(out)
+    if path.suffix not in (".npz", ".ark"):
+        raise UsageError(f"{out}: OUT must end in .npz or .ark")
+    if path.suffix == ".ark":
+        kaldi = True
+    if not kaldi:
+        return path, None, None
+    return path.with_suffix(".npz"), path.with_suffix(".ark"), path.with_suffix(".scp")
+
+
+def embed_scp(
+    embedder: Embedder, scp: str, batch_size: int = 32, pad_ratio: float = 0.0
+) -> Tuple[List[str], np.ndarray]:
+    """The files of a wav.scp -> (ids in file order, `(N, D)` float32). Errors name the wav.scp line;
+    every id whose embedding is not finite is named."""
+    table: Dict[str, Tuple[int, str]] = read_wav_scp(scp)
+    if not table:
+        raise ListError(f"{scp}: no entries")
+    ids = list(table)
+    where = {u: f"{scp}:{table[u][0]}: {u}: " for u in ids}
+    parts = []
+    for lo in range(0, len(ids), EMBED_CHUNK):
+        chunk = ids[lo : lo + EMBED_CHUNK]
+        waves = [read_wave(embedder, table[u][1], where[u]) for u in chunk]
+        parts.append(embedder.embed_waves(waves, batch_size, pad_ratio))
+    emb = np.concatenate(parts)
+    check_finite([f"{where[u]}{table[u][1]}" for u in ids], emb)
+    return ids, emb
+
+
+def write_kaldi(ark: Path, scp: Path, ids: Sequence[str], emb: np.ndarray) -> None:
+    """`ids (N,)`, `emb (N, D)` -> a Kaldi ark of float vectors and its scp (byte offsets into `ark`)."""
+    import kaldiio  # only for Kaldi output
+
+    ark.parent.mkdir(parents=True, exist_ok=True)
+    kaldiio.save_ark(str(ark), {u: e for u, e in zip(ids, emb)}, scp=str(scp))
+
+
+def embed_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="speakerlab-embed", description="Embeddings of the files of a wav.scp -> .npz (and Kaldi ark/scp)."
+    )
+    ap.add_argument("wav_scp", metavar="wav.scp", help="'<id> <path>' lines (any rate, first channel)")
+    ap.add_argument("out", metavar="OUT", help="output .npz (ids, embeddings); .ark: also Kaldi ark + scp")
+    add_source_args(ap)
+    ap.add_argument("--kaldi", action="store_true", help="also write OUT's .ark and .scp (kaldiio)")
+    ap.add_argument("--batch-size", type=int, default=32, help="files per model call (equal frame counts)")
+    ap.add_argument(
+        "--pad-ratio",
+        type=float,
+        default=0.0,
+        help="batch files up to this much longer than the shortest, shorter ones repeated",
+    )
+    return ap
+
+
+def run_embed(argv: Optional[Sequence[str]] = None) -> int:
+    """`speakerlab-embed` without the process exit: returns the exit code."""
+    ap = embed_parser()
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    try:
+        npz, ark, kscp = output_paths(args.out, args.kaldi)
+        embedder = embedder_from_args(ap, args)
+        ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
+        save_embeddings(npz, ids, emb)
+        if ark is not None:
+            write_kaldi(ark, kscp, ids, emb)
+    except BAD_INPUT as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    written = str(npz) + (f", {ark}, {kscp}" if ark is not None else "")
+    print(
+        f"speakerlab-embed: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {written} "
+        f"in {time.time() - t0:.1f}s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def verify(argv: Optional[Sequence[str]] = None) -> None:
+    """Console script `speakerlab-verify`: exits with `run_verify`'s code."""
+    sys.exit(run_verify(argv))
+
+
+def embed(argv: Optional[Sequence[str]] = None) -> None:
+    """Console script `speakerlab-embed`: exits with `run_embed`'s code."""
+    sys.exit(run_embed(argv))

@@ -1,0 +1,189 @@
+"""The one inference path: a checkpoint (ours, or a 3D-Speaker state dict) -> an `Embedder`, a model
+in eval mode together with the feature front-end it was trained with.
+
+    embedder = load_embedder("exp/campplus")                      # an exp dir: its latest checkpoint
+    embedder = load_embedder(threedspeaker="campplus", weights="campplus_cn_en_common.pt")
+    emb = embedder.embed_waves([embedder.read("a.wav"), embedder.read("b.wav")])   # (2, D)
+
+Extraction, inference, export, the no-training baseline and training-time validation all embed
+through this module; none of it imports the training engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from speakerlab.checkpoint import load_given, rebuild_model
+from speakerlab.dataio.resample import read_for_model
+from speakerlab.devices import resolve_device
+from speakerlab.features.fbank import Fbank, FbankConfig, FeatureSpec, compute_features, mean_normalize, num_frames
+
+# The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
+# 25/10 ms povey frames, no dither, per-utterance mean normalisation.
+THREEDSPEAKER_FEATURES = FeatureSpec(FbankConfig(sample_rate=16000, num_mel_bins=80, dither=0.0), mean_norm=True)
+
+
+class NonFiniteEmbedding(ValueError):
+    """Some inputs gave NaN/inf embeddings (usually NaN or inf samples in the audio); the message names them."""
+
+
+def check_finite(names: Sequence[str], emb: np.ndarray) -> None:
+    """Raise NonFiniteEmbedding naming every row of `emb` (N, D) that is not finite; `names` (N,) say
+    where each row came from (file, or list:line and utterance)."""
+    bad = [names[i] for i in np.flatnonzero(~np.isfinite(emb).all(axis=1))]
+    if bad:
+        shown = "\n  ".join(bad[:50]) + (f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else "")
+        raise NonFiniteEmbedding(
+            f"{len(bad)} input(s) gave a non-finite embedding (NaN or inf in the audio?); "
+            f"nothing was written:\n  {shown}"
+        )
+
+
+class Embedder:
+    """`(B, samples)` waves at `sample_rate` -> `(B, D)` embeddings: fbank, mean normalisation, model.
+
+    The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
+    `name` says where it came from, for logs.
+    """
+
+    def __init__(self, model: nn.Module, spec: FeatureSpec, device: Union[str, torch.device] = "cpu", name: str = ""):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.spec = spec
+        self.fbank = Fbank(spec.fbank).to(self.device)
+        self.name = name
+
+    @property
+    def sample_rate(self) -> int:
+        return self.spec.sample_rate
+
+    def read(self, path: str) -> np.ndarray:
+        """A whole file at this embedder's sample rate: `(samples,)` float32. Other rates are resampled
+        in torch; a multi-channel file gives its first channel, with a warning naming it."""
+        return read_for_model(path, self.sample_rate)
+
+    @torch.no_grad()
+    def __call__(self, waves: torch.Tensor) -> torch.Tensor:
+        """`(B, samples)` float waves -> `(B, D)` float32 embeddings, on this embedder's device."""
+        feats = compute_features(self.fbank, waves.to(self.device, torch.float32), self.spec.mean_norm)
+        return self.model(feats).float()
+
+    def embed_waves(self, waves: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
+        """Whole waves of any lengths -> `(N, D)` float32, in input order.
+
+        Waves of equal frame count share a batch; with `pad_ratio` r > 0 waves up to r x longer than
+        the shortest do too, the shorter ones repeated to the batch length (faster, slightly
+        different from exact whole-utterance embeddings)."""
+        frames = [num_frames(len(w), self.spec.fbank) for w in waves]
+        out: List[Optional[np.ndarray]] = [None] * len(waves)
+        for batch in length_batches(frames, max_batch, pad_ratio):
+            n = max(len(waves[i]) for i in batch)
+            # Repeat (not zero-pad) shorter members: padding with silence would shift the statistics.
+            rows = np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
+            emb = self(torch.from_numpy(rows)).cpu().numpy()
+            for j, i in enumerate(batch):
+                out[i] = emb[j]
+        return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+    @torch.no_grad()
+    def embed_features(self, feats: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
+        """Stored whole-utterance fbank `(T, F)` each (the offline feature store) -> `(N, D)` float32, batched
+        like `embed_waves` (shorter members repeated); mean normalisation per this embedder's spec."""
+        frames = [f.shape[0] for f in feats]
+        out: List[Optional[np.ndarray]] = [None] * len(feats)
+        for batch in length_batches(frames, max_batch, pad_ratio):
+            n = max(frames[i] for i in batch)
+            rows = np.stack([np.resize(np.asarray(feats[i], np.float32), (n, feats[i].shape[1])) for i in batch])
+            x = torch.from_numpy(rows).to(self.device)
+            emb = self.model(mean_normalize(x) if self.spec.mean_norm else x).float().cpu().numpy()
+            for j, i in enumerate(batch):
+                out[i] = emb[j]
+        return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+def length_batches(
+    frames: Sequence[int], max_batch: int, pad_ratio: float, max_total: Optional[int] = None
+) -> List[List[int]]:
+    """Indices of `frames`, sorted by length, in batches of <= max_batch whose longest is at most
+    (1 + pad_ratio) x their shortest and, with `max_total`, whose longest x size is at most that (a
+    bound on the padded batch, so long utterances come in small batches)."""
+    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
+    batches: List[List[int]] = []
+    for i in order:
+        if (
+            batches
+            and len(batches[-1]) < max_batch
+            and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio)
+            and (max_total is None or frames[i] * (len(batches[-1]) + 1) <= max_total)
+        ):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def load_embedder(
+    checkpoint: Optional[Union[str, Path]] = None,
+    *,
+    threedspeaker: Optional[str] = None,
+    weights: Optional[Union[str, Path]] = None,
+    device: Union[str, torch.device] = "auto",
+) -> Embedder:
+    """An eval-mode `Embedder` from one of:
+
+    - `checkpoint`: a speakerlab checkpoint file, or an exp dir (its newest intact checkpoint, a corrupt
+      newer one reported on stderr). The model and its features come from the checkpoint alone.
+    - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME, with
+      the features those models were published with (`THREEDSPEAKER_FEATURES`).
+    """
+    dev = resolve_device(device) if isinstance(device, str) else device
+    if (checkpoint is None) == (threedspeaker is None):
+        raise ValueError("give exactly one of a checkpoint or a 3D-Speaker model name (with weights)")
+    if checkpoint is not None:
+        path, ckpt = load_given(checkpoint, warn=lambda m: print(m, file=sys.stderr))
+        return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}")
+    if weights is None:
+        raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")
+    from speakerlab.models import load_3dspeaker
+
+    model = load_3dspeaker(threedspeaker, weights)
+    return Embedder(model, THREEDSPEAKER_FEATURES, dev, f"3D-Speaker {threedspeaker} from {weights}")
+
+
+def add_source_args(ap: argparse.ArgumentParser) -> None:
+    """The options every inference command takes to name its model: `--checkpoint` or `--3dspeaker NAME
+    --weights FILE`, and `--device`."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a speakerlab checkpoint file, or an exp dir (its latest checkpoint)")
+    src.add_argument(
+        "--3dspeaker",
+        dest="threedspeaker",
+        metavar="NAME",
+        help="registered model name of a 3D-Speaker state dict given by --weights (e.g. campplus)",
+    )
+    ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
+    ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")
+
+
+def embedder_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
+    """`load_embedder` from the options of `add_source_args`; a 3D-Speaker file that does not load is a
+    ValueError naming it."""
+    if args.threedspeaker and not args.weights:
+        ap.error("--3dspeaker needs --weights")
+    if args.weights and not args.threedspeaker:
+        ap.error("--weights goes with --3dspeaker NAME")
+    if args.checkpoint is not None:
+        return load_embedder(args.checkpoint, device=args.device)
+    try:
+        return load_embedder(threedspeaker=args.threedspeaker, weights=args.weights, device=args.device)
+    except (RuntimeError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as e:
+        # torch.load / load_state_dict errors say what is wrong but not with which file.
+        raise ValueError(f"{args.weights}: cannot load as 3D-Speaker {args.threedspeaker!r} weights: {e}") from None

@@ -1,0 +1,388 @@
+"""Embedding extraction: every utterance of a data dir -> `embeddings.npz`, streamed with bounded memory.
+
+    speakerlab-extract --checkpoint exp/mini/checkpoints/avg.pt --data data/test \
+        --out exp/mini/embeddings/test.npz
+    torchrun --nproc_per_node=4 --no-python speakerlab-extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
+
+The checkpoint (or an exp dir: its newest intact checkpoint) brings its own model and features
+(speakerlab.inference.embedder). Loader workers read audio while the model runs. Utterances longer than
+`--max-seconds` are cut into equal chunks of at most that length whose embeddings are averaged; the
+rest are embedded whole. Units (utterances or chunks) are sorted by length and batched when their
+frame counts are equal (with `--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter
+repeated to the batch length), at most `--batch-size` units and `--batch-seconds` of padded audio a
+batch. Memory stays bounded whatever the size of the data dir: a process holds one shard of units
+at a time (`--shard-units`), and the output grows only by D floats per utterance.
+
+Shards are written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the
+checkpoint, the data and the settings are the same; otherwise the parts are discarded). Under
+torchrun each process takes every world-th shard; when all are done rank 0 merges them, in sorted
+utterance order, into OUT and removes the parts.
+
+Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), readable
+with numpy alone: `z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. `--kaldi` also writes
+`<OUT without .npz>.ark/.scp` (Kaldi float vectors, via kaldiio). When the data dir has an offline
+feature store (speakerlab-feature-store) with the checkpoint's fbank options, fbank is read
+from it instead of computed from the audio (`--feats yes|no` forces the choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from speakerlab.checkpoint import CheckpointError
+from speakerlab.dataio.audio import AudioError, audio_info, read_segment
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.features.fbank import num_frames
+from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
+
+# --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
+# model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
+GPU_PAD_RATIO = 0.1
+
+
+def plan_units(lengths: Sequence[int], max_samples: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Utterance lengths `(N,)` -> units `(utterance index, start, length)` as three `(U,)` arrays: an
+    utterance longer than `max_samples` (> 0) becomes ceil(n / max_samples) chunks of equal length."""
+    utt, start, length = [], [], []
+    for i, n in enumerate(lengths):
+        k = -(-n // max_samples) if max_samples > 0 and n > max_samples else 1
+        edges = np.linspace(0, n, k + 1).round().astype(np.int64)
+        utt += [i] * k
+        start += edges[:-1].tolist()
+        length += np.diff(edges).tolist()
+    return np.asarray(utt, np.int64), np.asarray(start, np.int64), np.asarray(length, np.int64)
+
+
+class UnitReader(Dataset):
+    """Unit k -> `(k, (length,) float32)`: only that chunk's samples are read from disk."""
+
+    def __init__(self, paths: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray, sample_rate: int):
+        self.paths, self.utt, self.start, self.length, self.sample_rate = paths, utt, start, length, sample_rate
+
+    def __len__(self) -> int:
+        return len(self.utt)
+
+    def __getitem__(self, k: int):
+        return k, read_segment(self.paths[self.utt[k]], int(self.start[k]), int(self.length[k]), self.sample_rate)
+
+
+def collate_units(items) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`[(k, wave)]` -> `(units (B,), waves (B, longest))`; shorter waves repeated, not zero-padded
+    (padding with silence would shift the statistics)."""
+    n = max(len(w) for _, w in items)
+    waves = np.stack([np.resize(w, n) for _, w in items])
+    return torch.tensor([k for k, _ in items]), torch.from_numpy(waves)
+
+
+def utterance_lengths(data: DataDir, sample_rate: int) -> List[int]:
+    """Samples per utterance: utt2num_samples (the features stage) or, without it, the audio headers."""
+    if data.num_samples:
+        return [data.num_samples[u] for u in data.utts]
+    return [audio_info(data.wav[u], sample_rate) for u in data.utts]
+
+
+class StreamingExtractor:
+    """Embeddings of one data dir with one Embedder, in shards (see the module docstring)."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        data: DataDir,
+        out: Path,
+        max_seconds: float = 60.0,
+        batch_size: int = 32,
+        batch_seconds: float = 240.0,
+        pad_ratio: float = 0.0,
+        shard_units: int = 4096,
+        num_workers: int = 2,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        self.embedder, self.data, self.out = embedder, data, Path(out)
+        self.parts = self.out.with_name(self.out.name + ".parts")
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        rate = embedder.sample_rate
+        lengths = utterance_lengths(data, rate)
+        self.utt, self.start, self.length = plan_units(lengths, int(max_seconds * rate))
+        # Batched by frame count: units of equal frames embed exactly as they would alone.
+        frames = [num_frames(int(n), embedder.spec.fbank) for n in self.length]
+        step = embedder.spec.fbank.frame_shift_ms / 1000
+        batches = length_batches(frames, batch_size, pad_ratio, int(batch_seconds / step))
+        # Deal the length-sorted batches round-robin into shards: every shard has short and long units.
+        n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
+        self.shards = [batches[s::n_shards] for s in range(n_shards)]
+        settings = {
+            "model": embedder.name,
+            "max_seconds": max_seconds,
+            "batch_size": batch_size,
+            "batch_seconds": batch_seconds,
+            "pad_ratio": pad_ratio,
+            "shard_units": shard_units,
+            "units": hashlib.sha1(np.stack([self.utt, self.start, self.length]).tobytes()).hexdigest(),
+            "utts": hashlib.sha1("\n".join(f"{u} {data.wav[u]}" for u in data.utts).encode()).hexdigest(),
+        }
+        self.manifest = {"settings": settings, "shards": n_shards, "world_size": world_size}
+
+    def prepare_parts(self, log) -> None:
+        """(Rank 0) keep finished shards of an identical earlier run, else start a clean parts dir."""
+        path = self.parts / "manifest.json"
+        if path.exists():
+            old = json.loads(path.read_text())
+            if old.get("settings") == self.manifest["settings"] and old.get("shards") == self.manifest["shards"]:
+                done = len(list(self.parts.glob("shard_*.npz")))
+                log(f"extract: {done} of {len(self.shards)} shards already done in {self.parts}")
+                return
+            log(f"extract: {self.parts} holds parts of another run (other checkpoint, data or settings); removed")
+            shutil.rmtree(self.parts)
+        self.parts.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.manifest, indent=1))
+
+    def shard_path(self, s: int) -> Path:
+        return self.parts / f"shard_{s:05d}.npz"
+
+    @torch.no_grad()
+    def run_shard(self, s: int) -> None:
+        units = sorted(k for b in self.shards[s] for k in b)
+        reader = UnitReader(
+            [self.data.wav[u] for u in self.data.utts], self.utt, self.start, self.length, self.embedder.sample_rate
+        )
+        loader = DataLoader(
+            reader,
+            batch_sampler=self.shards[s],
+            num_workers=self.num_workers,
+            collate_fn=collate_units,
+            pin_memory=self.embedder.device.type == "cuda",
+        )
+        emb = {}
+        for ks, waves in loader:
+            for k, e in zip(ks.tolist(), self.embedder(waves).cpu().numpy()):
+                emb[k] = e
+        tmp = self.parts / f".shard_{s:05d}.tmp.npz"
+        stacked = np.stack([emb[k] for k in units]) if units else np.zeros((0, 0), np.float32)  # a rank with none
+        np.savez(tmp, units=np.asarray(units, np.int64), embeddings=stacked)
+        tmp.replace(self.shard_path(s))
+
+    def run_mine(self) -> int:
+        """Embed this process's unfinished shards; returns how many it did."""
+        mine = [s for s in range(self.rank, len(self.shards), self.world_size) if not self.shard_path(s).exists()]
+        for s in mine:
+            self.run_shard(s)
+        return len(mine)
+
+    def merge(self) -> np.ndarray:
+        """All shards -> `(N, D)` per-utterance means of their units, in `data.utts` order."""
+        sums, counts = None, np.zeros(len(self.data.utts))
+        for s in range(len(self.shards)):
+            with np.load(self.shard_path(s)) as z:
+                units, emb = z["units"], z["embeddings"].astype(np.float64)
+            if not len(units):
+                continue
+            if sums is None:
+                sums = np.zeros((len(self.data.utts), emb.shape[1]))
+            np.add.at(sums, self.utt[units], emb)
+            np.add.at(counts, self.utt[units], 1)
+        return (sums / counts[:, None]).astype(np.float32)
+
+
+def embed_data_dir(
+    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, out=None, **options
+) -> Tuple[List[str], np.ndarray]:
+    """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings), streamed in one process.
+
+    Parts go to `<out>.parts/` (a temporary dir when `out` is None). A non-finite embedding is an error
+    naming the wav.scp line of each utterance that gave one."""
+    import tempfile
+
+    data = load_data_dir(data_dir, need_speakers=False)
+    data.check_audio_exists()
+    with tempfile.TemporaryDirectory() as tmp:
+        ex = StreamingExtractor(
+            embedder,
+            data,
+            Path(out) if out else Path(tmp) / "emb.npz",
+            batch_size=max_batch,
+            pad_ratio=pad_ratio,
+            num_workers=options.pop("num_workers", 0),
+            **options,
+        )
+        ex.prepare_parts(lambda m: None)
+        ex.run_mine()
+        emb = ex.merge()
+        shutil.rmtree(ex.parts)
+    check_finite([f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts], emb)
+    return data.utts, emb
+
+
+def embed_feature_store(
+    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, store=None
+) -> Tuple[List[str], np.ndarray]:
+    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (speakerlab-feature-store) instead of
+    the audio; the store's fbank options must be the checkpoint's (else an error naming the option).
+    `store`: that store already opened (`fitting_store`), else it is opened here."""
+    from speakerlab.features.store import FeatureStore  # kaldiio only when the store is used
+
+    data = load_data_dir(data_dir, need_speakers=False)
+    store = store if store is not None else FeatureStore(data_dir, embedder.spec.fbank)
+    emb = embedder.embed_features([store[u] for u in data.utts], max_batch, pad_ratio)
+    check_finite([f"{data.root / 'feats.scp'}: {u}" for u in data.utts], emb)
+    return data.utts, emb
+
+
+def save_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = False) -> None:
+    """`ids` (N,) and `emb` (N, D) float32 -> an .npz with arrays `ids` and `embeddings` (atomic); with
+    `kaldi` also `<path without .npz>.ark/.scp`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, ids=np.asarray(ids), embeddings=emb)
+    tmp.replace(path)
+    if kaldi:
+        import kaldiio
+
+        stem = path.with_suffix("")
+        with kaldiio.WriteHelper(f"ark,scp:{stem}.ark,{stem}.scp") as writer:
+            for utt, e in zip(ids, emb):
+                writer(utt, e)
+
+
+def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return [str(i) for i in z["ids"]], z["embeddings"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="checkpoint file, or exp dir (its latest checkpoint)")
+    ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
+    ap.add_argument("--out", required=True, help="output .npz")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--batch-size", type=int, default=32, help="units per batch at most")
+    ap.add_argument("--batch-seconds", type=float, default=240.0, help="padded audio per batch at most")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help="longer utterances are cut into chunks whose embeddings are averaged (0: never)",
+    )
+    ap.add_argument(
+        "--pad-ratio",
+        type=float,
+        default=None,
+        help="units up to this much longer than a batch's shortest share it, shorter ones repeated; default "
+        f"{GPU_PAD_RATIO} on a GPU (exact lengths make batches of one: launch-bound), 0 (exact) on the CPU",
+    )
+    ap.add_argument("--shard-units", type=int, default=4096, help="units per shard (the unit of resumption)")
+    ap.add_argument("--num-workers", type=int, default=2, help="audio-reading loader processes")
+    ap.add_argument("--kaldi", action="store_true", help="also write Kaldi ark/scp next to OUT")
+    ap.add_argument(
+        "--feats",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="read <data>/feats.scp (speakerlab-feature-store) instead of decoding audio: "
+        "yes, no, or auto (when the store exists with the checkpoint's fbank options)",
+    )
+    args = ap.parse_args(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = args.device
+    if world > 1 and device in ("auto", "cuda") and torch.cuda.is_available():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    t0 = time.time()
+    try:
+        embedder = load_embedder(args.checkpoint, device=device)
+        if args.pad_ratio is None:
+            args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0
+        store = None
+        if args.feats == "auto":
+            store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr))
+        if args.feats == "yes" or store is not None:
+            ids, emb = embed_feature_store(embedder, args.data, args.batch_size, args.pad_ratio, store)
+        else:
+            result = _stream(embedder, args, rank, world)
+            if result is None:  # not rank 0: its shards are done
+                return 0
+            ids, emb = result
+    except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    save_embeddings(args.out, ids, emb, args.kaldi)
+    print(
+        f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
+        f"in {time.time() - t0:.1f}s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], None]] = None):
+    """The offline feature store of `data_dir` (a `FeatureStore`) when it exists and holds the
+    checkpoint's fbank, else None; `log` says which."""
+    if not (Path(data_dir) / "feats.scp").exists():
+        return None
+    from speakerlab.features.store import FeatureStore
+
+    say = log or (lambda m: None)
+    try:
+        store = FeatureStore(data_dir, embedder.spec.fbank)
+    except (ValueError, ListError) as e:
+        say(f"extract: not using the feature store of {data_dir}: {e}")
+        return None
+    say(f"extract: fbank from the feature store {Path(data_dir) / 'feats.scp'}")
+    return store
+
+
+def _stream(embedder: Embedder, args, rank: int, world: int):
+    """The sharded run of `main`: every process its shards, rank 0 merges (None on other ranks)."""
+    import torch.distributed as dist
+
+    log = (lambda m: print(m, file=sys.stderr)) if rank == 0 else (lambda m: None)
+    data = load_data_dir(args.data, need_speakers=False)
+    data.check_audio_exists()
+    ex = StreamingExtractor(
+        embedder,
+        data,
+        Path(args.out),
+        args.max_seconds,
+        args.batch_size,
+        args.batch_seconds,
+        args.pad_ratio,
+        args.shard_units,
+        args.num_workers,
+        rank,
+        world,
+    )
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    try:
+        if rank == 0:
+            ex.prepare_parts(log)
+        if world > 1:
+            dist.barrier()
+        done = ex.run_mine()
+        print(f"extract: rank {rank} embedded {done} shard(s)", file=sys.stderr)
+        if world > 1:
+            dist.barrier()
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    if rank != 0:
+        return None
+    emb = ex.merge()
+    shutil.rmtree(ex.parts)  # also on a non-finite embedding: fixed audio must be embedded again
+    check_finite([f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts], emb)
+    return data.utts, emb
+
+
+if __name__ == "__main__":
+    sys.exit(main())

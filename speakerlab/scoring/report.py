@@ -1,0 +1,119 @@
+"""Output files of the scoring step: the scores file, the metrics JSON, the result line, the table.
+
+`write_scores` formats whole blocks of trials with numpy (ids from the zero-padded id bytes of the
+index, the score as fixed-point `%.6f` digits) and drops the padding bytes, so writing 10 M lines makes
+no Python string per line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from speakerlab.dataio.trials import TrialList
+
+_LABEL_TEXT = np.zeros((2, 9), np.uint8)
+_LABEL_TEXT[0, :9] = np.frombuffer(b"nontarget", np.uint8)
+_LABEL_TEXT[1, :6] = np.frombuffer(b"target", np.uint8)
+_POW10 = 10 ** np.arange(18, dtype=np.int64)
+
+
+def _fixed6(scores: np.ndarray) -> np.ndarray:
+    """`(n,)` finite scores with |s| < 1e12 -> `(n, w)` uint8 text of `%.6f`, zero bytes as padding."""
+    q = np.rint(scores.astype(np.float64) * 1e6).astype(np.int64)
+    neg = q < 0
+    q = np.abs(q)
+    whole, frac = q // 1_000_000, q % 1_000_000
+    k = max(1, len(str(int(whole.max(initial=0)))))
+    out = np.zeros((len(q), 1 + k + 1 + 6), np.uint8)
+    out[:, 0] = np.where(neg, ord("-"), 0)
+    for j in range(k):
+        p = _POW10[k - 1 - j]
+        digit = (whole // p) % 10 + 48
+        # Leading zeros are padding (dropped), except the units digit.
+        out[:, 1 + j] = digit if j == k - 1 else np.where(whole >= p, digit, 0)
+    out[:, 1 + k] = ord(".")
+    for j in range(6):
+        out[:, 2 + k + j] = (frac // _POW10[5 - j]) % 10 + 48
+    return out
+
+
+def write_scores(path, trials: TrialList, scores: np.ndarray, block: int = 1 << 20) -> Path:
+    """`enrol test score target|nontarget` lines, in trial-list order, written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    chars = trials.index.chars
+    with open(tmp, "wb") as f:
+        for lo in range(0, len(trials), block):
+            sl = slice(lo, lo + block)
+            s = scores[sl]
+            if not np.isfinite(s).all() or np.abs(s).max(initial=0) >= 1e12:  # rare: plain formatting
+                ids = trials.index.ids
+                f.write(
+                    "".join(
+                        f"{ids[a]} {ids[b]} {v:.6f} {'target' if t else 'nontarget'}\n"
+                        for a, b, v, t in zip(trials.enrol[sl], trials.test[sl], s, trials.target[sl])
+                    ).encode()
+                )
+                continue
+            n = len(s)
+            parts = [
+                chars[trials.enrol[sl]],
+                np.full((n, 1), 32, np.uint8),
+                chars[trials.test[sl]],
+                np.full((n, 1), 32, np.uint8),
+                _fixed6(s),
+                np.full((n, 1), 32, np.uint8),
+                _LABEL_TEXT[trials.target[sl].astype(np.int64)],
+                np.full((n, 1), 10, np.uint8),
+            ]
+            rows = np.concatenate(parts, axis=1)
+            f.write(rows[rows != 0].tobytes())
+    os.replace(tmp, path)
+    return path
+
+
+def result_line(summary: Dict) -> str:
+    """One line per list, as in `<out>.result`: counts, EER, minDCF at each p_target (+ Cllr, actDCF)."""
+    text = (
+        f"{summary['trials']}: {summary['n_trials']} trials ({summary['n_target']} target) "
+        f"EER {summary['eer'] * 100:.2f}%"
+    )
+    for p, v in summary["min_dcf"].items():
+        text += f" minDCF(p_target={p}) {v:.4f}"
+    if "cllr" in summary:
+        text += f" Cllr {summary['cllr']:.4f}"
+        for p, v in summary["act_dcf"].items():
+            text += f" actDCF(p_target={p}) {v:.4f}"
+    return text
+
+
+def write_json(path, summary: Dict) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def markdown_table(summaries: Sequence[Dict]) -> str:
+    """One row per list: name, counts, EER (%), minDCF at each p_target, Cllr and actDCF when calibrated."""
+    p_targets: List[str] = list(summaries[0]["min_dcf"]) if summaries else []
+    calibrated = any("cllr" in s for s in summaries)
+    head = ["list", "trials", "target", "EER (%)"] + [f"minDCF({p})" for p in p_targets]
+    if calibrated:
+        head += ["Cllr"] + [f"actDCF({p})" for p in p_targets]
+    head.append("scoring")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    for s in summaries:
+        row = [s["name"], str(s["n_trials"]), str(s["n_target"]), f"{s['eer'] * 100:.2f}"]
+        row += [f"{s['min_dcf'][p]:.4f}" for p in p_targets]
+        if calibrated:
+            row += [f"{s['cllr']:.4f}" if "cllr" in s else "-"]
+            row += [f"{s['act_dcf'][p]:.4f}" if "cllr" in s else "-" for p in p_targets]
+        row.append(s["scoring"]["method"])
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,381 @@
+"""Cosine scoring of trial lists at scale, with score normalisation, calibration, metrics and pictures.
+
+    speakerlab-score --embeddings exp/mini/embeddings/test.npz --trials data/test/trials \
+        --out exp/mini/scores/test
+    speakerlab-score --embeddings test.npz --trials data/O/trials data/E/trials --out exp/scores \
+        --cohort train.npz --cohort-utt2spk data/train/utt2spk --mean-sub --asnorm-top-n 300 \
+        --qmf-train data/dev/trials --durations data/test/utt2num_samples
+
+Steps per list: parse (`speakerlab.dataio.trials`), cosine of unit embeddings (after subtracting the cohort mean
+with `--mean-sub`), AS-norm (`--asnorm-top-n N`, `speakerlab.scoring.norm`), QMF calibration to LLRs
+(`--qmf-train`, `speakerlab.scoring.calibration`), metrics (EER, minDCF at each `--p-target`, c_miss = c_fa = 1;
+Cllr and actDCF when calibrated), outputs (`speakerlab.scoring.report`, `speakerlab.scoring.plots`).
+
+Output layout. `--out` is one prefix per trial list (the list is named after the prefix's last part), or,
+for several lists (or a path ending in `/` or an existing directory), one directory where each list gets
+the prefix `DIR/<name>` (`--names`, else the file name, else its parent directory's name when file names
+repeat). Per prefix P:
+    P.scores     `enrol test score target|nontarget`, one line per trial, in list order; the score is
+                 the cosine, its AS-norm, or with --qmf-train the calibrated LLR (natural log)
+    P.result     one line: counts, EER, minDCF (and Cllr, actDCF), as printed
+    P.json       the same numbers and the scoring settings
+    P.det.png    DET curve, 640 x 480 px
+    P.hist.png   target / nontarget score histograms, 640 x 480 px
+and one markdown table over all lists, printed and written to `--table` (default: DIR/results.md in
+directory mode, else `<first prefix>.md`). Bad inputs exit with code 2 and a `file:line:` message.
+
+From Python: `evaluate(ids, emb, trials_path)` -> (scores, labels, EER, minDCF) for plain cosine scoring
+(training-time validation, the baseline); `Scorer(ids, emb, cohort)` with `.trial_list(path)` and
+`.scores(trial_list)` for the rest; `run(args)` is the command without its argument parsing.
+
+How memory is bounded: no Python object is made per trial. Trial files are parsed in 16 MB blocks (at
+most threads + 1 blocks at a time); scores are computed in blocks of `SCORE_BLOCK` trials (two
+`(SCORE_BLOCK, D)` row gathers per thread); AS-norm statistics in blocks of 2048 embeddings against the
+cohort; the scores file is written in blocks of 1 M lines; the DET picture is thinned to a few thousand
+points. What grows with a list is its arrays: 13 bytes per trial (two int32 rows, a label, an int32 line
+number) and 4 for the score, plus, while they run, the duplicate check (9 bytes per trial) and the
+metrics' sorted copies and error curves (about 40 bytes per trial). Measured (bench/scoring.py): 10 M
+trials over 100 k embeddings of dim 256 peak at about 1 GB RSS, the embeddings included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from speakerlab.dataio.lists import ListError, Trial, read_utt2spk
+from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
+from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
+from speakerlab.scoring.metrics import verification_metrics
+from speakerlab.scoring.norm import Cohort, asnorm, cohort_stats, unit_rows
+
+SCORE_BLOCK = 4096  # trials per gather: two (4096, D) float32 blocks stay in cache
+
+
+def read_embeddings(path):
+    """An .npz with `ids (N,)` and `embeddings (N, D)` (as written by speakerlab.inference.extract) -> (ids, emb)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ListError(f"{path}: embeddings file does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            ids, emb = [str(i) for i in z["ids"]], np.asarray(z["embeddings"])
+    except (KeyError, ValueError, OSError) as e:
+        raise ListError(f"{path}: not an embeddings .npz with 'ids' and 'embeddings' ({e})") from None
+    if emb.ndim != 2 or len(ids) != len(emb):
+        raise ListError(f"{path}: {len(ids)} ids but embeddings of shape {emb.shape}")
+    finite = np.isfinite(emb).all(axis=1)
+    if not finite.all():  # one NaN would make every score of its trials NaN, and the metrics meaningless
+        bad = np.flatnonzero(~finite)
+        raise ListError(f"{path}: {len(bad)} embedding(s) are not finite, e.g. '{ids[bad[0]]}'")
+    return ids, emb
+
+
+def cosine_trial_scores(
+    unit: np.ndarray, enrol: np.ndarray, test: np.ndarray, threads: Optional[int] = None
+) -> np.ndarray:
+    """Unit rows `(M, D)`, trial rows `enrol`, `test` (N,) -> `(N,)` float32 cosines.
+
+    Blocks of SCORE_BLOCK trials (two row gathers and a row-wise dot product, all GIL-free numpy), split
+    into `threads` contiguous parts (default `trials.default_threads()`)."""
+    out = np.empty(len(enrol), np.float32)
+
+    def part(lo: int, hi: int) -> None:
+        for b in range(lo, hi, SCORE_BLOCK):
+            sl = slice(b, min(b + SCORE_BLOCK, hi))
+            # np.take: faster than fancy indexing for row gathers.
+            out[sl] = np.einsum("ij,ij->i", np.take(unit, enrol[sl], axis=0), np.take(unit, test[sl], axis=0))
+
+    threads = threads or default_threads()
+    bounds = np.linspace(0, len(enrol), threads + 1).astype(np.int64)
+    if threads == 1 or len(enrol) < 4 * SCORE_BLOCK:
+        part(0, len(enrol))
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(part, bounds[:-1], bounds[1:]))
+    return out
+
+
+class Scorer:
+    """Scores trial lists of one embeddings file: `ids (M,)`, `emb (M, D)`, an optional `Cohort`
+    (mean subtraction, AS-norm) and an optional fitted `QMF` (set `qmf`, `logdur (M,)`)."""
+
+    def __init__(self, ids: Sequence[str], emb: np.ndarray, cohort: Optional[Cohort] = None, source="embeddings"):
+        self.source = str(source)
+        self.index = IdIndex(ids, self.source)
+        self.cohort = cohort
+        emb = np.asarray(emb, np.float32)
+        self.norms = np.sqrt(np.einsum("ij,ij->i", emb, emb)).astype(np.float64)  # raw norms: a QMF feature
+        self.unit = cohort.unit(emb, self.source) if cohort else unit_rows(emb)
+        self.logdur: Optional[np.ndarray] = None
+        self.qmf: Optional[QMF] = None
+        self._mu = np.full(len(emb), np.nan)
+        self._sd = np.full(len(emb), np.nan)
+
+    def trial_list(self, path) -> TrialList:
+        """Parse and check a list: both classes present (EER and minDCF need them)."""
+        tl = read_trial_list(path, self.index)
+        n_tar = int(tl.target.sum())
+        if n_tar in (0, len(tl)):
+            kind = "target" if n_tar else "nontarget"
+            raise ListError(
+                f"{tl.path}: all {len(tl)} trials are {kind}; EER and minDCF need target and nontarget trials"
+            )
+        return tl
+
+    def set_durations(self, durations: Dict[str, float], source: str) -> None:
+        self.logdur = np.array([np.log(durations[u]) if u in durations else np.nan for u in self.index.ids])
+        self._dur_source = source
+
+    def raw_scores(self, tl: TrialList) -> np.ndarray:
+        """Cosine, then AS-norm when the cohort has speaker means: `(N,)` float32."""
+        s = cosine_trial_scores(self.unit, tl.enrol, tl.test)
+        if self.cohort is None or self.cohort.top_n <= 0:
+            return s
+        used = np.zeros(len(self.unit), bool)
+        used[tl.enrol] = used[tl.test] = True
+        need = np.flatnonzero(used & np.isnan(self._mu))
+        if need.size:
+            self._mu[need], self._sd[need] = cohort_stats(self.unit[need], self.cohort.means, self.cohort.top_n)
+        return asnorm(s, tl.enrol, tl.test, self._mu, self._sd)
+
+    def features(self, tl: TrialList, raw: np.ndarray) -> np.ndarray:
+        if self.logdur is not None:
+            bad = np.isnan(self.logdur[tl.enrol]) | np.isnan(self.logdur[tl.test])
+            if bad.any():
+                i = int(np.argmax(bad))
+                row = tl.enrol[i] if np.isnan(self.logdur[tl.enrol[i]]) else tl.test[i]
+                raise ListError(
+                    f"{tl.path}:{tl.line[i]}: no duration for '{self.index.ids[row]}' in {self._dur_source}"
+                )
+        return qmf_features(raw, tl.enrol, tl.test, self.norms, self.logdur)
+
+    def scores(self, tl: TrialList) -> np.ndarray:
+        """Final scores `(N,)` float32: LLRs when a QMF is fitted, else the (normalised) cosines."""
+        raw = self.raw_scores(tl)
+        return raw if self.qmf is None else self.qmf.llr(self.features(tl, raw))
+
+    def method(self) -> str:
+        parts = ["cosine"]
+        if self.cohort is not None and self.cohort.mean is not None:
+            parts.insert(0, "mean-sub")
+        if self.cohort is not None and self.cohort.top_n > 0:
+            parts.append(f"asnorm{self.cohort.top_n}")
+        if self.qmf is not None:
+            parts.append("qmf")
+        return "+".join(parts)
+
+
+def summarise(
+    name: str,
+    tl: TrialList,
+    scores: np.ndarray,
+    p_targets: Sequence[float],
+    calibrated: bool,
+    keep_curves: bool = False,
+) -> Dict:
+    """Metrics of one list as a JSON-ready dict (`p_miss`, `p_fa` curves added when keep_curves)."""
+    m = verification_metrics(scores, tl.target, p_targets)
+    n_tar = int(tl.target.sum())
+    out = {
+        "name": name,
+        "trials": str(tl.path),
+        "n_trials": len(tl),
+        "n_target": n_tar,
+        "n_nontarget": len(tl) - n_tar,
+        "eer": m["eer"],
+        "c_miss": 1.0,
+        "c_fa": 1.0,
+        "min_dcf": {f"{p:g}": v for p, v in m["min_dcf"].items()},
+    }
+    if calibrated:
+        out["cllr"] = cllr(scores, tl.target)
+        out["act_dcf"] = {f"{p:g}": act_dcf(scores, tl.target, p) for p in p_targets}
+    if keep_curves:
+        out["_curves"] = (m["p_miss"], m["p_fa"])
+    return out
+
+
+def evaluate(ids, emb, trials_path, p_target: float = 0.01):
+    """Plain cosine scoring of a trials file -> (scores (N,), labels (N,) bool, eer, min_dcf at p_target).
+
+    For training-time validation and the baseline; errors raise `ListError`."""
+    scorer = Scorer(ids, np.asarray(emb))
+    tl = scorer.trial_list(trials_path)
+    scores = scorer.scores(tl)
+    m = verification_metrics(scores, tl.target, [p_target])
+    return scores, tl.target, m["eer"], m["min_dcf"][float(p_target)]
+
+
+def cosine_scores(ids: Sequence[str], emb: np.ndarray, trials: List[Trial], trials_path="trials") -> np.ndarray:
+    """`(N, D)` embeddings named by `ids`, a list of `lists.Trial` -> `(len(trials),)` cosines (small lists)."""
+    index = IdIndex(ids)
+    pos = {u: i for i, u in enumerate(index.ids)}
+    missing = [t for t in trials if t.enrol not in pos or t.test not in pos]
+    if missing:
+        t = missing[0]
+        raise ListError(
+            f"{trials_path}:{t.line}: id '{t.enrol if t.enrol not in pos else t.test}' has no embedding"
+            f" ({len(missing)} trial line(s) affected)"
+        )
+    a = np.array([pos[t.enrol] for t in trials], np.int64)
+    b = np.array([pos[t.test] for t in trials], np.int64)
+    return cosine_trial_scores(unit_rows(emb), a, b)
+
+
+def _names(trials: Sequence[Path]) -> List[str]:
+    """File names, or parent directory names when file names repeat, or whole paths."""
+    for names in ([p.name for p in trials], [p.parent.name for p in trials]):
+        if len(set(names)) == len(names) and all(names):
+            return names
+    return ["_".join(p.parts).strip("/_") for p in trials]
+
+
+def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[Sequence[str]]):
+    """-> (names, prefixes, table path, directory mode) following the layout of the module docstring."""
+    paths = [Path(t) for t in trials]
+    dir_mode = len(out) == 1 and (len(trials) > 1 or out[0].endswith("/") or Path(out[0]).is_dir())
+    if not dir_mode and len(out) != len(trials):
+        raise ValueError(f"--out: give one prefix per trial list ({len(trials)}) or one directory")
+    if names is not None and len(names) != len(trials):
+        raise ValueError(f"--names: give one name per trial list ({len(trials)})")
+    if names is None:  # prefixes name their lists (exp/scores/test -> test); in a directory, the trial files do
+        names = _names(paths) if dir_mode else [Path(o).name for o in out]
+    names = list(names)
+    if dir_mode:
+        if len(set(names)) != len(names):
+            raise ValueError(f"--names: names must differ, got {names}")
+        prefixes = [Path(out[0]) / n for n in names]
+        return names, prefixes, Path(out[0]) / "results.md", True
+    prefixes = [Path(o) for o in out]
+    return names, prefixes, Path(f"{prefixes[0]}.md"), False
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
+    ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.inference.extract)")
+    ap.add_argument("--trials", required=True, nargs="+", help="one or more trial lists")
+    ap.add_argument("--out", required=True, nargs="+", help="one prefix per list, or one directory")
+    ap.add_argument("--names", nargs="+", help="list names (directory mode file names, table rows)")
+    ap.add_argument("--table", help="markdown table file (default: DIR/results.md or <first prefix>.md)")
+    ap.add_argument("--p-target", type=float, nargs="+", default=[0.01, 0.05], help="minDCF priors")
+    ap.add_argument("--cohort", help="cohort (training-set) embeddings .npz for --mean-sub and AS-norm")
+    ap.add_argument("--cohort-utt2spk", help="utt2spk of the cohort (speaker means for AS-norm)")
+    ap.add_argument("--mean-sub", action="store_true", help="subtract the cohort mean embedding")
+    ap.add_argument("--asnorm-top-n", type=int, default=0, help="AS-norm with the top N cohort speakers (0: off)")
+    ap.add_argument("--qmf-train", help="held-out trial list to fit QMF calibration on")
+    ap.add_argument("--qmf-embeddings", help="embeddings of --qmf-train (default: --embeddings)")
+    ap.add_argument("--durations", nargs="+", help="utt2dur / utt2num_samples files or data dirs (QMF durations)")
+    ap.add_argument("--sample-rate", type=int, default=16000, help="of utt2num_samples")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNG files")
+    return ap
+
+
+def _check_args(ap: argparse.ArgumentParser, args) -> None:
+    if (args.mean_sub or args.asnorm_top_n > 0) and not args.cohort:
+        ap.error("--mean-sub and --asnorm-top-n need --cohort")
+    if args.asnorm_top_n > 0 and not args.cohort_utt2spk:
+        ap.error("--asnorm-top-n needs --cohort-utt2spk")
+    if args.asnorm_top_n < 0:
+        ap.error("--asnorm-top-n must be >= 0")
+    if (args.qmf_embeddings or args.durations) and not args.qmf_train:
+        ap.error("--qmf-embeddings and --durations need --qmf-train")
+    if any(not 0 < p < 1 for p in args.p_target):
+        ap.error("--p-target values must lie in (0, 1)")
+
+
+def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, float]], dur_source: str):
+    ids, emb = read_embeddings(path)
+    scorer = Scorer(ids, emb, cohort, source=path)
+    if durations is not None:
+        scorer.set_durations(durations, dur_source)
+    return scorer
+
+
+def run(args) -> List[Dict]:
+    """The command without argument parsing: score every list, write the outputs -> summaries."""
+    from speakerlab.scoring.plots import plot_det, plot_histogram
+    from speakerlab.scoring.report import markdown_table, result_line, write_json, write_scores
+
+    names, prefixes, table, _ = output_prefixes(args.trials, args.out, args.names)
+    cohort = None
+    if args.cohort:
+        c_ids, c_emb = read_embeddings(args.cohort)
+        u2s = {u: s for u, (_, s) in read_utt2spk(args.cohort_utt2spk).items()} if args.cohort_utt2spk else None
+        cohort = Cohort(c_ids, c_emb, u2s, args.mean_sub, args.asnorm_top_n, source=args.cohort)
+    durations = read_durations(args.durations, args.sample_rate) if args.durations else None
+    dur_source = " ".join(args.durations or [])
+    scorer = _make_scorer(args.embeddings, cohort, durations, dur_source)
+    lists = [scorer.trial_list(t) for t in args.trials]  # every list is checked before any output
+    if args.qmf_train:
+        same = not args.qmf_embeddings or Path(args.qmf_embeddings) == Path(args.embeddings)
+        qmf_scorer = scorer if same else _make_scorer(args.qmf_embeddings, cohort, durations, dur_source)
+        tl = qmf_scorer.trial_list(args.qmf_train)
+        names_f = FEATURES if durations is not None else FEATURES_NO_DUR
+        qmf = QMF().fit(qmf_scorer.features(tl, qmf_scorer.raw_scores(tl)), tl.target, names_f)
+        scorer.qmf = qmf
+    summaries = []
+    for name, prefix, tl in zip(names, prefixes, lists):
+        scores = scorer.scores(tl)
+        s = summarise(name, tl, scores, args.p_target, scorer.qmf is not None, keep_curves=not args.no_plots)
+        curves = s.pop("_curves", None)
+        s["scoring"] = {
+            "method": scorer.method(),
+            "embeddings": str(args.embeddings),
+            "cohort": args.cohort,
+            "mean_sub": bool(args.mean_sub),
+            "asnorm_top_n": args.asnorm_top_n,
+            "qmf_train": args.qmf_train,
+            "qmf": scorer.qmf.describe() if scorer.qmf else None,
+        }
+        files = {"scores": f"{prefix}.scores", "result": f"{prefix}.result", "json": f"{prefix}.json"}
+        write_scores(files["scores"], tl, scores)
+        if curves is not None:
+            files["det"] = str(
+                plot_det(
+                    curves[0],
+                    curves[1],
+                    f"{prefix}.det.png",
+                    f"{name}: {s['scoring']['method']}",
+                    s["eer"],
+                    {float(k): v for k, v in s["min_dcf"].items()},
+                )
+            )
+            files["hist"] = str(plot_histogram(scores, tl.target, f"{prefix}.hist.png", name))
+        s["files"] = files
+        line = result_line(s)
+        Path(files["result"]).write_text(line + "\n")
+        write_json(files["json"], s)
+        print(line)
+        summaries.append(s)
+    text = markdown_table(summaries)
+    table = Path(args.table) if args.table else table
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(text)
+    print(text, end="")
+    return summaries
+
+
+def main(argv=None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    _check_args(ap, args)
+    try:
+        output_prefixes(args.trials, args.out, args.names)
+    except ValueError as e:
+        ap.error(str(e))  # exit code 2, as for any bad argument
+    try:
+        run(args)
+    except ListError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

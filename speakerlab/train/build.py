@@ -1,0 +1,403 @@
+"""The composition root of training: the one place that sees the whole config. It checks the config
+against the model registry, then builds a run's parts from their own settings sections (data,
+augmentation, features, model + classifier, optimizer, batch plan, loader) into a `Run`."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from speakerlab.config import Config, ConfigError, load_config
+from speakerlab.dataio.augment import Augmenter, open_augmenter
+from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.prepare import index_lengths
+from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
+from speakerlab.dataio.speed import speed_speaker_names
+from speakerlab.devices import resolve_device
+from speakerlab.features.fbank import Fbank, fbank_config, num_frames
+from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
+from speakerlab.models import build_model, model_args_problems
+from speakerlab.train import distributed as dist_utils
+from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
+from speakerlab.train.distributed import DistInfo
+from speakerlab.train.frontend import Frontend
+from speakerlab.train.init import resolve_model
+from speakerlab.train.loss import AAMSoftmax, SphereFace2
+from speakerlab.train.monitor import Monitor
+from speakerlab.train.precision import Precision, resolve_precision
+from speakerlab.train.speedups import apply_switches, resolve_switches
+from speakerlab.train.stability import NonFiniteGuard
+
+
+def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
+    """The training config: `load_config`, the model section taken from `train.init` when it is set, and the
+    model arguments checked against the registered builder's signature, so a typo in `model.args` stops
+    here, naming the key, before any work."""
+    cfg = load_config(list(paths), list(overrides), hardware=hardware)
+    if cfg.train.init:
+        resolve_model(cfg)  # the model section from the pretrained model; a conflicting key is named
+    problems = model_args_problems(cfg.model.name, cfg.model.args)
+    if problems:
+        raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
+    return cfg
+
+
+class SpeakerNet(nn.Module):
+    """Features -> embedding model -> margin classifier (AAM or SphereFace2), one module so DDP sees every parameter.
+
+    `forward(feats (B, T, F), labels (B,)) -> (loss, cosine logits (B, S))`; autocast applies to the
+    embedding model only: the classifier computes in fp32.
+    """
+
+    def __init__(self, model: nn.Module, classifier: AAMSoftmax, autocast: Callable):
+        super().__init__()
+        self.model, self.classifier, self._autocast = model, classifier, autocast
+        self.compiled: Optional[Callable] = None  # hardware.compile: the compiled `model` (speakerlab.train.speedups)
+
+    def forward(self, feats: torch.Tensor, labels: torch.Tensor):
+        with self._autocast():
+            emb = self.model(feats) if self.compiled is None else self.compiled(feats)
+        return self.classifier(emb, labels)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+SPOT_CHECKS = 32  # audio headers read at every start when the length index exists
+
+
+def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
+    """Validated training lists, every listed file present (all missing ones reported), lengths known.
+
+    Lengths come from `utt2num_samples` (the prepare stage, which also checked every header). All headers
+    are read again only when that index is missing or `data.check_audio` asks for it: on a corpus of a
+    million files that is minutes at every start. Otherwise SPOT_CHECKS headers spread over the list are
+    compared with the index and `data.sample_rate`."""
+    data = load_data_dir(cfg.data.train)
+    data.check_audio_exists()
+    if not data.num_samples or cfg.data.check_audio:
+        checked = data  # every header
+    else:  # a spread sample of headers: a wrong data.sample_rate or a stale index shows at start, not mid-epoch
+        step = max(1, len(data.utts) // SPOT_CHECKS)
+        checked = dataclasses.replace(data, utts=data.utts[::step][:SPOT_CHECKS] + data.utts[-1:])
+    try:
+        lengths = index_lengths(checked, cfg.data.sample_rate)
+    except ListError as e:
+        raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
+    stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
+    if stale:
+        raise ListError(
+            f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
+            f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
+            "re-run the features stage (speakerlab-prepare)"
+        )
+    if checked is data:
+        data.num_samples = lengths
+    log(f"training data {data.root}: {len(data.utts)} utterances, {len(data.speakers)} speakers")
+    return data
+
+
+def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augmenter]:
+    """The training augmenter of `cfg.augment` (its lists checked now, every problem reported at
+    once), or None when `augment.lists` is not set. Validation and extraction never augment."""
+    a = cfg.augment
+    if not a.lists:
+        log("augmentation off (augment.lists not set)")
+        return None
+    return open_augmenter(a, cfg.data.sample_rate, log)
+
+
+def build_frontend(cfg: Config, fbank: Fbank, num_speakers: int) -> Frontend:
+    """Loader batch -> (features, labels) on fbank's device: speed, reverb, noise, fbank, mean norm."""
+    a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
+    return Frontend(
+        fbank,
+        crop,
+        cfg.features.mean_norm,
+        a.speed_factors if a.speed_prob > 0 else (),
+        num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None,
+    )
+
+
+def class_names(cfg: Config, speakers: List[str]) -> List[str]:
+    """The classifier's classes: the speakers, then their sped-up copies when those are new speakers."""
+    a = cfg.augment
+    return speed_speaker_names(speakers, a.speed_factors) if a.speed_prob > 0 and a.speed_new_speakers else speakers
+
+
+def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
+    """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
+    fb = fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0)
+    return FeatureCropDataset(
+        FeatureStore(data.root, fb),
+        data.utts,
+        [data.wav[u] for u in data.utts],
+        [spk2idx[data.utt2spk[u]] for u in data.utts],
+        crop,
+        fb,
+    )
+
+
+def make_fbank(cfg: Config, device: torch.device) -> Fbank:
+    """The training front-end: fbank of `cfg.features` at `cfg.data.sample_rate`, with its dither."""
+    return Fbank(fbank_config(cfg.features, cfg.data.sample_rate)).to(device)
+
+
+def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
+    model = build_model(cfg.model.name, **cfg.model.args)
+    with torch.no_grad():
+        dim = model.eval()(torch.zeros(1, 200, cfg.features.num_mel_bins)).shape[-1]
+    model.train()
+    if cfg.loss.name == "sphereface2":
+        classifier = SphereFace2(
+            dim,
+            num_speakers,
+            scale=cfg.loss.scale,
+            margin=0.0,
+            lam=cfg.loss.sphereface2_lambda,
+            t=cfg.loss.sphereface2_t,
+        )
+    else:
+        classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
+    return SpeakerNet(model, classifier, autocast)
+
+
+def param_groups(parts: Sequence[Tuple[Sequence[nn.Parameter], float]], weight_decay: float) -> List[dict]:
+    """Optimizer groups of `parts`, each (parameters, LR scale): every part split into matrices (decayed)
+    and norms and biases (no weight decay: decaying BN scales toward 0 only fights the normalisation).
+    Parts of equal scale share groups, so with every scale 1 there are the two groups runs always had (and
+    their optimizer states stay loadable). Each group's `lr_scale` multiplies the scheduled LR."""
+    groups: List[dict] = []
+    for scale in dict.fromkeys(s for _, s in parts):  # distinct scales, in order
+        params = [p for ps, s in parts if s == scale for p in ps if p.requires_grad]
+        groups.append({"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay, "lr_scale": scale})
+        groups.append({"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, "lr_scale": scale})
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
+    """The optimizer of `optim`: the embedding model's parameters at `optim.backbone_lr_scale` x the
+    scheduled LR, the classifier's at the LR itself."""
+    o = cfg.optim
+    parts = [(list(net.model.parameters()), o.backbone_lr_scale), (list(net.classifier.parameters()), 1.0)]
+    groups = param_groups(parts, o.weight_decay)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[o.name]
+    # On CUDA the fused kernels update every parameter in one launch (torch picks the slower foreach path
+    # by default); on the CPU the default is kept.
+    params = [p for g in groups for p in g["params"]]
+    fused = {"fused": True} if all(p.is_cuda for p in params) and supports_fused(cls) else {}
+    if o.name == "sgd":
+        return cls(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, **fused)
+    return cls(groups, lr=o.lr, **fused)
+
+
+def supports_fused(cls) -> bool:
+    """Whether this torch's optimizer class takes `fused` (SGD since torch 2.4, Adam/AdamW since 2.0)."""
+    import inspect
+
+    return "fused" in inspect.signature(cls).parameters
+
+
+def make_loader(
+    cfg: Config,
+    data: DataDir,
+    spk2idx: Dict[str, int],
+    plan: BatchPlan,
+    info: DistInfo,
+    pin_memory: bool,
+    augmenter: Optional[Augmenter] = None,
+):
+    """(DataLoader, sampler) of this rank: crops of the indexed lists, of the feature store, or a stream
+    of tar shards (which batches itself and is the run's sampler)."""
+    crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
+    cropping = dict(  # how every audio item is drawn and read, indexed or from shards
+        crop_samples=crop,
+        sample_rate=cfg.data.sample_rate,
+        augment=augmenter,
+        speed_factors=cfg.augment.speed_factors,
+        speed_prob=cfg.augment.speed_prob,
+        skip_bad=cfg.data.on_bad_audio == "skip",
+    )
+    hw = cfg.hardware
+    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory)
+    if hw.num_workers > 0:
+        workers.update(prefetch_factor=hw.prefetch_factor, persistent_workers=False)
+    split = (plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed)
+    if cfg.data.shards:
+        stream = ShardStream(cfg.data.shards, *split, cfg.data.shuffle_buffer, **cropping)
+        return torch.utils.data.DataLoader(stream, batch_size=None, collate_fn=pass_batch, **workers), stream
+    if cfg.data.feats:
+        dataset = feature_dataset(cfg, data, spk2idx, crop)
+    else:
+        paths, labels = [data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts]
+        dataset = CropDataset(paths, labels, [data.num_samples[u] for u in data.utts], **cropping)
+    sampler = GlobalBatchSampler(len(dataset), *split)
+    collate_fn = collate_feats if cfg.data.feats else collate
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **workers), sampler
+
+
+def choose_plan(
+    cfg: Config,
+    info: DistInfo,
+    device: torch.device,
+    probe: Optional[MemoryProbe],
+    log: Callable[[str], None],
+) -> BatchPlan:
+    """The batch plan: per-device batch from the config, or `auto`: the largest micro batch of the plan up to
+    `hardware.max_per_device_batch` that `probe` says fits (CUDA); without a probe (CPU) auto means 64."""
+    hw = cfg.hardware
+    pdb = hw.per_device_batch
+    share = cfg.train.global_batch_size // max(1, info.world_size)
+    if pdb == "auto":
+        if probe is not None:
+            sizes = probe_sizes(share, hw.max_per_device_batch)
+            found = find_max_batch(probe, sizes)
+            log(f"per_device_batch auto on {device}: {probe.describe()}")
+            if found is None:
+                raise RuntimeError(
+                    f"per_device_batch auto: even a batch of {sizes[-1]} does not fit on {device} "
+                    f"(hardware.memory_margin {hw.memory_margin}); lower data.crop_seconds or use a smaller model"
+                )
+            pdb = found
+            if info.enabled:  # every rank must use the same micro batch: take the smallest card's
+                t = torch.tensor([pdb], device=device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+                pdb = int(t.item())
+            log(
+                f"per_device_batch auto: {pdb} (largest fitting of {sizes}, hardware.max_per_device_batch "
+                f"{hw.max_per_device_batch}, margin {hw.memory_margin})"
+            )
+        else:
+            pdb = min(64, share)
+    return plan_batches(cfg.train.global_batch_size, info.world_size, int(pdb))
+
+
+@dataclass
+class RunState:
+    """Where a run is: the only values that change as it trains (besides weights and optimizer)."""
+
+    step: int = 0  # optimizer steps done: the clock of the LR and margin schedules
+    epoch: int = 0  # epochs completed
+    bad_reads: int = 0  # training crops that failed to read and were skipped (data.on_bad_audio: skip)
+
+
+@dataclass(kw_only=True)
+class Run:
+    """A training run's parts, built once by `build_run`; `state` is what advances."""
+
+    cfg: Config
+    exp_dir: Path
+    info: DistInfo
+    device: torch.device
+    precision: Precision
+    net: nn.Module  # DDP-wrapped when distributed
+    raw: SpeakerNet  # the SpeakerNet itself
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, fbank
+    loader: torch.utils.data.DataLoader
+    sampler: Union[GlobalBatchSampler, ShardStream]  # set_epoch(epoch, start_step), steps_per_epoch
+    plan: BatchPlan
+    monitor: Monitor
+    speakers: List[str]  # the classifier's classes (sped-up copies included)
+    guard: NonFiniteGuard
+    state: RunState
+    frozen: List[nn.Parameter] = field(default_factory=list)  # parameters train.freeze_epochs holds fixed now
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.exp_dir / "checkpoints"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+
+def build_run(cfg: Config, exp_dir: Path) -> Run:
+    """Process group, device, precision, data, model, optimizer, batch plan and loader of a run."""
+    info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
+    device = resolve_device(cfg.hardware.device, info.local_rank)
+    monitor = Monitor(exp_dir, enabled=info.is_main)
+    precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
+    seed_everything(cfg.train.seed)
+    with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
+        log = monitor.log if info.is_main else (lambda m: None)
+        data = load_shard_data(cfg.data, log) if cfg.data.shards else load_train_data(cfg, log)
+        augmenter = build_augmenter(cfg, log)
+    speakers = class_names(cfg, data.speakers)
+    if cfg.augment.speed_prob > 0:
+        new = len(speakers) > len(data.speakers)
+        monitor.log(
+            f"speed perturbation with probability {cfg.augment.speed_prob:g}, factors {cfg.augment.speed_factors}; "
+            f"{len(speakers)} classes{' (sped-up copies are new speakers)' if new else ''}"
+        )
+    net = build_net(cfg, len(speakers), precision.autocast).to(device)
+    fbank = make_fbank(cfg, device)
+    frontend = build_frontend(cfg, fbank, len(data.speakers))
+    crop_frames = num_frames(int(round(cfg.data.crop_seconds * cfg.data.sample_rate)), fbank.config)
+    probe = None
+    if device.type == "cuda" and cfg.hardware.per_device_batch == "auto":
+        args = (crop_frames, cfg.features.num_mel_bins, len(speakers), device, cfg.hardware.memory_margin)
+        probe = MemoryProbe(net, *args, CudaMemory(device))
+    plan = choose_plan(cfg, info, device, probe, monitor.log)
+    del probe  # its copy of the net
+    hw = cfg.hardware
+    switches = resolve_switches(hw.compile, hw.channels_last, hw.cudnn_benchmark, net.model, device)
+    apply_switches(switches, net, monitor.log)
+    pin = cfg.hardware.pin_memory and device.type == "cuda"
+    loader, sampler = make_loader(cfg, data, {s: i for i, s in enumerate(data.speakers)}, plan, info, pin, augmenter)
+    ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
+    dist_utils.check_shared_memory(
+        cfg.hardware.num_workers,
+        plan.per_device * loader.dataset.crop_samples * 4,
+        cfg.hardware.prefetch_factor,
+        ranks_on_node,
+        monitor.log,
+    )
+    ddp = dist_utils.wrap_ddp(net, info, device)
+
+    def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
+        flag = torch.tensor([float(bad)], device=device)
+        if info.enabled:
+            torch.distributed.all_reduce(flag)
+        return bool(flag.item())
+
+    guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log, any_rank)
+    run = Run(
+        cfg=cfg,
+        exp_dir=exp_dir,
+        info=info,
+        device=device,
+        precision=precision,
+        net=ddp,
+        raw=net,
+        optimizer=build_optimizer(cfg, net),
+        scaler=precision.grad_scaler(),
+        frontend=frontend,
+        loader=loader,
+        sampler=sampler,
+        plan=plan,
+        monitor=monitor,
+        speakers=speakers,
+        guard=guard,
+        state=RunState(),
+    )
+    optimizer = f"{cfg.optim.name}{' (fused)' if run.optimizer.defaults.get('fused') else ''}"
+    monitor.log(
+        f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
+        f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
+    )
+    monitor.log(switches.describe())
+    monitor.text("hardware", f"{precision.describe()}; {plan.describe()}; {switches.describe()}")
+    return run

@@ -1,0 +1,125 @@
+"""The training step's front end, batched on the training device: loader batch -> (features, labels).
+
+    frontend = Frontend(fbank, crop_samples, mean_norm=True, speed_factors=[0.9, 1.1], num_speakers=S)
+    feats, labels = frontend(batch)    # batch: `speakerlab.dataio.batches.collate` output, on the host or device
+
+The loader workers only read int16 audio and draw (speakerlab.dataio.batches, speakerlab.dataio.augment); here,
+for the whole batch at once and on whatever device the module sits on (CPU tensors for CPU
+training and the tests):
+
+  speed      items grouped by factor, polyphase resampling (speakerlab.dataio.speed), cut to the crop
+  reverb     FFT convolution with each item's RIR, aligned on its direct path, input power kept
+  additive   segments at equal level, summed per item (babble), scaled to the drawn SNR, added
+  features   Kaldi fbank (speakerlab.features.fbank), per-utterance mean normalisation
+
+The arithmetic is float32 (the float64 per-sample reference, `speakerlab.dataio.augment.reference_wave`,
+agrees to ~1e-5 of full scale). Labels: with speed perturbation as new speakers, speaker index +
+factor class x num_speakers (speakerlab.dataio.speed).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from speakerlab.dataio.augment import INT16_SCALE
+from speakerlab.dataio.speed import SpeedPerturb, by_rows, speed_labels
+from speakerlab.features.fbank import Fbank, mean_normalize
+
+CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.dataio.speed.by_rows); a GPU takes the batch at once
+
+
+def mean_square(x: Tensor) -> Tensor:
+    """`(B, N) -> (B,)` mean square of each row."""
+    return x.square().mean(dim=1)
+
+
+def reverberate_batch(x: Tensor, rirs: Tensor) -> Tensor:
+    """`x (R, N)` each convolved with its `rirs (R, L)` row (zero-padded), `(R, N)` out.
+
+    Each output starts at its RIR's direct-path peak (largest |tap|), so the reverberant speech is
+    not delayed against the clean crop, and keeps its input's power. An all-zero RIR leaves the row."""
+    n, length = x.shape[1], rirs.shape[1]
+    size = 1 << (n + length - 2).bit_length()  # power of two >= the full convolution length
+    full = torch.fft.irfft(torch.fft.rfft(x, size) * torch.fft.rfft(rirs, size), size)
+    peak = rirs.abs().argmax(dim=1, keepdim=True)
+    out = torch.gather(full, 1, peak + torch.arange(n, device=x.device))
+    pin, pout = mean_square(x), mean_square(out)
+    gain = torch.where(pout > 0, (pin / pout.clamp_min(torch.finfo(x.dtype).tiny)).sqrt(), torch.ones_like(pout))
+    keep = (rirs != 0).any(dim=1, keepdim=True)
+    return torch.where(keep, out * gain.unsqueeze(1), x)
+
+
+def add_noise_batch(x: Tensor, noise: Tensor, owner: Tensor, snr_db: Tensor) -> Tensor:
+    """`x (B, N)` plus its segments of `noise (S, N)` (`owner (S,)`: the row of each) at `snr_db (B,)`.
+
+    Segments are first brought to unit power and summed per row (babble talkers at equal level;
+    for a single noise or music segment this changes nothing, the SNR gain sets the level). Rows
+    without segments, silent rows and silent noise are left unchanged (no SNR is defined then)."""
+    if noise.shape[0] == 0:
+        return x
+    p = mean_square(noise)
+    unit = noise / torch.where(p > 0, p, torch.ones_like(p)).sqrt().unsqueeze(1)
+    mix = torch.zeros_like(x).index_add_(0, owner, unit)
+    px, pn = mean_square(x), mean_square(mix)
+    ok = (px > 0) & (pn > 0)
+    target = pn * torch.pow(10.0, torch.nan_to_num(snr_db, nan=0.0) / 10.0)
+    gain = torch.where(ok, (px / torch.where(ok, target, torch.ones_like(target))).sqrt(), torch.zeros_like(px))
+    return x + gain.unsqueeze(1) * mix
+
+
+class Frontend(torch.nn.Module):
+    """`forward(batch) -> (feats (B, T, F) float32, labels (B,) int64)`, see the module docstring.
+
+    `speed_factors`: the factors the dataset draws from (its classes, `speakerlab.dataio.speed.factor_classes`);
+    `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded).
+    `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch)."""
+
+    def __init__(
+        self,
+        fbank: Fbank,
+        crop_samples: int,
+        mean_norm: bool = True,
+        speed_factors: Sequence[float] = (),
+        num_speakers: Optional[int] = None,
+        cpu_rows: Optional[int] = CPU_ROWS,
+    ):
+        super().__init__()
+        self.fbank, self.crop, self.mean_norm = fbank, int(crop_samples), bool(mean_norm)
+        self.speed = SpeedPerturb(speed_factors)
+        self.num_speakers, self.cpu_rows = num_speakers, cpu_rows
+
+    @property
+    def device(self) -> torch.device:
+        return self.fbank.window.device
+
+    def to_device(self, batch: Dict[str, object]) -> Dict[str, object]:
+        """The batch's tensors on this module's device (non-blocking from pinned memory)."""
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+    def waves(self, batch: Dict[str, object]) -> Tensor:
+        """The augmented crops `(B, crop)` float32, in [-1, 1) scale before augmentation."""
+        b = self.to_device(batch)
+        chunk = self.cpu_rows if self.device.type == "cpu" else None
+        x = self.speed(b["wave"], batch["speed"], self.crop, chunk) * INT16_SCALE  # groups from the host copy
+        if b["rir"].shape[0]:
+            rows = b["rir_item"]
+            x = x.index_copy(0, rows, by_rows(reverberate_batch, chunk, x[rows], b["rir"].float()))
+        if b["noise"].shape[0]:
+            x = add_noise_batch(x, b["noise"].float(), b["noise_item"], b["snr"])
+        # A file with NaN / inf samples (int16 cannot hold them) becomes a non-finite row again, so the
+        # training step's guard skips the step and names the file, as with float crops.
+        return torch.where(b["finite"].unsqueeze(1), x, torch.full_like(x, float("nan")))
+
+    def forward(self, batch: Dict[str, object]) -> Tuple[Tensor, Tensor]:
+        labels = batch["label"].to(self.device, non_blocking=True)
+        if "feats" in batch:  # a feature-store batch (speakerlab.features.store): only the normalisation
+            feats = batch["feats"].to(self.device, non_blocking=True)
+            return (mean_normalize(feats) if self.mean_norm else feats), labels
+        x = self.waves(batch)
+        if self.num_speakers is not None:
+            labels = speed_labels(labels, batch["speed"].to(self.device, non_blocking=True), self.num_speakers)
+        feats = by_rows(self.fbank, self.cpu_rows if self.device.type == "cpu" else None, x)  # fp32, no autocast
+        return (mean_normalize(feats) if self.mean_norm else feats), labels

@@ -1,0 +1,326 @@
+"""Train a speaker-embedding model.
+
+    speakerlab-train --config conf/mini/campplus.yaml --exp-dir exp/mini [--hardware cpu] [train.epochs=2 ...]
+    torchrun --nproc_per_node=4 --no-python speakerlab-train --config ... --exp-dir ...
+    python -m speakerlab.train ...      (the same as speakerlab-train)
+
+Re-running the same command resumes from the latest checkpoint under <exp-dir>/checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+
+from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
+from speakerlab.config import ConfigError, save_config
+from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.lists import ListError
+from speakerlab.features.fbank import feature_spec
+from speakerlab.inference.embedder import NonFiniteEmbedding
+from speakerlab.train import distributed as dist_utils
+from speakerlab.train.build import Run, build_run, load_train_config
+from speakerlab.train.init import apply_freeze
+from speakerlab.train.lock import ExpDirLock, ExpDirLocked
+from speakerlab.train.monitor import Meter
+from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.schedules import lr_at, margin_at
+from speakerlab.train.stability import TrainingStopped, batch_culprits
+from speakerlab.train.validation import validation_eer
+from speakerlab.train.watchdog import Watchdog
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step reports (host values, read once per step)."""
+
+    updated: bool  # False when the guard skipped the step
+    loss: float
+    accuracy: float
+    grad_norm: float
+    lr: float
+    margin: float
+    data_wait_s: float
+
+
+def set_schedules(run: Run) -> tuple:
+    """LR and margin of the current global step (functions of the step alone: hardware-independent)."""
+    o, loss = run.cfg.optim, run.cfg.loss
+    total = run.cfg.train.epochs * run.steps_per_epoch
+    lr = lr_at(run.state.step, total, int(o.warmup_epochs * run.steps_per_epoch), o.lr, o.min_lr)
+    margin = margin_at(
+        run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch, loss.margin_warmup_epochs
+    )
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    run.raw.classifier.set_margin(margin)
+    apply_freeze(run)
+    return lr, margin
+
+
+def drop_unreadable(run: Run, batch: dict, feats: torch.Tensor, labels: torch.Tensor, index: torch.Tensor):
+    """Rows whose audio failed to read (data.on_bad_audio: skip) leave the micro-batch: `(B, T, F), (B,),
+    (B,) -> (B', T, F), (B',), (B',)`. Each is named in the log and counted; past data.max_bad_audio, or
+    when no row is left, training stops (a lost mount must not quietly train on nothing)."""
+    bad = batch.get("bad") or []
+    if not any(bad):
+        return feats, labels, index
+    for why in filter(None, bad):
+        run.state.bad_reads += 1
+        line = f"skipped an unreadable training utterance ({run.state.bad_reads} so far): {why}"
+        if run.info.is_main:
+            run.monitor.log(line)
+        else:  # the monitor writes on rank 0 only
+            print(f"rank {run.info.rank}: {line}", file=sys.stderr, flush=True)
+    limit = run.cfg.data.max_bad_audio
+    if run.state.bad_reads > limit:
+        raise TrainingStopped(
+            f"{run.state.bad_reads} training reads failed, more than data.max_bad_audio ({limit}); "
+            f"the last: {[b for b in bad if b][-1]}"
+        )
+    keep = torch.tensor([not b for b in bad])
+    if not keep.any():
+        raise TrainingStopped(f"no utterance of a micro-batch could be read, e.g. {bad[0]}")
+    return feats[keep.to(feats.device)], labels[keep.to(labels.device)], index[keep]
+
+
+def train_step(run: Run, batches: Iterator) -> StepResult:
+    """One optimizer step over `accumulation` micro-batches of `batches`.
+
+    Each micro-batch: loader batch -> fp32 features `(B, T, F)` -> loss / accumulation, backward. Under DDP
+    gradients are all-reduced on the last micro-batch only. Then unscale, clip, ask the guard, update.
+    Loss and hits stay on the device until the step ends (one host sync per step)."""
+    cfg, accum = run.cfg, run.plan.accumulation
+    lr, margin = set_schedules(run)
+    loss_sum = torch.zeros((), device=run.device)
+    hits = torch.zeros((), device=run.device)
+    seen, wait, pending = 0, 0.0, []
+    for micro in range(accum):
+        t0 = time.perf_counter()
+        batch = next(batches)
+        wait += time.perf_counter() - t0
+        feats, labels = run.frontend(batch)  # on the device: speed, augmentation, fbank, mean norm
+        feats, labels, index = drop_unreadable(run, batch, feats, labels, batch["index"])
+        pending.append((index, run.guard.nonfinite_rows(feats)))
+        last = micro == accum - 1
+        with contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync():
+            loss, cos = run.net(feats, labels)
+            run.scaler.scale(loss / accum).backward()
+        loss_sum += loss.detach().float() / accum
+        hits += (cos.argmax(1) == labels).sum()
+        seen += labels.numel()
+    run.scaler.unscale_(run.optimizer)
+    max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
+    params = [p for p in run.raw.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    loss_value, correct = torch.stack([loss_sum, hits.float()]).tolist()
+    overflow = run.precision.use_scaler and run.scaler.get_scale() >= 1.0
+    ok = run.guard.check(
+        run.state.step,
+        loss_value,
+        grad_norm,
+        lambda: batch_culprits(pending, run.loader.dataset.paths, run.info),
+        overflow,
+    )
+    if ok:
+        run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.state.step += 1
+    return StepResult(ok, loss_value, correct / seen, grad_norm, lr, margin, wait)
+
+
+def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
+    """The steps of the current epoch from `start` within it. Returns True when the epoch is complete;
+    False when global step `stop_at` (--max-steps) came first, after writing the mid-epoch checkpoint."""
+    cfg = run.cfg
+    run.sampler.set_epoch(run.state.epoch, start)
+    run.net.train()
+    batches = iter(run.loader)
+    meter, wait, t_log = Meter(), 0.0, time.perf_counter()
+    bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.state.epoch + 1}/{cfg.train.epochs}")
+    done = start
+    while done < run.steps_per_epoch and (stop_at is None or run.state.step < stop_at):
+        result = train_step(run, batches)
+        done += 1
+        wait += result.data_wait_s
+        if result.updated:
+            meter.add(loss=result.loss, accuracy=result.accuracy, grad_norm=result.grad_norm)
+        if bar is not None:
+            bar.update(1)
+        if run.state.step % cfg.train.log_every_steps == 0 or done == run.steps_per_epoch:
+            log_step(run, meter, result, wait, time.perf_counter() - t_log)
+            wait, t_log = 0.0, time.perf_counter()
+        if (
+            cfg.train.save_every_steps
+            and run.state.step % cfg.train.save_every_steps == 0
+            and done < run.steps_per_epoch
+        ):
+            save_mid_epoch(run, done)
+    run.monitor.end_progress()
+    if done < run.steps_per_epoch:
+        save_mid_epoch(run, done)
+        return False
+    return True
+
+
+def end_epoch(run: Run) -> None:
+    """Epoch checkpoint, then (rank 0) the validation EER when it is due; every rank waits."""
+    cfg, epoch = run.cfg, run.state.epoch
+    save_epoch_end(run)
+    if run.info.is_main and cfg.data.val and (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
+        spec = feature_spec(cfg.features, cfg.data.sample_rate)
+        try:
+            eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device)
+        except NonFiniteEmbedding as e:  # the checkpoint is written: report, and let training go on
+            run.monitor.log(f"epoch {epoch}: no validation EER: {e}")
+        else:
+            run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")
+            run.monitor.log(f"epoch {epoch}: validation EER {eer * 100:.2f}%")
+    dist_utils.barrier(run.info)
+
+
+def log_step(run: Run, meter: Meter, last: StepResult, wait: float, elapsed: float) -> None:
+    steps = meter.count
+    values = meter.reset() or {}
+    values = dist_utils.all_reduce_mean(
+        {**values, "data_wait_fraction": wait / max(elapsed, 1e-9)}, run.info, run.device
+    )
+    values.update(
+        lr=last.lr,
+        margin=last.margin,
+        skipped_steps=run.guard.total,
+        samples_per_s=max(steps, 1) * run.plan.global_batch / max(elapsed, 1e-9),
+    )
+    values["loss_scale"] = run.scaler.get_scale() if run.precision.use_scaler else 1.0
+    values["peak_memory_gb"] = peak_memory_gb(run.device)
+    run.monitor.scalars(values, run.state.step)
+    run.monitor.metrics(values, run.state.step, epoch=run.state.epoch)
+    if run.info.is_main:
+        shown = " ".join(f"{k} {v:.4g}" for k, v in values.items())
+        run.monitor.log(f"epoch {run.state.epoch + 1} step {run.state.step}: {shown}")
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated by tensors; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--config",
+        required=True,
+        action="append",
+        help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)",
+    )
+    ap.add_argument("--exp-dir", required=True)
+    ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
+    ap.add_argument(
+        "--max-steps",
+        type=positive_int,
+        help="stop (with a checkpoint) after this many optimizer steps "
+        "of this invocation, e.g. to fit a cluster time limit; the schedule is unaffected",
+    )
+    ap.add_argument(
+        "--force-new-schedule",
+        action="store_true",
+        help="resume although settings that define the schedule or data order changed (global batch, "
+        "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings",
+    )
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
+    return ap.parse_args(argv)
+
+
+def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_new_schedule: bool) -> None:
+    """Take the exp dir, resume (or start), and train epochs until train.epochs or `max_steps` more steps.
+    Nothing is written to the exp dir until the lock is held and the checkpoint fits this command."""
+    cfg = run.cfg
+    if lock is not None:
+        lock.acquire()
+        for p in remove_stale_temp_files(run.ckpt_dir):
+            run.monitor.log(f"removed {p}, left mid-write by a run that was killed")
+    start = resume(run, force_new_schedule)
+    run.monitor.start()
+    if run.info.is_main:
+        save_config(cfg, run.exp_dir / "config.yaml")
+    run.monitor.resume_at(run.state.step)
+    stop_at = run.state.step + max_steps if max_steps else None
+    while run.state.epoch < cfg.train.epochs and (stop_at is None or run.state.step < stop_at):
+        if not train_epoch(run, start, stop_at):
+            break
+        start, run.state.epoch = 0, run.state.epoch + 1
+        end_epoch(run)
+    if run.state.epoch < cfg.train.epochs:
+        run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")
+    else:
+        run.monitor.log(
+            f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
+            + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
+        )
+
+
+def main(argv=None) -> int:
+    """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
+    stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
+    (the watchdog's)."""
+    args = parse_args(argv)
+    try:
+        cfg = load_train_config(args.config, args.overrides, args.hardware)
+        run = build_run(cfg, Path(args.exp_dir))
+    except (ListError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        dist_utils.cleanup()
+        return 2
+    lock = ExpDirLock(run.exp_dir, run.monitor.log) if run.info.is_main else None
+    watchdog = None
+    if run.info.enabled:
+        watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
+        watchdog.start()
+    try:
+        fit(run, lock, args.max_steps, args.force_new_schedule)
+        return 0
+    except (ExpDirLocked, ScheduleChanged) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (TrainingStopped, CheckpointError) as e:
+        run.monitor.log(f"error: {e}")
+        return 3
+    except AudioError as e:
+        # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
+        cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
+        run.monitor.log(
+            f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
+            f"speakerlab-prepare --data {cfg.data.train}); the last checkpoint is intact"
+        )
+        return 2
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        run.monitor.close()
+        if lock is not None:
+            lock.release()
+        dist_utils.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

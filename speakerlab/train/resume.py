@@ -1,0 +1,185 @@
+"""A run's checkpoints: what it writes at a step, and how it starts again from one (resume; a fresh run
+with `train.init` starts from a pretrained model: speakerlab.train.init). The file schema itself is
+speakerlab.checkpoint's."""
+
+from __future__ import annotations
+
+import torch
+
+from speakerlab.checkpoint import (
+    Checkpoint,
+    ResumeState,
+    load_latest,
+    prune_checkpoints,
+    run_checkpoints,
+    save_checkpoint,
+)
+from speakerlab.features.fbank import feature_spec
+from speakerlab.train.build import Run
+from speakerlab.train.init import initialise
+
+
+def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
+    """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run."""
+    cfg = run.cfg
+    resume = ResumeState(
+        optimizer=run.optimizer.state_dict(),
+        scaler=run.scaler.state_dict(),
+        step_in_epoch=step_in_epoch,
+        skipped_steps=run.guard.total,
+        rng_cpu=torch.get_rng_state(),
+        rng_cuda=torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
+    )
+    return Checkpoint(
+        model_name=cfg.model.name,
+        model_args=dict(cfg.model.args),
+        model=run.raw.model.state_dict(),
+        features=feature_spec(cfg.features, cfg.data.sample_rate),
+        speakers=list(run.speakers),
+        classifier=run.raw.classifier.state_dict(),
+        step=run.state.step,
+        epoch=run.state.epoch,
+        resume=resume,
+        config=cfg.to_dict(),
+    )
+
+
+def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
+    """Rank 0 writes `<exp>/checkpoints/<name>` (atomically)."""
+    if run.info.is_main:
+        save_checkpoint(run.ckpt_dir / name, checkpoint_of(run, step_in_epoch))
+
+
+def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
+    """`partial_NNN.pt` of the epoch in progress (NNN = its 1-based number), overwritten."""
+    save(run, f"partial_{run.state.epoch + 1:03d}.pt", step_in_epoch)
+
+
+def save_epoch_end(run: Run) -> None:
+    """The epoch checkpoint; mid-epoch ones are now stale; only the newest `keep_checkpoints` stay."""
+    save(run, f"epoch_{run.state.epoch:03d}.pt")
+    if run.info.is_main:
+        for p in run_checkpoints(run.ckpt_dir):
+            if not p.name.startswith("epoch_"):
+                p.unlink(missing_ok=True)
+        prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
+
+
+def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
+    """Model and classifier weights of the run's own checkpoint (same model and speakers)."""
+    if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
+        raise RuntimeError(f"{path} was trained with another model or speaker list; use a new --exp-dir")
+    if ckpt.classifier is None:
+        raise RuntimeError(f"{path} has no classifier weights; use a new --exp-dir")
+    run.raw.model.load_state_dict(ckpt.model)
+    run.raw.classifier.load_state_dict(ckpt.classifier)
+
+
+class ScheduleChanged(RuntimeError):
+    """Resuming would silently continue a different schedule or data order; the message shows how."""
+
+
+# Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
+# epoch) or the data order. The hardware section is free to change: results do not depend on it.
+SCHEDULE_KEYS = (
+    "model.name",
+    "model.args",
+    "loss.name",
+    "data.train",
+    "data.crop_seconds",
+    "data.shards",
+    "data.shuffle_buffer",
+    "train.global_batch_size",
+    "train.epochs",
+    "train.seed",
+    "optim.name",
+    "optim.lr",
+    "optim.min_lr",
+    "optim.warmup_epochs",
+    "optim.backbone_lr_scale",
+    "train.freeze_epochs",
+    "loss.scale",
+    "loss.margin",
+    "loss.margin_start_epoch",
+    "loss.margin_warmup_epochs",
+)
+
+
+def schedule_changes(stored: dict, now: dict) -> list:
+    """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts).
+    A key the checkpoint's config does not have (written before the key existed) is not compared."""
+    missing = object()
+
+    def get(d, key):
+        for part in key.split("."):
+            d = d.get(part, missing) if isinstance(d, dict) else missing
+        return d
+
+    return [
+        f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now"
+        for k in SCHEDULE_KEYS
+        if get(stored, k) is not missing and get(stored, k) != get(now, k)
+    ]
+
+
+def restore_cuda_rng(states: list, device: torch.device, log) -> None:
+    """Set the CUDA random state of each GPU the checkpoint has one for and this process sees.
+
+    Runs move between nodes: a checkpoint of 4 GPUs resumed on 1 (or on the CPU, or the other way round)
+    restores what exists and says once what does not (the other GPUs start from the run's seed). The
+    data order and the global batch do not depend on the number of processes (GlobalBatchSampler), so
+    the run continues the same schedule; only device-side random draws (fbank dither) can differ."""
+    here = torch.cuda.device_count() if device.type == "cuda" else 0
+    for index, state in enumerate(states[:here]):
+        torch.cuda.set_rng_state(state.cpu(), index)
+    if len(states) != here:
+        log(
+            f"WARNING: the checkpoint holds the CUDA random state of {len(states)} GPU(s), this run has {here}: "
+            f"restored {min(len(states), here)}; device-side random draws (fbank dither) of the others differ "
+            "from an uninterrupted run"
+        )
+
+
+def resume(run: Run, force_new_schedule: bool = False) -> int:
+    """Restore the latest checkpoint of the run, if any (else start from `train.init`, if set); return the
+    step within its epoch to continue from.
+
+    Settings that change the schedule or the data order (SCHEDULE_KEYS) must match the checkpoint's,
+    else ScheduleChanged, unless `force_new_schedule`: then weights, optimizer and completed epochs are
+    kept and the interrupted epoch starts again from its beginning under the new settings."""
+    found = load_latest(run.ckpt_dir, run.device, warn=run.monitor.log)
+    if found is None:
+        if run.cfg.train.init:
+            initialise(run)
+        return 0
+    path, ckpt = found
+    changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
+    if changes and not force_new_schedule:
+        raise ScheduleChanged(
+            f"{run.exp_dir} was trained with other settings than this command's; resuming would "
+            "continue a different schedule or data order:\n  "
+            + "\n  ".join(changes)
+            + "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
+            "continue these weights under the new settings"
+        )
+    if ckpt.resume is None:
+        raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
+    _load_weights(run, ckpt, path)
+    scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
+    run.optimizer.load_state_dict(ckpt.resume.optimizer)
+    for group, scale in zip(run.optimizer.param_groups, scales):  # this run's, not the file's (older files lack it)
+        group["lr_scale"] = scale
+    run.scaler.load_state_dict(ckpt.resume.scaler)
+    run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
+    torch.set_rng_state(ckpt.resume.rng_cpu.cpu())
+    restore_cuda_rng(ckpt.resume.rng_cuda, run.device, run.monitor.log)
+    if changes:
+        run.state.step = run.state.epoch * run.steps_per_epoch
+        run.monitor.log(
+            f"--force-new-schedule: {'; '.join(changes)}; epoch {run.state.epoch + 1} starts again "
+            f"at global step {run.state.step}"
+        )
+        run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")
+        return 0
+    run.monitor.log(f"resumed from {path}: epoch {run.state.epoch}, step {run.state.step}")
+    return ckpt.resume.step_in_epoch

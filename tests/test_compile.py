@@ -1,0 +1,186 @@
+"""The speed switches of `hardware` (speakerlab.train.speedups): their resolution, torch.compile's
+failure paths, and a compiled training step against the eager one (inductor on the CPU; gcc builds it)."""
+
+import contextlib
+import copy
+
+import pytest
+import torch
+
+from speakerlab.config import ConfigError, load_config
+from speakerlab.models import build_model
+from speakerlab.train import speedups
+from speakerlab.train.build import build_net, build_optimizer
+from speakerlab.train.speedups import CompileFailed, apply_switches, resolve_switches
+
+TINY = {
+    "campplus": {
+        "embedding_size": 16,
+        "growth_rate": 8,
+        "init_channels": 16,
+        "m_channels": 4,
+        "fcm_blocks": [1, 1],
+        "num_layers": [1, 1, 1],
+    },
+    "eres2net_base": {"embedding_size": 16, "m_channels": 8, "num_blocks": [1, 1, 1, 1]},
+}
+
+
+def tiny_net(name, seed=0):
+    cfg = load_config(raw={"model": {"name": name, "args": TINY[name]}, "data": {"train": "x"}})
+    torch.manual_seed(seed)
+    return cfg, build_net(cfg, num_speakers=6, autocast=contextlib.nullcontext)
+
+
+def test_switches_resolve_per_model_and_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    campplus, eres2net = build_model("campplus", **TINY["campplus"]), build_model("eres2net_base")
+    s = resolve_switches("auto", "auto", "auto", eres2net, cuda)
+    assert (s.compile, s.compile_fallback, s.channels_last, s.cudnn_benchmark) == ("default", True, True, True)
+    s = resolve_switches("auto", "auto", "auto", campplus, cuda)  # a 1-D TDNN with a small 2-D head
+    assert not s.channels_last and s.cudnn_benchmark
+    s = resolve_switches("auto", "auto", "auto", eres2net, cpu)  # the CPU: eager, no NHWC
+    assert s.compile is None and not s.channels_last and not s.cudnn_benchmark
+    s = resolve_switches("max-autotune", True, False, campplus, cpu)
+    assert (s.compile, s.compile_fallback, s.channels_last, s.cudnn_benchmark) == ("max-autotune", False, True, False)
+    assert resolve_switches(True, "auto", "auto", campplus, cpu).compile == "default"
+    text = resolve_switches(False, "auto", "auto", eres2net, cuda).describe()
+    assert text.startswith("speed switches: compile off (eager), channels_last on, cudnn.benchmark on")
+    assert "hardware.compile=false channels_last=auto cudnn_benchmark=auto; 2-D CNN on cuda" in text
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("hardware.compile=fast", "hardware.compile"), ("hardware.channels_last=maybe", "hardware.channels_last")],
+)
+def test_bad_switch_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(raw={"model": {"name": "campplus"}, "data": {"train": "x"}}, overrides=[override])
+    cfg = load_config(raw={"model": {"name": "campplus"}, "data": {"train": "x"}}, overrides=["hardware.compile=true"])
+    assert cfg.hardware.compile is True
+
+
+class Broken(RuntimeError):
+    pass
+
+
+def test_a_compile_failure_is_an_error_naming_the_setting_or_with_auto_a_logged_fallback(monkeypatch):
+    def failing_compile(model, mode=None, backend=None):
+        def call(x):
+            raise Broken("InductorError: C++ compile error\nmore lines")
+
+        return call
+
+    monkeypatch.setattr(speedups.torch, "compile", failing_compile)
+    _, net = tiny_net("campplus")
+    feats, labels = torch.randn(2, 50, 80), torch.tensor([0, 1])
+    apply_switches(resolve_switches(True, "auto", "auto", net.model, torch.device("cpu")), net, print)
+    with pytest.raises(CompileFailed, match=r"hardware\.compile=true: torch\.compile failed: Broken: InductorError"):
+        net(feats, labels)
+    logs = []
+    switches = resolve_switches("auto", "auto", "auto", net.model, torch.device("cpu"))
+    apply_switches(dataclass_replace(switches, compile="default"), net, logs.append)  # auto, as on CUDA
+    loss, _ = net(feats, labels)
+    assert torch.isfinite(loss) and len(logs) == 1 and "compile=auto: torch.compile failed (Broken" in logs[0]
+    assert net.compiled.call is net.model  # eager from now on
+
+
+def dataclass_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+@pytest.fixture
+def one_thread():
+    """Inductor's C++ kernels on one thread: with several, torch 2.13's vectorised scatter-add (the backward
+    of CAM++'s index_select) fails an assertion in code generation, a CPU-only inductor defect (CUDA
+    compiles to Triton). Also the fastest compile on a small shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# Measured here (torch 2.13.0+cpu, inductor's C++ on one thread): CAM++'s compiled gradients are wrong, 20-45 %
+# off in norm on BatchNorm weights of the TDNN blocks and the 2-D head (the embedding agrees to 4e-5). The
+# suspect is the backward of CAMLayer's index_select, a scatter-add: on several threads inductor fails an
+# assertion generating it, and a 5-line repro of that backward stops with "index out of bounds" inside
+# inductor's kernel on torch 2.11 and 2.13. Strict: the day inductor gets it right, this fails and the mark
+# goes. tests/test_cuda.py runs the same comparison on the card (Triton), unmarked.
+CPU_INDUCTOR_CAMPPLUS = pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="inductor's CPU backward of CAM++ differs from eager (see above)"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param("campplus", marks=CPU_INDUCTOR_CAMPPLUS), "eres2net_base"])
+def test_a_compiled_training_step_equals_the_eager_one(name, one_thread):
+    """One SGD step (forward, AAM loss, backward, update) of a tiny model, eager and through inductor."""
+    compare_compiled_step(name, torch.device("cpu"))
+
+
+def compare_compiled_step(name, device, autocast=contextlib.nullcontext):
+    """One SGD step of tiny `name` on `device`, eager and compiled: loss, gradients, weights and BatchNorm
+    statistics agree (shared with tests/test_cuda.py)."""
+    cfg = load_config(raw={"model": {"name": name, "args": TINY[name]}, "data": {"train": "x"}})
+    torch.manual_seed(0)
+    eager = build_net(cfg, num_speakers=6, autocast=autocast).to(device)
+    compiled = copy.deepcopy(eager)
+    apply_switches(resolve_switches(True, False, False, compiled.model, device), compiled, print)
+    feats = torch.randn(4, 60, 80, generator=torch.Generator().manual_seed(1)).to(device)
+    labels = torch.tensor([0, 3, 5, 3], device=device)
+    results = []
+    for net in (eager, compiled):
+        net.classifier.set_margin(0.2)
+        opt = build_optimizer(cfg, net)
+        before = {k: p.detach().clone() for k, p in net.named_parameters()}
+        loss, _ = net(feats, labels)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in net.named_parameters()}
+        opt.step()
+        updates = {k: p.detach() - before[k] for k, p in net.named_parameters()}
+        results.append((loss.detach(), grads, updates, {k: b.clone() for k, b in net.named_buffers()}))
+    (loss_e, grads_e, updates_e, buffers_e), (loss_c, grads_c, updates_c, buffers_c) = results
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-5)
+    close_in_norm(grads_c, grads_e, "gradient")
+    close_in_norm(updates_c, updates_e, "update")
+    for k in buffers_e:  # BatchNorm running statistics: from the forward pass alone
+        torch.testing.assert_close(buffers_c[k], buffers_e[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def close_in_norm(got, want, what):
+    """Per tensor, the error's norm against the tensor's own norm plus a floor of the whole set's: a bias
+    followed by BatchNorm has a true gradient of 0, so both sides hold rounding noise there (~1e-9 of the
+    whole) that no elementwise relative tolerance can compare. Measured (CPU): ERes2Net's worst tensor, its
+    first conv, is 1.1e-3 off (reductions over ~2e4 positions summed in another order)."""
+    total = torch.sqrt(sum(v.double().square().sum() for v in want.values())).item()
+    for k in want:
+        err, own = (got[k] - want[k]).double().norm().item(), want[k].double().norm().item()
+        assert err <= 5e-3 * own + 1e-6 * total, f"{k}: |{what} error| {err:.3g}, |{what}| {own:.3g}, all {total:.3g}"
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_and_resumes_exactly(tmp_path, one_thread):
+    """hardware.compile=true end to end on the CPU (a tiny ERes2Net): the switches are logged and in
+    tensorboard's text, and a run stopped after 2 steps resumes to the losses of the uninterrupted run."""
+    from speakerlab.train import main as train_main
+    from tests.test_train import losses, tiny_config
+
+    model = "model: {name: eres2net_base, args: {embedding_size: 16, m_channels: 8, num_blocks: [1, 1, 1, 1]}}\n"
+    cfg, _ = tiny_config(tmp_path, val=False, extra=model)  # its `model` section replaces the tiny CAM++
+    args = ["--config", str(cfg), "hardware.compile=true"]
+    assert train_main([*args, "--exp-dir", str(tmp_path / "a")]) == 0
+    assert train_main([*args, "--exp-dir", str(tmp_path / "b"), "--max-steps", "2"]) == 0
+    assert train_main([*args, "--exp-dir", str(tmp_path / "b")]) == 0
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
+    log = (tmp_path / "a" / "train.log").read_text()
+    assert "model eres2net_base" in log and "speed switches: compile mode default" in log
+    assert "hardware.compile=true" in log
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "a" / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    assert any("hardware" in tag for tag in events.Tags()["tensors"])
