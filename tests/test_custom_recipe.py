@@ -23,8 +23,15 @@ pytestmark = [
 
 # One thread: the test machine is shared, and a starved second OpenMP thread stalls every op of the first.
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# fp32: the same figures on every CPU (the cpu profile's auto precision is bf16 where the CPU has it).
-TRAIN = "hardware.precision=fp32 train.epochs=4 train.log_every_steps=5"
+# fp32: the same figures on every CPU (the cpu profile's auto precision is bf16 where the CPU has it). One
+# schedule for both runs, so that only the starting weights differ: conf/custom/scratch.yaml's (no frozen epoch,
+# one LR for the whole network). In a budget of 52 steps the fine-tuning config's frozen epoch and 0.3x trunk LR
+# leave the model where it started (measured: 24.3% vs 23.9% before); they pay off over hundreds of steps
+# (bench/RESULTS.md, "Fine-tuning on one's own data").
+TRAIN = (
+    "hardware.precision=fp32 train.epochs=4 train.log_every_steps=5 train.freeze_epochs=0 optim.backbone_lr_scale=1.0 "
+    "optim.lr=0.003 optim.min_lr=0.00002 optim.warmup_epochs=0.3 loss.margin_start_epoch=1 loss.margin_warmup_epochs=2"
+)
 
 
 def bash(*args: str, log: Path) -> str:
@@ -54,7 +61,7 @@ def test_fine_tuning_on_a_folder_of_new_speakers_beats_no_fine_tuning_and_scratc
     )
     voices = tmp_path / "voices"
     new = (
-        "--seed 4321 --num-train-speakers 40 --num-val-speakers 2 --num-test-speakers 2 --utts-per-speaker 10 "
+        "--seed 4321 --num-train-speakers 90 --num-val-speakers 2 --num-test-speakers 2 --utts-per-speaker 6 "
         "--eval-utts-per-speaker 2 --min-dur 1.5 --max-dur 2.5 --eval-min-dur 1.5 --eval-max-dur 2 --jobs 2"
     )
     subprocess.run(
@@ -75,7 +82,7 @@ def test_fine_tuning_on_a_folder_of_new_speakers_beats_no_fine_tuning_and_scratc
     run = str(REPO / "egs" / "custom" / "run.sh")
     data = tmp_path / "data"
     common = ["--root", str(tree), "--data", str(data), "--jobs", "2", "--train_overrides", TRAIN]
-    common += ["--prepare_opts", "--test-speakers 10 --trials 3000"]
+    common += ["--prepare_opts", "--test-speakers 20 --trials 3000"]
     out = bash(run, *common, "--init", str(mini / "exp"), "--exp", str(tmp_path / "ft"), log=tmp_path / "ft.log")
     for n in range(1, 6):
         assert re.search(rf"\] stage {n}: ", out), n
@@ -84,7 +91,8 @@ def test_fine_tuning_on_a_folder_of_new_speakers_beats_no_fine_tuning_and_scratc
     scratch_out = bash(run, *common, "--stage", "3", "--exp", str(tmp_path / "scratch"), log=tmp_path / "scratch.log")
     scratch = eer(scratch_out, "trained from scratch")
     print(f"EER fine-tuned {fine_tuned}%, before fine-tuning {before}%, from scratch {scratch}%")
-    assert fine_tuned < before and fine_tuned < scratch, (fine_tuned, before, scratch)
+    # Clearly: measured 19.5% vs 23.9% before and 30.9% from scratch (544 trials of 20 held-out speakers).
+    assert fine_tuned < 0.9 * before and fine_tuned < 0.8 * scratch, (fine_tuned, before, scratch)
     # The same steps, and the fine-tuned run started from the pretrained weights with a new classifier.
     logs = [(tmp_path / e / "train.log").read_text() for e in ("ft", "scratch")]
     steps = [re.findall(r"training done: 4 epochs, (\d+) steps", log) for log in logs]
@@ -96,6 +104,6 @@ def test_fine_tuning_on_a_folder_of_new_speakers_beats_no_fine_tuning_and_scratc
     assert len(report) == 1 and report[0].endswith(": kept: first of 2 channels"), report
     with open(data / "sources.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == sum(1 for p in tree.rglob("*") if p.is_file()) == 40 * 10 + 4 * 2
+    assert len(rows) == sum(1 for p in tree.rglob("*") if p.is_file()) == 90 * 6 + 4 * 2
     assert {"speaker 001", "Sprecher Ü002"} <= {r["speaker"] for r in rows}
     assert len({r["utt"] for r in rows}) == len(rows)

@@ -30,12 +30,12 @@ opt weights ""                     # the 3D-Speaker state dict file of --3dspeak
 opt config ../../conf/custom/finetune.yaml
 opt scratch_config ../../conf/custom/scratch.yaml   # added to --config when there is no pretrained model
 opt exp ""                         # default exp/finetune (exp/scratch without a pretrained model)
-opt hardware cpu                   # profile in conf/hardware/ (e.g. auto, a100-80g)
+opt hardware cpu                   # profile in conf/hardware/ (GPUs: auto, a100-80g, ...)
 opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
-launch_options                     # --gpus --nproc --nnodes --node_rank --master_addr --master_port
+launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
