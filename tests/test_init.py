@@ -290,13 +290,15 @@ def test_cnc2_release_maps_to_agg_gnorm(tmp_path):
 @pytest.mark.slow
 def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     """Two processes: DDP reduces the classifier alone while the trunk is frozen, and the trunk once it thaws
-    (the wrapper is rebuilt then); the frozen epoch leaves the trunk as it was."""
-    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze_epochs": 1})
+    (the wrapper is rebuilt then); the frozen epoch leaves the trunk as it was; the trunk's lower LR holds
+    under the wrapper."""
+    train = {"init": str(pretrained), "freeze_epochs": 1}
+    config = write_config(tmp_path, new_data(tmp_path), train=train, optim={"backbone_lr_scale": 0.25})
     exp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531", "-m"]
     cmd += ["speakerlab.train", "--config", config, "--exp-dir", str(exp)]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     log = (exp / "train.log").read_text()
     assert_no_traceback(r.stdout, r.stderr, log)
@@ -305,3 +307,6 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     e1, e2 = (load_checkpoint(exp / "checkpoints" / f"epoch_00{n}.pt").model for n in (1, 2))
     assert all(torch.equal(e1[k], v) for k, v in source.items())
     assert sum(not torch.equal(e2[k], v) for k, v in source.items() if v.is_floating_point()) > len(source) // 2
+    groups = load_checkpoint(exp / "checkpoints" / "epoch_002.pt").resume.optimizer["param_groups"]
+    last_lr = {g["lr_scale"]: g["lr"] for g in groups}
+    assert set(last_lr) == {0.25, 1.0} and last_lr[0.25] == pytest.approx(0.25 * last_lr[1.0])
