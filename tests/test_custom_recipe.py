@@ -12,9 +12,15 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from speakerlab.checkpoint import load_checkpoint
 from tests.fake_corpora import REPO, env_ready, recipe_env
+from tests.fixture_models import fill_state_dict
+from tests.helpers import write_wav
+from tests.test_compat import load_fixture
 
 pytestmark = [
     pytest.mark.slow,
@@ -107,3 +113,35 @@ def test_fine_tuning_on_a_folder_of_new_speakers_beats_no_fine_tuning_and_scratc
     assert len(rows) == sum(1 for p in tree.rglob("*") if p.is_file()) == 90 * 6 + 4 * 2
     assert {"speaker 001", "Sprecher Ü002"} <= {r["speaker"] for r in rows}
     assert len({r["utt"] for r in rows}) == len(rows)
+
+
+def test_a_3dspeaker_release_fine_tunes_and_resumes_through_the_recipe(tmp_path):
+    """`--3dspeaker campplus --weights FILE` (a state dict filled by the fixture rule, nested as the zoo's
+    training scripts save it): stages 1-5 run, the recorded model is the file's, and stage 3 run again after its
+    last checkpoint is lost ends on the same weights."""
+    rng = np.random.default_rng(0)
+    tree = tmp_path / "voices"
+    for s in range(8):
+        for u in range(3):
+            write_wav(tree / f"person {s}" / f"{u}.wav", 0.1 * rng.standard_normal(40000))
+    state = fill_state_dict(load_fixture("campplus")["state_dict"])
+    weights = tmp_path / "campplus_zoo.bin"
+    torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, weights)
+    exp = tmp_path / "exp"
+    args = ["--root", str(tree), "--data", str(tmp_path / "data"), "--jobs", "1", "--exp", str(exp)]
+    args += ["--3dspeaker", "campplus", "--weights", str(weights), "--prepare_opts", "--test-speakers 2"]
+    args += ["--train_overrides", "hardware.precision=fp32 train.epochs=2 train.global_batch_size=8"]
+    run = str(REPO / "egs" / "custom" / "run.sh")
+    out = bash(run, *args, log=tmp_path / "run.log")
+    assert eer(out, f"fine-tuned from {weights}") >= 0 and eer(out, "before fine-tuning") >= 0
+    assert load_checkpoint(exp / "pretrained.pt").model_args == {"embedding_size": 192}
+    start = load_checkpoint(exp / "pretrained.pt").model
+    assert all(torch.equal(start[k], v) for k, v in state.items())
+    last = exp / "checkpoints" / "epoch_002.pt"
+    done = load_checkpoint(last).model
+    assert any(not torch.equal(done[k], v) for k, v in state.items())  # the second epoch trained the trunk
+    last.unlink()
+    bash(run, *args, "--stage", "3", "--stop_stage", "3", log=tmp_path / "again.log")
+    again = load_checkpoint(last).model
+    assert all(torch.equal(again[k], v) for k, v in done.items())
+    assert "resumed from" in (exp / "train.log").read_text()
