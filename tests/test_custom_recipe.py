@@ -125,7 +125,8 @@ def test_a_3dspeaker_release_fine_tunes_and_resumes_through_the_recipe(tmp_path)
         for u in range(3):
             write_wav(tree / f"person {s}" / f"{u}.wav", 0.1 * rng.standard_normal(40000))
     state = fill_state_dict(load_fixture("campplus")["state_dict"])
-    weights = tmp_path / "campplus_zoo.bin"
+    weights = tmp_path / "my models" / "campplus_zoo.bin"  # a space in the path: one argument throughout
+    weights.parent.mkdir()
     torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, weights)
     exp = tmp_path / "exp"
     args = ["--root", str(tree), "--data", str(tmp_path / "data"), "--jobs", "1", "--exp", str(exp)]

@@ -63,18 +63,19 @@ if stage_on 1; then
 fi
 . ../tools/env.sh
 # The pretrained model as training settings; without one, the from-scratch overlay and its own exp dir.
+# Arrays: a path with spaces stays one argument.
 configs=(--config "$config")
+settings=("data.train=$data/train")
 if [ -n "$init" ]; then
-  pretrained="train.init=$init"
+  settings+=("train.init=$init")
 elif [ -n "$threedspeaker" ]; then
-  pretrained="train.init=$weights train.init_3dspeaker=$threedspeaker"
+  settings+=("train.init=$weights" "train.init_3dspeaker=$threedspeaker")
 else
-  pretrained=""
   configs+=(--config "$scratch_config")
 fi
-[ -n "$exp" ] || { exp=exp/finetune; [ -n "$pretrained" ] || exp=exp/scratch; }
-settings="data.train=$data/train $pretrained"
-what="fine-tuned from ${init:-$weights}"; [ -n "$pretrained" ] || what="trained from scratch"
+what="fine-tuned from ${init:-$weights}"
+[ -n "$init$threedspeaker" ] || what="trained from scratch"
+[ -n "$exp" ] || { exp=exp/finetune; [ -n "$init$threedspeaker" ] || exp=exp/scratch; }
 store_opts="hardware.num_workers=0"   # crops come from the fbank store: a loader worker only competes
 
 if stage_on 1; then
@@ -86,13 +87,13 @@ fi
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, index lengths; fbank stores of train and test"
   speakerlab-prepare --data "$data/train" --data "$data/test" --jobs "$jobs"
-  speakerlab-feature-store "${configs[@]}" --data "$data/train" --data "$data/test" $settings \
+  speakerlab-feature-store "${configs[@]}" --data "$data/train" --data "$data/test" "${settings[@]}" \
     $train_overrides
 fi
 
 if stage_on 3; then
   log "stage 3: $exp: $what"
-  launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" $settings $store_opts \
+  launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" $store_opts \
     $train_overrides
 fi
 
