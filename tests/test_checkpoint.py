@@ -22,9 +22,9 @@ from speakerlab.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
+from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.features.fbank import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import load_embedder
-from speakerlab.inference.extract import load_embeddings
 from speakerlab.models import build_model
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"
@@ -102,7 +102,7 @@ def test_checkpoint_written_before_the_schema_extracts_as_before():
     ck = load_checkpoint(LEGACY / "campplus_tiny.pt")
     assert ck.model_name == "campplus" and ck.features.sample_rate == 16000 and ck.features.mean_norm
     assert ck.resume is not None and ck.step == 2 and len(ck.speakers) == 4
-    ids, before = load_embeddings(LEGACY / "embeddings.npz")
+    ids, before = read_embeddings(LEGACY / "embeddings.npz")
     embedder = load_embedder(LEGACY / "campplus_tiny.pt", device="cpu")
     now = embedder.embed_waves([embedder.read(str(LEGACY / "wav" / f"{u}.wav")) for u in ids])
     np.testing.assert_allclose(now, before, rtol=1e-5, atol=1e-6)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
+from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.resample import (
     MAX_WEIGHTS,
     MultiChannelWarning,
@@ -28,7 +29,6 @@ from speakerlab.dataio.resample import (
 from speakerlab.features.fbank import FbankConfig, FeatureSpec, compute_features
 from speakerlab.inference.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, run_embed, run_verify
 from speakerlab.inference.embedder import load_embedder
-from speakerlab.inference.extract import load_embeddings
 from speakerlab.models import build_model
 from tests.helpers import write_wav
 
@@ -181,7 +181,7 @@ def test_other_rates_of_the_same_signal_embed_close_to_16k(ckpt, tmp_path, capsy
     other = str(write_wav(tmp_path / "other.wav", band_limited(16000, fmax=2000.0)[::-1].copy(), subtype="FLOAT"))
     scp = write_scp(tmp_path / "wav.scp", [*((f"r{sr}", p) for sr, p in paths.items()), ("other", other)])
     assert run_embed([str(scp), str(tmp_path / "e.npz"), "--checkpoint", str(ckpt), "--device", "cpu"]) == 0
-    ids, emb = load_embeddings(tmp_path / "e.npz")
+    ids, emb = read_embeddings(tmp_path / "e.npz")
     assert ids == ["r8000", "r16000", "r44100", "other"]
     ref = emb[1]
     dist = [float(np.linalg.norm(e - ref) / np.linalg.norm(ref)) for e in emb]
@@ -205,7 +205,7 @@ def test_verify_prints_the_cosine_of_the_embeddings_embed_writes(ckpt, wavs, tmp
     scp = write_scp(tmp_path / "wav.scp", [("b", wavs[1]), ("a", wavs[0])])
     out = tmp_path / "out" / "emb.npz"
     assert run_embed([str(scp), str(out), "--checkpoint", str(ckpt), "--device", "cpu", "--kaldi"]) == 0
-    ids, emb = load_embeddings(out)
+    ids, emb = read_embeddings(out)
     assert ids == ["b", "a"] and emb.shape == (2, 16) and emb.dtype == np.float32  # wav.scp order
     kaldiio = pytest.importorskip("kaldiio")
     ark = {k: v for k, v in kaldiio.load_scp(str(out.with_suffix(".scp"))).items()}
@@ -229,7 +229,7 @@ def test_ark_output_writes_ark_scp_and_npz(ckpt, wavs, tmp_path):
     assert run_embed([str(scp), str(tmp_path / "k" / "e.ark"), "--checkpoint", str(ckpt)]) == 0
     assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["e.ark", "e.npz", "e.scp"]
     kaldiio = pytest.importorskip("kaldiio")
-    ark, (ids, emb) = kaldiio.load_scp(str(tmp_path / "k" / "e.scp")), load_embeddings(tmp_path / "k" / "e.npz")
+    ark, (ids, emb) = kaldiio.load_scp(str(tmp_path / "k" / "e.scp")), read_embeddings(tmp_path / "k" / "e.npz")
     assert ids == ["x", "y"] and np.isfinite(emb).all()
     for i, u in enumerate(ids):
         np.testing.assert_array_equal(ark[u], emb[i])
@@ -248,7 +248,7 @@ def test_3dspeaker_state_dict(tmp_path, capsys):
     model = ["--3dspeaker", "resnet34", "--weights", str(weights), "--device", "cpu"]
     scp = write_scp(tmp_path / "wav.scp", [("a", wavs[0]), ("b", wavs[1])])
     assert run_embed([str(scp), str(tmp_path / "e.npz"), *model]) == 0
-    _, emb = load_embeddings(tmp_path / "e.npz")
+    _, emb = read_embeddings(tmp_path / "e.npz")
     assert emb.shape == (2, 192)
     capsys.readouterr()
     assert run_verify([wavs[0], wavs[1], *model]) == 0
@@ -263,7 +263,7 @@ def test_two_channel_file_embeds_its_first_channel_with_a_warning(ckpt, tmp_path
     scp = write_scp(tmp_path / "wav.scp", [("two", two), ("first", first)])
     assert run_embed([str(scp), str(tmp_path / "e.npz"), "--checkpoint", str(ckpt)]) == 0
     assert f"warning: {scp}:1: two: {two}: 2 channels, using the first" in capsys.readouterr().err
-    _, emb = load_embeddings(tmp_path / "e.npz")
+    _, emb = read_embeddings(tmp_path / "e.npz")
     np.testing.assert_allclose(emb[0], emb[1], rtol=1e-5, atol=1e-6)  # batched together: float rounding
     assert run_verify([str(two), str(first), "--checkpoint", str(ckpt)]) == 0
     out = capsys.readouterr()

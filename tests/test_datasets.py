@@ -14,8 +14,9 @@ from urllib.error import HTTPError
 import pytest
 import soundfile as sf
 
-from speakerlab.dataio.lists import load_data_dir, read_trials
+from speakerlab.dataio.lists import load_data_dir
 from speakerlab.dataio.prepare import prepare as index_data_dir
+from speakerlab.dataio.trials import IdIndex, read_trial_list
 from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
 from speakerlab.datasets.archives import extract
 from speakerlab.datasets.common import DatasetError
@@ -55,8 +56,7 @@ def check_data_dir(root: Path, trials=()):
     assert d.utts == sorted(d.wav) and all(os.path.isabs(p) and os.path.isfile(p) for p in d.wav.values())
     assert all(u.startswith(s) for u, s in d.utt2spk.items())
     for t in trials:
-        for trial in read_trials(root / t):
-            assert trial.enrol in d.wav and trial.test in d.wav
+        read_trial_list(root / t, IdIndex(d.utts))  # raises naming any id not in wav.scp
     index_data_dir(root, jobs=1)  # the recipe's index stage accepts it (audio readable, 16 kHz mono)
     return d
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
+from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.lists import load_data_dir
 from speakerlab.features.fbank import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import load_embedder
-from speakerlab.inference.extract import StreamingExtractor, load_embeddings, main, plan_units
+from speakerlab.inference.extract import StreamingExtractor, main, plan_units
 from speakerlab.models import build_model
 from tests.helpers import assert_no_traceback, write_wav
 
@@ -60,7 +61,7 @@ def ckpt(tmp_path_factory):
 
 
 def test_plan_units_cuts_long_utterances_into_equal_chunks():
-    utt, start, length = plan_units([100, 250, 300, 301], max_samples=100)
+    utt, start, length = plan_units([100, 250, 300, 301], max_len=100)
     assert utt.tolist() == [0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3]
     assert length.tolist() == [100, 83, 84, 83, 100, 100, 100, 75, 75, 76, 75]
     assert start.tolist() == [0, 0, 83, 167, 0, 100, 200, 0, 75, 150, 226]
@@ -90,7 +91,7 @@ def test_chunked_embeddings_are_the_mean_of_their_chunks(ckpt, tmp_path):
         )
         == 0
     )
-    ids, emb = load_embeddings(out)
+    ids, emb = read_embeddings(out)
     scp = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
     for i, utt in enumerate(ids):
         wave = embedder.read(scp[utt])
@@ -121,7 +122,7 @@ def test_rerun_skips_finished_shards_and_changed_settings_start_again(ckpt, tmp_
         "cpu",
     ]
     assert main(args) == 0
-    _, whole = load_embeddings(out)
+    _, whole = read_embeddings(out)
     # A run that was killed after its first shard: the same command finishes the other three.
     ex = StreamingExtractor(
         load_embedder(ckpt, device="cpu"), load_data_dir(data, need_speakers=False), out, shard_units=3, num_workers=0
@@ -132,7 +133,7 @@ def test_rerun_skips_finished_shards_and_changed_settings_start_again(ckpt, tmp_
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "1 of 4 shards already done" in err and "rank 0 embedded 3 shard(s)" in err
-    np.testing.assert_allclose(load_embeddings(out)[1], whole, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(read_embeddings(out)[1], whole, rtol=1e-6, atol=1e-7)
     ex.prepare_parts(print)
     ex.run_shard(0)
     assert main(args[:-4] + ["--max-seconds", "0.6", "--num-workers", "0", "--device", "cpu"]) == 0
@@ -162,7 +163,7 @@ def test_kaldi_output_is_readable_by_kaldiio(ckpt, tmp_path):
         )
         == 0
     )
-    ids, emb = load_embeddings(out)
+    ids, emb = read_embeddings(out)
     scp = kaldiio.load_scp(str(tmp_path / "e.scp"))
     assert sorted(scp) == ids
     for utt, e in zip(ids, emb):
@@ -212,7 +213,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert_no_traceback(r.stdout, r.stderr)
     assert "rank 0 embedded" in r.stderr and "rank 1 embedded" in r.stderr
-    (ids1, e1), (ids2, e2) = load_embeddings(one), load_embeddings(two)
+    (ids1, e1), (ids2, e2) = read_embeddings(one), read_embeddings(two)
     assert ids1 == ids2
     np.testing.assert_allclose(e2, e1, rtol=1e-5, atol=1e-6)
 
@@ -258,3 +259,88 @@ def test_peak_memory_grows_less_than_20_percent_with_5x_more_audio(ckpt, tmp_pat
         assert r.returncode == 0, r.stderr[-3000:]
         peaks.append(int(r.stdout.split()[-1]))
     assert peaks[1] < 1.2 * peaks[0], f"peak RSS {peaks[0] / 1024:.0f} MB -> {peaks[1] / 1024:.0f} MB"
+
+
+def _store_args(ckpt, data, out, *extra):
+    return ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--feats", "yes", "--device", "cpu"]
+
+
+def test_feature_store_units_chunk_shard_and_resume_like_audio(ckpt, tmp_path, capsys):
+    """From the store: utterances longer than --max-seconds are the mean of equal frame chunks; parts and
+    resumption as on the audio path."""
+    from speakerlab.features.fbank import num_frames
+    from speakerlab.features.store import FeatureStore
+    from speakerlab.features.store import main as store_main
+
+    data = make_dir(tmp_path / "d", 4, [0.6, 2.2, 1.4])
+    assert store_main(["--data", str(data)]) == 0
+    out = tmp_path / "e.npz"
+    args = _store_args(ckpt, data, out) + ["--max-seconds", "1.0", "--shard-units", "2", "--num-workers", "0"]
+    assert main(args) == 0
+    assert "rank 0 embedded 4 shard(s)" in capsys.readouterr().err  # 7 units (1 + 3 + 2 + 1): 4 shards
+    ids, emb = read_embeddings(out)
+    embedder, store = load_embedder(ckpt, device="cpu"), FeatureStore(data)
+    limit = num_frames(16000, embedder.spec.fbank)
+    for i, utt in enumerate(ids):
+        feats = torch.tensor(store[utt])
+        k = -(-len(feats) // limit)
+        edges = np.linspace(0, len(feats), k + 1).round().astype(int)
+        chunks = [embedder.embed_fbank(feats[a:b][None])[0].numpy() for a, b in zip(edges[:-1], edges[1:])]
+        np.testing.assert_allclose(emb[i], np.mean(chunks, axis=0), rtol=1e-4, atol=1e-5)
+    # A run killed after one shard: the same command embeds only the other three.
+    ex = StreamingExtractor(
+        embedder, load_data_dir(data, need_speakers=False), out, 1.0, shard_units=2, num_workers=0, store=store
+    )
+    ex.prepare_parts(print)
+    ex.run_shard(0)
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "1 of 4 shards already done" in err and "rank 0 embedded 3 shard(s)" in err
+    np.testing.assert_allclose(read_embeddings(out)[1], emb, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_feature_store_under_torchrun_only_rank_0_writes(ckpt, tmp_path):
+    """Two processes from the store: each embeds its shards, rank 0 alone writes OUT, equal to one process."""
+    from speakerlab.features.store import main as store_main
+
+    data = make_dir(tmp_path / "d", 20, [0.5, 0.7, 1.3, 2.5])
+    assert store_main(["--data", str(data)]) == 0
+    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
+    common = ["--shard-units", "4", "--max-seconds", "1.0", "--num-workers", "1"]
+    assert main(_store_args(ckpt, data, one) + common) == 0
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29543"]
+        + ["-m", "speakerlab.inference.extract", *_store_args(ckpt, data, two), *common],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_traceback(r.stdout, r.stderr)
+    assert "rank 0 embedded" in r.stderr and "rank 1 embedded" in r.stderr
+    assert r.stderr.count("extract: 20 embeddings") == 1  # one writer
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == ["two.npz"]
+    (ids1, e1), (ids2, e2) = read_embeddings(one), read_embeddings(two)
+    assert ids1 == ids2
+    np.testing.assert_allclose(e2, e1, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_batches_are_bounded_in_audio_whatever_the_number_of_equal_utterances(ckpt, tmp_path):
+    """Many utterances of one length would fill batches of --batch-size, a peak that grows with the data
+    until that count; on the CPU the default bound is 30 s of padded audio a batch."""
+    from speakerlab.features.fbank import num_frames
+    from speakerlab.inference.extract import default_batch_seconds
+
+    data = make_dir(tmp_path / "d", 1, [2.0])
+    scp = (data / "wav.scp").read_text().split()[1]
+    (data / "wav.scp").write_text("".join(f"u{i:03d} {scp}\n" for i in range(64)))
+    (data / "utt2spk").unlink()
+    embedder = load_embedder(ckpt, device="cpu")
+    ex = StreamingExtractor(embedder, load_data_dir(data, need_speakers=False), tmp_path / "e.npz")
+    assert default_batch_seconds(torch.device("cpu")) == 30.0
+    frames = num_frames(32000, embedder.spec.fbank)
+    sizes = [len(b) for shard in ex.shards for b in shard]
+    assert sum(sizes) == 64 and max(sizes) == 3000 // frames  # 15 units of 2 s (not 32)

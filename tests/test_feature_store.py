@@ -11,7 +11,7 @@ from speakerlab.dataio.lists import ListError
 from speakerlab.features.fbank import Fbank, FbankConfig, FeatureSpec, num_frames
 from speakerlab.features.store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
 from speakerlab.inference.embedder import Embedder
-from speakerlab.inference.extract import embed_data_dir, embed_feature_store
+from speakerlab.inference.extract import embed_data_dir
 from speakerlab.models import build_model
 from speakerlab.train.loop import main as train_main
 from tests.helpers import losses, make_data_dir, tiny_config
@@ -71,7 +71,7 @@ def test_extraction_from_the_store_equals_extraction_from_audio(data):
     ).eval()
     embedder = Embedder(model, FeatureSpec(FbankConfig()), "cpu")
     ids, from_audio = embed_data_dir(embedder, data)
-    store_ids, from_store = embed_feature_store(embedder, data)
+    store_ids, from_store = embed_data_dir(embedder, data, store=FeatureStore(data, FbankConfig()))
     assert store_ids == ids and len(FeatureStore(data).entries) == len(ids)
     np.testing.assert_allclose(from_store, from_audio, rtol=1e-5, atol=1e-6)
 
@@ -108,5 +108,7 @@ def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):
     spec = FeatureSpec(FbankConfig(), mean_norm=True)
     from_audio = validation.validation_eer(model, spec, str(val), torch.device("cpu"))
     assert main(["--data", str(val)]) == 0
-    monkeypatch.setattr(validation, "embed_data_dir", None)  # must not be called when the store fits
+    from speakerlab.inference import extract
+
+    monkeypatch.setattr(extract, "AudioUnits", None)  # no audio may be read when the store fits
     assert validation.validation_eer(model, spec, str(val), torch.device("cpu")) == pytest.approx(from_audio)

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speakerlab.dataio.lists import load_data_dir, read_trials
+from speakerlab.dataio.lists import load_data_dir
 from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.dataio.resample import rate_ratio, resample
+from speakerlab.dataio.trials import IdIndex, read_trial_list
 from speakerlab.datasets.folder import main as folder_main
 from tests.helpers import write_wav
 
@@ -282,6 +283,13 @@ def test_split_is_speaker_disjoint_and_seeded(tmp_path):
     assert len(split("--test-speakers", "5")[1]) == 5
 
 
+def read_trials(data) -> list:
+    """`data`/trials parsed by the scoring's reader against `data`'s utterances: (enrol, test, target) rows."""
+    index = IdIndex(load_data_dir(data).utts, "utt2spk")
+    t = read_trial_list(data / "trials", index)
+    return [(index.ids[e], index.ids[u], bool(y)) for e, u, y in zip(t.enrol, t.test, t.target)]
+
+
 def test_trials_are_balanced_and_cross_session(tmp_path):
     root = tmp_path / "root"
     for i in range(6):
@@ -291,17 +299,17 @@ def test_trials_are_balanced_and_cross_session(tmp_path):
     _, out = run(tmp_path, "--folder-sessions", "--test-speakers", "4", "--trials", "40", root=root)
     test = load_data_dir(out / "test")
     sess = dict(line.split() for line in (out / "test" / "utt2sess").read_text().splitlines())
-    trials = read_trials(out / "test" / "trials")
-    assert Counter(t.target for t in trials) == {True: 20, False: 20}
-    assert len({(t.enrol, t.test) for t in trials}) == 40
-    for t in trials:
-        same = test.utt2spk[t.enrol] == test.utt2spk[t.test]
-        assert same == t.target and t.enrol != t.test
-        if t.target:
-            assert sess[t.enrol] != sess[t.test]
+    trials = read_trials(out / "test")
+    assert Counter(target for _, _, target in trials) == {True: 20, False: 20}
+    assert len({(enrol, test_utt) for enrol, test_utt, _ in trials}) == 40
+    for enrol, test_utt, target in trials:
+        same = test.utt2spk[enrol] == test.utt2spk[test_utt]
+        assert same == target and enrol != test_utt
+        if target:
+            assert sess[enrol] != sess[test_utt]
     # All of them when fewer exist: 4 speakers x 3 x 3 cross-session pairs = 36 targets.
     _, out = run(tmp_path, "--folder-sessions", "--test-speakers", "4", "--trials", "1000", root=root)
-    assert Counter(t.target for t in read_trials(out / "test" / "trials")) == {True: 36, False: 36}
+    assert Counter(target for _, _, target in read_trials(out / "test")) == {True: 36, False: 36}
 
 
 def test_rerun_gives_the_same_lists_and_drops_stale_conversions(tmp_path):

@@ -2,14 +2,7 @@ import re
 
 import pytest
 
-from speakerlab.dataio.lists import (
-    ListError,
-    check_trial_ids,
-    load_data_dir,
-    read_trials,
-    read_utt2num_samples,
-    read_wav_scp,
-)
+from speakerlab.dataio.lists import ListError, load_data_dir, read_utt2num_samples, read_wav_scp
 from tests.helpers import make_data_dir
 
 
@@ -78,25 +71,6 @@ def test_missing_audio_reports_every_file_with_line(data):
     assert msg.startswith("2 audio file(s)")
     assert f"{data / 'wav.scp'}:1: /nonexistent/one.wav" in msg
     assert f"{data / 'wav.scp'}:3: /nonexistent/two.wav" in msg
-
-
-def test_trials_parse_and_validate(tmp_path):
-    p = tmp_path / "trials"
-    p.write_text("a-1 a-2 target\na-1 b-1 nontarget\n\nb-1 a-2 0\n")
-    trials = read_trials(p)
-    assert [(t.enrol, t.test, t.target, t.line) for t in trials] == [
-        ("a-1", "a-2", True, 1),
-        ("a-1", "b-1", False, 2),
-        ("b-1", "a-2", False, 4),
-    ]
-    with pytest.raises(ListError, match=re.escape(f"{p}:2: id 'b-1' has no embedding (2 trial line(s) affected)")):
-        check_trial_ids(trials, ["a-1", "a-2"], p)
-    p.write_text("a-1 a-2 maybe\n")
-    with pytest.raises(ListError, match=re.escape(f"{p}:1: label must be target or nontarget")):
-        read_trials(p)
-    p.write_text("a-1 a-2\n")
-    with pytest.raises(ListError, match=re.escape(f"{p}:1: expected 'enrol test")):
-        read_trials(p)
 
 
 def test_utt2num_samples_validation(tmp_path):

@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
 
-from speakerlab.dataio.lists import read_trials
 from speakerlab.scoring.metrics import compute_eer, compute_min_dcf, verification_metrics
-from speakerlab.scoring.score import cosine_scores
+from speakerlab.scoring.score import Scorer
 
 
 def brute_force(scores, labels, p_target=0.01):
@@ -56,8 +55,34 @@ def test_cosine_scores_vectorised_equals_loop(tmp_path):
     ids = [f"u{i}" for i in range(20)]
     emb = rng.standard_normal((20, 8)).astype(np.float32)
     p = tmp_path / "trials"
-    pairs = [(int(a), int(b)) for a, b in rng.integers(0, 20, (50, 2))]
+    pairs = sorted({(int(a), int(b)) for a, b in rng.integers(0, 20, (50, 2))})  # a list names a pair once
     p.write_text("".join(f"u{a} u{b} {'target' if a % 2 == b % 2 else 'nontarget'}\n" for a, b in pairs))
-    got = cosine_scores(ids, emb, read_trials(p))
+    scorer = Scorer(ids, emb)
+    got = scorer.scores(scorer.trial_list(p))
     want = [float(emb[a] @ emb[b] / np.linalg.norm(emb[a]) / np.linalg.norm(emb[b])) for a, b in pairs]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_operating_points_match_brute_force(seed):
+    """Threshold at the EER (smallest |P_miss - P_fa|, the lowest on a tie) and the lowest threshold whose
+    false-alarm rate is at most 1 % / 0.1 %, each with its rates: every distinct score tried in turn."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(300, 3000))
+    labels = rng.random(n) < 0.2
+    scores = rng.normal(labels * 2.0, 1.0)
+    if seed % 2:
+        scores = np.round(scores, 1)  # ties across classes
+    if seed % 3 == 2:
+        scores = scores.astype(np.float32)
+    tar, non = scores[labels], scores[~labels]
+    candidates = sorted(set(scores.tolist()))
+    rates = [(t, float(np.mean(tar < t)), float(np.mean(non >= t))) for t in candidates]
+    m = verification_metrics(scores, labels)
+    gaps = [abs(pm - pf) for _, pm, pf in rates]
+    t, pm, pf = rates[int(np.argmin(gaps))]
+    assert m["eer_point"] == {"threshold": t, "p_miss": pm, "p_fa": pf}
+    for rate in (0.01, 0.001):
+        ok = [r for r in rates if r[2] <= rate]
+        want = ok[0] if ok else (float("inf"), 1.0, 0.0)  # none: the point that accepts nothing
+        assert m["fa_points"][rate] == {"threshold": want[0], "p_miss": want[1], "p_fa": want[2]}

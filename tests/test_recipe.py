@@ -54,6 +54,8 @@ def test_mini_recipe_end_to_end(tmp_path):
         "2",
         "--lm_config",
         str(ROOT / "conf" / "mini" / "finetune_lm.yaml"),
+        "--lm_overrides",
+        "train.epochs=1",  # after train_overrides' 10 epochs: stage 7 is one epoch
     )
     out = r.stdout + r.stderr
     for n in range(1, 8):

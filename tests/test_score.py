@@ -70,6 +70,12 @@ def test_two_lists_round_trip(tmp_path, capsys):
         assert summary["eer"] == pytest.approx(compute_eer(scores, labels), abs=1e-5)
         for p in ("0.01", "0.05"):
             assert summary["min_dcf"][p] == pytest.approx(compute_min_dcf(scores, labels, float(p)), abs=1e-5)
+        points = summary["operating_points"]
+        assert set(points) == {"eer", "fa=0.01", "fa=0.001"}
+        for point in points.values():  # each threshold gives the rates it states, on the written scores
+            t = point["threshold"]
+            assert point["p_miss"] == pytest.approx(np.mean(scores[labels] < t - 5e-7), abs=2 / labels.sum())
+            assert point["p_fa"] == pytest.approx(np.mean(scores[~labels] >= t - 5e-7), abs=2 / (~labels).sum())
         assert (out / f"{name}.result").read_text().strip() in printed
         for png in ("det", "hist"):
             assert (out / f"{name}.{png}.png").is_file()
@@ -95,7 +101,12 @@ def test_one_list_prefix_form_as_before(tmp_path, capsys):
         == 0
     )
     result = (tmp_path / "exp" / "test.result").read_text()
-    assert re.match(r".*A/trials: \d+ trials \(\d+ target\) EER \d+\.\d\d% minDCF\(p_target=0.01\) \d\.\d{4}", result)
+    assert re.match(
+        r".*A/trials: \d+ trials \(\d+ target\) EER \d+\.\d\d% \(threshold -?\d\.\d{4}\) "
+        r"minDCF\(p_target=0.01\) \d\.\d{4}"
+        r".* threshold\(FA 1%\) -?\d\.\d{4} \(miss \d+\.\d\d%\) threshold\(FA 0\.1%\) ",
+        result,
+    )
     assert (tmp_path / "exp" / "test.scores").is_file()
     assert (tmp_path / "exp" / "test.md").read_text().splitlines()[2].startswith("| test |")  # named by the prefix
 

@@ -34,6 +34,7 @@ opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
 opt average_last 10                # stage 6: epoch checkpoints averaged into $exp/checkpoints/avg.pt
 opt lm_config ../../conf/finetune_lm.yaml   # stage 7: large-margin fine-tuning overlay -> ${exp}_lm
+opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -95,6 +96,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    train.init="$exp/checkpoints/avg.pt" $train_data $train_overrides
+    train.init="$exp/checkpoints/avg.pt" $train_data $train_overrides $lm_overrides
 fi
 log "done"

@@ -37,6 +37,7 @@ opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1"
+opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
 args=()
@@ -134,6 +135,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train "${configs[@]}" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    data.train="$data/train" train.init="$exp/checkpoints/avg.pt" $store_opts $train_overrides
+    data.train="$data/train" train.init="$exp/checkpoints/avg.pt" $store_opts $train_overrides $lm_overrides
 fi
 log "done"

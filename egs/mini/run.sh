@@ -22,6 +22,7 @@ opt hardware cpu                   # profile in conf/hardware/
 opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/mini/finetune_lm.yaml
+opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 opt corpus_opts ""                 # extra generator options, e.g. "--num-train-speakers 50"
 opt augment false                  # true: train from audio with speed perturbation, reverb, noise ...
 opt augment_config ../../conf/mini/augment.yaml  # ... as this overlay of $config says
@@ -93,6 +94,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    train.init="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides
+    train.init="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides $lm_overrides
 fi
 log "done"

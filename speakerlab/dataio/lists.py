@@ -1,7 +1,7 @@
-"""Kaldi-style data lists: wav.scp, utt2spk, spk2utt, trials, utt2num_samples.
+"""Kaldi-style data lists: wav.scp, utt2spk, spk2utt, utt2num_samples (trial lists: `speakerlab.dataio.trials`).
 
 Every reader validates as it reads and raises `ListError` naming the file and line number:
-malformed lines, duplicate ids, utterances without a speaker, trial ids with no embedding.
+malformed lines, duplicate ids, utterances without a speaker.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 
 class ListError(ValueError):
@@ -84,44 +84,6 @@ def read_utt2num_samples(path) -> Dict[str, int]:
             raise ListError(f"{path}:{lineno}: sample count must be a positive integer, got {fields[0]!r}")
         out[utt] = n
     return out
-
-
-@dataclass(frozen=True)
-class Trial:
-    enrol: str
-    test: str
-    target: bool
-    line: int
-
-
-_LABELS = {"target": True, "nontarget": False, "1": True, "0": False}
-
-
-def read_trials(path) -> List[Trial]:
-    """trials (`enrol test target|nontarget`, also 1|0) -> list of Trial (one object per line: for small
-    lists; scoring parses into index arrays with `speakerlab.dataio.trials.read_trial_list`)."""
-    path = Path(path)
-    trials = []
-    for lineno, line in _lines(path):
-        parts = line.split()
-        if len(parts) != 3:
-            raise ListError(f"{path}:{lineno}: expected 'enrol test target|nontarget', got {line!r}")
-        if parts[2] not in _LABELS:
-            raise ListError(f"{path}:{lineno}: label must be target or nontarget, got {parts[2]!r}")
-        trials.append(Trial(parts[0], parts[1], _LABELS[parts[2]], lineno))
-    if not trials:
-        raise ListError(f"{path}: no trials")
-    return trials
-
-
-def check_trial_ids(trials: Sequence[Trial], available: Iterable[str], path) -> None:
-    """Raise naming the first trial line whose id has no embedding (and how many lines do)."""
-    have = set(available)
-    bad = [t for t in trials if t.enrol not in have or t.test not in have]
-    if bad:
-        t = bad[0]
-        missing = t.enrol if t.enrol not in have else t.test
-        raise ListError(f"{path}:{t.line}: id '{missing}' has no embedding ({len(bad)} trial line(s) affected)")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
     speakerlab-prepare --data data/train [--data data/test ...]
 
-Writes `spk2utt` (when missing) and `utt2num_samples` (so training never decodes headers at start-up,
+Trial lists (`trials*`) are parsed as scoring will parse them (`speakerlab.dataio.trials`): every id must be
+in wav.scp. Writes `spk2utt` (when missing) and `utt2num_samples` (so training never decodes headers at start-up,
 and crops can be drawn without opening files). Every problem is reported, with file and line, before
 anything is written. This is its own recipe stage: multi-GPU training then starts from prepared
 lists and no rank waits on another's preparation.
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Dict
 
 from speakerlab.dataio.audio import AudioError, audio_info
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, read_trials, write_table
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, write_table
+from speakerlab.dataio.trials import IdIndex, read_trial_list
 
 
 def index_lengths(data: DataDir, sample_rate: int = 16000, jobs: int = 4) -> Dict[str, int]:
@@ -45,11 +47,9 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
     data = load_data_dir(root, need_speakers=(root / "utt2spk").exists())
     data.check_audio_exists()
     lengths = index_lengths(data, sample_rate, jobs)
+    index = IdIndex(data.utts, str(root / "wav.scp"))
     for trials in sorted(root.glob("trials*")):  # `trials`, and the recipes' `trials_<name>` lists
-        for t in read_trials(trials):
-            for u in (t.enrol, t.test):
-                if u not in data.wav:
-                    raise ListError(f"{trials}:{t.line}: '{u}' is not in {root / 'wav.scp'}")
+        read_trial_list(trials, index, lacking=f"not in {root / 'wav.scp'}")
     write_table(root / "utt2num_samples", sorted(lengths.items()))
     if data.utt2spk and not (root / "spk2utt").exists():
         spk2utt = defaultdict(list)

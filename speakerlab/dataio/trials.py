@@ -259,7 +259,7 @@ def _last_newline(buf: np.ndarray, end: int) -> int:
         width *= 16
 
 
-def _missing_error(path: Path, missing: List[Tuple[int, str]], n_lines: int, complete: bool) -> ListError:
+def _missing_error(path: Path, missing: List[Tuple[int, str]], n_lines: int, complete: bool, lacking: str) -> ListError:
     """`missing`: (line, id) in line order; `complete`: it holds every missing token of the file."""
     lines: Dict[str, List[int]] = {}
     for line, tok in missing:
@@ -274,7 +274,7 @@ def _missing_error(path: Path, missing: List[Tuple[int, str]], n_lines: int, com
         count = f"{len(lines) - SHOWN} more ids" if complete else "more ids (the list was not kept past this point)"
         more = f"\n  ... and {count}"
     return ListError(
-        f"{path}: {n_lines} trial line(s) name ids without an embedding; each id with the lines naming it:\n"
+        f"{path}: {n_lines} trial line(s) name ids {lacking}; each id with the lines naming it:\n"
         + "\n".join(rows)
         + more
     )
@@ -306,10 +306,18 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def read_trial_list(path, index: IdIndex, block_bytes: int = 16 << 20, threads: Optional[int] = None) -> TrialList:
+def read_trial_list(
+    path,
+    index: IdIndex,
+    block_bytes: int = 2 << 20,
+    threads: Optional[int] = None,
+    lacking: str = "without an embedding",
+) -> TrialList:
     """Parse a trial list against the ids of `index` (see the module docstring for the errors).
 
-    Blocks are parsed by `threads` threads (default `default_threads()`), at most `threads + 1` in memory."""
+    Blocks of `block_bytes` are parsed by `threads` threads (default `default_threads()`), at most
+    `threads + 1` in memory (2 MB: their temporaries come from the allocator's heap, not fresh pages).
+    `lacking` words the error for ids not in the index ("... name ids {lacking}")."""
     path = Path(path)
     if not path.is_file():
         raise ListError(f"{path}: file does not exist")
@@ -336,7 +344,7 @@ def read_trial_list(path, index: IdIndex, block_bytes: int = 16 << 20, threads: 
             collect(pending.popleft())
     if missing:
         complete = len(missing) < 10 * SHOWN  # fewer than the cap: no missing token was left out
-        raise _missing_error(path, sorted(missing), n_missing, complete)
+        raise _missing_error(path, sorted(missing), n_missing, complete, lacking)
     if not parts or not sum(len(p[0]) for p in parts):
         raise ListError(f"{path}: no trials")
     enrol, test, target, line = (np.concatenate(c) for c in zip(*parts))

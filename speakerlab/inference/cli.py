@@ -24,8 +24,8 @@ false-alarm rates of that list cross. Without either, DEFAULT_THRESHOLD: a place
 model; calibrate on a list from your own conditions.
 
 `speakerlab-embed` reads `<id> <path>` lines and writes OUT: `.npz` with `ids` (wav.scp order) and
-`embeddings (N, D)` float32 (the format of speakerlab.inference.extract); an OUT ending in `.ark`, or `--kaldi`,
-also writes a Kaldi float-vector ark and its scp (kaldiio) next to the .npz. Nothing is written when a
+`embeddings (N, D)` float32 (`speakerlab.dataio.embeddings`, as extraction writes); an OUT ending in `.ark`, or
+`--kaldi`, also writes a Kaldi float-vector ark and its scp (kaldiio) next to the .npz. Nothing is written when a
 file fails or an embedding is not finite.
 
 Exit codes: 0 done; 2 bad input (a message on stderr naming the file, or the wav.scp line).
@@ -43,6 +43,7 @@ import numpy as np
 
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.dataio.resample import read_for_model
 from speakerlab.features.fbank import num_frames
@@ -53,8 +54,7 @@ from speakerlab.inference.embedder import (
     check_finite,
     embedder_from_args,
 )
-from speakerlab.inference.extract import save_embeddings
-from speakerlab.scoring.metrics import error_rates
+from speakerlab.scoring.metrics import eer_point, error_rates
 
 DEFAULT_THRESHOLD = 0.5
 # Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
@@ -98,10 +98,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 def eer_threshold(scores: np.ndarray, labels: np.ndarray) -> Tuple[float, float, float]:
     """`scores (N,)`, `labels (N,)` bool -> (t, P_miss(t), P_fa(t)): among the distinct scores, the t
     (decide target iff score >= t) where |P_miss - P_fa| is smallest, the lower t on a tie."""
-    p_miss, p_fa, thresholds = error_rates(scores, labels)
-    # Point k < K accepts scores >= thresholds[k]; the last point (accept nothing) has no threshold.
-    k = int(np.argmin(np.abs(p_miss[:-1] - p_fa[:-1])))  # argmin: the first, i.e. lowest, on ties
-    return float(thresholds[k]), float(p_miss[k]), float(p_fa[k])
+    point = eer_point(*error_rates(scores, labels))
+    return point["threshold"], point["p_miss"], point["p_fa"]
 
 
 def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = None) -> Tuple[float, str]:
@@ -109,7 +107,7 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
 
     `dim`: the model's embedding size, checked against the file's (embeddings of another model would
     give a meaningless threshold)."""
-    from speakerlab.scoring.score import evaluate, read_embeddings  # the scoring stack only when calibrating
+    from speakerlab.scoring.score import evaluate  # the scoring stack only when calibrating
 
     ids, emb = read_embeddings(embeddings)
     if dim is not None and emb.shape[1] != dim:
@@ -175,16 +173,12 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def output_paths(out: str, kaldi: bool) -> Tuple[Path, Optional[Path], Optional[Path]]:
-    """OUT -> (npz, ark, scp): `x.npz` gives x.npz (and x.ark, x.scp with `kaldi`); `x.ark` gives all three."""
+def output_paths(out: str, kaldi: bool) -> Tuple[Path, bool]:
+    """OUT -> (npz, kaldi): `x.npz` gives x.npz (and x.ark, x.scp with `kaldi`); `x.ark` gives all three."""
     path = Path(out)
     if path.suffix not in (".npz", ".ark"):
         raise UsageError(f"{out}: OUT must end in .npz or .ark")
-    if path.suffix == ".ark":
-        kaldi = True
-    if not kaldi:
-        return path, None, None
-    return path.with_suffix(".npz"), path.with_suffix(".ark"), path.with_suffix(".scp")
+    return path.with_suffix(".npz"), kaldi or path.suffix == ".ark"
 
 
 def embed_scp(
@@ -205,14 +199,6 @@ def embed_scp(
     emb = np.concatenate(parts)
     check_finite([f"{where[u]}{table[u][1]}" for u in ids], emb)
     return ids, emb
-
-
-def write_kaldi(ark: Path, scp: Path, ids: Sequence[str], emb: np.ndarray) -> None:
-    """`ids (N,)`, `emb (N, D)` -> a Kaldi ark of float vectors and its scp (byte offsets into `ark`)."""
-    import kaldiio  # only for Kaldi output
-
-    ark.parent.mkdir(parents=True, exist_ok=True)
-    kaldiio.save_ark(str(ark), {u: e for u, e in zip(ids, emb)}, scp=str(scp))
 
 
 def embed_parser() -> argparse.ArgumentParser:
@@ -239,16 +225,14 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
-        npz, ark, kscp = output_paths(args.out, args.kaldi)
+        npz, kaldi = output_paths(args.out, args.kaldi)
         embedder = embedder_from_args(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
-        save_embeddings(npz, ids, emb)
-        if ark is not None:
-            write_kaldi(ark, kscp, ids, emb)
+        write_embeddings(npz, ids, emb, kaldi)
     except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    written = str(npz) + (f", {ark}, {kscp}" if ark is not None else "")
+    written = ", ".join(map(str, [npz, *(kaldi_paths(npz) if kaldi else ())]))
     print(
         f"speakerlab-embed: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {written} "
         f"in {time.time() - t0:.1f}s",

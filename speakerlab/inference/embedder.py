@@ -94,19 +94,11 @@ class Embedder:
         return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
 
     @torch.no_grad()
-    def embed_features(self, feats: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
-        """Stored whole-utterance fbank `(T, F)` each (the offline feature store) -> `(N, D)` float32, batched
-        like `embed_waves` (shorter members repeated); mean normalisation per this embedder's spec."""
-        frames = [f.shape[0] for f in feats]
-        out: List[Optional[np.ndarray]] = [None] * len(feats)
-        for batch in length_batches(frames, max_batch, pad_ratio):
-            n = max(frames[i] for i in batch)
-            rows = np.stack([np.resize(np.asarray(feats[i], np.float32), (n, feats[i].shape[1])) for i in batch])
-            x = torch.from_numpy(rows).to(self.device)
-            emb = self.model(mean_normalize(x) if self.spec.mean_norm else x).float().cpu().numpy()
-            for j, i in enumerate(batch):
-                out[i] = emb[j]
-        return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+    def embed_fbank(self, feats: torch.Tensor) -> torch.Tensor:
+        """`(B, frames, F)` stored fbank (the offline feature store: no mean normalisation) -> `(B, D)`
+        float32 embeddings: mean normalisation per this embedder's spec, then the model."""
+        x = feats.to(self.device, torch.float32)
+        return self.model(mean_normalize(x) if self.spec.mean_norm else x).float()
 
 
 def length_batches(

@@ -5,24 +5,29 @@
     torchrun --nproc_per_node=4 --no-python speakerlab-extract --checkpoint exp/vox --data data/vox1 --out vox1.npz
 
 The checkpoint (or an exp dir: its newest intact checkpoint) brings its own model and features
-(speakerlab.inference.embedder). Loader workers read audio while the model runs. Utterances longer than
-`--max-seconds` are cut into equal chunks of at most that length whose embeddings are averaged; the
-rest are embedded whole. Units (utterances or chunks) are sorted by length and batched when their
-frame counts are equal (with `--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter
-repeated to the batch length), at most `--batch-size` units and `--batch-seconds` of padded audio a
-batch. Memory stays bounded whatever the size of the data dir: a process holds one shard of units
-at a time (`--shard-units`), and the output grows only by D floats per utterance.
+(speakerlab.inference.embedder). Loader workers read the units while the model runs: audio segments, or frame
+ranges of the offline feature store (below). Utterances longer than `--max-seconds` are cut into equal
+chunks of at most that length (in frames, from the store) whose embeddings are averaged; the rest are
+embedded whole. Units (utterances or chunks) are sorted by length and batched when their frame counts
+are equal (with `--pad-ratio r > 0`, up to r x longer ones share a batch, the shorter repeated to the
+batch length), at most `--batch-size` units and `--batch-seconds` of padded audio a batch (default 30 s
+on the CPU, where a batch's activations are host memory, 240 s on a GPU). Memory stays bounded whatever
+the size of the data dir: a process holds one shard of units at a time (`--shard-units`), batches are
+bounded in audio, not only in count (with many utterances of one length, a count bound alone lets the
+batches, and the peak, grow with the data), and the output grows only by D floats per utterance.
 
 Shards are written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the
 checkpoint, the data and the settings are the same; otherwise the parts are discarded). Under
 torchrun each process takes every world-th shard; when all are done rank 0 merges them, in sorted
-utterance order, into OUT and removes the parts.
+utterance order, into OUT and removes the parts: only rank 0 writes OUT, on both paths.
 
-Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), readable
-with numpy alone: `z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. `--kaldi` also writes
-`<OUT without .npz>.ark/.scp` (Kaldi float vectors, via kaldiio). When the data dir has an offline
-feature store (speakerlab-feature-store) with the checkpoint's fbank options, fbank is read
-from it instead of computed from the audio (`--feats yes|no` forces the choice).
+Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
+read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
+z["embeddings"]))`). `--kaldi` also writes `<OUT without .npz>.ark/.scp` (Kaldi float vectors,
+kaldiio). When the data dir has an offline feature store (python -m speakerlab.features.store) with the
+checkpoint's fbank options, fbank is read from it instead of computed from the audio (`--feats yes|no`
+forces the choice), as units of the same streaming extractor (chunks, shards, parts, resumption, ranks);
+utterance lengths then come from utt2num_samples (or the audio headers), as on the audio path.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.dataio.audio import AudioError, audio_info, read_segment
+from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 from speakerlab.features.fbank import num_frames
 from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding, check_finite, length_batches, load_embedder
@@ -52,21 +58,25 @@ from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding, check_fi
 GPU_PAD_RATIO = 0.1
 
 
-def plan_units(lengths: Sequence[int], max_samples: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Utterance lengths `(N,)` -> units `(utterance index, start, length)` as three `(U,)` arrays: an
-    utterance longer than `max_samples` (> 0) becomes ceil(n / max_samples) chunks of equal length."""
-    utt, start, length = [], [], []
-    for i, n in enumerate(lengths):
-        k = -(-n // max_samples) if max_samples > 0 and n > max_samples else 1
-        edges = np.linspace(0, n, k + 1).round().astype(np.int64)
-        utt += [i] * k
-        start += edges[:-1].tolist()
-        length += np.diff(edges).tolist()
-    return np.asarray(utt, np.int64), np.asarray(start, np.int64), np.asarray(length, np.int64)
+def plan_units(lengths: Sequence[int], max_len: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Utterance lengths `(N,)` (samples or frames) -> units `(utterance index, start, length)` as three
+    `(U,)` arrays: an utterance longer than `max_len` (> 0) becomes ceil(n / max_len) chunks of equal
+    length (edges rounded)."""
+    n = np.asarray(lengths, np.int64)
+    k = -(-n // max_len) if max_len > 0 else np.ones_like(n)
+    k = np.maximum(k, 1)
+    utt = np.repeat(np.arange(len(n)), k)
+    first = np.cumsum(k) - k  # index of each utterance's first unit
+    j = np.arange(len(utt)) - np.repeat(first, k)  # chunk number within its utterance
+    kk, nn = k[utt], n[utt]
+    # Edge i of an utterance cut into kk chunks: round(i * nn / kk), as np.linspace(0, nn, kk + 1).round().
+    start = np.rint(j * nn / kk).astype(np.int64)
+    end = np.rint((j + 1) * nn / kk).astype(np.int64)
+    return utt, start, end - start
 
 
-class UnitReader(Dataset):
-    """Unit k -> `(k, (length,) float32)`: only that chunk's samples are read from disk."""
+class AudioUnits(Dataset):
+    """Unit k -> `(k, (length,) float32)` samples: only that chunk is read from disk."""
 
     def __init__(self, paths: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray, sample_rate: int):
         self.paths, self.utt, self.start, self.length, self.sample_rate = paths, utt, start, length, sample_rate
@@ -78,12 +88,33 @@ class UnitReader(Dataset):
         return k, read_segment(self.paths[self.utt[k]], int(self.start[k]), int(self.length[k]), self.sample_rate)
 
 
+class FeatureUnits(Dataset):
+    """Unit k -> `(k, (frames, F) float32)` stored fbank (`FeatureStore`): frames `start..start+length`
+    of its utterance; a store shorter than the utterance's audio says so, naming the utterance."""
+
+    def __init__(self, store, utts: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray):
+        self.store, self.utts, self.utt, self.start, self.length = store, utts, utt, start, length
+
+    def __len__(self) -> int:
+        return len(self.utt)
+
+    def __getitem__(self, k: int):
+        name, lo = self.utts[self.utt[k]], int(self.start[k])
+        feats = self.store[name]
+        if feats.shape[0] < lo + int(self.length[k]):
+            raise ListError(
+                f"{name}: {feats.shape[0]} frames in the feature store, its audio gives more; rebuild the store "
+                "(python -m speakerlab.features.store)"
+            )
+        return k, feats[lo : lo + int(self.length[k])]
+
+
 def collate_units(items) -> Tuple[torch.Tensor, torch.Tensor]:
-    """`[(k, wave)]` -> `(units (B,), waves (B, longest))`; shorter waves repeated, not zero-padded
-    (padding with silence would shift the statistics)."""
-    n = max(len(w) for _, w in items)
-    waves = np.stack([np.resize(w, n) for _, w in items])
-    return torch.tensor([k for k, _ in items]), torch.from_numpy(waves)
+    """`[(k, x)]` (waves (n,) or fbank (n, F)) -> `(units (B,), (B, longest, ...))`; shorter members are
+    repeated, not zero-padded (padding with silence would shift the statistics)."""
+    n = max(len(x) for _, x in items)
+    rows = np.stack([np.resize(x, (n, *x.shape[1:])) for _, x in items])
+    return torch.tensor([k for k, _ in items]), torch.from_numpy(rows)
 
 
 def utterance_lengths(data: DataDir, sample_rate: int) -> List[int]:
@@ -93,8 +124,40 @@ def utterance_lengths(data: DataDir, sample_rate: int) -> List[int]:
     return [audio_info(data.wav[u], sample_rate) for u in data.utts]
 
 
+def _libc_trim():
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def _release_free_memory() -> None:
+    """Give the allocator's free pages back to the system after a batch. Batches of changing shapes leave
+    the heap fragmented (tensors under 32 MB come from malloc's arenas, which keep freed space), so the
+    resident size grew with the number of batches embedded (measured: bench/extract_memory.py); trimming
+    after each batch keeps it at about one batch's worth. A no-op off glibc."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def default_batch_seconds(device: torch.device) -> float:
+    """Padded audio per batch: 240 s on a GPU (its activations live in GPU memory), 30 s on the CPU, where
+    a batch's activations are host memory (the 2-D front-end's im2col alone is about 20 MB per second
+    of audio in CAM++) and larger batches embed no faster."""
+    return 240.0 if device.type == "cuda" else 30.0
+
+
 class StreamingExtractor:
-    """Embeddings of one data dir with one Embedder, in shards (see the module docstring)."""
+    """Embeddings of one data dir with one Embedder, in shards (see the module docstring).
+
+    Units come from the audio, or from `store` (an opened `FeatureStore` of the data dir): then units are
+    frame ranges of the stored fbank, cut at the frame count of `max_seconds`."""
 
     def __init__(
         self,
@@ -103,28 +166,38 @@ class StreamingExtractor:
         out: Path,
         max_seconds: float = 60.0,
         batch_size: int = 32,
-        batch_seconds: float = 240.0,
+        batch_seconds: Optional[float] = None,
         pad_ratio: float = 0.0,
         shard_units: int = 4096,
         num_workers: int = 2,
         rank: int = 0,
         world_size: int = 1,
+        store=None,
     ):
-        self.embedder, self.data, self.out = embedder, data, Path(out)
+        self.embedder, self.data, self.out, self.store = embedder, data, Path(out), store
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        rate = embedder.sample_rate
-        lengths = utterance_lengths(data, rate)
-        self.utt, self.start, self.length = plan_units(lengths, int(max_seconds * rate))
-        # Batched by frame count: units of equal frames embed exactly as they would alone.
-        frames = [num_frames(int(n), embedder.spec.fbank) for n in self.length]
-        step = embedder.spec.fbank.frame_shift_ms / 1000
+        rate, fbank = embedder.sample_rate, embedder.spec.fbank
+        if batch_seconds is None:
+            batch_seconds = default_batch_seconds(embedder.device)
+        samples = utterance_lengths(data, rate)
+        max_samples = int(max_seconds * rate)
+        if store is None:
+            self.utt, self.start, self.length = plan_units(samples, max_samples)
+            # Batched by frame count: units of equal frames embed exactly as they would alone.
+            frames = [num_frames(int(n), fbank) for n in self.length]
+        else:
+            max_frames = num_frames(max_samples, fbank) if max_samples > 0 else 0
+            self.utt, self.start, self.length = plan_units([num_frames(n, fbank) for n in samples], max_frames)
+            frames = self.length.tolist()
+        step = fbank.frame_shift_ms / 1000
         batches = length_batches(frames, batch_size, pad_ratio, int(batch_seconds / step))
         # Deal the length-sorted batches round-robin into shards: every shard has short and long units.
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
         settings = {
             "model": embedder.name,
+            "source": "audio" if store is None else "feats",
             "max_seconds": max_seconds,
             "batch_size": batch_size,
             "batch_seconds": batch_seconds,
@@ -152,26 +225,33 @@ class StreamingExtractor:
     def shard_path(self, s: int) -> Path:
         return self.parts / f"shard_{s:05d}.npz"
 
+    def units(self) -> Dataset:
+        if self.store is not None:
+            return FeatureUnits(self.store, self.data.utts, self.utt, self.start, self.length)
+        paths = [self.data.wav[u] for u in self.data.utts]
+        return AudioUnits(paths, self.utt, self.start, self.length, self.embedder.sample_rate)
+
     @torch.no_grad()
     def run_shard(self, s: int) -> None:
-        units = sorted(k for b in self.shards[s] for k in b)
-        reader = UnitReader(
-            [self.data.wav[u] for u in self.data.utts], self.utt, self.start, self.length, self.embedder.sample_rate
-        )
         loader = DataLoader(
-            reader,
+            self.units(),
             batch_sampler=self.shards[s],
             num_workers=self.num_workers,
             collate_fn=collate_units,
             pin_memory=self.embedder.device.type == "cuda",
         )
-        emb = {}
-        for ks, waves in loader:
-            for k, e in zip(ks.tolist(), self.embedder(waves).cpu().numpy()):
-                emb[k] = e
+        embed = self.embedder if self.store is None else self.embedder.embed_fbank
+        units, rows = [], []
+        for ks, x in loader:
+            units.append(ks.numpy())
+            rows.append(embed(x).cpu().numpy())
+            del x
+            _release_free_memory()
         tmp = self.parts / f".shard_{s:05d}.tmp.npz"
-        stacked = np.stack([emb[k] for k in units]) if units else np.zeros((0, 0), np.float32)  # a rank with none
-        np.savez(tmp, units=np.asarray(units, np.int64), embeddings=stacked)
+        units = np.concatenate(units) if units else np.zeros(0, np.int64)
+        order = np.argsort(units)
+        emb = np.concatenate(rows)[order] if rows else np.zeros((0, 0), np.float32)  # a rank with none
+        np.savez(tmp, units=units[order], embeddings=emb)
         tmp.replace(self.shard_path(s))
 
     def run_mine(self) -> int:
@@ -182,31 +262,36 @@ class StreamingExtractor:
         return len(mine)
 
     def merge(self) -> np.ndarray:
-        """All shards -> `(N, D)` per-utterance means of their units, in `data.utts` order."""
-        sums, counts = None, np.zeros(len(self.data.utts))
+        """All shards -> `(N, D)` float32 per-utterance means of their units, in `data.utts` order. The sums
+        are the output array itself (float32: a mean of a few chunks loses nothing that matters), so the
+        merge holds N x D floats once, not a float64 copy too."""
+        out, counts = None, np.zeros(len(self.data.utts), np.float32)
         for s in range(len(self.shards)):
             with np.load(self.shard_path(s)) as z:
-                units, emb = z["units"], z["embeddings"].astype(np.float64)
+                units, emb = z["units"], z["embeddings"]
             if not len(units):
                 continue
-            if sums is None:
-                sums = np.zeros((len(self.data.utts), emb.shape[1]))
-            np.add.at(sums, self.utt[units], emb)
+            if out is None:
+                out = np.zeros((len(self.data.utts), emb.shape[1]), np.float32)
+            np.add.at(out, self.utt[units], emb)
             np.add.at(counts, self.utt[units], 1)
-        return (sums / counts[:, None]).astype(np.float32)
+        out /= counts[:, None]
+        return out
 
 
 def embed_data_dir(
-    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, out=None, **options
+    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, out=None, store=None, **options
 ) -> Tuple[List[str], np.ndarray]:
-    """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings), streamed in one process.
+    """All utterances of a data dir (sorted ids) -> (ids, (N, D) embeddings), streamed in one process,
+    from the audio or, given `store` (a `FeatureStore` of the data dir, see `fitting_store`), from it.
 
     Parts go to `<out>.parts/` (a temporary dir when `out` is None). A non-finite embedding is an error
-    naming the wav.scp line of each utterance that gave one."""
+    naming the wav.scp (or feats.scp) line of each utterance that gave one."""
     import tempfile
 
     data = load_data_dir(data_dir, need_speakers=False)
-    data.check_audio_exists()
+    if store is None:
+        data.check_audio_exists()
     with tempfile.TemporaryDirectory() as tmp:
         ex = StreamingExtractor(
             embedder,
@@ -215,51 +300,22 @@ def embed_data_dir(
             batch_size=max_batch,
             pad_ratio=pad_ratio,
             num_workers=options.pop("num_workers", 0),
+            store=store,
             **options,
         )
         ex.prepare_parts(lambda m: None)
         ex.run_mine()
         emb = ex.merge()
         shutil.rmtree(ex.parts)
-    check_finite([f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts], emb)
+    check_finite(_sources(data, store), emb)
     return data.utts, emb
 
 
-def embed_feature_store(
-    embedder: Embedder, data_dir, max_batch: int = 32, pad_ratio: float = 0.0, store=None
-) -> Tuple[List[str], np.ndarray]:
-    """Like `embed_data_dir`, from `<data_dir>/feats.scp` (speakerlab-feature-store) instead of
-    the audio; the store's fbank options must be the checkpoint's (else an error naming the option).
-    `store`: that store already opened (`fitting_store`), else it is opened here."""
-    from speakerlab.features.store import FeatureStore  # kaldiio only when the store is used
-
-    data = load_data_dir(data_dir, need_speakers=False)
-    store = store if store is not None else FeatureStore(data_dir, embedder.spec.fbank)
-    emb = embedder.embed_features([store[u] for u in data.utts], max_batch, pad_ratio)
-    check_finite([f"{data.root / 'feats.scp'}: {u}" for u in data.utts], emb)
-    return data.utts, emb
-
-
-def save_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = False) -> None:
-    """`ids` (N,) and `emb` (N, D) float32 -> an .npz with arrays `ids` and `embeddings` (atomic); with
-    `kaldi` also `<path without .npz>.ark/.scp`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, ids=np.asarray(ids), embeddings=emb)
-    tmp.replace(path)
-    if kaldi:
-        import kaldiio
-
-        stem = path.with_suffix("")
-        with kaldiio.WriteHelper(f"ark,scp:{stem}.ark,{stem}.scp") as writer:
-            for utt, e in zip(ids, emb):
-                writer(utt, e)
-
-
-def load_embeddings(path) -> Tuple[List[str], np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        return [str(i) for i in z["ids"]], z["embeddings"]
+def _sources(data: DataDir, store) -> List[str]:
+    """Where each utterance's embedding came from, for error messages."""
+    if store is not None:
+        return [f"{data.root / 'feats.scp'}: {u}" for u in data.utts]
+    return [f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts]
 
 
 def main(argv=None) -> int:
@@ -269,7 +325,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output .npz")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=32, help="units per batch at most")
-    ap.add_argument("--batch-seconds", type=float, default=240.0, help="padded audio per batch at most")
+    ap.add_argument(
+        "--batch-seconds",
+        type=float,
+        help="padded audio per batch at most (default: 240 on a GPU, 30 on the CPU, where it is host memory)",
+    )
     ap.add_argument(
         "--max-seconds",
         type=float,
@@ -284,7 +344,7 @@ def main(argv=None) -> int:
         f"{GPU_PAD_RATIO} on a GPU (exact lengths make batches of one: launch-bound), 0 (exact) on the CPU",
     )
     ap.add_argument("--shard-units", type=int, default=4096, help="units per shard (the unit of resumption)")
-    ap.add_argument("--num-workers", type=int, default=2, help="audio-reading loader processes")
+    ap.add_argument("--num-workers", type=int, default=2, help="audio- or fbank-reading loader processes")
     ap.add_argument("--kaldi", action="store_true", help="also write Kaldi ark/scp next to OUT")
     ap.add_argument(
         "--feats",
@@ -305,18 +365,19 @@ def main(argv=None) -> int:
             args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0
         store = None
         if args.feats == "auto":
-            store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr))
-        if args.feats == "yes" or store is not None:
-            ids, emb = embed_feature_store(embedder, args.data, args.batch_size, args.pad_ratio, store)
-        else:
-            result = _stream(embedder, args, rank, world)
-            if result is None:  # not rank 0: its shards are done
-                return 0
-            ids, emb = result
+            store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr) if rank == 0 else None)
+        elif args.feats == "yes":
+            from speakerlab.features.store import FeatureStore
+
+            store = FeatureStore(args.data, embedder.spec.fbank)
+        result = _stream(embedder, args, rank, world, store)
+        if result is None:  # not rank 0: its shards are done, rank 0 writes OUT
+            return 0
+        ids, emb = result
     except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    save_embeddings(args.out, ids, emb, args.kaldi)
+    write_embeddings(args.out, ids, emb, args.kaldi)
     print(
         f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
         f"in {time.time() - t0:.1f}s",
@@ -342,13 +403,15 @@ def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], No
     return store
 
 
-def _stream(embedder: Embedder, args, rank: int, world: int):
-    """The sharded run of `main`: every process its shards, rank 0 merges (None on other ranks)."""
+def _stream(embedder: Embedder, args, rank: int, world: int, store):
+    """The sharded run of `main` (from the audio, or from `store`): every process its shards, rank 0
+    merges (None on other ranks)."""
     import torch.distributed as dist
 
     log = (lambda m: print(m, file=sys.stderr)) if rank == 0 else (lambda m: None)
     data = load_data_dir(args.data, need_speakers=False)
-    data.check_audio_exists()
+    if store is None:
+        data.check_audio_exists()
     ex = StreamingExtractor(
         embedder,
         data,
@@ -361,6 +424,7 @@ def _stream(embedder: Embedder, args, rank: int, world: int):
         args.num_workers,
         rank,
         world,
+        store,
     )
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
@@ -380,7 +444,7 @@ def _stream(embedder: Embedder, args, rank: int, world: int):
         return None
     emb = ex.merge()
     shutil.rmtree(ex.parts)  # also on a non-finite embedding: fixed audio must be embedded again
-    check_finite([f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts], emb)
+    check_finite(_sources(data, store), emb)
     return data.utts, emb
 
 

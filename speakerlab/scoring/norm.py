@@ -16,6 +16,7 @@ length costs one gather per trial.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -54,26 +55,50 @@ def speaker_means(
     return [str(s) for s in speakers], unit_rows(sums)
 
 
-def cohort_stats(unit: np.ndarray, cohort: np.ndarray, top_n: int, block: int = 2048) -> Tuple[np.ndarray, np.ndarray]:
+def cohort_stats(
+    unit: np.ndarray, cohort: np.ndarray, top_n: int, block: int = 512, threads: int = 2
+) -> Tuple[np.ndarray, np.ndarray]:
     """`unit (N, D)`, `cohort (S, D)` unit rows -> mean and std `(N,)` of each row's top-N cohort cosines.
 
-    `top_n` is clipped to S. Memory: one `(block, S)` score matrix at a time."""
+    `top_n` is clipped to S. Row blocks are split over `threads` (matmul and partition release the GIL);
+    each thread computes into one `(block, S)` buffer, partitioned in place: reused, not reallocated."""
     n_top = max(1, min(int(top_n), len(cohort)))
     mu = np.empty(len(unit), np.float64)
     sd = np.empty(len(unit), np.float64)
     ct = np.ascontiguousarray(cohort.T, dtype=np.float32)
-    for lo in range(0, len(unit), block):
-        c = unit[lo : lo + block] @ ct  # (b, S)
-        top = np.partition(c, len(cohort) - n_top, axis=1)[:, len(cohort) - n_top :].astype(np.float64)
-        mu[lo : lo + block] = top.mean(axis=1)
-        sd[lo : lo + block] = top.std(axis=1)
+    kth = len(cohort) - n_top
+
+    def part(lo: int, hi: int) -> None:
+        buf = np.empty((block, len(cohort)), np.float32)
+        for start in range(lo, hi, block):
+            n = min(block, hi - start)
+            c = buf[:n]
+            np.matmul(unit[start : start + n], ct, out=c)
+            c.partition(kth, axis=1)
+            top = c[:, kth:].astype(np.float64)
+            mu[start : start + n] = top.mean(axis=1)
+            sd[start : start + n] = top.std(axis=1)
+
+    bounds = np.linspace(0, len(unit), max(1, threads) + 1).astype(np.int64)
+    if threads <= 1 or len(unit) < 2 * block:
+        part(0, len(unit))
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(part, bounds[:-1], bounds[1:]))
     return mu, np.maximum(sd, 1e-6)  # a cohort of one speaker has no spread: keep the division finite
 
 
-def asnorm(scores: np.ndarray, enrol: np.ndarray, test: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
-    """AS-norm of `scores (n,)` for trials of rows `enrol`, `test` (n,), given per-row `mu`, `sd` -> (n,)."""
-    s = scores.astype(np.float64)
-    return (0.5 * ((s - mu[enrol]) / sd[enrol] + (s - mu[test]) / sd[test])).astype(np.float32)
+def asnorm(
+    scores: np.ndarray, enrol: np.ndarray, test: np.ndarray, mu: np.ndarray, sd: np.ndarray, block: int = 1 << 16
+) -> np.ndarray:
+    """AS-norm of `scores (n,)` for trials of rows `enrol`, `test` (n,), given per-row `mu`, `sd` -> (n,)
+    float32, computed in float64 blocks of `block` trials (small temporaries at any n)."""
+    out = np.empty(len(scores), np.float32)
+    for lo in range(0, len(scores), block):
+        sl = slice(lo, lo + block)
+        s, e, t = scores[sl].astype(np.float64), enrol[sl], test[sl]
+        out[sl] = 0.5 * ((s - mu[e]) / sd[e] + (s - mu[t]) / sd[t])
+    return out
 
 
 class Cohort:

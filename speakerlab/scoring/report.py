@@ -20,30 +20,37 @@ _LABEL_TEXT = np.zeros((2, 9), np.uint8)
 _LABEL_TEXT[0, :9] = np.frombuffer(b"nontarget", np.uint8)
 _LABEL_TEXT[1, :6] = np.frombuffer(b"target", np.uint8)
 _POW10 = 10 ** np.arange(18, dtype=np.int64)
+_PAIRS = np.array([[48 + i // 10, 48 + i % 10] for i in range(100)], np.uint8)  # "00".."99"
 
 
 def _fixed6(scores: np.ndarray) -> np.ndarray:
     """`(n,)` finite scores with |s| < 1e12 -> `(n, w)` uint8 text of `%.6f`, zero bytes as padding."""
-    q = np.rint(scores.astype(np.float64) * 1e6).astype(np.int64)
-    neg = q < 0
-    q = np.abs(q)
-    whole, frac = q // 1_000_000, q % 1_000_000
+    q = np.rint(np.abs(scores.astype(np.float64)) * 1e6).astype(np.int64)
+    whole = q // 1_000_000
+    frac = (q - whole * 1_000_000).astype(np.int32)  # int32: cheaper divisions for the six decimals
     k = max(1, len(str(int(whole.max(initial=0)))))
     out = np.zeros((len(q), 1 + k + 1 + 6), np.uint8)
-    out[:, 0] = np.where(neg, ord("-"), 0)
+    out[:, 0] = np.where(np.signbit(scores), ord("-"), 0)  # as %.6f, "-0.000000" included
     for j in range(k):
         p = _POW10[k - 1 - j]
         digit = (whole // p) % 10 + 48
         # Leading zeros are padding (dropped), except the units digit.
         out[:, 1 + j] = digit if j == k - 1 else np.where(whole >= p, digit, 0)
     out[:, 1 + k] = ord(".")
-    for j in range(6):
-        out[:, 2 + k + j] = (frac // _POW10[5 - j]) % 10 + 48
+    hi = frac // 10000
+    rest = frac - hi * 10000
+    mid = rest // 100
+    out[:, 2 + k : 4 + k] = _PAIRS[hi]
+    out[:, 4 + k : 6 + k] = _PAIRS[mid]
+    out[:, 6 + k : 8 + k] = _PAIRS[rest - mid * 100]
     return out
 
 
-def write_scores(path, trials: TrialList, scores: np.ndarray, block: int = 1 << 20) -> Path:
-    """`enrol test score target|nontarget` lines, in trial-list order, written atomically."""
+def write_scores(path, trials: TrialList, scores: np.ndarray, block: int = 1 << 16) -> Path:
+    """`enrol test score target|nontarget` lines, in trial-list order, written atomically.
+
+    Blocks of `block` lines (64 k: their arrays are reused from the allocator's heap; blocks of
+    millions would be fresh memory every time, a page fault per 4 kB)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -69,23 +76,32 @@ def write_scores(path, trials: TrialList, scores: np.ndarray, block: int = 1 << 
                 np.full((n, 1), 32, np.uint8),
                 _fixed6(s),
                 np.full((n, 1), 32, np.uint8),
-                _LABEL_TEXT[trials.target[sl].astype(np.int64)],
+                _LABEL_TEXT[trials.target[sl].view(np.uint8)],
                 np.full((n, 1), 10, np.uint8),
             ]
             rows = np.concatenate(parts, axis=1)
-            f.write(rows[rows != 0].tobytes())
+            f.write(rows[rows != 0])  # the padding bytes dropped; written from the array, no bytes copy
     os.replace(tmp, path)
     return path
 
 
+def _rate(p: float) -> str:
+    return f"{p * 100:g}%"
+
+
 def result_line(summary: Dict) -> str:
-    """One line per list, as in `<out>.result`: counts, EER, minDCF at each p_target (+ Cllr, actDCF)."""
+    """One line per list, as in `<out>.result`: counts, EER and its threshold, minDCF at each p_target,
+    the thresholds at the false-alarm rates of `operating_points` (+ Cllr, actDCF)."""
+    points = summary["operating_points"]
     text = (
         f"{summary['trials']}: {summary['n_trials']} trials ({summary['n_target']} target) "
-        f"EER {summary['eer'] * 100:.2f}%"
+        f"EER {summary['eer'] * 100:.2f}% (threshold {points['eer']['threshold']:.4f})"
     )
     for p, v in summary["min_dcf"].items():
         text += f" minDCF(p_target={p}) {v:.4f}"
+    for key, pt in points.items():
+        if key.startswith("fa="):
+            text += f" threshold(FA {_rate(float(key[3:]))}) {pt['threshold']:.4f} (miss {pt['p_miss'] * 100:.2f}%)"
     if "cllr" in summary:
         text += f" Cllr {summary['cllr']:.4f}"
         for p, v in summary["act_dcf"].items():
@@ -100,17 +116,22 @@ def write_json(path, summary: Dict) -> Path:
 
 
 def markdown_table(summaries: Sequence[Dict]) -> str:
-    """One row per list: name, counts, EER (%), minDCF at each p_target, Cllr and actDCF when calibrated."""
+    """One row per list: name, counts, EER (%) and its threshold, minDCF at each p_target, the thresholds
+    at the false-alarm rates (1 %, 0.1 %), Cllr and actDCF when calibrated."""
     p_targets: List[str] = list(summaries[0]["min_dcf"]) if summaries else []
+    fa_keys = [k for k in summaries[0]["operating_points"] if k.startswith("fa=")] if summaries else []
     calibrated = any("cllr" in s for s in summaries)
-    head = ["list", "trials", "target", "EER (%)"] + [f"minDCF({p})" for p in p_targets]
+    head = ["list", "trials", "target", "EER (%)", "threshold at EER"] + [f"minDCF({p})" for p in p_targets]
+    head += [f"threshold at FA {_rate(float(k[3:]))}" for k in fa_keys]
     if calibrated:
         head += ["Cllr"] + [f"actDCF({p})" for p in p_targets]
     head.append("scoring")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     for s in summaries:
+        points = s["operating_points"]
         row = [s["name"], str(s["n_trials"]), str(s["n_target"]), f"{s['eer'] * 100:.2f}"]
-        row += [f"{s['min_dcf'][p]:.4f}" for p in p_targets]
+        row += [f"{points['eer']['threshold']:.4f}"] + [f"{s['min_dcf'][p]:.4f}" for p in p_targets]
+        row += [f"{points[k]['threshold']:.4f}" for k in fa_keys]
         if calibrated:
             row += [f"{s['cllr']:.4f}" if "cllr" in s else "-"]
             row += [f"{s['act_dcf'][p]:.4f}" if "cllr" in s else "-" for p in p_targets]

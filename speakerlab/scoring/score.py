@@ -17,8 +17,9 @@ the prefix `DIR/<name>` (`--names`, else the file name, else its parent director
 repeat). Per prefix P:
     P.scores     `enrol test score target|nontarget`, one line per trial, in list order; the score is
                  the cosine, its AS-norm, or with --qmf-train the calibrated LLR (natural log)
-    P.result     one line: counts, EER, minDCF (and Cllr, actDCF), as printed
-    P.json       the same numbers and the scoring settings
+    P.result     one line: counts, EER and its threshold, minDCF, the thresholds at false-alarm rates
+                 1% and 0.1% with their miss rates (and Cllr, actDCF), as printed
+    P.json       the same numbers (`operating_points`: threshold, p_miss, p_fa of each) and the settings
     P.det.png    DET curve, 640 x 480 px
     P.hist.png   target / nontarget score histograms, 640 x 480 px
 and one markdown table over all lists, printed and written to `--table` (default: DIR/results.md in
@@ -28,14 +29,16 @@ From Python: `evaluate(ids, emb, trials_path)` -> (scores, labels, EER, minDCF) 
 (training-time validation, the baseline); `Scorer(ids, emb, cohort)` with `.trial_list(path)` and
 `.scores(trial_list)` for the rest; `run(args)` is the command without its argument parsing.
 
-How memory is bounded: no Python object is made per trial. Trial files are parsed in 16 MB blocks (at
-most threads + 1 blocks at a time); scores are computed in blocks of `SCORE_BLOCK` trials (two
-`(SCORE_BLOCK, D)` row gathers per thread); AS-norm statistics in blocks of 2048 embeddings against the
-cohort; the scores file is written in blocks of 1 M lines; the DET picture is thinned to a few thousand
-points. What grows with a list is its arrays: 13 bytes per trial (two int32 rows, a label, an int32 line
-number) and 4 for the score, plus, while they run, the duplicate check (9 bytes per trial) and the
-metrics' sorted copies and error curves (about 40 bytes per trial). Measured (bench/scoring.py): 10 M
-trials over 100 k embeddings of dim 256 peak at about 1 GB RSS, the embeddings included.
+How memory and time are bounded: no Python object is made per trial. Trial files are parsed in 2 MB
+blocks (at most threads + 1 blocks at a time); scores are computed in blocks of `SCORE_BLOCK` trials
+(two `(SCORE_BLOCK, D)` row gathers per thread, into buffers reused block after block); AS-norm
+statistics in blocks of 512 embeddings against the cohort, over the same threads; the metrics come from
+one sort (`speakerlab.scoring.metrics`) and the DET picture from the thinned curve; P.scores is written in
+blocks of 64 k lines by a second thread while the metrics and pictures are computed; matplotlib is
+imported only for the pictures. What grows with a list is its arrays: 13 bytes per trial (two int32
+rows, a label, an int32 line number) and 4 for the score, plus, while they run, the duplicate check
+(8 bytes per trial) and the metrics' sorted keys and error curves (about 40 bytes per trial).
+Measured figures: bench/RESULTS.md (bench/scoring.py runs this command end to end).
 """
 
 from __future__ import annotations
@@ -48,32 +51,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speakerlab.dataio.lists import ListError, Trial, read_utt2spk
+from speakerlab.dataio.embeddings import check_embeddings, read_embeddings
+from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
 from speakerlab.scoring.metrics import verification_metrics
 from speakerlab.scoring.norm import Cohort, asnorm, cohort_stats, unit_rows
 
 SCORE_BLOCK = 4096  # trials per gather: two (4096, D) float32 blocks stay in cache
-
-
-def read_embeddings(path):
-    """An .npz with `ids (N,)` and `embeddings (N, D)` (as written by speakerlab.inference.extract) -> (ids, emb)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ListError(f"{path}: embeddings file does not exist")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            ids, emb = [str(i) for i in z["ids"]], np.asarray(z["embeddings"])
-    except (KeyError, ValueError, OSError) as e:
-        raise ListError(f"{path}: not an embeddings .npz with 'ids' and 'embeddings' ({e})") from None
-    if emb.ndim != 2 or len(ids) != len(emb):
-        raise ListError(f"{path}: {len(ids)} ids but embeddings of shape {emb.shape}")
-    finite = np.isfinite(emb).all(axis=1)
-    if not finite.all():  # one NaN would make every score of its trials NaN, and the metrics meaningless
-        bad = np.flatnonzero(~finite)
-        raise ListError(f"{path}: {len(bad)} embedding(s) are not finite, e.g. '{ids[bad[0]]}'")
-    return ids, emb
+DET_POINTS = 4000  # points of the thinned DET curve kept for the picture
 
 
 def cosine_trial_scores(
@@ -82,14 +68,21 @@ def cosine_trial_scores(
     """Unit rows `(M, D)`, trial rows `enrol`, `test` (N,) -> `(N,)` float32 cosines.
 
     Blocks of SCORE_BLOCK trials (two row gathers and a row-wise dot product, all GIL-free numpy), split
-    into `threads` contiguous parts (default `trials.default_threads()`)."""
+    into `threads` contiguous parts (default `trials.default_threads()`). Each part gathers into its own
+    two `(SCORE_BLOCK, D)` buffers, reused block after block: fresh gather arrays would cost a page fault
+    per 4 kB of every block, more system time than the arithmetic."""
     out = np.empty(len(enrol), np.float32)
 
     def part(lo: int, hi: int) -> None:
-        for b in range(lo, hi, SCORE_BLOCK):
-            sl = slice(b, min(b + SCORE_BLOCK, hi))
+        a = np.empty((SCORE_BLOCK, unit.shape[1]), unit.dtype)
+        b = np.empty_like(a)
+        for start in range(lo, hi, SCORE_BLOCK):
+            n = min(SCORE_BLOCK, hi - start)
+            sl = slice(start, start + n)
             # np.take: faster than fancy indexing for row gathers.
-            out[sl] = np.einsum("ij,ij->i", np.take(unit, enrol[sl], axis=0), np.take(unit, test[sl], axis=0))
+            np.take(unit, enrol[sl], axis=0, out=a[:n])
+            np.take(unit, test[sl], axis=0, out=b[:n])
+            out[sl] = np.einsum("ij,ij->i", a[:n], b[:n])
 
     threads = threads or default_threads()
     bounds = np.linspace(0, len(enrol), threads + 1).astype(np.int64)
@@ -107,9 +100,10 @@ class Scorer:
 
     def __init__(self, ids: Sequence[str], emb: np.ndarray, cohort: Optional[Cohort] = None, source="embeddings"):
         self.source = str(source)
+        emb = np.asarray(emb, np.float32)
+        check_embeddings(ids, emb, self.source)
         self.index = IdIndex(ids, self.source)
         self.cohort = cohort
-        emb = np.asarray(emb, np.float32)
         self.norms = np.sqrt(np.einsum("ij,ij->i", emb, emb)).astype(np.float64)  # raw norms: a QMF feature
         self.unit = cohort.unit(emb, self.source) if cohort else unit_rows(emb)
         self.logdur: Optional[np.ndarray] = None
@@ -141,7 +135,9 @@ class Scorer:
         used[tl.enrol] = used[tl.test] = True
         need = np.flatnonzero(used & np.isnan(self._mu))
         if need.size:
-            self._mu[need], self._sd[need] = cohort_stats(self.unit[need], self.cohort.means, self.cohort.top_n)
+            self._mu[need], self._sd[need] = cohort_stats(
+                self.unit[need], self.cohort.means, self.cohort.top_n, threads=default_threads()
+            )
         return asnorm(s, tl.enrol, tl.test, self._mu, self._sd)
 
     def features(self, tl: TrialList, raw: np.ndarray) -> np.ndarray:
@@ -179,8 +175,11 @@ def summarise(
     calibrated: bool,
     keep_curves: bool = False,
 ) -> Dict:
-    """Metrics of one list as a JSON-ready dict (`p_miss`, `p_fa` curves added when keep_curves)."""
-    m = verification_metrics(scores, tl.target, p_targets)
+    """Metrics of one list as a JSON-ready dict (`_curves`: the thinned DET curve, when keep_curves).
+
+    Operating points: the threshold at the EER and at false-alarm rates `metrics.FA_RATES`, each with its
+    miss and false-alarm rates (`operating_points`: {"eer": point, "fa=0.01": point, ...})."""
+    m = verification_metrics(scores, tl.target, p_targets, curve_points=DET_POINTS)
     n_tar = int(tl.target.sum())
     out = {
         "name": name,
@@ -192,6 +191,7 @@ def summarise(
         "c_miss": 1.0,
         "c_fa": 1.0,
         "min_dcf": {f"{p:g}": v for p, v in m["min_dcf"].items()},
+        "operating_points": {"eer": m["eer_point"], **{f"fa={r:g}": v for r, v in m["fa_points"].items()}},
     }
     if calibrated:
         out["cllr"] = cllr(scores, tl.target)
@@ -210,22 +210,6 @@ def evaluate(ids, emb, trials_path, p_target: float = 0.01):
     scores = scorer.scores(tl)
     m = verification_metrics(scores, tl.target, [p_target])
     return scores, tl.target, m["eer"], m["min_dcf"][float(p_target)]
-
-
-def cosine_scores(ids: Sequence[str], emb: np.ndarray, trials: List[Trial], trials_path="trials") -> np.ndarray:
-    """`(N, D)` embeddings named by `ids`, a list of `lists.Trial` -> `(len(trials),)` cosines (small lists)."""
-    index = IdIndex(ids)
-    pos = {u: i for i, u in enumerate(index.ids)}
-    missing = [t for t in trials if t.enrol not in pos or t.test not in pos]
-    if missing:
-        t = missing[0]
-        raise ListError(
-            f"{trials_path}:{t.line}: id '{t.enrol if t.enrol not in pos else t.test}' has no embedding"
-            f" ({len(missing)} trial line(s) affected)"
-        )
-    a = np.array([pos[t.enrol] for t in trials], np.int64)
-    b = np.array([pos[t.test] for t in trials], np.int64)
-    return cosine_trial_scores(unit_rows(emb), a, b)
 
 
 def _names(trials: Sequence[Path]) -> List[str]:
@@ -322,31 +306,28 @@ def run(args) -> List[Dict]:
     summaries = []
     for name, prefix, tl in zip(names, prefixes, lists):
         scores = scorer.scores(tl)
-        s = summarise(name, tl, scores, args.p_target, scorer.qmf is not None, keep_curves=not args.no_plots)
-        curves = s.pop("_curves", None)
-        s["scoring"] = {
-            "method": scorer.method(),
-            "embeddings": str(args.embeddings),
-            "cohort": args.cohort,
-            "mean_sub": bool(args.mean_sub),
-            "asnorm_top_n": args.asnorm_top_n,
-            "qmf_train": args.qmf_train,
-            "qmf": scorer.qmf.describe() if scorer.qmf else None,
-        }
         files = {"scores": f"{prefix}.scores", "result": f"{prefix}.result", "json": f"{prefix}.json"}
-        write_scores(files["scores"], tl, scores)
-        if curves is not None:
-            files["det"] = str(
-                plot_det(
-                    curves[0],
-                    curves[1],
-                    f"{prefix}.det.png",
-                    f"{name}: {s['scoring']['method']}",
-                    s["eer"],
-                    {float(k): v for k, v in s["min_dcf"].items()},
-                )
-            )
-            files["hist"] = str(plot_histogram(scores, tl.target, f"{prefix}.hist.png", name))
+        # The scores file (numpy formatting, GIL-free for the most part) is written by a second thread
+        # while this one computes the metrics and draws the pictures.
+        with ThreadPoolExecutor(1) as writer:
+            written = writer.submit(write_scores, files["scores"], tl, scores)
+            s = summarise(name, tl, scores, args.p_target, scorer.qmf is not None, keep_curves=not args.no_plots)
+            s["scoring"] = {
+                "method": scorer.method(),
+                "embeddings": str(args.embeddings),
+                "cohort": args.cohort,
+                "mean_sub": bool(args.mean_sub),
+                "asnorm_top_n": args.asnorm_top_n,
+                "qmf_train": args.qmf_train,
+                "qmf": scorer.qmf.describe() if scorer.qmf else None,
+            }
+            curves = s.pop("_curves", None)
+            if curves is not None:
+                title = f"{name}: {s['scoring']['method']}"
+                dcf = {float(k): v for k, v in s["min_dcf"].items()}
+                files["det"] = str(plot_det(curves[0], curves[1], f"{prefix}.det.png", title, s["eer"], dcf))
+                files["hist"] = str(plot_histogram(scores, tl.target, f"{prefix}.hist.png", name))
+            written.result()
         s["files"] = files
         line = result_line(s)
         Path(files["result"]).write_text(line + "\n")

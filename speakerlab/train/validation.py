@@ -8,7 +8,7 @@ import torch
 
 from speakerlab.features.fbank import FeatureSpec
 from speakerlab.inference.embedder import Embedder
-from speakerlab.inference.extract import embed_data_dir, embed_feature_store, fitting_store
+from speakerlab.inference.extract import embed_data_dir, fitting_store
 from speakerlab.scoring.score import evaluate
 
 
@@ -20,11 +20,7 @@ def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, devi
     model.eval()
     embedder = Embedder(model, spec, device, "validation")
     try:
-        store = fitting_store(embedder, val_dir)
-        if store is not None:
-            ids, emb = embed_feature_store(embedder, val_dir, store=store)
-        else:
-            ids, emb = embed_data_dir(embedder, val_dir)
+        ids, emb = embed_data_dir(embedder, val_dir, store=fitting_store(embedder, val_dir))
     finally:
         model.train(was_training)
     return evaluate(ids, emb, Path(val_dir) / "trials")[2]
