@@ -224,7 +224,8 @@ def remove_stale_temp_files(ckpt_dir: PathLike) -> List[Path]:
     return stale
 
 
-def _load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Dict[str, Any]:
+def load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Any:
+    """What a weights file holds, read with `weights_only=True`: a checkpoint's dict, or any state dict."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -237,7 +238,11 @@ def _load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Dict[st
 def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
     """Read a checkpoint file (either schema) with `weights_only=True` (no code runs from the file) and
     check its digest (files written before digests existed have none to check)."""
-    raw = _load_raw(path, map_location)
+    return checkpoint_from_raw(load_raw(path, map_location), path)
+
+
+def checkpoint_from_raw(raw: Any, path: PathLike) -> Checkpoint:
+    """`load_checkpoint` of what `torch.load` returned for `path`: the digest checked, the schema read."""
     if isinstance(raw, dict) and "digest" in raw:
         stored = raw.pop("digest")
         if content_digest(raw) != stored:
@@ -336,7 +341,7 @@ def average_checkpoints(paths: List[PathLike]) -> Checkpoint:
     started from the average (stage 7) begins from a consistent pair; it is dropped (None) when a
     checkpoint lacks it or the speaker lists differ.
 
-    Resume state is dropped: the result is for extraction or fine-tuning (`train.init_from`).
+    Resume state is dropped: the result is for extraction or fine-tuning (`train.init`).
     """
     if not paths:
         raise ValueError("no checkpoints to average")

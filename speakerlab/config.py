@@ -158,6 +158,8 @@ class OptimSettings:
     nesterov: bool = True  # sgd only
     weight_decay: float = setting(1e-4, ge=0)
     warmup_epochs: float = setting(1.0, ge=0)
+    backbone_lr_scale: float = setting(1.0, gt=0)  # the embedding model's LR is this x the classifier's (fine-tuning
+    # a pretrained trunk: < 1); an SSL encoder's is further x encoder_lr_scale (below)
     # Models on a self-supervised encoder (speakerlab.models.ssl) only: the encoder's LR is lr x encoder_lr_scale,
     # and its layer i of L (1-based; 0: everything before the layers) gets another layer_decay ** (L - i).
     encoder_lr_scale: float = setting(1.0, ge=0)
@@ -175,8 +177,14 @@ class TrainSettings:
     keep_checkpoints: int = setting(5, ge=1)  # epoch checkpoints kept (for averaging the last N)
     log_every_steps: int = setting(10, ge=1)
     val_every: int = setting(1, ge=1)  # epochs between validation EERs (needs data.val)
-    init_from: Optional[str] = None  # start from this checkpoint's model + classifier weights (fine-tuning);
-    # ignored once the run has its own checkpoint
+    init: Optional[str] = None  # start from a pretrained model (speakerlab.train.init): a checkpoint or exp dir,
+    # a ReDimNet2 release file, or a 3D-Speaker state dict (with init_3dspeaker); ignored once the run has its own
+    # checkpoint. model.name / model.args may then be left out: they are taken from it
+    init_3dspeaker: Optional[str] = None  # train.init is a 3D-Speaker state dict of this registered model (campplus)
+    init_match_speakers: bool = False  # new speaker set: start the classifier rows of speakers the init checkpoint
+    # also had (same id) from its classifier
+    freeze_epochs: int = setting(0, ge=0)  # with train.init: train only the classifier for this many epochs (the
+    # embedding model fixed, its BatchNorm statistics too), so the new classifier settles before the trunk moves
     freeze_encoder_steps: int = setting(0, ge=-1)  # SSL models: the encoder stays frozen (back-end and head
     # train) for the first this many optimizer steps; -1: the whole run
 
@@ -222,8 +230,19 @@ class Config:
 
 def _validate(cfg: Config) -> None:
     """Rules that tie several fields together (single-field rules sit next to their field)."""
-    if not cfg.model.name:
-        raise ConfigError("config key 'model.name' is required")
+    if not cfg.model.name and not cfg.train.init:
+        raise ConfigError("config key 'model.name' is required (or train.init, a pretrained model to take it from)")
+    for key, value, needs in (
+        ("train.init_3dspeaker", cfg.train.init_3dspeaker, "the 3D-Speaker state dict"),
+        ("train.init_match_speakers", cfg.train.init_match_speakers, "the checkpoint whose classifier rows to copy"),
+        ("train.freeze_epochs", cfg.train.freeze_epochs, "the pretrained model to keep fixed"),
+    ):
+        if value and not cfg.train.init:
+            raise ConfigError(f"config key '{key}' ({value}) needs train.init ({needs})")
+    if cfg.train.freeze_epochs > cfg.train.epochs:
+        raise ConfigError(
+            f"config key 'train.freeze_epochs' ({cfg.train.freeze_epochs}) must be <= train.epochs ({cfg.train.epochs})"
+        )
     if not cfg.data.train:
         raise ConfigError("config key 'data.train' is required")
     if cfg.optim.min_lr > cfg.optim.lr:

@@ -95,3 +95,21 @@ def calibrated_embedding(
     calibrate(model, x)
     with torch.no_grad():
         return model(x)
+
+
+def load_fixture(arch: str) -> dict:
+    """A 3D-Speaker compatibility fixture (tests/data/3dspeaker_compat/<arch>.json): reference constructor
+    arguments, the fill rule's state-dict layout and the reference embedding."""
+    with open(Path(__file__).parent / "data" / "3dspeaker_compat" / f"{arch}.json") as f:
+        return json.load(f)
+
+
+# ReDimNet2 float32 reproducibility bound (tests/test_redimnet2.py explains the figures).
+FLOAT32_TOL = dict(rtol=0.1, atol=0.1)
+MIN_COSINE = 0.9999
+
+
+def assert_embedding_matches(ours: torch.Tensor, expected: torch.Tensor) -> None:
+    assert ours.shape == expected.shape
+    torch.testing.assert_close(ours, expected, **FLOAT32_TOL)
+    assert torch.nn.functional.cosine_similarity(ours, expected, dim=1).min() >= MIN_COSINE

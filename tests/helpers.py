@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 
 def write_wav(path: Path, samples: np.ndarray, sample_rate: int = 16000, subtype: str = "PCM_16") -> Path:
@@ -157,3 +158,17 @@ def save_tiny_encoder(directory: Path, model_type: str, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     transformers.AutoModel.from_config(config).save_pretrained(str(directory))
     return directory
+
+
+class FlagsSeen(torch.overrides.TorchFunctionMode):
+    """Records the TF32 switches in force at each matmul / convolution called inside the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("matmul", "__matmul__", "mm", "bmm", "conv1d", "conv2d"):
+            self.seen.append((name, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return func(*args, **(kwargs or {}))

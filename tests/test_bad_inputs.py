@@ -318,6 +318,85 @@ def test_full_disk_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+# ---------------------------------------------------------------- training: train.init (a pretrained model)
+
+
+def _init_cases(trained, tmp_path):
+    """(overrides, message) of each bad train.init; the files they name are written here."""
+    ckpt = trained[2] / "checkpoints" / "epoch_001.pt"
+    plain = tmp_path / "plain.pt"
+    torch.save(load_checkpoint(ckpt).model, plain)  # the same weights as a bare state dict
+    corrupt = tmp_path / "corrupt.pt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 32] = b"\xff" * 32
+    corrupt.write_bytes(bytes(data))
+    return {
+        "missing": (
+            [f"train.init={tmp_path / 'nope.pt'}"],
+            f"config key 'train.init': checkpoint {tmp_path / 'nope.pt'} ",
+        ),
+        "plain state dict": (
+            [f"train.init={plain}"],
+            f"config key 'train.init': {plain} is neither a speakerlab checkpoint nor a ReDimNet2 release",
+        ),
+        "corrupt": ([f"train.init={corrupt}"], f"config key 'train.init': checkpoint {corrupt} "),
+        "ours as 3D-Speaker": (
+            [f"train.init={ckpt}", "train.init_3dspeaker=campplus"],
+            f"config key 'train.init_3dspeaker' (campplus): {ckpt} is a speakerlab checkpoint",
+        ),
+        "unknown 3D-Speaker model": (
+            [f"train.init={plain}", "train.init_3dspeaker=nope"],
+            "config key 'train.init_3dspeaker': unknown model 'nope'",
+        ),
+        "3D-Speaker rows": (
+            [f"train.init={plain}", "train.init_3dspeaker=campplus", "train.init_match_speakers=true"],
+            f"config key 'train.init_match_speakers': {plain} has no classifier",
+        ),
+        "freeze without init": (["train.freeze_epochs=1"], "config key 'train.freeze_epochs' (1) needs train.init"),
+        "freeze past the end": (
+            [f"train.init={ckpt}", "train.freeze_epochs=3"],
+            "config key 'train.freeze_epochs' (3) must be <= train.epochs (2)",
+        ),
+        "rows without init": (
+            ["train.init_match_speakers=true"],
+            "config key 'train.init_match_speakers' (True) needs",
+        ),
+        "bad LR scale": (["optim.backbone_lr_scale=0"], "config key 'optim.backbone_lr_scale' must be > 0, got 0.0"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "plain state dict",
+        "corrupt",
+        "ours as 3D-Speaker",
+        "unknown 3D-Speaker model",
+        "3D-Speaker rows",
+        "freeze without init",
+        "freeze past the end",
+        "rows without init",
+        "bad LR scale",
+    ],
+)
+def test_bad_init_stops_before_anything_is_written(trained, tmp_path, capsys, case):
+    overrides, message = _init_cases(trained, tmp_path)[case]
+    exp = tmp_path / "new"
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), *overrides]) == 2
+    assert message in capsys.readouterr().err
+    assert not exp.exists()
+
+
+def test_no_model_and_no_init_is_named(trained, tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"data: {{train: {trained[1]}}}\n")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x")]) == 2
+    assert "config key 'model.name' is required (or train.init, a pretrained model to take it from)" in (
+        capsys.readouterr().err
+    )
+
+
 # ---------------------------------------------------------------- averaging
 
 
@@ -429,7 +508,7 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
         (["--http_proxy", "x"], "unknown option --http_proxy"),
     ],
 )
-@pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb"])
+@pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb", "custom"])
 def test_recipe_option_errors(recipe, args, message, tmp_path):
     r = subprocess.run(
         ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
@@ -440,3 +519,27 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 1 and message in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--init", "x"], "error: stage 1 needs --root DIR (one folder per speaker) or --csv FILE"),
+        (["--root", "a", "--csv", "b"], "error: give one of --root and --csv"),
+        (["--stage", "3", "--3dspeaker", "campplus"], "error: --3dspeaker campplus needs --weights FILE"),
+        (["--stage", "3", "--weights", "w.bin"], "error: --weights goes with --3dspeaker NAME"),
+        (
+            ["--stage", "3", "--init", "x", "--3dspeaker=campplus", "--weights", "w.bin"],
+            "error: give one pretrained model: --init or --3dspeaker NAME --weights FILE",
+        ),
+    ],
+)
+def test_custom_recipe_source_errors(args, message, tmp_path):
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / "custom" / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and message in r.stderr and r.stdout == ""

@@ -7,14 +7,13 @@ published parameter count, and the reference model's embeddings for a synthetic 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from speakerlab.models import build_model, load_3dspeaker
-from tests.fixture_models import calibrate, fill_state_dict, make_input
+from tests.fixture_models import calibrate, fill_state_dict, load_fixture, make_input
 from tests.helpers import registry_params
 
 DATA = Path(__file__).parent / "data" / "3dspeaker_compat"
@@ -28,11 +27,6 @@ _KWARG_NAMES = {
     "embedding_size": "embedding_size",
     "lin_neurons": "embedding_size",
 }
-
-
-def load_fixture(arch: str) -> dict:
-    with open(DATA / f"{arch}.json") as f:
-        return json.load(f)
 
 
 def builder_kwargs(fixture: dict) -> dict:

@@ -2,7 +2,6 @@
 failure paths, and a compiled training step against the eager one (inductor on the CPU; gcc builds it)."""
 
 import contextlib
-import copy
 
 import pytest
 import torch
@@ -10,20 +9,9 @@ import torch
 from speakerlab.config import ConfigError, load_config
 from speakerlab.models import build_model
 from speakerlab.train import speedups
-from speakerlab.train.build import build_net, build_optimizer
+from speakerlab.train.build import build_net
 from speakerlab.train.speedups import CompileFailed, apply_switches, resolve_switches
-
-TINY = {
-    "campplus": {
-        "embedding_size": 16,
-        "growth_rate": 8,
-        "init_channels": 16,
-        "m_channels": 4,
-        "fcm_blocks": [1, 1],
-        "num_layers": [1, 1, 1],
-    },
-    "eres2net_base": {"embedding_size": 16, "m_channels": 8, "num_blocks": [1, 1, 1, 1]},
-}
+from tests.compiled_step import TINY, compare_compiled_step
 
 
 def tiny_net(name, seed=0):
@@ -120,52 +108,12 @@ def test_a_compiled_training_step_equals_the_eager_one(name, one_thread):
     compare_compiled_step(name, torch.device("cpu"))
 
 
-def compare_compiled_step(name, device, autocast=contextlib.nullcontext):
-    """One SGD step of tiny `name` on `device`, eager and compiled: loss, gradients, weights and BatchNorm
-    statistics agree (shared with tests/test_cuda.py)."""
-    cfg = load_config(raw={"model": {"name": name, "args": TINY[name]}, "data": {"train": "x"}})
-    torch.manual_seed(0)
-    eager = build_net(cfg, num_speakers=6, autocast=autocast).to(device)
-    compiled = copy.deepcopy(eager)
-    apply_switches(resolve_switches(True, False, False, compiled.model, device), compiled, print)
-    feats = torch.randn(4, 60, 80, generator=torch.Generator().manual_seed(1)).to(device)
-    labels = torch.tensor([0, 3, 5, 3], device=device)
-    results = []
-    for net in (eager, compiled):
-        net.classifier.set_margin(0.2)
-        opt = build_optimizer(cfg, net)
-        before = {k: p.detach().clone() for k, p in net.named_parameters()}
-        loss, _ = net(feats, labels)
-        loss.backward()
-        grads = {k: p.grad.clone() for k, p in net.named_parameters()}
-        opt.step()
-        updates = {k: p.detach() - before[k] for k, p in net.named_parameters()}
-        results.append((loss.detach(), grads, updates, {k: b.clone() for k, b in net.named_buffers()}))
-    (loss_e, grads_e, updates_e, buffers_e), (loss_c, grads_c, updates_c, buffers_c) = results
-    torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-5)
-    close_in_norm(grads_c, grads_e, "gradient")
-    close_in_norm(updates_c, updates_e, "update")
-    for k in buffers_e:  # BatchNorm running statistics: from the forward pass alone
-        torch.testing.assert_close(buffers_c[k], buffers_e[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
-
-
-def close_in_norm(got, want, what):
-    """Per tensor, the error's norm against the tensor's own norm plus a floor of the whole set's: a bias
-    followed by BatchNorm has a true gradient of 0, so both sides hold rounding noise there (~1e-9 of the
-    whole) that no elementwise relative tolerance can compare. Measured (CPU): ERes2Net's worst tensor, its
-    first conv, is 1.1e-3 off (reductions over ~2e4 positions summed in another order)."""
-    total = torch.sqrt(sum(v.double().square().sum() for v in want.values())).item()
-    for k in want:
-        err, own = (got[k] - want[k]).double().norm().item(), want[k].double().norm().item()
-        assert err <= 5e-3 * own + 1e-6 * total, f"{k}: |{what} error| {err:.3g}, |{what}| {own:.3g}, all {total:.3g}"
-
-
 @pytest.mark.slow
 def test_a_compiled_run_trains_and_resumes_exactly(tmp_path, one_thread):
     """hardware.compile=true end to end on the CPU (a tiny ERes2Net): the switches are logged and in
     tensorboard's text, and a run stopped after 2 steps resumes to the losses of the uninterrupted run."""
-    from speakerlab.train import main as train_main
-    from tests.test_train import losses, tiny_config
+    from speakerlab.train.loop import main as train_main
+    from tests.helpers import losses, tiny_config
 
     model = "model: {name: eres2net_base, args: {embedding_size: 16, m_channels: 8, num_blocks: [1, 1, 1, 1]}}\n"
     cfg, _ = tiny_config(tmp_path, val=False, extra=model)  # its `model` section replaces the tiny CAM++

@@ -167,15 +167,18 @@ def _train_config(name):
     # on its VoxCeleb config.
     stem = Path(name).stem.rsplit("_", 1)[0]
     base = CONF / ("voxceleb/ssl_" + stem + ".yaml" if name.startswith("ssl/") else "mini/campplus.yaml")
-    overlay = "name" not in (yaml.safe_load((CONF / name).read_text()).get("model") or {})
+    raw = yaml.safe_load((CONF / name).read_text())
+    overlay = "name" not in (raw.get("model") or {})
     paths = [str(base), str(CONF / name)] if overlay else [str(CONF / name)]
-    cfg = load_train_config(paths, ["data.train=x"], None)
+    # A fine-tuning config's frozen epochs need train.init, a pretrained model this test does not have.
+    extra = ["train.freeze_epochs=0"] if "freeze_epochs" in (raw.get("train") or {}) else []
+    cfg = load_train_config(paths, ["data.train=x", *extra], None)
     if cfg.model.args.get("pretrained"):  # no published encoder can be downloaded here: a tiny one of its family
         from tests.helpers import TINY_ENCODERS
 
         family = "wav2vec2-bert" if cfg.features.kind == "w2vbert_fbank" else "wavlm"
         tiny = f"model.args.encoder={json.dumps(TINY_ENCODERS[family])}"  # JSON is YAML
-        cfg = load_train_config(paths, ["data.train=x", "model.args.pretrained=null", tiny], None)
+        cfg = load_train_config(paths, ["data.train=x", "model.args.pretrained=null", tiny, *extra], None)
     return cfg
 
 
@@ -232,13 +235,13 @@ def _header_commands(text):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_config_header_names_the_command_that_runs_it(name):
-    """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for an
-    overlay, --lm_config / --augment_config / --ft_config), and that recipe exists and takes that option; a
-    <corpus>/<model>.yaml file's command runs the <corpus> recipe."""
+    """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for
+    an overlay, --lm_config / --augment_config / --ft_config / --scratch_config), and that recipe exists and
+    takes that option; a <corpus>/<model>.yaml file's command runs the <corpus> recipe."""
     root = CONF.parent
     found = []
     for words in _header_commands((CONF / name).read_text()):
-        for opt in ("--config", "--lm_config", "--augment_config", "--ft_config"):
+        for opt in ("--config", "--lm_config", "--augment_config", "--ft_config", "--scratch_config"):
             if opt in words[:-1] and words[words.index(opt) + 1] == f"../../conf/{name}":
                 found.append((words[1], opt))
     assert found, f"{name}: no 'bash egs/<recipe>/run.sh ... --config ../../conf/{name}' in its header"

@@ -135,7 +135,7 @@ def test_nccl_two_processes(tmp_path):
 @pytest.mark.parametrize("name", ["campplus", "eres2net_base"])
 def test_a_compiled_training_step_equals_the_eager_one_on_the_card(name):
     """Triton's compiled step against eager, in fp32 with TF32 off (bf16 would hide differences)."""
-    from tests.test_compile import compare_compiled_step
+    from tests.compiled_step import compare_compiled_step
 
     resolve_precision("fp32", "cuda", tf32=False)
     compare_compiled_step(name, torch.device("cuda", 0))
@@ -158,7 +158,7 @@ def test_nccl_process_group_of_world_size_one():
 def test_fp16_training_logs_the_loss_scale(tmp_path):
     import json
 
-    from tests.test_train import tiny_config
+    from tests.helpers import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=False)
     cmd = [sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "f")]

@@ -23,10 +23,9 @@ from speakerlab.inference.cli import embed_parser, run_embed, run_verify
 from speakerlab.inference.embedder import embedder_from_args, load_embedder
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model, load_redimnet2
-from tests.fixture_models import calibrate, filled_state, fixture_input
+from tests.fixture_models import assert_embedding_matches, calibrate, filled_state, fixture_input
 from tests.fixture_models import load_redimnet2_fixture as load_fixture
 from tests.helpers import make_data_dir, write_wav
-from tests.test_redimnet2 import assert_embedding_matches
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}

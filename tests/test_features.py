@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from speakerlab.features.fbank import Fbank, FbankConfig, fbank, mean_normalize, num_frames
+from tests.helpers import FlagsSeen
 
 DATA = Path(__file__).parent / "data" / "kaldi_fbank"
 TOL = 1e-3  # the fixture's definition of Kaldi-compatible, on log values
@@ -261,20 +262,6 @@ def test_matches_torchaudio(overrides):
     names = {value: key for key, value in TORCHAUDIO_NAMES.items()}
     expected = kaldi.fbank(wave, **{names.get(key, key): value for key, value in overrides.items()})
     torch.testing.assert_close(Fbank(**overrides)(wave)[0], expected, atol=TOL, rtol=0)
-
-
-class FlagsSeen(torch.overrides.TorchFunctionMode):
-    """Records the TF32 switches in force at each matmul / convolution called inside the mode."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in ("matmul", "__matmul__", "mm", "bmm", "conv1d", "conv2d"):
-            self.seen.append((name, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture

@@ -153,7 +153,7 @@ def free_port() -> int:
 def test_two_nodes_on_localhost_through_the_recipe_launch_options(tmp_path):
     """Two torchrun "nodes" (one process each, gloo) started by the recipe's stage 3 with --nnodes 2
     --node_rank 0|1 --master_addr 127.0.0.1: one run of world size 2, both logs free of tracebacks."""
-    from tests.test_train import losses, tiny_config
+    from tests.helpers import losses, tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=True)  # tmp_path/train and tmp_path/val: the recipe's --data layout
     port = str(free_port())

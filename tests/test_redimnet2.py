@@ -21,6 +21,8 @@ from speakerlab.features.redimnet import ReDimNetMel
 from speakerlab.models import build_model, load_redimnet2
 from speakerlab.models.redimnet2 import ReDimNet2, redimnet2_kwargs
 from tests.fixture_models import (
+    FLOAT32_TOL,
+    assert_embedding_matches,
     calibrated_embedding,
     filled_state,
     load_redimnet2_fixture,
@@ -101,16 +103,6 @@ def test_official_float64_covers_every_fixture():
 # (b6 sizes: 4.5e-2 absolute, cosine 0.99996): rtol = atol = 0.1 and cosine >= 0.9999. A structural
 # difference, e.g. the other flattening order of `return_2d_output`, is off by 1.5 in relative L2
 # norm (cosine about -0.1), far outside it. The 1e-3 check is kept below, expected to fail.
-FLOAT32_TOL = dict(rtol=0.1, atol=0.1)
-MIN_COSINE = 0.9999
-
-
-def assert_embedding_matches(ours: torch.Tensor, expected: torch.Tensor) -> None:
-    assert ours.shape == expected.shape
-    torch.testing.assert_close(ours, expected, **FLOAT32_TOL)
-    assert torch.nn.functional.cosine_similarity(ours, expected, dim=1).min() >= MIN_COSINE
-
-
 @pytest.mark.parametrize("size", registry_params(SIZES, fast=FAST_SIZES))
 def test_reference_embedding_to_float32_reproducibility(size):
     expected = torch.tensor(load_redimnet2_fixture(size)["embedding"], dtype=torch.float32)

@@ -77,7 +77,7 @@ def test_perturbed_speakers_are_new_classes():
 
 def test_resampling_runs_with_tf32_off_and_restores_the_flags():
     """The polyphase convolution sees TF32 off while the run has it on (hardware.tf32), also on error."""
-    from tests.test_features import FlagsSeen
+    from tests.helpers import FlagsSeen
 
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True

@@ -154,7 +154,7 @@ def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path):
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "s1"), "train.epochs=1", *overrides]) == 0
     stage1 = tmp_path / "s1" / "checkpoints" / "epoch_001.pt"
     joint = [o for o in overrides if not o.startswith("model.args.lora")]
-    joint += ["model.args.lora=null", f"train.init_from={stage1}", "train.epochs=1"]
+    joint += ["model.args.lora=null", f"train.init={stage1}", "train.epochs=1"]
     run = build_run(load_train_config([str(cfg)], joint, None), tmp_path / "s2")
     try:
         resume(run)

@@ -273,7 +273,7 @@ def test_average_then_large_margin_finetune(tmp_path):
                 str(overlay),
                 "--exp-dir",
                 str(lm),
-                f"train.init_from={exp / 'checkpoints' / 'avg.pt'}",
+                f"train.init={exp / 'checkpoints' / 'avg.pt'}",
                 "data.crop_seconds=0.55",
             ]
         )

@@ -94,6 +94,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    train.init_from="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides $lm_overrides
+    train.init="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides $lm_overrides
 fi
 log "done"

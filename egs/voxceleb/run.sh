@@ -82,7 +82,7 @@ if stage_on 3 && [ -n "$ft_config" ]; then
     $train_overrides
   speakerlab-average --exp-dir "${exp}_frozen" --last "$average_last"
   launch speakerlab-train --config "$config" --config "$ft_config" --exp-dir "$exp" --hardware "$hardware" \
-    train.init_from="${exp}_frozen/checkpoints/avg.pt" $train_data $train_overrides
+    train.init="${exp}_frozen/checkpoints/avg.pt" $train_data $train_overrides
 elif stage_on 3; then
   log "stage 3: train $config -> $exp"
   launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
@@ -109,6 +109,6 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    train.init_from="$exp/checkpoints/avg.pt" $train_data $train_overrides $lm_overrides
+    train.init="$exp/checkpoints/avg.pt" $train_data $train_overrides $lm_overrides
 fi
 log "done"

@@ -4,6 +4,7 @@
     speakerlab-3dspeaker download | extract | prepare
     speakerlab-cnceleb      download | extract | prepare
     speakerlab-musan-rirs   download | extract | prepare
+    speakerlab-folder --root DIR | --csv FILE --data OUT    (one's own recordings)
 
 `download` fetches (or, with `--archive-dir`, only verifies) the published archives, `extract`
 unpacks them under `--raw-dir`, `prepare` writes Kaldi data dirs (`wav.scp` with absolute paths,

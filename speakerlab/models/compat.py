@@ -18,7 +18,7 @@ from speakerlab.models.registry import build_model
 _WRAPPER_KEYS = ("state_dict", "model", "embedding_model")
 
 
-def _unwrap(state: Mapping) -> Mapping:
+def unwrap_state_dict(state: Mapping) -> Mapping:
     """Plain `{name: tensor}` dict from a checkpoint that may nest it or carry DDP's `module.` prefix."""
     for key in _WRAPPER_KEYS:
         if key in state and isinstance(state[key], Mapping):
@@ -42,5 +42,5 @@ def load_3dspeaker(name: str, state_dict_or_path: Union[str, os.PathLike, Mappin
         state = torch.load(state, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping):
         raise TypeError(f"expected a state dict or a path, got {type(state).__name__}")
-    model.load_state_dict(_unwrap(state), strict=True)
+    model.load_state_dict(unwrap_state_dict(state), strict=True)
     return model.eval()

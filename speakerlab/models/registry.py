@@ -87,6 +87,12 @@ def build_model(name: str, **kwargs) -> nn.Module:
     return builder(**kwargs)
 
 
+def builder_defaults(name: str) -> Dict[str, object]:
+    """The default value of every argument of model `name` that has one."""
+    params = inspect.signature(_BUILDERS[name]).parameters
+    return {n: p.default for n, p in params.items() if p.default is not p.empty}
+
+
 def model_args_problems(name: str, args: Dict[str, object], prefix: str = "model.args") -> List[str]:
     """What is wrong with building model `name` from `args`, one line per problem naming
     `<prefix>.<key>` (an empty list when it would build): unknown names, missing required arguments."""

@@ -3,7 +3,7 @@
     speakerlab-average --exp-dir exp/campplus --last 5   # -> exp/campplus/checkpoints/avg.pt
 
 The result is a full checkpoint (model name + arguments, speaker map, config) without optimizer
-state: use it for extraction or as `train.init_from` of a fine-tuning run.
+state: use it for extraction or as `train.init` of a fine-tuning run.
 """
 
 from __future__ import annotations

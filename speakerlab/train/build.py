@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -28,8 +28,9 @@ from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
-from speakerlab.train.distributed import DistInfo
+from speakerlab.train.distributed import DistInfo, wrap_ddp
 from speakerlab.train.frontend import Frontend
+from speakerlab.train.init import resolve_model
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim import check_encoder_settings, parameter_groups
@@ -39,9 +40,12 @@ from speakerlab.train.stability import NonFiniteGuard
 
 
 def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
-    """The training config: `load_config` plus the model arguments checked against the registered
-    builder's signature, so a typo in `model.args` stops here, naming the key, before any work."""
+    """The training config: `load_config`, the model section taken from `train.init` when it is set, and the
+    model arguments checked against the registered builder's signature, so a typo in `model.args` stops
+    here, naming the key, before any work."""
     cfg = load_config(list(paths), list(overrides), hardware=hardware)
+    if cfg.train.init:
+        resolve_model(cfg)  # the model section from the pretrained model; a conflicting key is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
     if problems:
         raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
@@ -187,7 +191,9 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
 
 
 def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
-    """The optimizer of `cfg.optim` over the groups of speakerlab.train.optim (weight decay, LR scale)."""
+    """The optimizer of `cfg.optim` over the groups of speakerlab.train.optim (weight decay, LR scale): the
+    embedding model at `optim.backbone_lr_scale` x the scheduled LR (an SSL encoder further scaled there),
+    the classifier at the LR itself."""
     o = cfg.optim
     groups = parameter_groups(net.model, net.classifier, o)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[o.name]
@@ -311,6 +317,7 @@ class Run:
     speakers: List[str]  # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
+    frozen: List[nn.Parameter] = field(default_factory=list)  # parameters train.freeze_epochs holds fixed now
 
     @property
     def ckpt_dir(self) -> Path:
@@ -319,14 +326,6 @@ class Run:
     @property
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch
-
-
-def wrap_ddp(net: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
-    """`net` under DistributedDataParallel when the run is distributed. DDP takes the parameters that require
-    gradients when it is built: freezing or releasing an encoder wraps the net again."""
-    if not info.enabled:
-        return net
-    return nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def build_run(cfg: Config, exp_dir: Path) -> Run:

@@ -45,6 +45,15 @@ def init_distributed(device_type: str, timeout_s: int) -> DistInfo:
     return info
 
 
+def wrap_ddp(module: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
+    """`module` in DistributedDataParallel when distributed (its parameters that require grad at this
+    moment are the ones it reduces), else `module` itself."""
+    if not info.enabled:
+        return module
+    ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

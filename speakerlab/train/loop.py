@@ -27,7 +27,9 @@ from speakerlab.dataio.lists import ListError
 from speakerlab.features.spec import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
-from speakerlab.train.build import Run, build_run, load_train_config, wrap_ddp
+from speakerlab.train.build import Run, build_run, load_train_config
+from speakerlab.train.distributed import wrap_ddp
+from speakerlab.train.init import apply_freeze
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
 from speakerlab.train.optim import encoder_frozen_at, set_encoder_frozen
@@ -65,6 +67,7 @@ def set_schedules(run: Run) -> tuple:
     run.raw.classifier.set_margin(margin)
     if set_encoder_frozen(run.raw.model, encoder_frozen_at(run.state.step, run.cfg.train.freeze_encoder_steps)):
         run.net = wrap_ddp(run.raw, run.info, run.device)  # DDP registers the parameters that train now
+    apply_freeze(run)
     return lr, margin
 
 

@@ -1,11 +1,12 @@
 """Which weights train, at which share of the LR, and when: the optimizer's parameter groups and the encoder
-freeze of models on a self-supervised encoder, decided here only (engine/setup.py builds the optimizer from
+freeze of models on a self-supervised encoder, decided here only (speakerlab/train/build.py builds the optimizer from
 `parameter_groups`; the training step sets each group's LR to the schedule's x its `lr_scale` and applies
 `set_encoder_frozen` at every step).
 
     group of a parameter        lr_scale
-    classifier, back-end        1
-    encoder depth d of L        optim.encoder_lr_scale x optim.layer_decay ** (L - d)
+    classifier                  1
+    embedding model, back-end   optim.backbone_lr_scale (fine-tuning a pretrained model: < 1)
+    encoder depth d of L        optim.backbone_lr_scale x optim.encoder_lr_scale x optim.layer_decay ** (L - d)
 
 Norms and biases (1-D) get no weight decay: decaying BatchNorm / LayerNorm scales toward 0 only fights the
 normalisation. Encoder weights that never train (the base weights under LoRA) are left out.
@@ -50,11 +51,14 @@ def parameter_groups(model: nn.Module, classifier: nn.Module, o: OptimSettings) 
                 scales[id(p)] = o.encoder_lr_scale * o.layer_decay ** (layers - depth)
             elif depth is not None:
                 scales[id(p)] = -1.0  # never trains
+    backbone = {id(p) for p in model.parameters()}
     groups: Dict[Tuple[bool, float], List[nn.Parameter]] = {}
     for p in [*model.parameters(), *classifier.parameters()]:
         scale = scales.get(id(p), 1.0)
         if scale < 0 or (id(p) not in scales and not p.requires_grad):
             continue
+        if id(p) in backbone:
+            scale *= o.backbone_lr_scale
         groups.setdefault((p.ndim > 1, scale), []).append(p)
     return [
         {"params": params, "weight_decay": o.weight_decay if decay else 0.0, "lr_scale": scale}

@@ -1,24 +1,22 @@
-"""A run's checkpoints: what it writes at a step, and how it starts again from one (resume, or
-fine-tuning from another run). The file schema itself is speakerlab.checkpoint's."""
+"""A run's checkpoints: what it writes at a step, and how it starts again from one (resume; a fresh run
+with `train.init` starts from a pretrained model: speakerlab.train.init). The file schema itself is
+speakerlab.checkpoint's."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
 from speakerlab.checkpoint import (
     Checkpoint,
     ResumeState,
-    load_checkpoint,
     load_latest,
     prune_checkpoints,
-    rebuild_model,
     run_checkpoints,
     save_checkpoint,
 )
 from speakerlab.features.spec import feature_spec
 from speakerlab.train.build import Run
+from speakerlab.train.init import initialise
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
@@ -70,27 +68,14 @@ def save_epoch_end(run: Run) -> None:
         prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
 
 
-def _load_weights(run: Run, ckpt: Checkpoint, path, hint: str) -> None:
-    """Model and classifier weights of `ckpt` into the run, which must have the same model and speakers."""
+def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
+    """Model and classifier weights of the run's own checkpoint (same model and speakers)."""
     if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
-        raise RuntimeError(f"{path} was trained with another model or speaker list; {hint}")
+        raise RuntimeError(f"{path} was trained with another model or speaker list; use a new --exp-dir")
     if ckpt.classifier is None:
-        raise RuntimeError(f"{path} has no classifier weights; {hint}")
+        raise RuntimeError(f"{path} has no classifier weights; use a new --exp-dir")
     run.raw.model.load_state_dict(ckpt.model)
     run.raw.classifier.load_state_dict(ckpt.classifier)
-
-
-def init_from(run: Run, path: str) -> None:
-    """Fine-tuning start: model and classifier weights of another run (same model, same speakers). From a
-    model with LoRA into one without (the joint stage after a LoRA stage) the adapters are merged first."""
-    ckpt = load_checkpoint(path, map_location=run.device)
-    if ckpt.model_args.get("lora") and not run.cfg.model.args.get("lora"):
-        source = rebuild_model(ckpt)
-        source.merge_lora()
-        ckpt = dataclasses.replace(ckpt, model=source.state_dict())
-        run.monitor.log(f"{path}: LoRA adapters merged into the encoder weights")
-    _load_weights(run, ckpt, path, "train.init_from needs a training checkpoint of the same model and speakers")
-    run.monitor.log(f"initialised from {path} (epoch {ckpt.epoch}, step {ckpt.step})")
 
 
 class ScheduleChanged(RuntimeError):
@@ -114,6 +99,8 @@ SCHEDULE_KEYS = (
     "optim.lr",
     "optim.min_lr",
     "optim.warmup_epochs",
+    "optim.backbone_lr_scale",
+    "train.freeze_epochs",
     "optim.encoder_lr_scale",
     "optim.layer_decay",
     "train.freeze_encoder_steps",
@@ -125,17 +112,19 @@ SCHEDULE_KEYS = (
 
 
 def schedule_changes(stored: dict, now: dict) -> list:
-    """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts)."""
+    """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts).
+    A key the checkpoint's config does not have (written before the key existed) is not compared."""
+    missing = object()
 
     def get(d, key):
         for part in key.split("."):
-            d = d.get(part) if isinstance(d, dict) else None
+            d = d.get(part, missing) if isinstance(d, dict) else missing
         return d
 
     return [
         f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now"
         for k in SCHEDULE_KEYS
-        if get(stored, k) != get(now, k)
+        if get(stored, k) is not missing and get(stored, k) != get(now, k)
     ]
 
 
@@ -158,16 +147,16 @@ def restore_cuda_rng(states: list, device: torch.device, log) -> None:
 
 
 def resume(run: Run, force_new_schedule: bool = False) -> int:
-    """Restore the latest checkpoint of the run, if any (else `train.init_from`, if set); return the step
-    within its epoch to continue from.
+    """Restore the latest checkpoint of the run, if any (else start from `train.init`, if set); return the
+    step within its epoch to continue from.
 
     Settings that change the schedule or the data order (SCHEDULE_KEYS) must match the checkpoint's,
     else ScheduleChanged, unless `force_new_schedule`: then weights, optimizer and completed epochs are
     kept and the interrupted epoch starts again from its beginning under the new settings."""
     found = load_latest(run.ckpt_dir, run.device, warn=run.monitor.log)
     if found is None:
-        if run.cfg.train.init_from:
-            init_from(run, run.cfg.train.init_from)
+        if run.cfg.train.init:
+            initialise(run)
         return 0
     path, ckpt = found
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
@@ -181,8 +170,11 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         )
     if ckpt.resume is None:
         raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
-    _load_weights(run, ckpt, path, "use a new --exp-dir")
+    _load_weights(run, ckpt, path)
+    scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
     run.optimizer.load_state_dict(ckpt.resume.optimizer)
+    for group, scale in zip(run.optimizer.param_groups, scales):  # this run's, not the file's (older files lack it)
+        group["lr_scale"] = scale
     run.scaler.load_state_dict(ckpt.resume.scaler)
     run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
     torch.set_rng_state(ckpt.resume.rng_cpu.cpu())

@@ -1,0 +1,104 @@
+"""Every file of one's own recordings read once (speakerlab-folder's checks, in worker processes): the
+reasons a file is left out, and the form training reads it in (the file itself, a link to it when its path
+cannot be listed, or a 16-bit WAV conversion at the list's rate, first channel)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+import soundfile as sf
+
+from speakerlab.dataio.resample import resample
+
+KEEP_FORMATS = ("WAV", "FLAC")  # read in place by training (seekable crops); others are converted
+
+
+@dataclass
+class Checked:
+    """What reading one file found: `problem` (None when usable), else its samples at the target rate and
+    the path training reads (`use`: the file itself, its link or its conversion), with a `note`."""
+
+    problem: Optional[str] = None
+    samples: int = 0
+    use: str = ""
+    note: str = ""
+    how: str = "as is"  # as is | converted | linked
+
+
+def _listable(path: str) -> bool:
+    """Whether `path` can be written in a Kaldi list: UTF-8, no whitespace."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return not any(c.isspace() for c in path)
+
+
+def check_file(job: Tuple[str, str, int, float]) -> Checked:
+    """(path, where a conversion or link goes without extension, sample rate, min seconds) -> Checked.
+
+    Decodes the whole file once: a truncated file fails here, not mid-training."""
+    path, dest, rate, min_seconds = job
+    if not os.path.isfile(path):
+        return Checked("left out: does not exist")
+    try:
+        info = sf.info(path)
+        wave, sr = sf.read(path, dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        return Checked(f"left out: unreadable ({reason})")
+    if wave.shape[0] == 0:
+        return Checked("left out: empty (no samples)")
+    if wave.shape[0] < min_seconds * sr:
+        return Checked(f"left out: too short ({wave.shape[0] / sr:.2f} s < --min-seconds {min_seconds:g})")
+    if not np.isfinite(wave).all():
+        return Checked("left out: non-finite samples (NaN or inf)")
+    if not wave.any():
+        return Checked("left out: silent (every sample is 0)")
+    note = f"kept: first of {wave.shape[1]} channels" if wave.shape[1] > 1 else ""
+    if sr == rate and wave.shape[1] == 1 and info.format in KEEP_FORMATS:
+        if _listable(path):
+            return Checked(samples=wave.shape[0], use=path)
+        link = dest + os.path.splitext(path)[1]
+        _replace_link(os.path.abspath(path), link)
+        return Checked(samples=wave.shape[0], use=link, how="linked")
+    try:
+        out = resample(np.ascontiguousarray(wave[:, 0]), int(sr), rate)
+    except ValueError as e:
+        return Checked(f"left out: {e}")
+    pcm = np.clip(np.round(out * 32768.0), -32768, 32767).astype(np.int16)  # the scale soundfile reads with
+    tmp = dest + ".tmp.wav"
+    sf.write(tmp, pcm, rate, subtype="PCM_16", format="WAV")
+    os.replace(tmp, dest + ".wav")
+    return Checked(samples=len(pcm), use=dest + ".wav", note=note, how="converted")
+
+
+def _replace_link(target: str, link: str) -> None:
+    tmp = link + ".tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _init_worker() -> None:
+    try:  # each worker resamples on one thread: the pool is the parallelism
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+def check_all(jobs: List[tuple], processes: int) -> List[Checked]:
+    """check_file over `jobs`, in `processes` worker processes (results in job order)."""
+    if processes <= 1 or len(jobs) < 2:
+        return [check_file(j) for j in jobs]
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ctx.Pool(processes, initializer=_init_worker) as pool:
+        return pool.map(check_file, jobs, chunksize=max(1, min(64, len(jobs) // (4 * processes))))

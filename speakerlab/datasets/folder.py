@@ -1,0 +1,361 @@
+"""Your own recordings as Kaldi data dirs: a folder tree (one subfolder per speaker) or a CSV list ->
+`train/` and `test/` with a speaker-disjoint split, and a balanced trial list for `test/`.
+
+    speakerlab-folder --root DIR --data OUT [--test-speakers 0.1] [--trials 20000]
+    speakerlab-folder --csv FILE --data OUT [...]
+
+Input:
+  --root DIR  DIR/<speaker>/**/<file>: the first folder level names the speaker; anything below it is
+              free. With --folder-sessions the folder right below the speaker is the session
+              (DIR/<speaker>/<session>/**/<file>, e.g. one folder per recording day or video).
+  --csv FILE  rows `path,speaker[,session]` (tab-separated when FILE ends in .tsv); a first row starting
+              `path,` is a header; relative paths are relative to FILE's folder.
+Audio: whatever soundfile reads (wav, flac, ogg, mp3, ...), any sample rate and channel count. Every
+file is decoded once (--jobs processes) and left out, with its reason, when it is unreadable, empty,
+shorter than --min-seconds, holds NaN/inf samples, or is all zeros; files that are not audio by their
+extension are left out too. A speaker left with fewer than --min-utts files is left out. Every
+left-out file gets a line `<path>: left out: <why>` in OUT/report.txt and the counts are printed:
+nothing is dropped silently. WAV and FLAC at --sample-rate, mono, are used where they are; anything
+else is converted to 16-bit WAV at --sample-rate (first channel kept: a `kept: ...` report line says
+so) under OUT/audio/. A file whose path cannot be written in a list (whitespace, not UTF-8) is linked
+from there.
+
+Output under OUT:
+  train/, test/   wav.scp, utt2spk, spk2utt, utt2num_samples (+ utt2sess with sessions); test/trials
+                  (`enrol test target|nontarget`)
+  sources.csv     utt,set,path,speaker,session: where every utterance came from
+  report.txt      every input file that is not used, and why
+Ids: a speaker's id is its name when that is made of [A-Za-z0-9_] (64 at most) and no other name
+cleans to it; otherwise the cleaned name plus `_` and 8 hex digits of the name's SHA-1. Utterance ids
+are `<speaker id>-<path below the speaker folder, / as ->` (CSV: the file name), cleaned the same way
+(also `.` and `-` allowed). Spaces, unicode and equal file names in different folders all get
+distinct, list-safe ids.
+
+Split: --test-speakers N (a count) or a fraction in (0, 1), at least 2, drawn with --seed. Trials:
+--trials N, half target (two utterances of a test speaker; from different sessions when sessions are
+given) and as many nontarget (two speakers), drawn without repetition; when fewer target pairs exist
+all of them are used, with as many nontarget ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import os
+import re
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import soundfile as sf
+
+from speakerlab.dataio.lists import ListError, write_table
+from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
+from speakerlab.datasets.download import log
+from speakerlab.datasets.filecheck import check_all
+from speakerlab.datasets.split import make_trials, split_speakers
+
+MAX_ID = 64  # characters of a cleaned name kept in an id
+_SPEAKER_BAD = re.compile(r"[^A-Za-z0-9_]+")
+_UTT_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def audio_extensions() -> Tuple[str, ...]:
+    """File extensions of the formats this soundfile reads (`.wav`, `.flac`, `.ogg`, `.mp3`, ...)."""
+    ext = {f".{f.lower()}" for f in sf.available_formats()} | {".wav", ".flac", ".ogg", ".oga", ".opus", ".aif"}
+    return tuple(sorted(ext))
+
+
+@dataclass
+class Item:
+    """One input file: `path` absolute, `speaker` and `session` as the user named them, `name` the
+    utterance part of its id before cleaning."""
+
+    path: str
+    speaker: str
+    session: str
+    name: str
+
+
+# ---------------------------------------------------------------- input
+
+
+def scan_tree(root, folder_sessions: bool, exclude: Optional[Path] = None) -> Tuple[List[Item], List[str]]:
+    """`root/<speaker>/**/<file>` -> (audio items, report lines of the files left out). Links to folders
+    are followed (each real folder once); `exclude` (the output dir) is not entered."""
+    root = require_dir(root)
+    exts = audio_extensions()
+    items, report, seen = [], [], set()
+    skip = os.path.realpath(exclude) if exclude is not None else None
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen or os.path.realpath(dirpath) == skip:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames.sort()
+        rel_dir = Path(dirpath).relative_to(root).parts
+        for f in sorted(filenames):
+            path = os.path.join(os.path.abspath(dirpath), f)
+            if not rel_dir:
+                report.append(f"{path}: left out: not in a speaker folder")
+            elif os.path.splitext(f)[1].lower() not in exts:
+                report.append(f"{path}: left out: not an audio file (by its extension)")
+            else:
+                below = [*rel_dir[1:], os.path.splitext(f)[0]]
+                session = rel_dir[1] if folder_sessions and len(rel_dir) > 1 else ""
+                items.append(Item(path, rel_dir[0], session, "-".join(below)))
+    return items, report
+
+
+def read_csv(path) -> Tuple[List[Item], bool]:
+    """`path,speaker[,session]` rows -> (items, whether sessions are given). Malformed rows and a path
+    listed twice raise DatasetError naming FILE:LINE."""
+    path = require_file(path)
+    base = path.parent.resolve()
+    items: List[Item] = []
+    first_line: Dict[str, int] = {}
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            for row in reader:
+                lineno = reader.line_num
+                fields = [x.strip() for x in row]
+                if not any(fields) or (not items and fields[0].lower() == "path"):
+                    continue  # a blank line, or the header
+                where = f"{path}:{lineno}"
+                if len(fields) not in (2, 3):
+                    raise DatasetError(f"{where}: expected path,speaker[,session], got {len(fields)} fields: {row!r}")
+                if not fields[0] or not fields[1]:
+                    raise DatasetError(f"{where}: empty {'path' if not fields[0] else 'speaker'}: {row!r}")
+                p = os.path.normpath(os.path.join(base, os.path.expanduser(fields[0])))
+                if p in first_line:
+                    raise DatasetError(f"{where}: {p} is listed twice (first on line {first_line[p]})")
+                first_line[p] = lineno
+                session = fields[2] if len(fields) == 3 else ""
+                items.append(Item(p, fields[1], session, os.path.splitext(os.path.basename(p))[0]))
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise DatasetError(f"{path}:{reader.line_num}: {e}") from None
+    if not items:
+        raise DatasetError(f"{path}: no rows")
+    return items, any(it.session for it in items)
+
+
+# ---------------------------------------------------------------- ids
+
+
+def safe_ids(names: Dict[str, str], bad: re.Pattern) -> Dict[str, str]:
+    """{key: name} -> {key: id}: the name when it has no `bad` character, fits MAX_ID and no other name
+    cleans to it; else the cleaned name + `_` + 8 hex digits of the key's SHA-1 (keys are unique)."""
+    cleaned = {k: bad.sub("_", n).strip("_")[:MAX_ID] for k, n in names.items()}
+    count = Counter(cleaned.values())
+    ids = {}
+    for k, n in names.items():
+        c = cleaned[k]
+        ok = c == n and count[c] == 1 and c
+        ids[k] = c if ok else f"{c or 'id'}_{hashlib.sha1(k.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
+    clash = [i for i, n in Counter(ids.values()).items() if n > 1]
+    if clash:  # a clean name that equals another's hashed id: astronomically unlikely, but never silent
+        raise DatasetError(f"two inputs map to the id {clash[0]!r}; rename one of them")
+    return ids
+
+
+def assign_ids(items: Sequence[Item]) -> Tuple[Dict[str, str], List[str]]:
+    """(speaker name -> speaker id, utterance id of each item)."""
+    spk_ids = safe_ids({s: s for s in sorted({it.speaker for it in items})}, _SPEAKER_BAD)
+    utt = [""] * len(items)
+    by_spk: Dict[str, List[int]] = defaultdict(list)
+    for i, it in enumerate(items):
+        by_spk[it.speaker].append(i)
+    for spk, idx in by_spk.items():
+        parts = safe_ids({items[i].path: items[i].name for i in idx}, _UTT_BAD)
+        for i in idx:
+            utt[i] = f"{spk_ids[spk]}-{parts[items[i].path]}"
+    return spk_ids, utt
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def _test_speakers(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < 1 or (value >= 2 and value == int(value))):
+        raise argparse.ArgumentTypeError(f"must be a count >= 2 or a fraction in (0, 1), got {text!r}")
+    return value
+
+
+def _counts(lines: Iterable[str]) -> str:
+    """'unreadable 2, too short 5' from report lines `<path>: left out: <reason> (...)`."""
+    reasons = Counter(line.split(": left out: ", 1)[1].split(" (")[0] for line in lines if ": left out: " in line)
+    return ", ".join(f"{r} {n}" for r, n in sorted(reasons.items()))
+
+
+def prepare(
+    out,
+    root=None,
+    csv_path=None,
+    test_speakers: float = 0.1,
+    trials: int = 20000,
+    min_seconds: float = 1.0,
+    min_utts: int = 2,
+    sample_rate: int = 16000,
+    folder_sessions: bool = False,
+    seed: int = 0,
+    jobs: int = 4,
+) -> None:
+    """Write OUT/{train,test} (see the module docstring) from `root` (a folder tree) or `csv_path`."""
+    out = Path(out).resolve()
+    if root is not None:
+        items, report = scan_tree(root, folder_sessions, exclude=out)
+        sessions_given = folder_sessions
+        if not items:
+            raise DatasetError(f"{root}: no audio files in speaker folders (expected {root}/<speaker>/<file>)")
+    else:
+        (items, sessions_given), report = read_csv(csv_path), []
+    spk_ids, utt_ids = assign_ids(items)
+    audio = out / "audio"
+    audio.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    results = check_all([(it.path, str(audio / u), sample_rate, min_seconds) for it, u in zip(items, utt_ids)], jobs)
+    for it, r in zip(items, results):
+        if r.problem:
+            report.append(f"{it.path}: {r.problem}")
+        elif r.note:
+            report.append(f"{it.path}: {r.note}")
+    kept = _enough_per_speaker(items, results, set(spk_ids), min_utts, report)
+    _remove_stale(audio, {results[i].use for i in kept})
+    how = Counter(results[i].how for i in kept)
+    left = sum(": left out: " in line for line in report)
+    log(
+        f"{len(kept) + left} files, {len(items)} of them audio, read in {time.time() - t0:.0f} s: {len(kept)} used "
+        f"({how['as is']} as they are, {how['converted']} converted to {sample_rate} Hz mono WAV, {how['linked']} "
+        f"linked under {audio}), {left} left out ({_counts(report) or 'none'}); see {out / 'report.txt'}"
+    )
+    _write_lines(out / "report.txt", sorted(report))
+    by_spk: Dict[str, List[int]] = defaultdict(list)
+    for i in kept:
+        by_spk[spk_ids[items[i].speaker]].append(i)
+    train_spk, test_spk = split_speakers(sorted(by_spk), test_speakers, seed)
+    sessions = None
+    if sessions_given:  # list-safe session ids, as for speakers
+        session_ids = safe_ids({s: s or "none" for s in {items[i].session for i in kept}}, _UTT_BAD)
+        sessions = {utt_ids[i]: session_ids[items[i].session] for i in kept}
+    for name, speakers in (("train", train_spk), ("test", test_spk)):
+        idx = [i for s in speakers for i in by_spk[s]]
+        d = out / name
+        write_data_dir(
+            d, {utt_ids[i]: results[i].use for i in idx}, {utt_ids[i]: spk_ids[items[i].speaker] for i in idx}
+        )
+        write_table(d / "utt2num_samples", sorted((utt_ids[i], results[i].samples) for i in idx))
+        if sessions is not None:
+            write_table(d / "utt2sess", sorted((utt_ids[i], sessions[utt_ids[i]]) for i in idx))
+    spk2utt = {s: sorted(utt_ids[i] for i in by_spk[s]) for s in test_spk}
+    rows, note = make_trials(spk2utt, sessions, trials, seed)
+    if note:
+        log(f"trials: {note}")
+    write_table(out / "test" / "trials", ((a, (b, "target" if t else "nontarget")) for a, b, t in rows))
+    n_target = sum(t for _, _, t in rows)
+    log(f"{out / 'test' / 'trials'}: {len(rows)} trials ({n_target} target{', cross-session' if sessions else ''})")
+    _write_sources(out / "sources.csv", items, utt_ids, kept, set(i for s in test_spk for i in by_spk[s]))
+
+
+def _enough_per_speaker(items, results, speakers: set, min_utts: int, report: List[str]) -> List[int]:
+    """Indices of the usable files of speakers with at least `min_utts` of them; the others' files get
+    report lines, and every speaker left out is said."""
+    usable: Dict[str, List[int]] = defaultdict(list)
+    for i, r in enumerate(results):
+        if not r.problem:
+            usable[items[i].speaker].append(i)
+    for spk in sorted(speakers - set(usable)):
+        log(f"speaker {spk!r}: no usable file; left out")
+    kept = []
+    for spk, idx in sorted(usable.items()):
+        if len(idx) >= min_utts:
+            kept += idx
+            continue
+        log(f"speaker {spk!r}: {len(idx)} usable file(s), fewer than --min-utts {min_utts}; left out")
+        why = f"left out: speaker with too few files ({spk!r}: {len(idx)} < --min-utts {min_utts})"
+        report.extend(f"{items[i].path}: {why}" for i in idx)
+    return kept
+
+
+def _write_lines(path: Path, lines: Sequence[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, path)
+
+
+def _write_sources(path: Path, items: Sequence[Item], utt_ids: Sequence[str], kept, test) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
+        w = csv.writer(f)
+        w.writerow(["utt", "set", "path", "speaker", "session"])
+        for i in sorted(kept, key=lambda i: utt_ids[i]):
+            it = items[i]
+            w.writerow([utt_ids[i], "test" if i in test else "train", it.path, it.speaker, it.session])
+    os.replace(tmp, path)
+
+
+def _remove_stale(audio: Path, used: set) -> None:
+    """Conversions and links of an earlier run that this one does not use (a file since removed)."""
+    for p in audio.iterdir():
+        if str(p) not in used:
+            p.unlink()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="speakerlab-folder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--root", help="folder tree DIR/<speaker>/**/<audio file>")
+    src.add_argument("--csv", help="CSV (or .tsv) with rows path,speaker[,session]")
+    ap.add_argument("--data", required=True, help="output folder: train/, test/, report.txt, sources.csv, audio/")
+    ap.add_argument("--test-speakers", type=_test_speakers, default=0.1, help="count (>= 2) or fraction in (0, 1)")
+    ap.add_argument("--trials", type=int, default=20000, help="trials of test/trials, half of them target")
+    ap.add_argument("--min-seconds", type=float, default=1.0, help="shorter files are left out")
+    ap.add_argument("--min-utts", type=int, default=2, help="speakers with fewer usable files are left out")
+    ap.add_argument("--sample-rate", type=int, default=16000, help="rate of the lists; other rates are converted")
+    ap.add_argument("--folder-sessions", action="store_true", help="the folder below each speaker is a session")
+    ap.add_argument("--seed", type=int, default=0, help="of the speaker split and the trials")
+    ap.add_argument("--jobs", type=int, default=4, help="processes reading (and converting) the audio")
+    args = ap.parse_args(argv)
+    for name in ("trials", "min_utts", "jobs"):
+        if getattr(args, name) < (2 if name != "jobs" else 1):
+            ap.error(f"--{name.replace('_', '-')} must be >= {2 if name != 'jobs' else 1}, got {getattr(args, name)}")
+    if args.folder_sessions and args.csv:
+        ap.error("--folder-sessions goes with --root (a CSV gives sessions in its third column)")
+    try:
+        prepare(
+            args.data,
+            root=args.root,
+            csv_path=args.csv,
+            test_speakers=args.test_speakers,
+            trials=args.trials,
+            min_seconds=args.min_seconds,
+            min_utts=args.min_utts,
+            sample_rate=args.sample_rate,
+            folder_sessions=args.folder_sessions,
+            seed=args.seed,
+            jobs=args.jobs,
+        )
+    except (DatasetError, ListError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
