@@ -170,10 +170,15 @@ def resolve_model(cfg: Config) -> InitSource:
     theirs = dict(src.model_args)
     if src.kind != "3dspeaker":
         theirs = {**builder_defaults(src.model_name), **theirs}
-    for key, value in model.args.items():
+    ours = dict(model.args)
+    if "pretrained" in theirs and theirs["pretrained"] is None:
+        # An SSL checkpoint stores its encoder's config, not the directory it was first read from: the weights
+        # come from the checkpoint, the config's directory is not read.
+        ours.pop("pretrained", None)
+    for key, value in ours.items():
         if key in theirs and _plain(value) != _plain(theirs[key]):
             raise conflict(f"model.args.{key}", value, _plain(theirs[key]))
-    model.name, model.args = src.model_name, {**src.model_args, **model.args}
+    model.name, model.args = src.model_name, {**src.model_args, **ours}
     if model_args_problems(model.name, model.args):
         return src  # the caller names the key
     _check_features(cfg, src)
@@ -200,7 +205,13 @@ def _check_features(cfg: Config, src: InitSource) -> None:
     have = feature_spec(cfg.features, cfg.data.sample_rate)
     feat_dim = {**builder_defaults(cfg.model.name), **cfg.model.args}.get("feat_dim", have.feat_dim)
     pairs = [("features.num_mel_bins", have.feat_dim, feat_dim, "model.args.feat_dim")]
-    if src.features is not None:
+    if src.features is not None and (have.kind != "kaldi_fbank" or src.features.kind != "kaldi_fbank"):
+        if have != src.features:  # other front-end kinds: the whole spec must agree
+            raise ConfigError(
+                f"config key features: {have} in the config, {src.features} in {src.path} (the features the "
+                "model was trained on)"
+            )
+    elif src.features is not None:
         trained = "the features the model was trained on"
         a, b = have.fbank, src.features.fbank
         pairs += [
@@ -234,6 +245,9 @@ def initialise(run) -> None:
     speakerlab.train.build.Run (not imported: build imports this module to resolve the config)."""
     cfg = run.cfg
     src = read_source(cfg.train.init, cfg.train.init_3dspeaker)
+    if src.model_args.get("lora") and not cfg.model.args.get("lora"):
+        src = _merge_lora(src)
+        run.monitor.log(f"{src.path}: LoRA adapters merged into the encoder weights")
     run.raw.model.load_state_dict(src.weights)
     clf = run.raw.classifier
     if src.classifier is not None and src.speakers == run.speakers and src.loss == cfg.loss.name:

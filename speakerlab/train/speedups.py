@@ -35,7 +35,10 @@ class CompiledModel:
         self, model: nn.Module, mode: str, setting: str, fallback: bool, log: Callable[[str], None], backend="inductor"
     ):
         self.model, self.setting, self.fallback, self.log = model, setting, fallback, log
-        self.call = torch.compile(model, mode=None if mode == "default" else mode, backend=backend)
+        # Static shapes: training crops have one length, so a new shape (another micro-batch size) is a rare
+        # recompile; automatic dynamic shapes instead hit an inductor error on this model zoo (torch 2.13:
+        # "cannot determine truth value of Relational" on a symbolic batch size).
+        self.call = torch.compile(model, mode=None if mode == "default" else mode, backend=backend, dynamic=False)
         self.checked = False
 
     def __call__(self, feats: torch.Tensor) -> torch.Tensor:
