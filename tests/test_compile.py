@@ -53,7 +53,7 @@ class Broken(RuntimeError):
 
 
 def test_a_compile_failure_is_an_error_naming_the_setting_or_with_auto_a_logged_fallback(monkeypatch):
-    def failing_compile(model, mode=None, backend=None):
+    def failing_compile(model, mode=None, backend=None, dynamic=None):
         def call(x):
             raise Broken("InductorError: C++ compile error\nmore lines")
 
