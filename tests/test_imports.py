@@ -26,6 +26,9 @@ LAYERS: Dict[str, Set[str]] = {
     "checkpoint": {"features", "models"},
     "scoring": {"dataio"},
     "inference": {"checkpoint", "features", "models", "dataio", "scoring", "devices"},
+    # Diarization consumes embedders as scoring consumes embeddings: inference's Embedder, audio and lists
+    # of dataio; nothing of the training side.
+    "diarization": {"inference", "dataio"},
     "train": {"config", "settings", "devices", "dataio", "features", "models", "checkpoint", "inference", "scoring"},
     "datasets": {"dataio"},
     "synth": {"dataio"},
