@@ -20,6 +20,7 @@ from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.rttm import Turn, read_rttm
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cli import run
+from speakerlab.diarization.cluster import cluster
 from speakerlab.diarization.der import der
 from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import FeatureSpec
@@ -116,11 +117,13 @@ def test_one_speaker_alone_is_one_speaker(shape_embedder, talks):
 @pytest.mark.parametrize("method", ["spectral", "ahc"])
 def test_the_speaker_count_options_are_honoured(shape_embedder, talks, method):
     _, wave, _ = talks["three"]
-    diarizer = Diarizer(shape_embedder, make_vad("energy"), DiarizeOptions(method=method))
+    emb = Diarizer(shape_embedder, make_vad("energy")).diarize(wave, SR).embeddings  # 3 speakers' sub-segments
     for n in (1, 2, 4, 5):
-        assert len(diarizer.diarize(wave, SR, SpeakerCount.exactly(n)).speakers) == n
-    assert len(diarizer.diarize(wave, SR, SpeakerCount(min=5, max=8)).speakers) >= 5
-    assert len(diarizer.diarize(wave, SR, SpeakerCount(max=2)).speakers) <= 2
+        labels = cluster(emb, SpeakerCount.exactly(n), method)
+        assert sorted(set(labels)) == list(range(n)) and labels[0] == 0
+    assert len(set(cluster(emb, SpeakerCount(min=5, max=8), method))) >= 5
+    assert len(set(cluster(emb, SpeakerCount(max=2), method))) <= 2
+    assert len(set(cluster(emb, SpeakerCount.exactly(len(emb) + 3), method))) == len(emb)  # each its own
 
 
 def test_the_same_input_gives_the_same_output(shape_embedder, talks):
