@@ -177,7 +177,7 @@ def test_voxconverse_without_audio_says_what_to_extract(tmp_path, capsys):
 def run_recipe(name: str, *args, env=None, timeout=1800):
     r = subprocess.run(
         ["bash", str(REPO / "egs" / name / "run.sh"), *map(str, args)],
-        env=env or recipe_env(OMP_NUM_THREADS="2"),
+        env=env or recipe_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -8,8 +8,8 @@ seconds, sorted and disjoint.
 Silero runs the package's sequence ONNX model (`silero_vad_16k_sequence.onnx`: every 32 ms frame of a
 block in one onnxruntime call, the same probabilities as the frame-by-frame model) and the package's own
 threshold / hangover logic (`get_speech_timestamps_from_probs` via `get_speech_timestamps_sequence`).
-Measured on the 2-core machine: 0.6 s per minute of audio against 4-10 s for the TorchScript model's
-frame loop (bench/RESULTS.md, "Diarization"). Importing `silero_vad` sets torch's thread count to 1 as a
+Measured on the loaded 2-core machine: 0.62 s per minute of audio against 7.2 s for the TorchScript
+model's frame loop, the same speech found (bench/diarization_vad.py; bench/RESULTS.md, "Diarization"). Importing `silero_vad` sets torch's thread count to 1 as a
 side effect; `SileroVad` puts the caller's count back.
 
 Both detectors are stateless between calls (onnxruntime sessions may be run from several threads at
