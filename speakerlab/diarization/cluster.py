@@ -132,7 +132,7 @@ def cluster(
     seed: int = 0,
     pruning: float = 0.1,
     threshold: float = 0.5,
-    merge_cosine: Optional[float] = 0.8,
+    merge_cosine: Optional[float] = 0.7,
 ) -> np.ndarray:
     """`(N, D)` embeddings -> `(N,)` labels 0..k-1 in order of first appearance, with k within `count`
     (and at most N). `method`: spectral or ahc; `pruning` is spectral's, `threshold` ahc's;

@@ -47,7 +47,7 @@ class DiarizeOptions:
     method: str = "spectral"
     pruning: float = 0.1
     threshold: float = 0.5
-    merge_cosine: Optional[float] = 0.8
+    merge_cosine: Optional[float] = 0.7
     seed: int = 0
 
     def __post_init__(self):
