@@ -17,7 +17,7 @@ from pathlib import Path
 
 from speakerlab.dataio.lists import read_wav_scp
 from speakerlab.dataio.rttm import read_rttm, read_uem
-from speakerlab.diarization import Diarizer, DiarizeOptions, SpeakerCount, make_vad
+from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cluster import cluster
 from speakerlab.diarization.der import count_agreement, der
 from speakerlab.diarization.pipeline import labels_to_turns, subsegments

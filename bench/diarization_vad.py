@@ -47,7 +47,7 @@ def main() -> None:
         ("silero TorchScript frame loop", torchscript_silero()),
         ("energy", EnergyVad()),
     ):
-        detect(waves[0][: VAD_RATE])  # load the model outside the timing
+        detect(waves[0][:VAD_RATE])  # load the model outside the timing
         t0 = time.perf_counter()
         found = [detect(w) for w in waves]
         spent = time.perf_counter() - t0

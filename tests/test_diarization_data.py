@@ -141,6 +141,17 @@ def test_conversations_have_the_asked_speakers_and_overlap_and_are_reproducible(
     assert overlap > 1.0
 
 
+def test_a_one_speaker_conversation_is_a_monologue_without_overlap(tmp_path, corpus):
+    args = ["--data", str(corpus / "test"), "--out", str(tmp_path / "m"), "--num-conversations", "2"]
+    assert (
+        conversations_main([*args, "--min-speakers", "1", "--max-speakers", "1", "--overlap", "1", "--duration", "12"])
+        == 0
+    )
+    for turns in read_rttm(tmp_path / "m" / "rttm").values():
+        assert len({t.speaker for t in turns}) == 1 and len(turns) > 2
+        assert all(a.end <= b.start for a, b in zip(turns, turns[1:]))
+
+
 def test_conversations_need_enough_speakers(tmp_path, corpus, capsys):
     args = ["--data", str(corpus / "test"), "--out", str(tmp_path / "c"), "--min-speakers", "5", "--max-speakers", "6"]
     assert conversations_main(args) == 2

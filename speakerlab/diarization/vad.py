@@ -9,8 +9,9 @@ Silero runs the package's sequence ONNX model (`silero_vad_16k_sequence.onnx`: e
 block in one onnxruntime call, the same probabilities as the frame-by-frame model) and the package's own
 threshold / hangover logic (`get_speech_timestamps_from_probs` via `get_speech_timestamps_sequence`).
 Measured on the loaded 2-core machine: 0.62 s per minute of audio against 7.2 s for the TorchScript
-model's frame loop, the same speech found (bench/diarization_vad.py; bench/RESULTS.md, "Diarization"). Importing `silero_vad` sets torch's thread count to 1 as a
-side effect; `SileroVad` puts the caller's count back.
+model's frame loop, the same speech found (bench/diarization_vad.py; bench/RESULTS.md, "Diarization").
+Importing `silero_vad` sets torch's thread count to 1 as a side effect; `SileroVad` puts the caller's
+count back.
 
 Both detectors are stateless between calls (onnxruntime sessions may be run from several threads at
 once), so one detector serves concurrent diarizations.

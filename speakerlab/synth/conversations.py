@@ -99,7 +99,7 @@ def conversation(source: Source, index: int, args, noises: List[Path]) -> Tuple[
     placed: List[Tuple[int, np.ndarray, str]] = []
     t, last, current, misses = lead, None, int(SR * lead), 0
     while t < args.duration or len({s for _, _, s in placed}) < k:
-        others = [i for i in range(k) if speakers[i] != last]
+        others = [i for i in range(k) if speakers[i] != last] or [0]  # a monologue when k is 1
         p = share[others] / share[others].sum()
         spk = speakers[others[int(g.choice(len(others), p=p))]] if len(placed) >= k else speakers[len(placed)]
         if not queue[spk]:
@@ -113,7 +113,7 @@ def conversation(source: Source, index: int, args, noises: List[Path]) -> Tuple[
             continue
         misses = 0
         x = x * 10 ** ((level[spk] + g.uniform(-1.0, 1.0) - rms_db(x)) / 20)
-        if placed and g.random() < args.overlap:
+        if placed and g.random() < args.overlap and spk != last:  # nobody talks over themselves
             before = placed[-1][1]
             start = current - int(SR * g.uniform(0.2, max(0.2, min(1.5, 0.5 * len(before) / SR, 0.5 * len(x) / SR))))
         else:
