@@ -92,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="speakerlab-diarize",
         description="Who spoke when: audio files or a wav.scp -> RTTM (and JSON).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="docs/diarization.md: the steps, the options, the bad-input catalogue, DER.",
     )
     ap.add_argument("audio", nargs="*", help="audio files (any rate; the first channel of several)")
     ap.add_argument("--wav-scp", help="'<recording> <path>' lines instead of files")
@@ -100,31 +100,49 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rttm", help="write the RTTM here (default: stdout)")
     ap.add_argument("--json", help="also write a JSON of segments, speech and centroids here")
     ap.add_argument("--embeddings", action="store_true", help="the JSON also holds every sub-segment's embedding")
-    ap.add_argument("--vad", choices=(*VADS, "oracle"), default="silero", help="speech detection; oracle: --segments")
+    ap.add_argument(
+        "--vad",
+        choices=(*VADS, "oracle"),
+        default="silero",
+        help="speech detection; oracle: --segments (default %(default)s)",
+    )
     ap.add_argument("--segments", help="oracle speech: an RTTM (its turns' union) or a Kaldi segments file")
     n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
     n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
-    n.add_argument("--min-speakers", type=int, default=1)
-    n.add_argument("--max-speakers", type=int, default=20)
+    n.add_argument("--min-speakers", type=int, default=1, help="(default %(default)s)")
+    n.add_argument("--max-speakers", type=int, default=20, help="(default %(default)s)")
     n.add_argument("--reco2num-spk", metavar="FILE", help="'<recording> <count>' lines: each recording's own count")
     d = DiarizeOptions()
-    ap.add_argument("--window", type=float, default=d.window, help="sub-segment length, seconds")
-    ap.add_argument("--hop", type=float, default=d.hop, help="sub-segment step, seconds")
-    ap.add_argument("--clustering", choices=METHODS, default=d.method)
-    ap.add_argument("--pruning", type=float, default=d.pruning, help="spectral: fraction of affinities kept per row")
+    ap.add_argument("--window", type=float, default=d.window, help="sub-segment length, seconds (default %(default)s)")
+    ap.add_argument("--hop", type=float, default=d.hop, help="sub-segment step, seconds (default %(default)s)")
+    ap.add_argument("--clustering", choices=METHODS, default=d.method, help="(default %(default)s)")
     ap.add_argument(
-        "--threshold", type=float, default=d.threshold, help="ahc: cosine distance where clusters stop joining"
+        "--pruning",
+        type=float,
+        default=d.pruning,
+        help="spectral: fraction of affinities kept per row (default %(default)s)",
+    )
+    ap.add_argument(
+        "--threshold",
+        type=float,
+        default=d.threshold,
+        help="ahc: cosine distance where clusters stop joining (default %(default)s)",
     )
     ap.add_argument(
         "--merge-cosine",
         type=float,
         default=d.merge_cosine,
-        help="estimated counts: merge speakers whose centroids' cosine exceeds this (1: never)",
+        help="estimated counts: merge speakers whose centroids' cosine exceeds this (1: never; default %(default)s)",
     )
     ap.add_argument(
-        "--seed", type=int, default=d.seed, help="k-means seed: the same input and seed give the same output"
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="k-means seed: the same input and seed give the same output (default %(default)s)",
     )
-    ap.add_argument("--batch-size", type=int, default=d.batch_size, help="sub-segments per model call")
+    ap.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help="sub-segments per model call (default %(default)s)"
+    )
     return ap
 
 

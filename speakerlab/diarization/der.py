@@ -125,7 +125,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="speakerlab-der",
         description="DER (missed, false alarm, confusion) of RTTMs against a reference, with pyannote.metrics.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("--ref", required=True, help="reference RTTM")
     ap.add_argument("--hyp", action="append", required=True, metavar="[NAME=]RTTM", help="a system's RTTM (repeatable)")
