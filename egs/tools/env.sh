@@ -5,8 +5,11 @@
 #   2. else <repo>/.venv when it exists;
 #   3. else a `python3` on PATH that is itself a virtualenv's and has torch (a container's own
 #      environment, e.g. a GPU image's /opt/.../.venv) is used like an active one;
-#   4. otherwise <repo>/.venv is created. torch==2.13.0 is pinned there because a bare `torch`
-#      requirement would pull the newest build with several GB of CUDA packages.
+#   4. otherwise <repo>/.venv is created. torch==2.13.0 is pinned there (a bare `torch` would take the
+#      newest release). From PyPI on Linux that is the CUDA build, with several GB of CUDA packages; for
+#      the CPU build, create the venv and install torch into it first, from PyTorch's CPU index
+#      (`python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 --index-url
+#      https://download.pytorch.org/whl/cpu`) or from a local wheel: a torch that is there is kept.
 # Recipes need requirements.txt; tests/run.sh sets SPEAKERLAB_REQUIREMENTS=requirements-test.txt
 # (pytest, scipy, onnx, ruff on top). pip runs only for requirements that are missing or too old
 # (egs/tools/missing_requirements.py), so a machine that has everything never calls it.
