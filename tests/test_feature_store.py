@@ -109,7 +109,7 @@ def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):
     spec = FeatureSpec(FbankConfig(), mean_norm=True)
     from_audio = validation.validation_eer(model, spec, str(val), torch.device("cpu"))
     assert main(["--data", str(val)]) == 0
-    from speakerlab.inference import extract
+    from speakerlab.inference import units
 
-    monkeypatch.setattr(extract, "AudioUnits", None)  # no audio may be read when the store fits
+    monkeypatch.setattr(units, "AudioUnits", None)  # no audio may be read when the store fits
     assert validation.validation_eer(model, spec, str(val), torch.device("cpu")) == pytest.approx(from_audio)

@@ -33,6 +33,7 @@ import numpy as np
 
 from speakerlab.config import AUGMENT_KINDS
 from speakerlab.dataio.audio import AudioError, audio_info, sf
+from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import ListError, read_wav_scp
 
 KINDS = AUGMENT_KINDS
@@ -238,12 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     ap.add_argument("--sample-rate", type=int, default=16000)
     args = ap.parse_args(argv)
-    try:
-        build_bank(args.lists, args.out or Path(args.lists) / "bank", args.kinds, args.sample_rate)
-    except (ListError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    out = args.out or Path(args.lists) / "bank"
+    return run_command(lambda: build_bank(args.lists, out, args.kinds, args.sample_rate), (ListError, ValueError))
 
 
 if __name__ == "__main__":

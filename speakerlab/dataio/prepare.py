@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict
 
 from speakerlab.dataio.audio import AudioError, audio_info
+from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, write_table
 from speakerlab.dataio.trials import IdIndex, read_trial_list
 
@@ -66,13 +67,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-rate", type=int, default=16000)
     ap.add_argument("--jobs", type=int, default=4)
     args = ap.parse_args(argv)
-    try:
+
+    def work():
         for d in args.data:
             print(f"prepare: {prepare(d, args.sample_rate, args.jobs)}", file=sys.stderr)
-    except ListError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_command(work)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from torch.utils.data import IterableDataset
 
 from speakerlab.dataio.audio import audio_info, read_crop_int16
 from speakerlab.dataio.batches import CropDataset, check_split, collate
+from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 from speakerlab.dataio.prepare import index_lengths
 
@@ -371,14 +372,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.shard_mb <= 0 or (args.per_shard is not None and args.per_shard < 1):
         ap.error("--shard-mb must be > 0 and --per-shard >= 1")
-    try:
-        out = args.out or str(Path(args.data) / "shards")
-        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-        write_shards(args.data, out, args.shard_mb, args.per_shard, args.seed, args.sample_rate, log)
-    except (ListError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    out = args.out or str(Path(args.data) / "shards")
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    return run_command(
+        lambda: write_shards(args.data, out, args.shard_mb, args.per_shard, args.seed, args.sample_rate, log),
+        (ListError, ValueError),
+    )
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import soundfile as sf
 
+from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
@@ -321,8 +322,14 @@ def main(argv=None) -> int:
     )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--root", help="folder tree DIR/<speaker>/**/<audio file>")
-    src.add_argument("--csv", help="CSV (or .tsv) with rows path,speaker[,session]")
-    ap.add_argument("--data", required=True, help="output folder: train/, test/, report.txt, sources.csv, audio/")
+    src.add_argument("--csv", dest="csv_path", metavar="CSV", help="CSV (or .tsv) with rows path,speaker[,session]")
+    ap.add_argument(
+        "--data",
+        dest="out",
+        metavar="DATA",
+        required=True,
+        help="output folder: train/, test/, report.txt, sources.csv, audio/",
+    )
     ap.add_argument("--test-speakers", type=_test_speakers, default=0.1, help="count (>= 2) or fraction in (0, 1)")
     ap.add_argument("--trials", type=int, default=20000, help="trials of test/trials, half of them target")
     ap.add_argument("--min-seconds", type=float, default=1.0, help="shorter files are left out")
@@ -335,26 +342,10 @@ def main(argv=None) -> int:
     for name in ("trials", "min_utts", "jobs"):
         if getattr(args, name) < (2 if name != "jobs" else 1):
             ap.error(f"--{name.replace('_', '-')} must be >= {2 if name != 'jobs' else 1}, got {getattr(args, name)}")
-    if args.folder_sessions and args.csv:
+    if args.folder_sessions and args.csv_path:
         ap.error("--folder-sessions goes with --root (a CSV gives sessions in its third column)")
-    try:
-        prepare(
-            args.data,
-            root=args.root,
-            csv_path=args.csv,
-            test_speakers=args.test_speakers,
-            trials=args.trials,
-            min_seconds=args.min_seconds,
-            min_utts=args.min_utts,
-            sample_rate=args.sample_rate,
-            folder_sessions=args.folder_sessions,
-            seed=args.seed,
-            jobs=args.jobs,
-        )
-    except (DatasetError, ListError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    # Every option is a keyword of `prepare`, under the same name.
+    return run_command(lambda: prepare(**vars(args)), (DatasetError, ListError))
 
 
 if __name__ == "__main__":

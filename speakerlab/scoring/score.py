@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from speakerlab.dataio.command import run_command
 from speakerlab.dataio.embeddings import check_embeddings, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
@@ -350,12 +351,7 @@ def main(argv=None) -> int:
         output_prefixes(args.trials, args.out, args.names)
     except ValueError as e:
         ap.error(str(e))  # exit code 2, as for any bad argument
-    try:
-        run(args)
-    except ListError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(lambda: run(args))
 
 
 if __name__ == "__main__":
