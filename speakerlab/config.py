@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import yaml
 
@@ -166,6 +166,37 @@ class OptimSettings:
     layer_decay: float = setting(1.0, gt=0, le=1)
 
 
+# The parts a freeze rule may name (speakerlab.train.freeze finds their parameters).
+FREEZE_PARTS = ("trunk", "encoder")
+
+
+def _parts(v) -> Optional[str]:
+    if not v or len(set(v)) != len(v) or any(m not in FREEZE_PARTS for m in v):
+        return f"must list distinct parts among {', '.join(FREEZE_PARTS)}, got {v}"
+    return None
+
+
+def _until_epoch(v) -> Optional[str]:
+    if v == "end" or (isinstance(v, int) and v >= 0):
+        return None
+    return f"must be an epoch count >= 0 or end (the whole run), got {v!r}"
+
+
+@dataclass
+class FreezeRule:
+    """One rule of train.freeze: `modules` take no gradient from step 0 until exactly one bound."""
+
+    modules: List[str] = setting([], check=_parts)
+    until_epoch: Optional[Union[int, str]] = setting(None, check=_until_epoch)  # the first this many epochs;
+    # end: the whole run
+    until_step: Optional[int] = setting(None, ge=0)  # the first this many optimizer steps
+
+
+def _encoder_rule(steps: int) -> Dict[str, Any]:
+    """The freeze rule of the retired train.freeze_encoder_steps (-1: the whole run)."""
+    return {"modules": ["encoder"], **({"until_epoch": "end"} if steps < 0 else {"until_step": steps})}
+
+
 @dataclass
 class TrainSettings:
     epochs: int = setting(10, ge=1)
@@ -183,10 +214,18 @@ class TrainSettings:
     init_3dspeaker: Optional[str] = None  # train.init is a 3D-Speaker state dict of this registered model (campplus)
     init_match_speakers: bool = False  # new speaker set: start the classifier rows of speakers the init checkpoint
     # also had (same id) from its classifier
-    freeze_epochs: int = setting(0, ge=0)  # with train.init: train only the classifier for this many epochs (the
-    # embedding model fixed, its BatchNorm statistics too), so the new classifier settles before the trunk moves
-    freeze_encoder_steps: int = setting(0, ge=-1)  # SSL models: the encoder stays frozen (back-end and head
-    # train) for the first this many optimizer steps; -1: the whole run
+    # Parts of the network that take no gradient from the start until a bound (speakerlab.train.freeze): a part
+    # is frozen while any rule naming it holds. trunk, the whole embedding model (with train.init: the new
+    # classifier settles before the pretrained trunk moves; BatchNorm statistics kept, dropout off); encoder, a
+    # self-supervised model's encoder (its back-end and the classifier train). E.g.
+    #   freeze: [{modules: [trunk], until_epoch: 1}, {modules: [encoder], until_step: 2000}]
+    freeze: List[FreezeRule] = setting([])
+
+    # Keys this section no longer takes -> (the new key, old value -> new value) (speakerlab.settings).
+    RENAMED: ClassVar[Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
+        "freeze_epochs": ("freeze", lambda n: [{"modules": ["trunk"], "until_epoch": n}] if n else []),
+        "freeze_encoder_steps": ("freeze", lambda n: [_encoder_rule(n)] if n else []),
+    }
 
 
 @dataclass
@@ -235,14 +274,10 @@ def _validate(cfg: Config) -> None:
     for key, value, needs in (
         ("train.init_3dspeaker", cfg.train.init_3dspeaker, "the 3D-Speaker state dict"),
         ("train.init_match_speakers", cfg.train.init_match_speakers, "the checkpoint whose classifier rows to copy"),
-        ("train.freeze_epochs", cfg.train.freeze_epochs, "the pretrained model to keep fixed"),
     ):
         if value and not cfg.train.init:
             raise ConfigError(f"config key '{key}' ({value}) needs train.init ({needs})")
-    if cfg.train.freeze_epochs > cfg.train.epochs:
-        raise ConfigError(
-            f"config key 'train.freeze_epochs' ({cfg.train.freeze_epochs}) must be <= train.epochs ({cfg.train.epochs})"
-        )
+    _validate_freeze(cfg)
     if not cfg.data.train:
         raise ConfigError("config key 'data.train' is required")
     if cfg.optim.min_lr > cfg.optim.lr:
@@ -263,6 +298,29 @@ def _validate(cfg: Config) -> None:
             f"config key 'augment.speed_factors' needs a factor other than 1 when "
             f"augment.speed_prob > 0, got {cfg.augment.speed_factors}"
         )
+
+
+def _validate_freeze(cfg: Config) -> None:
+    """Each train.freeze rule: exactly one bound, within train.epochs; a frozen trunk needs the pretrained
+    model to keep fixed. (A bound in steps beyond the run, or an encoder the model lacks, is known when the run
+    is built: speakerlab.train.freeze.)"""
+    for i, rule in enumerate(cfg.train.freeze):
+        key = f"train.freeze[{i}]"
+        if not rule.modules:
+            raise ConfigError(f"config key '{key}.modules' is required: parts among {', '.join(FREEZE_PARTS)}")
+        if (rule.until_epoch is None) == (rule.until_step is None):
+            both = "not both" if rule.until_epoch is not None else "one is required"
+            raise ConfigError(f"config key '{key}.until_epoch' or '{key}.until_step': give one bound ({both})")
+        if isinstance(rule.until_epoch, int) and rule.until_epoch > cfg.train.epochs:
+            raise ConfigError(
+                f"config key '{key}.until_epoch' ({rule.until_epoch}) must be <= train.epochs ({cfg.train.epochs}); "
+                "the whole run: end"
+            )
+        if "trunk" in rule.modules and not cfg.train.init:
+            raise ConfigError(
+                f"config key '{key}.modules' ({', '.join(rule.modules)}): trunk needs train.init (the pretrained "
+                "model to keep fixed)"
+            )
 
 
 def _validate_features(cfg: Config) -> None:

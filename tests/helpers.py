@@ -160,6 +160,19 @@ def save_tiny_encoder(directory: Path, model_type: str, seed: int = 0) -> Path:
     return directory
 
 
+def fit_watched(run, pre, post, max_steps=None) -> None:
+    """speakerlab.train.loop.fit on a built run (its monitor closed after), with `pre(optimizer, args, kwargs)` and
+    `post(...)` called before and after every optimizer update."""
+    from speakerlab.train.loop import fit
+
+    run.optimizer.register_step_pre_hook(pre)
+    run.optimizer.register_step_post_hook(post)
+    try:
+        fit(run, None, max_steps, False)
+    finally:
+        run.monitor.close()
+
+
 class FlagsSeen(torch.overrides.TorchFunctionMode):
     """Records the TF32 switches in force at each matmul / convolution called inside the mode."""
 

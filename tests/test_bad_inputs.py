@@ -352,10 +352,18 @@ def _init_cases(trained, tmp_path):
             [f"train.init={plain}", "train.init_3dspeaker=campplus", "train.init_match_speakers=true"],
             f"config key 'train.init_match_speakers': {plain} has no classifier",
         ),
-        "freeze without init": (["train.freeze_epochs=1"], "config key 'train.freeze_epochs' (1) needs train.init"),
+        "freeze without init": (
+            ["train.freeze=[{modules: [trunk], until_epoch: 1}]"],
+            "config key 'train.freeze[0].modules' (trunk): trunk needs train.init",
+        ),
         "freeze past the end": (
-            [f"train.init={ckpt}", "train.freeze_epochs=3"],
-            "config key 'train.freeze_epochs' (3) must be <= train.epochs (2)",
+            [f"train.init={ckpt}", "train.freeze=[{modules: [trunk], until_epoch: 3}]"],
+            "config key 'train.freeze[0].until_epoch' (3) must be <= train.epochs (2)",
+        ),
+        "freeze by an old key": (
+            [f"train.init={ckpt}", "train.freeze_epochs=1"],
+            "config key 'train.freeze_epochs' was replaced by 'train.freeze': freeze_epochs: 1 is written freeze: "
+            "[{modules: [trunk], until_epoch: 1}]",
         ),
         "rows without init": (
             ["train.init_match_speakers=true"],
@@ -376,6 +384,7 @@ def _init_cases(trained, tmp_path):
         "3D-Speaker rows",
         "freeze without init",
         "freeze past the end",
+        "freeze by an old key",
         "rows without init",
         "bad LR scale",
     ],

@@ -170,8 +170,8 @@ def _train_config(name):
     raw = yaml.safe_load((CONF / name).read_text())
     overlay = "name" not in (raw.get("model") or {})
     paths = [str(base), str(CONF / name)] if overlay else [str(CONF / name)]
-    # A fine-tuning config's frozen epochs need train.init, a pretrained model this test does not have.
-    extra = ["train.freeze_epochs=0"] if "freeze_epochs" in (raw.get("train") or {}) else []
+    # A fine-tuning config's frozen trunk needs train.init, a pretrained model this test does not have.
+    extra = ["train.freeze=[]"] if "freeze" in (raw.get("train") or {}) else []
     cfg = load_train_config(paths, ["data.train=x", *extra], None)
     if cfg.model.args.get("pretrained"):  # no published encoder can be downloaded here: a tiny one of its family
         from tests.helpers import TINY_ENCODERS

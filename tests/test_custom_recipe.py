@@ -34,7 +34,7 @@ ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # leave the model where it started (measured: 24.3% vs 23.9% before); they pay off over hundreds of steps
 # (bench/RESULTS.md, "Fine-tuning on one's own data").
 TRAIN = (
-    "hardware.precision=fp32 train.epochs=4 train.log_every_steps=5 train.freeze_epochs=0 optim.backbone_lr_scale=1.0 "
+    "hardware.precision=fp32 train.epochs=4 train.log_every_steps=5 train.freeze=[] optim.backbone_lr_scale=1.0 "
     "optim.lr=0.003 optim.min_lr=0.00002 optim.warmup_epochs=0.3 loss.margin_start_epoch=1 loss.margin_warmup_epochs=2"
 )
 

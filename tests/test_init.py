@@ -23,6 +23,7 @@ from speakerlab.train.resume import resume
 from tests.fixture_models import fill_state_dict, load_fixture, load_redimnet2_fixture
 from tests.helpers import ROOT, assert_no_traceback, losses, make_data_dir, tiny_config
 
+TRUNK_EPOCH_1 = [{"modules": ["trunk"], "until_epoch": 1}]  # train.freeze: the classifier alone in epoch 1
 RUN = {
     "loss": {"margin": 0.2, "margin_start_epoch": 0, "margin_warmup_epochs": 1},
     "optim": {"lr": 0.05, "warmup_epochs": 0.5},
@@ -157,7 +158,7 @@ def test_lower_trunk_lr_is_applied(pretrained, tmp_path):
 
 
 def test_frozen_trunk_stays_the_pretrained_one_then_trains(pretrained, tmp_path):
-    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze_epochs": 1})
+    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze": TRUNK_EPOCH_1})
     exp = tmp_path / "ft"
     assert train_main(["--config", config, "--exp-dir", str(exp)]) == 0
     source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt").model
@@ -167,7 +168,7 @@ def test_frozen_trunk_stays_the_pretrained_one_then_trains(pretrained, tmp_path)
     changed = [k for k, v in source.items() if v.is_floating_point() and not torch.equal(e2.model[k], v)]
     assert len(changed) > len(source) // 2
     log = (exp / "train.log").read_text()
-    assert "embedding model frozen until step 2" in log and "embedding model trains from step 2" in log
+    assert "step 0: frozen: trunk until step 2" in log and "step 2: nothing frozen" in log
 
 
 def test_fine_tuning_resumes_exactly(pretrained, tmp_path):
@@ -175,7 +176,7 @@ def test_fine_tuning_resumes_exactly(pretrained, tmp_path):
     config = write_config(
         tmp_path,
         new_data(tmp_path),
-        train={"init": str(pretrained), "freeze_epochs": 1},
+        train={"init": str(pretrained), "freeze": TRUNK_EPOCH_1},
         optim={"backbone_lr_scale": 0.5},
     )
     assert train_main(["--config", config, "--exp-dir", str(tmp_path / "a")]) == 0
@@ -195,11 +196,14 @@ def test_fine_tuning_resumes_exactly(pretrained, tmp_path):
 
 
 def test_changed_trunk_schedule_is_refused_on_resume(pretrained, tmp_path, capsys):
-    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze_epochs": 1})
+    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze": TRUNK_EPOCH_1})
     exp = tmp_path / "ft"
     assert train_main(["--config", config, "--exp-dir", str(exp), "--max-steps", "1"]) == 0
-    assert train_main(["--config", config, "--exp-dir", str(exp), "train.freeze_epochs=0"]) == 2
-    assert "train.freeze_epochs: 1 in the checkpoint -> 0 now" in capsys.readouterr().err
+    assert train_main(["--config", config, "--exp-dir", str(exp), "train.freeze=[]"]) == 2
+    stored = "[{'modules': ['trunk'], 'until_epoch': 1, 'until_step': None}]"
+    assert f"train.freeze: {stored} in the checkpoint -> [] now" in capsys.readouterr().err
+    same = "train.freeze=[{modules: [trunk], until_epoch: 1}]"  # the same freeze written out: resumes
+    assert train_main(["--config", config, "--exp-dir", str(exp), same]) == 0
 
 
 # ---------------------------------------------------------------- other sources
@@ -217,7 +221,7 @@ def threedspeaker_file(tmp_path) -> tuple:
 @pytest.mark.slow
 def test_fine_tune_from_a_3dspeaker_state_dict_and_resume(tmp_path):
     path, state = threedspeaker_file(tmp_path)
-    train = {"init": str(path), "init_3dspeaker": "campplus", "freeze_epochs": 1, "save_every_steps": 1}
+    train = {"init": str(path), "init_3dspeaker": "campplus", "freeze": TRUNK_EPOCH_1, "save_every_steps": 1}
     config = write_config(tmp_path, new_data(tmp_path), train=train, data={"crop_seconds": 0.3})
     small = ["train.global_batch_size=4", "hardware.per_device_batch=4"]  # 4 steps an epoch, 8 in all
     a, b = tmp_path / "a", tmp_path / "b"
@@ -292,7 +296,7 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     """Two processes: DDP reduces the classifier alone while the trunk is frozen, and the trunk once it thaws
     (the wrapper is rebuilt then); the frozen epoch leaves the trunk as it was; the trunk's lower LR holds
     under the wrapper."""
-    train = {"init": str(pretrained), "freeze_epochs": 1}
+    train = {"init": str(pretrained), "freeze": TRUNK_EPOCH_1}
     config = write_config(tmp_path, new_data(tmp_path), train=train, optim={"backbone_lr_scale": 0.25})
     exp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -302,7 +306,7 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     log = (exp / "train.log").read_text()
     assert_no_traceback(r.stdout, r.stderr, log)
-    assert "training done: 2 epochs, 4 steps" in log and "embedding model trains from step 2" in log
+    assert "training done: 2 epochs, 4 steps" in log and "step 2: nothing frozen" in log  # and DDP wrapped again
     source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt").model
     e1, e2 = (load_checkpoint(exp / "checkpoints" / f"epoch_00{n}.pt").model for n in (1, 2))
     assert all(torch.equal(e1[k], v) for k, v in source.items())

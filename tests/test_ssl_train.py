@@ -115,11 +115,15 @@ def test_each_family_trains_and_its_checkpoint_embeds(family, tmp_path):
 
 
 def test_frozen_encoder_then_joint_training_resumes_exactly(tmp_path):
-    """freeze_encoder_steps 3 with the encoder at half the LR and layer-wise decay: the encoder's weights stay
+    """The encoder frozen until step 3 with the encoder at half the LR and layer-wise decay: the encoder's weights stay
     the pretrained ones for 3 steps and then train; a run stopped in the frozen phase and again after the
     release ends with the losses and weights of the uninterrupted one."""
     cfg, _, overrides = ssl_config(tmp_path, "wavlm")
-    overrides += ["optim.encoder_lr_scale=0.5", "optim.layer_decay=0.8", "train.freeze_encoder_steps=3"]
+    overrides += [
+        "optim.encoder_lr_scale=0.5",
+        "optim.layer_decay=0.8",
+        "train.freeze=[{modules: [encoder], until_step: 3}]",
+    ]
     overrides += ["train.epochs=3", "train.save_every_steps=1"]
     a, b = tmp_path / "a", tmp_path / "b"
     assert train_main(["--config", str(cfg), "--exp-dir", str(a), *overrides]) == 0
@@ -179,7 +183,7 @@ def test_encoder_release_under_torchrun(tmp_path):
     from tests.helpers import assert_no_traceback
 
     cfg, _, overrides = ssl_config(tmp_path, "wavlm")
-    overrides += ["train.epochs=2", "train.freeze_encoder_steps=2", "hardware.per_device_batch=4"]
+    overrides += ["train.epochs=2", "train.freeze=[{modules: [encoder], until_step: 2}]", "hardware.per_device_batch=4"]
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]

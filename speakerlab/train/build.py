@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -29,6 +29,7 @@ from speakerlab.models import build_model, model_args_problems
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.distributed import DistInfo, wrap_ddp
+from speakerlab.train.freeze import check_freeze
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.init import resolve_model
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
@@ -172,7 +173,7 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     problem = input_problem(model, cfg.features.kind, cfg.features.mean_norm)
     if problem:
         raise ConfigError(f"config key {problem} (model {cfg.model.name})")
-    check_encoder_settings(model, cfg.optim, cfg.train, cfg.model.name)
+    check_encoder_settings(model, cfg.optim, cfg.model.name)
     with torch.no_grad():
         dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
@@ -317,7 +318,6 @@ class Run:
     speakers: List[str]  # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
-    frozen: List[nn.Parameter] = field(default_factory=list)  # parameters train.freeze_epochs holds fixed now
 
     @property
     def ckpt_dir(self) -> Path:
@@ -359,6 +359,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, data.spk2idx, plan, info, pin, augmenter)
+    check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
     ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,

@@ -15,10 +15,8 @@ The classifier is the source's when that is a speakerlab checkpoint of the same 
 (large-margin fine-tuning, recipe stage 7); otherwise it is new, for the run's speakers, and with
 `train.init_match_speakers` the rows of speakers the source also had (same id) start from the source's. The
 initialised model goes to `<exp>/pretrained.pt` (no classifier): recipes embed with it to show the EER before
-fine-tuning.
-
-`apply_freeze(run)`, every step: during the first `train.freeze_epochs` epochs the embedding model takes no
-gradient and keeps its BatchNorm statistics (eval mode), so only the new classifier trains.
+fine-tuning. Keeping the pretrained trunk fixed while the new classifier settles: `train.freeze` (a `trunk` rule,
+speakerlab.train.freeze).
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ from speakerlab.models import build_model, list_models, model_args_problems
 from speakerlab.models.compat import unwrap_state_dict
 from speakerlab.models.redimnet2 import RELEASES, redimnet2_kwargs
 from speakerlab.models.registry import builder_defaults
-from speakerlab.train.distributed import wrap_ddp
 
 
 @dataclass
@@ -279,26 +276,3 @@ def initialise(run) -> None:
             config=cfg.to_dict(),
         )
         save_checkpoint(run.exp_dir / "pretrained.pt", ckpt)
-
-
-def apply_freeze(run) -> None:
-    """Freeze the embedding model during the first `train.freeze_epochs` epochs (a function of the step, so a
-    resumed run freezes alike); it is thawed, and DDP re-wrapped, when the step leaves them."""
-    frozen = run.state.step < run.cfg.train.freeze_epochs * run.steps_per_epoch
-    model = run.raw.model
-    if frozen and model.training:
-        model.eval()  # train_epoch sets train mode: BatchNorm statistics must stay the pretrained ones
-    if frozen == bool(run.frozen):
-        return
-    if frozen:
-        run.frozen = [p for p in model.parameters() if p.requires_grad]
-        for p in run.frozen:
-            p.requires_grad_(False)
-        run.monitor.log(f"embedding model frozen until step {run.cfg.train.freeze_epochs * run.steps_per_epoch}")
-    else:
-        for p in run.frozen:
-            p.requires_grad_(True)
-        run.frozen = []
-        model.train()
-        run.monitor.log(f"embedding model trains from step {run.state.step}")
-    run.net = wrap_ddp(run.raw, run.info, run.device)  # DDP reduces the parameters that need grad when built

@@ -28,11 +28,9 @@ from speakerlab.features.spec import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.build import Run, build_run, load_train_config
-from speakerlab.train.distributed import wrap_ddp
-from speakerlab.train.init import apply_freeze
+from speakerlab.train.freeze import apply_freeze
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
-from speakerlab.train.optim import encoder_frozen_at, set_encoder_frozen
 from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
 from speakerlab.train.stability import TrainingStopped, batch_culprits
@@ -54,7 +52,7 @@ class StepResult:
 
 
 def set_schedules(run: Run) -> tuple:
-    """LR, margin and encoder freeze of the current global step (functions of the step alone:
+    """LR, margin and freeze (speakerlab.train.freeze) of the current global step (functions of the step alone:
     hardware-independent). Each optimizer group gets the LR x its `lr_scale` (speakerlab.train.optim)."""
     o, loss = run.cfg.optim, run.cfg.loss
     total = run.cfg.train.epochs * run.steps_per_epoch
@@ -65,8 +63,6 @@ def set_schedules(run: Run) -> tuple:
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
-    if set_encoder_frozen(run.raw.model, encoder_frozen_at(run.state.step, run.cfg.train.freeze_encoder_steps)):
-        run.net = wrap_ddp(run.raw, run.info, run.device)  # DDP registers the parameters that train now
     apply_freeze(run)
     return lr, margin
 

@@ -14,8 +14,11 @@ from speakerlab.checkpoint import (
     run_checkpoints,
     save_checkpoint,
 )
+from speakerlab.config import Config
 from speakerlab.features.spec import feature_spec
+from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
+from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
 
 
@@ -100,10 +103,9 @@ SCHEDULE_KEYS = (
     "optim.min_lr",
     "optim.warmup_epochs",
     "optim.backbone_lr_scale",
-    "train.freeze_epochs",
+    "train.freeze",
     "optim.encoder_lr_scale",
     "optim.layer_decay",
-    "train.freeze_encoder_steps",
     "loss.scale",
     "loss.margin",
     "loss.margin_start_epoch",
@@ -111,20 +113,30 @@ SCHEDULE_KEYS = (
 )
 
 
+# Keys whose values are compared by meaning: `same(checkpoint value, value now)`.
+SAME_SCHEDULE = {"train.freeze": same_freeze}
+
+
 def schedule_changes(stored: dict, now: dict) -> list:
     """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts).
-    A key the checkpoint's config does not have (written before the key existed) is not compared."""
+    A checkpoint's renamed keys are read under their new names (train.freeze_epochs and
+    train.freeze_encoder_steps as train.freeze); a key the checkpoint's config does not have (written before
+    the key existed) is not compared."""
     missing = object()
+    stored = upgrade_renamed(Config, stored)
 
     def get(d, key):
         for part in key.split("."):
             d = d.get(part, missing) if isinstance(d, dict) else missing
         return d
 
+    def same(key, a, b) -> bool:
+        return SAME_SCHEDULE[key](a, b) if key in SAME_SCHEDULE else a == b
+
     return [
         f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now"
         for k in SCHEDULE_KEYS
-        if get(stored, k) is not missing and get(stored, k) != get(now, k)
+        if get(stored, k) is not missing and not same(k, get(stored, k), get(now, k))
     ]
 
 
