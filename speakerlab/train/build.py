@@ -235,7 +235,12 @@ def make_loader(
         skip_bad=cfg.data.on_bad_audio == "skip",
     )
     hw = cfg.hardware
-    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory)
+    # A generator of its own: without one, every iter(DataLoader) draws its workers' base seed from torch's
+    # global random state, which the front-end's dither also draws from, so a run resumed mid-epoch (one draw
+    # fewer before the restored state) would dither differently from an uninterrupted one. The data's own
+    # randomness never comes from torch (crops and order are drawn from (seed, epoch, position)).
+    own = torch.Generator().manual_seed(cfg.train.seed)
+    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory, generator=own)
     if hw.num_workers > 0:
         workers.update(prefetch_factor=hw.prefetch_factor, persistent_workers=False)
     split = (plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed)
