@@ -14,7 +14,8 @@ from speakerlab.checkpoint import (
     run_checkpoints,
     save_checkpoint,
 )
-from speakerlab.features.spec import feature_spec
+from speakerlab.frontends import feature_spec
+from speakerlab.models import SSLModel
 from speakerlab.train.build import Run
 from speakerlab.train.init import initialise
 
@@ -32,7 +33,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
     )
     model = run.raw.model
     # A model whose arguments name files (an SSL encoder's pretrained directory) says how to rebuild it alone.
-    args = model.standalone_args() if hasattr(model, "standalone_args") else dict(cfg.model.args)
+    args = model.standalone_args() if isinstance(model, SSLModel) else dict(cfg.model.args)
     return Checkpoint(
         model_name=cfg.model.name,
         model_args=args,
