@@ -159,6 +159,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         if run.cfg.train.init:
             initialise(run)
         return 0
+    run.init = None  # the run's own checkpoint wins over train.init: no copy of its weights kept for nothing
     path, ckpt = found
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
     if changes and not force_new_schedule:

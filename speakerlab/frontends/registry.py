@@ -1,178 +1,25 @@
-"""The front-end registry: every kind of model input computed from audio, one entry each in `FRONT_ENDS`,
-which says all there is to say about it: its settings (`FeatureSpec.config`, stored in every checkpoint),
-the module that computes it, its width, the keys of a config's `features` section it reads (`FeatureSettings`),
-their defaults and rules, and the mapping between that section and the spec, both ways.
-
-    kind           settings            module (speakerlab.features): wave (B, samples) ->
-    kaldi_fbank    FbankConfig         Kaldi fbank, mean norm -> (B, T, bins)
-    redimnet_mel   ReDimNetMelConfig   the ReDimNet2 releases' log-mel -> (B, T, n_mels)
-    waveform       WaveformConfig      the wave, zero mean and unit variance -> (B, samples)
-    w2vbert_fbank  W2VBertFbankConfig  w2v-BERT 2.0's stacked fbank -> (B, T, 160)
-
-    feature_spec(cfg.features, cfg.data.sample_rate)   # section -> FeatureSpec (ConfigError naming the key)
-    section_keys(spec)                                  # FeatureSpec -> the section's keys (train.init fills them)
-
-A key of the section left out (null) takes the kind's default; a key the kind does not read must be left out.
-This module is torch-free and imports only speakerlab.settings, because speakerlab.config reads it (the
-config must load without torch): so each entry names its module by import path (`module:callable`, called as
-`callable(settings, mean_norm)`), which speakerlab.features.spec.build_features resolves.
-"""
+"""The front-end registry itself (FRONT_ENDS), the config's `features` section (FeatureSettings), the mapping
+between the two and a FeatureSpec both ways, and the FeatureSpec; speakerlab.frontends says what it is for."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional
 
+from speakerlab.frontends.settings import (
+    WINDOW_TYPES,
+    FbankConfig,
+    FrontEndConfig,
+    ReDimNetMelConfig,
+    W2VBertFbankConfig,
+    WaveformConfig,
+    pow2,
+)
 from speakerlab.settings import ConfigError, setting
 
-WINDOW_TYPES = ("povey", "hamming", "hanning", "rectangular")
 
-
-def _invalid(settings: Any, checks: Dict[str, bool]) -> None:
-    problems = [message for message, ok in checks.items() if not ok]
-    if problems:
-        raise ValueError(f"invalid {settings}: " + "; ".join(problems))
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class FbankConfig:
-    """Options of Kaldi's `FbankOptions` (names follow torchaudio where they differ).
-
-    `high_freq` <= 0 is an offset from Nyquist (0 means Nyquist). `energy_floor` only acts when `use_energy` is
-    set and is ignored when <= 0, as in Kaldi."""
-
-    sample_rate: int = 16000
-    num_mel_bins: int = 80
-    frame_length_ms: float = 25.0
-    frame_shift_ms: float = 10.0
-    window_type: str = "povey"
-    preemphasis: float = 0.97
-    remove_dc_offset: bool = True
-    dither: float = 0.0
-    energy_floor: float = 1.0
-    use_energy: bool = False
-    raw_energy: bool = True
-    low_freq: float = 20.0
-    high_freq: float = 0.0
-    snip_edges: bool = True
-    round_to_power_of_two: bool = True
-
-    @property
-    def window_size(self) -> int:
-        # Kaldi's own order of operations, truncated: samp_freq * 0.001 * frame_length_ms.
-        return int(self.sample_rate * 0.001 * self.frame_length_ms)
-
-    @property
-    def window_shift(self) -> int:
-        return int(self.sample_rate * 0.001 * self.frame_shift_ms)
-
-    @property
-    def fft_size(self) -> int:
-        return _pow2(self.window_size) if self.round_to_power_of_two else self.window_size
-
-    @property
-    def effective_high_freq(self) -> float:
-        return self.high_freq if self.high_freq > 0 else 0.5 * self.sample_rate + self.high_freq
-
-    @property
-    def feat_dim(self) -> int:
-        return self.num_mel_bins + int(self.use_energy)
-
-    def __post_init__(self) -> None:
-        nyquist = 0.5 * self.sample_rate
-        _invalid(
-            self,
-            {
-                f"window_type must be one of {WINDOW_TYPES}": self.window_type in WINDOW_TYPES,
-                "num_mel_bins must be >= 3": self.num_mel_bins >= 3,
-                "frames need >= 2 samples and a shift >= 1 sample": self.sample_rate > 0
-                and self.window_size >= 2
-                and self.window_shift >= 1,
-                "preemphasis must lie in [0, 1]": 0.0 <= self.preemphasis <= 1.0,
-                "dither must be >= 0": self.dither >= 0.0,
-                f"need 0 <= low_freq < high_freq <= Nyquist ({nyquist} Hz)": 0.0
-                <= self.low_freq
-                < self.effective_high_freq
-                <= nyquist,
-            },
-        )
-
-
-@dataclass(frozen=True)
-class ReDimNetMelConfig:
-    """The settings of the ReDimNet2 releases' log-mel (`speakerlab.features.redimnet.ReDimNetMel`); the defaults
-    are the releases' (`TFMelBanks(n_mels=72, hop_length=160, do_preemph=True, norm_signal=True)`)."""
-
-    sample_rate: int = 16000
-    n_mels: int = 72
-    n_fft: int = 512
-    win_length: int = 400
-    hop_length: int = 160
-    f_min: float = 20.0
-    f_max: float = 7600.0
-    preemphasis: float = 0.97
-    normalize_signal: bool = True
-
-    @property
-    def feat_dim(self) -> int:
-        return self.n_mels
-
-    def __post_init__(self) -> None:
-        _invalid(
-            self,
-            {
-                "n_mels must be >= 1": self.n_mels >= 1,
-                "need 2 <= win_length <= n_fft": 2 <= self.win_length <= self.n_fft,
-                "hop_length must be >= 1": self.hop_length >= 1,
-                "preemphasis must lie in [0, 1]": 0.0 <= self.preemphasis <= 1.0,
-                f"need 0 <= f_min < f_max <= Nyquist ({self.sample_rate / 2:g} Hz)": 0.0
-                <= self.f_min
-                < self.f_max
-                <= self.sample_rate / 2,
-            },
-        )
-
-
-@dataclass(frozen=True)
-class WaveformConfig:
-    """The settings of the waveform front-end (self-supervised encoders that take the wave itself)."""
-
-    sample_rate: int = 16000
-
-    @property
-    def feat_dim(self) -> int:
-        return 1
-
-    def __post_init__(self) -> None:
-        _invalid(self, {"sample_rate must be >= 1000": self.sample_rate >= 1000})
-
-
-@dataclass(frozen=True)
-class W2VBertFbankConfig:
-    """The settings of w2v-BERT 2.0's input features (its own are the defaults)."""
-
-    sample_rate: int = 16000
-    num_mel_bins: int = 80
-    stride: int = 2  # frames stacked into one model input frame
-
-    @property
-    def feat_dim(self) -> int:
-        return self.num_mel_bins * self.stride
-
-    def __post_init__(self) -> None:
-        _invalid(self, {"stride must be >= 1": self.stride >= 1})
-        FbankConfig(sample_rate=self.sample_rate, num_mel_bins=self.num_mel_bins)  # its own checks
-
-
-FrontEndConfig = Union[FbankConfig, ReDimNetMelConfig, WaveformConfig, W2VBertFbankConfig]
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FrontEnd:
     """One kind of model input. `keys`: the `features.*` keys it reads and their defaults (None: derived from
     the others); `fixed`: keys it accepts with one value only. `settings_of(keys, sample_rate)` -> its settings,
@@ -219,7 +66,7 @@ def _mel(k: Dict[str, Any], sample_rate: int) -> ReDimNetMelConfig:
     return ReDimNetMelConfig(
         sample_rate=sample_rate,
         n_mels=k["num_mel_bins"],
-        n_fft=k["fft_size"] or _pow2(win),
+        n_fft=k["fft_size"] or pow2(win),
         win_length=win,
         hop_length=round(sample_rate * k["frame_shift_ms"] / 1000),
         f_min=k["low_freq"],
@@ -249,51 +96,49 @@ def _w2vbert_keys(c: W2VBertFbankConfig) -> Dict[str, Any]:
 
 _FBANK = dict(num_mel_bins=80, frame_length_ms=25.0, frame_shift_ms=10.0, preemphasis=0.97, low_freq=20.0)
 FRONT_ENDS: Dict[str, FrontEnd] = {
-    # kaldi_fbank keeps the key of the files written before kinds existed ("fbank"): they read alike.
     "kaldi_fbank": FrontEnd(
-        FbankConfig,
-        "fbank",
-        "speakerlab.features.spec:KaldiFeatures",
-        {**_FBANK, "window_type": "povey", "high_freq": 0.0, "dither": 0.0, "mean_norm": True},
-        {},
-        _fbank,
-        _fbank_keys,
+        settings=FbankConfig,
+        store_key="fbank",  # the key of the files written before kinds existed: they read alike
+        module="speakerlab.features.spec:KaldiFeatures",
+        keys={**_FBANK, "window_type": "povey", "high_freq": 0.0, "dither": 0.0, "mean_norm": True},
+        fixed={},
+        settings_of=_fbank,
+        keys_of=_fbank_keys,
     ),
     "redimnet_mel": FrontEnd(
-        ReDimNetMelConfig,
-        "redimnet_mel",
-        "speakerlab.features.redimnet:mel_features",
-        {
+        settings=ReDimNetMelConfig,
+        store_key="redimnet_mel",
+        module="speakerlab.features.redimnet:mel_features",
+        keys={
             **_FBANK,
             "num_mel_bins": 72,
-            "fft_size": None,
+            "fft_size": None,  # the window rounded up to a power of two
             "high_freq": 7600.0,
             "normalize_signal": True,
             "mean_norm": True,
         },
-        {"window_type": "hamming", "dither": 0.0},
-        _mel,
-        _mel_keys,
+        fixed={"window_type": "hamming", "dither": 0.0},
+        settings_of=_mel,
+        keys_of=_mel_keys,
     ),
     "waveform": FrontEnd(
-        WaveformConfig,
-        "waveform",
-        "speakerlab.features.spec:WaveformFeatures",
-        {"mean_norm": True},
-        {"dither": 0.0},
-        lambda k, sample_rate: WaveformConfig(sample_rate),
-        lambda c: {},
+        settings=WaveformConfig,
+        store_key="waveform",
+        module="speakerlab.features.spec:WaveformFeatures",
+        keys={"mean_norm": True},
+        fixed={"dither": 0.0},
+        settings_of=lambda k, sample_rate: WaveformConfig(sample_rate),
+        keys_of=lambda c: {},
         encoder_input=True,
     ),
-    # Its per-bin mean and variance normalisation is always on.
     "w2vbert_fbank": FrontEnd(
-        W2VBertFbankConfig,
-        "w2vbert_fbank",
-        "speakerlab.features.w2vbert:w2vbert_features",
-        {"num_mel_bins": 80},
-        {"window_type": "povey", "dither": 0.0, "mean_norm": True},
-        lambda k, sample_rate: W2VBertFbankConfig(sample_rate, k["num_mel_bins"]),
-        _w2vbert_keys,
+        settings=W2VBertFbankConfig,
+        store_key="w2vbert_fbank",
+        module="speakerlab.features.w2vbert:w2vbert_features",
+        keys={"num_mel_bins": 80},
+        fixed={"window_type": "povey", "dither": 0.0, "mean_norm": True},  # its normalisation is always on
+        settings_of=lambda k, sample_rate: W2VBertFbankConfig(sample_rate, k["num_mel_bins"]),
+        keys_of=_w2vbert_keys,
         encoder_input=True,
     ),
 }
@@ -316,9 +161,7 @@ class FeatureSettings:
     window_type: Optional[str] = setting(None, choices=WINDOW_TYPES)  # kaldi_fbank's, povey; the others have their own
     preemphasis: Optional[float] = setting(None, ge=0, le=1)  # 0.97 (kaldi_fbank, redimnet_mel)
     low_freq: Optional[float] = setting(None, ge=0)  # lowest mel edge, Hz: 20 (kaldi_fbank, redimnet_mel)
-    high_freq: Optional[float] = (
-        None  # highest mel edge, Hz: redimnet_mel 7600; kaldi_fbank 0, <= 0: offset from Nyquist
-    )
+    high_freq: Optional[float] = None  # highest mel edge, Hz: redimnet_mel 7600; kaldi_fbank 0 (<= 0: from Nyquist)
     fft_size: Optional[int] = setting(None, ge=2)  # redimnet_mel: null, the window rounded up to a power of two
     normalize_signal: Optional[bool] = None  # redimnet_mel: each wave to zero mean, unit variance first (true)
     dither: float = setting(0.0, ge=0)  # kaldi_fbank, training only (checkpoints and extraction use 0)
@@ -342,7 +185,7 @@ def _key_values(section: FeatureSettings, kind: str, sample_rate: int) -> Dict[s
             values[f.name] = value
         else:
             raise ConfigError(f"config key 'features.{f.name}': {kind} has no {f.name}; leave it out")
-    if "high_freq" in values and values["high_freq"] is not None and values["high_freq"] > sample_rate / 2:
+    if values.get("high_freq", 0) > sample_rate / 2:
         raise ConfigError(
             f"config key 'features.high_freq': {values['high_freq']:g} Hz is above the Nyquist frequency of "
             f"data.sample_rate {sample_rate} ({kind})"
