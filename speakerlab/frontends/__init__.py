@@ -28,24 +28,15 @@ from speakerlab.frontends.registry import (
     feature_spec,
     section_keys,
 )
-from speakerlab.frontends.settings import (
-    WINDOW_TYPES,
-    FbankConfig,
-    FrontEndConfig,
-    ReDimNetMelConfig,
-    W2VBertFbankConfig,
-    WaveformConfig,
-)
+from speakerlab.frontends.settings import FbankConfig, ReDimNetMelConfig, W2VBertFbankConfig, WaveformConfig
 
 __all__ = [
     "FEATURE_KINDS",
     "FRONT_ENDS",
-    "WINDOW_TYPES",
     "FbankConfig",
     "FeatureSettings",
     "FeatureSpec",
     "FrontEnd",
-    "FrontEndConfig",
     "ReDimNetMelConfig",
     "W2VBertFbankConfig",
     "WaveformConfig",

@@ -60,33 +60,28 @@ def _fbank_keys(c: FbankConfig) -> Dict[str, Any]:
     return {n: getattr(c, n) for n in names}
 
 
+# redimnet_mel's keys that are one of its settings under another name; frame length and shift are in ms.
+_MEL_NAMES = {
+    "num_mel_bins": "n_mels",
+    "fft_size": "n_fft",
+    "low_freq": "f_min",
+    "high_freq": "f_max",
+    "preemphasis": "preemphasis",
+    "normalize_signal": "normalize_signal",
+}
+
+
 def _mel(k: Dict[str, Any], sample_rate: int) -> ReDimNetMelConfig:
-    # Samples from milliseconds rounded (not truncated as Kaldi does), so that keys_of inverts it exactly.
-    win = round(sample_rate * k["frame_length_ms"] / 1000)
-    return ReDimNetMelConfig(
-        sample_rate=sample_rate,
-        n_mels=k["num_mel_bins"],
-        n_fft=k["fft_size"] or pow2(win),
-        win_length=win,
-        hop_length=round(sample_rate * k["frame_shift_ms"] / 1000),
-        f_min=k["low_freq"],
-        f_max=k["high_freq"],
-        preemphasis=k["preemphasis"],
-        normalize_signal=k["normalize_signal"],
-    )
+    # Samples from milliseconds rounded (not truncated as Kaldi does), so that _mel_keys inverts it exactly.
+    win, hop = (round(sample_rate * k[key] / 1000) for key in ("frame_length_ms", "frame_shift_ms"))
+    named = {field: k[key] for key, field in _MEL_NAMES.items()}
+    named["n_fft"] = named["n_fft"] or pow2(win)
+    return ReDimNetMelConfig(sample_rate=sample_rate, win_length=win, hop_length=hop, **named)
 
 
 def _mel_keys(c: ReDimNetMelConfig) -> Dict[str, Any]:
-    return {
-        "num_mel_bins": c.n_mels,
-        "frame_length_ms": c.win_length * 1000 / c.sample_rate,
-        "frame_shift_ms": c.hop_length * 1000 / c.sample_rate,
-        "fft_size": c.n_fft,
-        "low_freq": c.f_min,
-        "high_freq": c.f_max,
-        "preemphasis": c.preemphasis,
-        "normalize_signal": c.normalize_signal,
-    }
+    ms = {"frame_length_ms": c.win_length * 1000 / c.sample_rate, "frame_shift_ms": c.hop_length * 1000 / c.sample_rate}
+    return {**ms, **{key: getattr(c, field) for key, field in _MEL_NAMES.items()}}
 
 
 def _w2vbert_keys(c: W2VBertFbankConfig) -> Dict[str, Any]:

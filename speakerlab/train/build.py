@@ -43,10 +43,9 @@ from speakerlab.train.stability import NonFiniteGuard
 def load_train_config(
     paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]
 ) -> Tuple[Config, Optional[Source]]:
-    """The training config and its pretrained source (`train.init`, read here once; None without it): `load_config`,
-    the model and features sections taken from the source, every features key written out, and the model
-    arguments checked against the registered builder's signature, so a typo in `model.args` stops here, naming
-    the key, before any work. Hand the source to `build_run`: the run's initialisation takes it from there."""
+    """(config, the `train.init` Source read here once, or None; for `build_run`): `load_config`, the sections
+    resolve_config completes, and the model arguments checked against the builder's signature, so a typo in
+    `model.args` stops here, naming the key, before any work."""
     cfg = load_config(list(paths), list(overrides), hardware=hardware)
     init = resolve_config(cfg)  # a key that conflicts with the pretrained model is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
