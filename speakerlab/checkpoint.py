@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
-from speakerlab.models import build_model
+from speakerlab.frontends import FbankConfig, FeatureSpec
+from speakerlab.models import load_model
 
 SCHEMA = 2
 _EPOCH_RE = re.compile(r"epoch_(\d+)\.pt$")
@@ -232,7 +232,16 @@ def load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} cannot be loaded: {e}") from None
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {_unreadable(e)}") from None
+
+
+def _unreadable(e: Exception) -> str:
+    """Why torch.load failed, in a few words. Never torch's own text when it mentions weights_only: it advises
+    loading with weights_only=False, which runs whatever code the file holds."""
+    if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
+        return "not a PyTorch weights file (or one holding Python objects besides tensors and plain values)"
+    first = (str(e).strip().splitlines() or [""])[0][:160]
+    return f"not a PyTorch weights file, or a damaged one ({type(e).__name__}: {first})"
 
 
 def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
@@ -319,10 +328,9 @@ def prune_checkpoints(ckpt_dir: PathLike, keep: int) -> None:
 
 
 def rebuild_model(ckpt: Checkpoint) -> nn.Module:
-    """The embedding model of a checkpoint, weights loaded, in eval mode: `(B, T, F) -> (B, D)`."""
-    model = build_model(ckpt.model_name, **ckpt.model_args)
-    model.load_state_dict(ckpt.model)
-    return model.eval()
+    """The embedding model of a checkpoint in memory (an average, say), weights loaded, in eval mode: `(B, T, F) ->
+    (B, D)`. A file is read through speakerlab.sources."""
+    return load_model(ckpt.model_name, ckpt.model_args, ckpt.model)
 
 
 def _mean_state(states: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:

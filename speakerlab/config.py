@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import yaml
 
+from speakerlab.frontends import FeatureSettings, feature_spec
 from speakerlab.settings import ConfigError, build_settings, setting
 
 # The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
@@ -112,24 +113,6 @@ class AugmentSettings:
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
     speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off
     speed_new_speakers: bool = True  # sped-up copies are new classes: speaker + factor class x num speakers
-
-
-@dataclass
-class FeatureSettings:
-    # The front-end (speakerlab.features.spec): kaldi_fbank, Kaldi's log-mel fbank; redimnet_mel, the ReDimNet2
-    # releases' log-mel (Hamming window, pre-emphasis, waveform normalised per utterance, HTK mel 20-7600 Hz,
-    # so data.sample_rate >= 15200), which takes num_mel_bins, frame_length_ms, frame_shift_ms and mean_norm;
-    # waveform (WavLM, wav2vec 2.0, HuBERT encoders), the wave, zero mean and unit variance when mean_norm;
-    # w2vbert_fbank (w2v-BERT 2.0), 16 kHz Kaldi fbank of num_mel_bins (80) normalised per bin, frame pairs stacked.
-    kind: str = setting("kaldi_fbank", choices=("kaldi_fbank", "redimnet_mel", "waveform", "w2vbert_fbank"))
-    num_mel_bins: int = setting(80, ge=1, le=512)
-    frame_length_ms: float = setting(25.0, gt=0)
-    frame_shift_ms: float = setting(10.0, gt=0)
-    # kaldi_fbank's window; null: povey. The other kinds have their own (null, or its name).
-    window_type: Optional[str] = setting(None, choices=("povey", "hamming", "hanning", "rectangular"))
-    dither: float = setting(0.0, ge=0)  # kaldi_fbank, training only (extraction always uses 0); other kinds: 0
-    mean_norm: bool = True  # per-utterance mean normalisation of each bin (redimnet_mel: the releases' true;
-    # waveform: the encoder's do_normalize; w2vbert_fbank: always on, true only)
 
 
 @dataclass
@@ -292,7 +275,7 @@ def _validate(cfg: Config) -> None:
             "config key 'data.shards': tar shards hold audio, stored features are read from data.train; "
             "set one of data.shards and data.feats"
         )
-    _validate_features(cfg)
+    check_features(cfg)
     if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
         raise ConfigError(
             f"config key 'augment.speed_factors' needs a factor other than 1 when "
@@ -323,27 +306,17 @@ def _validate_freeze(cfg: Config) -> None:
             )
 
 
-def _validate_features(cfg: Config) -> None:
-    """The front-end kind's rules (see FeatureSettings.kind)."""
-    f = cfg.features
-    if f.kind == "kaldi_fbank":
+def check_features(cfg: Config) -> None:
+    """The front-end's rules (its kind's, speakerlab.frontends) and what the feature store can hold. With
+    train.init and no features.kind, the kind is the pretrained model's: speakerlab.train.init checks the
+    section once it has filled it."""
+    if cfg.train.init and cfg.features.kind is None:
         return
-    if cfg.data.feats:
+    kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
+    if cfg.data.feats and kind != "kaldi_fbank":
         raise ConfigError(
-            f"config key 'data.feats': the feature store holds Kaldi fbank, features.kind is {f.kind}; "
-            "set data.feats to false"
-        )
-    own = {"redimnet_mel": "hamming", "w2vbert_fbank": "povey"}.get(f.kind)
-    if f.window_type not in (None, own):
-        raise ConfigError(f"config key 'features.window_type': {f.kind} has its own window ({own}); set null")
-    if f.dither != 0.0:
-        raise ConfigError(f"config key 'features.dither': {f.kind} has no dither; set 0")
-    if f.kind == "w2vbert_fbank" and not f.mean_norm:
-        raise ConfigError("config key 'features.mean_norm': w2vbert_fbank always normalises each bin; set true")
-    if f.kind == "redimnet_mel" and cfg.data.sample_rate < 15200:
-        raise ConfigError(
-            f"config key 'features.kind': {f.kind} spans 20-7600 Hz, data.sample_rate must be >= 15200 "
-            f"(got {cfg.data.sample_rate})"
+            f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "
+            "the audio); set data.feats to false"
         )
 
 

@@ -22,7 +22,8 @@ from tests.helpers import fit_watched
 
 
 def main(config: str, exp: str, report: str) -> None:
-    run = build_run(load_train_config([config], [], None), Path(exp))
+    cfg, init = load_train_config([config], [], None)
+    run = build_run(cfg, Path(exp), init)
     named = list(run.raw.named_parameters())
     steps, state = [], {"net": run.net, "nets": [run.net]}  # every wrapper kept alive: `is` compares them
 

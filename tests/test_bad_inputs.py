@@ -337,12 +337,12 @@ def _init_cases(trained, tmp_path):
         ),
         "plain state dict": (
             [f"train.init={plain}"],
-            f"config key 'train.init': {plain} is neither a speakerlab checkpoint nor a ReDimNet2 release",
+            f"config key 'train.init': {plain}: not a speakerlab checkpoint (no model_name/model) nor a ReDimNet2",
         ),
         "corrupt": ([f"train.init={corrupt}"], f"config key 'train.init': checkpoint {corrupt} "),
         "ours as 3D-Speaker": (
             [f"train.init={ckpt}", "train.init_3dspeaker=campplus"],
-            f"config key 'train.init_3dspeaker' (campplus): {ckpt} is a speakerlab checkpoint",
+            f"config key 'train.init_3dspeaker': {ckpt} is a speakerlab checkpoint, not a 3D-Speaker state dict",
         ),
         "unknown 3D-Speaker model": (
             [f"train.init={plain}", "train.init_3dspeaker=nope"],

@@ -16,7 +16,7 @@ import torch
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.config import FREEZE_PARTS, ConfigError, FeatureSettings, FreezeRule, OptimSettings, load_config
-from speakerlab.features.spec import feature_spec
+from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model
 from speakerlab.train.build import build_run, load_train_config
 from speakerlab.train.freeze import PARTS, check_freeze, frozen_parts, rule_end
@@ -169,7 +169,8 @@ def trace(config: str, exp, max_steps=None) -> tuple:
     """Train (or resume) through speakerlab.train.loop.fit: (the parameter names, step -> (parameters with a
     gradient at the update, those of them not ~0, parameters the update moved, whether any layer of the back-end
     / of the encoder was in train mode))."""
-    run = build_run(load_train_config([config], [], None), exp)
+    cfg, init = load_train_config([config], [], None)
+    run = build_run(cfg, exp, init)
     named = list(run.raw.named_parameters())
     record, before = {}, {}
     parts = ("backend", "encoder")

@@ -15,8 +15,9 @@ import yaml
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.config import ConfigError
+from speakerlab.frontends import FeatureSpec, ReDimNetMelConfig
+from speakerlab.sources import read_source
 from speakerlab.train.build import build_optimizer, build_run, load_train_config
-from speakerlab.train.init import read_source
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.optim import parameter_groups
 from speakerlab.train.resume import resume
@@ -58,8 +59,8 @@ def write_config(tmp_path, train_dir, **sections) -> str:
 
 
 def fresh_run(config: str, exp, *overrides):
-    cfg = load_train_config([config], list(overrides), None)
-    run = build_run(cfg, exp)
+    cfg, init = load_train_config([config], list(overrides), None)
+    run = build_run(cfg, exp, init)
     assert resume(run) == 0
     return run
 
@@ -127,25 +128,25 @@ def test_an_agreeing_model_section_is_accepted(pretrained, tmp_path):
     source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt")
     model = {"name": "campplus", "args": {"embedding_size": 32, "feat_dim": 80}}  # feat_dim: the default
     config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained)}, model=model)
-    cfg = load_train_config([config], [], None)
+    cfg, _ = load_train_config([config], [], None)
     assert cfg.model.name == "campplus" and cfg.model.args == {**source.model_args, "feat_dim": 80}
 
 
 def test_param_groups_scale_the_trunk_only(pretrained, tmp_path):
     config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained)})
-    cfg = load_train_config([config], ["optim.backbone_lr_scale=0.1"], None)
-    run = build_run(cfg, tmp_path / "x")
+    cfg, init = load_train_config([config], ["optim.backbone_lr_scale=0.1"], None)
+    run = build_run(cfg, tmp_path / "x", init)
     trunk = {id(p) for p in run.raw.model.parameters()}
     for group in run.optimizer.param_groups:
         in_trunk = {id(p) in trunk for p in group["params"]}
         assert len(in_trunk) == 1 and group["lr_scale"] == (0.1 if in_trunk == {True} else 1.0)
     # With every scale 1: the two groups (decayed, not) of every earlier run, in the same parameter order.
-    one = parameter_groups(run.raw.model, run.raw.classifier, load_train_config([config], [], None).optim)
+    one = parameter_groups(run.raw.model, run.raw.classifier, load_train_config([config], [], None)[0].optim)
     assert [len(g["params"]) for g in one] == [
         sum(p.ndim > 1 for p in run.raw.parameters()),
         sum(p.ndim <= 1 for p in run.raw.parameters()),
     ]
-    assert len(build_optimizer(load_train_config([config], [], None), run.raw).param_groups) == 2
+    assert len(build_optimizer(load_train_config([config], [], None)[0], run.raw).param_groups) == 2
 
 
 def test_lower_trunk_lr_is_applied(pretrained, tmp_path):
@@ -262,10 +263,11 @@ def redimnet_release(tmp_path, size="b0") -> tuple:
     return path, state
 
 
-def test_redimnet2_release_gives_the_registered_size(tmp_path, capsys):
+def test_redimnet2_release_gives_the_registered_size_and_its_front_end(tmp_path):
     path, state = redimnet_release(tmp_path)
     src = read_source(str(path))
-    assert (src.kind, src.model_name, src.features) == ("redimnet2", "redimnet2_b0", None)
+    assert (src.kind, src.model_name) == ("redimnet2", "redimnet2_b0")
+    assert src.features == FeatureSpec(ReDimNetMelConfig(), mean_norm=True)  # the release's own log-mel
     assert src.model_args == {
         "feat_dim": 72,
         "embedding_size": 192,
@@ -273,15 +275,22 @@ def test_redimnet2_release_gives_the_registered_size(tmp_path, capsys):
         "return_2d_output": True,
         "agg_gnorm": False,
     }
-    features = {"num_mel_bins": 72, "mean_norm": False}
-    run = fresh_run(
-        write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}, features=features), tmp_path / "r"
-    )
+    run = fresh_run(write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}), tmp_path / "r")
     for key, value in state.items():
         torch.testing.assert_close(run.raw.model.state_dict()[key], value, rtol=0, atol=0)
-    assert "trained on its own log-mel front-end" in capsys.readouterr().err
+    f = run.cfg.features
+    assert (f.kind, f.num_mel_bins, f.fft_size, f.high_freq, f.normalize_signal) == (
+        "redimnet_mel",
+        72,
+        512,
+        7600,
+        True,
+    )
+    features = {"num_mel_bins": 80}  # a key given that disagrees with the release
     with pytest.raises(ConfigError, match=r"config key features.num_mel_bins: 80 in the config, 72 in"):
-        load_train_config([write_config(tmp_path, new_data(tmp_path), train={"init": str(path)})], [], None)
+        load_train_config(
+            [write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}, features=features)], [], None
+        )
 
 
 def test_cnc2_release_maps_to_agg_gnorm(tmp_path):

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from speakerlab.config import ConfigError, OptimSettings, load_config
-from speakerlab.features.spec import FeatureSpec, WaveformConfig, build_features, feature_spec
+from speakerlab.features.spec import FeatureSpec, WaveformConfig, build_features
 from speakerlab.features.w2vbert import W2VBertFbank, W2VBertFbankConfig
+from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model, list_models, list_ssl_models
 from speakerlab.models.ssl.encoders import require_ssl
 from speakerlab.train.optim import check_encoder_settings, parameter_groups

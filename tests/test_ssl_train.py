@@ -148,9 +148,11 @@ def test_frozen_encoder_then_joint_training_resumes_exactly(tmp_path):
     assert not torch.equal(after_two["backend.out.weight"], final_a["backend.out.weight"])
 
 
-def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path):
+def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path, monkeypatch):
     """Stage 1 trains LoRA adapters (encoder frozen for good); stage 2, without LoRA, starts from that
-    checkpoint: the adapters merged into the encoder, so its model embeds as stage 1's did."""
+    checkpoint: the adapters merged into the encoder, so its model embeds as stage 1's did. The checkpoint is
+    read, and its adapters merged, once for the run (config and initialisation share the source)."""
+    from speakerlab.models.ssl.speaker import SSLSpeakerModel
     from speakerlab.train.build import build_run, load_train_config
     from speakerlab.train.resume import resume
 
@@ -159,12 +161,18 @@ def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path):
     stage1 = tmp_path / "s1" / "checkpoints" / "epoch_001.pt"
     joint = [o for o in overrides if not o.startswith("model.args.lora")]
     joint += ["model.args.lora=null", f"train.init={stage1}", "train.epochs=1"]
-    run = build_run(load_train_config([str(cfg)], joint, None), tmp_path / "s2")
+    reads, merges = [], []
+    load, merge = torch.load, SSLSpeakerModel.merge_lora
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: reads.append(str(f)) or load(f, *a, **k))
+    monkeypatch.setattr(SSLSpeakerModel, "merge_lora", lambda self: merges.append(1) or merge(self))
+    run_cfg, init = load_train_config([str(cfg)], joint, None)
+    run = build_run(run_cfg, tmp_path / "s2", init)
     try:
         resume(run)
         run.monitor.start()  # writes the lines logged so far
     finally:
         run.monitor.close()
+    assert reads.count(str(stage1)) == 1 and len(merges) == 1
     assert "LoRA adapters merged" in (tmp_path / "s2" / "train.log").read_text()
     assert not any("lora_" in k for k in run.raw.model.state_dict())
     assert all(p.requires_grad for p in run.raw.model.encoder_parameters())  # the joint stage trains them all

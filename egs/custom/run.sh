@@ -4,7 +4,7 @@
 #   bash egs/custom/run.sh --root /data/voices --init egs/mini/exp/campplus     # ours: an exp dir or checkpoint
 #   bash egs/custom/run.sh --csv list.csv --3dspeaker campplus --weights campplus_cn_common.bin
 #   bash egs/custom/run.sh --root /data/voices --init b2-vox2-ptn.pt \
-#     --train_overrides "features.num_mel_bins=72 features.mean_norm=false"     # a ReDimNet2 release
+#     --train_overrides data.feats=false    # a ReDimNet2 release: its own log-mel, computed from the audio
 #   bash egs/custom/run.sh --root /data/voices                                  # no --init: from scratch
 # Stages (the same numbers in every recipe): 1 data preparation (speakerlab-folder: every
 # file checked, $data/report.txt; speaker-disjoint train/ and test/, test/trials), 2 features (validate lists,

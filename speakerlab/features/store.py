@@ -25,7 +25,8 @@ from torch.utils.data import Dataset
 
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.lists import ListError, load_data_dir, read_table
-from speakerlab.features.fbank import Fbank, FbankConfig, fbank_config, num_frames
+from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
+from speakerlab.frontends import feature_spec
 
 FEATS_SCP, FEATS_ARK, FEATS_CONF = "feats.scp", "feats.ark", "feats.json"
 
@@ -166,10 +167,11 @@ def main(argv=None) -> int:
     try:
         raw = None if args.config else {"model": {"name": "campplus"}, "data": {"train": args.data[0]}}
         cfg = load_config(args.config, args.overrides, raw=raw)
-        if cfg.features.kind != "kaldi_fbank":  # other front-ends are computed from the audio every time
-            print(f"feature store: nothing to store for features.kind {cfg.features.kind}", file=sys.stderr)
+        spec = feature_spec(cfg.features, cfg.data.sample_rate)
+        if spec.kind != "kaldi_fbank":  # other front-ends are computed from the audio every time
+            print(f"feature store: nothing to store for features.kind {spec.kind}", file=sys.stderr)
             return 0
-        fbank = Fbank(fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0))
+        fbank = Fbank(spec.fbank)
         for data_dir in args.data:
             write_store(data_dir, fbank)
     except (ListError, ConfigError, ValueError) as e:

@@ -8,7 +8,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -22,16 +22,17 @@ from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.dataio.speed import speed_speaker_names
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import fbank_config
-from speakerlab.features.spec import build_features, feature_spec, input_problem
+from speakerlab.features.spec import build_features
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
+from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model, model_args_problems
+from speakerlab.sources import Source, input_problem
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.distributed import DistInfo, wrap_ddp
 from speakerlab.train.freeze import check_freeze
 from speakerlab.train.frontend import Frontend
-from speakerlab.train.init import resolve_model
+from speakerlab.train.init import resolve_config
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim import check_encoder_settings, parameter_groups
@@ -40,17 +41,18 @@ from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
 
 
-def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
-    """The training config: `load_config`, the model section taken from `train.init` when it is set, and the
-    model arguments checked against the registered builder's signature, so a typo in `model.args` stops
-    here, naming the key, before any work."""
+def load_train_config(
+    paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]
+) -> Tuple[Config, Optional[Source]]:
+    """(config, the `train.init` Source read here once, or None; for `build_run`): `load_config`, the sections
+    resolve_config completes, and the model arguments checked against the builder's signature, so a typo in
+    `model.args` stops here, naming the key, before any work."""
     cfg = load_config(list(paths), list(overrides), hardware=hardware)
-    if cfg.train.init:
-        resolve_model(cfg)  # the model section from the pretrained model; a conflicting key is named
+    init = resolve_config(cfg)  # a key that conflicts with the pretrained model is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
     if problems:
         raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
-    return cfg
+    return cfg, init
 
 
 class SpeakerNet(nn.Module):
@@ -141,7 +143,7 @@ def class_names(cfg: Config, speakers: List[str]) -> List[str]:
 
 def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
     """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
-    fb = fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0)
+    fb = feature_spec(cfg.features, cfg.data.sample_rate).fbank
     return FeatureCropDataset(
         FeatureStore(data.root, fb),
         data.utts,
@@ -155,7 +157,7 @@ def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: i
 def make_features(cfg: Config, device: torch.device) -> nn.Module:
     """The training front-end: wave `(B, samples)` -> model input, of `cfg.features` at `cfg.data.sample_rate`
     with its dither (the checkpoint stores the same spec without dither)."""
-    return build_features(feature_spec(cfg.features, cfg.data.sample_rate, dither=None)).to(device)
+    return build_features(feature_spec(cfg.features, cfg.data.sample_rate, training=True)).to(device)
 
 
 def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
@@ -170,7 +172,7 @@ def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
 
 def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     model = build_model(cfg.model.name, **cfg.model.args)
-    problem = input_problem(model, cfg.features.kind, cfg.features.mean_norm)
+    problem = input_problem(model, feature_spec(cfg.features, cfg.data.sample_rate))
     if problem:
         raise ConfigError(f"config key {problem} (model {cfg.model.name})")
     check_encoder_settings(model, cfg.optim, cfg.model.name)
@@ -323,6 +325,7 @@ class Run:
     speakers: List[str]  # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
+    init: Optional[Source] = None  # train.init as load_train_config read it, until the run is initialised from it
 
     @property
     def ckpt_dir(self) -> Path:
@@ -333,8 +336,9 @@ class Run:
         return self.sampler.steps_per_epoch
 
 
-def build_run(cfg: Config, exp_dir: Path) -> Run:
-    """Process group, device, precision, data, model, optimizer, batch plan and loader of a run."""
+def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
+    """Process group, device, precision, data, model, optimizer, batch plan and loader of a run; `init`, the source
+    of `load_train_config`, is kept for the run's initialisation."""
     info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
     device = resolve_device(cfg.hardware.device, info.local_rank)
     monitor = Monitor(exp_dir, enabled=info.is_main)
@@ -400,6 +404,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         speakers=speakers,
         guard=guard,
         state=RunState(),
+        init=init,
     )
     optimizer = f"{cfg.optim.name}{' (fused)' if run.optimizer.defaults.get('fused') else ''}"
     monitor.log(

@@ -24,7 +24,7 @@ from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.lists import ListError
-from speakerlab.features.spec import feature_spec
+from speakerlab.frontends import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.build import Run, build_run, load_train_config
@@ -286,8 +286,8 @@ def main(argv=None) -> int:
     (the watchdog's)."""
     args = parse_args(argv)
     try:
-        cfg = load_train_config(args.config, args.overrides, args.hardware)
-        run = build_run(cfg, Path(args.exp_dir))
+        cfg, init = load_train_config(args.config, args.overrides, args.hardware)
+        run = build_run(cfg, Path(args.exp_dir), init)
     except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()

@@ -21,11 +21,12 @@ from typing import Dict, List, Tuple
 import torch.nn as nn
 
 from speakerlab.config import ConfigError, OptimSettings
+from speakerlab.models import SSLModel
 
 
 def has_encoder(model: nn.Module) -> bool:
-    """A model on a self-supervised encoder (speakerlab.models.ssl) answers `encoder_depth`."""
-    return hasattr(model, "encoder_depth")
+    """A model on a self-supervised encoder: the SSLModel contract (speakerlab.models.ssl.base)."""
+    return isinstance(model, SSLModel)
 
 
 def check_encoder_settings(model: nn.Module, o: OptimSettings, name: str) -> None:

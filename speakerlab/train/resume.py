@@ -15,7 +15,8 @@ from speakerlab.checkpoint import (
     save_checkpoint,
 )
 from speakerlab.config import Config
-from speakerlab.features.spec import feature_spec
+from speakerlab.frontends import feature_spec
+from speakerlab.models import SSLModel
 from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
 from speakerlab.train.freeze import same_freeze
@@ -35,7 +36,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
     )
     model = run.raw.model
     # A model whose arguments name files (an SSL encoder's pretrained directory) says how to rebuild it alone.
-    args = model.standalone_args() if hasattr(model, "standalone_args") else dict(cfg.model.args)
+    args = model.standalone_args() if isinstance(model, SSLModel) else dict(cfg.model.args)
     return Checkpoint(
         model_name=cfg.model.name,
         model_args=args,
@@ -170,6 +171,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         if run.cfg.train.init:
             initialise(run)
         return 0
+    run.init = None  # the run's own checkpoint wins over train.init: no copy of its weights kept for nothing
     path, ckpt = found
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
     if changes and not force_new_schedule:
