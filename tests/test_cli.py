@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.resample import (
     MAX_WEIGHTS,
@@ -26,38 +25,13 @@ from speakerlab.dataio.resample import (
     read_for_model,
     resample,
 )
-from speakerlab.features.fbank import Fbank, FbankConfig
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.features.fbank import Fbank
 from speakerlab.inference.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, run_embed, run_verify
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
 from tests.helpers import write_wav
 
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("ckpt") / "c.pt"
-    save_checkpoint(
-        path,
-        Checkpoint(
-            model_name="campplus",
-            model_args=TINY,
-            model=build_model("campplus", **TINY).state_dict(),
-            features=FeatureSpec(FbankConfig()),
-        ),
-    )
-    return path
 
 
 @pytest.fixture

@@ -31,13 +31,10 @@ RUN = {
 }
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A tiny CAM++ trained one epoch on speakers s0-s3: its exp dir."""
-    root = tmp_path_factory.mktemp("pretrained")
-    cfg, _ = tiny_config(root, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
-    return root / "exp"
+@pytest.fixture
+def pretrained(tiny_model):
+    """A tiny CAM++ trained one epoch on speakers s0-s3 (the session's, tests/conftest.py): its exp dir."""
+    return tiny_model.exp
 
 
 def new_data(tmp_path, speakers=("s2", "s3", "n0", "n1")):
@@ -273,8 +270,9 @@ def test_redimnet2_release_gives_the_registered_size(tmp_path, capsys):
     run = fresh_run(
         write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}, features=features), tmp_path / "r"
     )
+    loaded = run.raw.model.state_dict()  # once: state_dict() builds the whole dict on every call
     for key, value in state.items():
-        torch.testing.assert_close(run.raw.model.state_dict()[key], value, rtol=0, atol=0)
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
     assert "trained on its own log-mel front-end" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"config key features.num_mel_bins: 80 in the config, 72 in"):
         load_train_config([write_config(tmp_path, new_data(tmp_path), train={"init": str(path)})], [], None)
