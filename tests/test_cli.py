@@ -60,7 +60,10 @@ def cosine(a, b) -> float:
 def test_every_command_has_a_console_script_that_runs():
     """Each module with a `main(argv)` is a `speakerlab-<command>` script; each entry point answers --help
     with exit 0 and a bad option with exit 2; the installed scripts are on PATH (env.sh installs them)."""
-    tomllib = pytest.importorskip("tomllib" if __import__("sys").version_info >= (3, 11) else "tomli")
+    tomllib = pytest.importorskip(
+        "tomllib" if __import__("sys").version_info >= (3, 11) else "tomli",
+        reason="Python 3.10 reads pyproject.toml with the tomli package, which is not installed",
+    )
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     with_main = {
         ".".join(p.relative_to(ROOT).with_suffix("").parts)
@@ -181,7 +184,8 @@ def test_verify_prints_the_cosine_of_the_embeddings_embed_writes(ckpt, wavs, tmp
     assert run_embed([str(scp), str(out), "--checkpoint", str(ckpt), "--device", "cpu", "--kaldi"]) == 0
     ids, emb = read_embeddings(out)
     assert ids == ["b", "a"] and emb.shape == (2, 16) and emb.dtype == np.float32  # wav.scp order
-    kaldiio = pytest.importorskip("kaldiio")
+    import kaldiio  # a requirement of speakerlab (requirements.txt): never skipped
+
     ark = {k: v for k, v in kaldiio.load_scp(str(out.with_suffix(".scp"))).items()}
     assert list(ark) == ids and all(np.array_equal(ark[u], emb[i]) for i, u in enumerate(ids))
     capsys.readouterr()
@@ -202,7 +206,8 @@ def test_ark_output_writes_ark_scp_and_npz(ckpt, wavs, tmp_path):
     scp = write_scp(tmp_path / "wav.scp", [("x", wavs[2]), ("y", shortest)])
     assert run_embed([str(scp), str(tmp_path / "k" / "e.ark"), "--checkpoint", str(ckpt)]) == 0
     assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["e.ark", "e.npz", "e.scp"]
-    kaldiio = pytest.importorskip("kaldiio")
+    import kaldiio  # a requirement of speakerlab (requirements.txt): never skipped
+
     ark, (ids, emb) = kaldiio.load_scp(str(tmp_path / "k" / "e.scp")), read_embeddings(tmp_path / "k" / "e.npz")
     assert ids == ["x", "y"] and np.isfinite(emb).all()
     for i, u in enumerate(ids):

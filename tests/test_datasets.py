@@ -284,7 +284,9 @@ def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys
     assert vox2.utts == ["id00012-21Uxsk56VDQ-00001", "id00012-21Uxsk56VDQ-00002", "id00015-0fijmz4vTVU-00001"]
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed")
+@pytest.mark.skipif(
+    shutil.which("ffmpeg") is None, reason="ffmpeg is not on PATH (.ci/run installs it: apt-get install ffmpeg)"
+)
 def test_voxceleb_convert_with_real_ffmpeg(tmp_path):
     src = tmp_path / "raw/voxceleb2/dev/aac/id00012/21Uxsk56VDQ/00001.m4a"
     src.parent.mkdir(parents=True)
