@@ -3,6 +3,8 @@ modifies one of these (an exp dir it resumes, a corpus it rewrites) copies it in
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 from tests.fake_corpora import make_synth_corpus
-from tests.helpers import TINY_CAMPPLUS, tiny_config
+from tests.helpers import ROOT, TINY_CAMPPLUS, tiny_config
 
 
 class TinyRun(NamedTuple):
@@ -76,3 +78,36 @@ def synth_corpus(tmp_path_factory):
     return make_synth_corpus(
         tmp_path_factory.mktemp("synth"), train_speakers=10, utts=5, eval_speakers=4, eval_utts=4, dur=(1.0, 1.4)
     )
+
+
+# egs/mini's corpus for the recipe's end-to-end runs (tests/test_recipe.py, tests/test_ssl_train.py): big enough
+# for a small CAM++ to learn in 100 steps, small enough for minutes on 2 cores.
+MINI_CORPUS = (
+    "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
+    "--eval-utts-per-speaker 4 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
+)
+
+
+class MiniCorpus(NamedTuple):
+    """egs/mini's stage 1 with MINI_CORPUS: its data dir and what the stage printed."""
+
+    data: Path
+    log: str
+
+
+@pytest.fixture(scope="session")
+def mini_corpus(tmp_path_factory):
+    """`bash egs/mini/run.sh --stage 1 --stop_stage 1` once (the synthetic corpus and its MUSAN/RIR lists). Stage 2
+    writes into the data dir (indexes, fbank stores, the noise bank): a test copies it into its tmp_path and runs
+    the recipe from stage 2 (the copied lists keep naming the session's audio, which no test changes)."""
+    data = tmp_path_factory.mktemp("mini") / "data"
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / "mini" / "run.sh"), "--data", str(data), "--exp", str(data.parent / "exp")]
+        + ["--stage", "1", "--stop_stage", "1", "--corpus_opts", MINI_CORPUS],
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return MiniCorpus(data, r.stdout + r.stderr)
