@@ -80,7 +80,7 @@ def synth_corpus(tmp_path_factory):
     )
 
 
-# egs/mini's corpus for the recipe's end-to-end runs (tests/test_recipe.py, tests/test_ssl_train.py): big enough
+# egs/mini's corpus for the recipe's end-to-end runs (tests/test_mini_recipe.py, tests/test_ssl_train.py): big enough
 # for a small CAM++ to learn in 100 steps, small enough for minutes on 2 cores.
 MINI_CORPUS = (
     "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
