@@ -45,6 +45,15 @@ def assert_no_traceback(*outputs: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# The 16-D tiny CAM++ of the checkpoint, extraction and embedding tests (tests/conftest.py's `ckpt`).
+TINY_CAMPPLUS = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 TINY_MODEL = """
 model:
   name: campplus

@@ -25,15 +25,7 @@ from speakerlab.models import build_model
 from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
 from tests.helpers import ROOT, make_data_dir, tiny_config, write_wav
-
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
+from tests.helpers import TINY_CAMPPLUS as TINY
 
 
 def snapshot(folder: Path) -> dict:
@@ -45,13 +37,11 @@ def snapshot(folder: Path) -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny config and an exp dir trained for one epoch (2 steps), copied by the cases that need it."""
-    root = tmp_path_factory.mktemp("trained")
-    cfg, train = tiny_config(root, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
-    return cfg, train, root / "exp"
+@pytest.fixture
+def trained(tiny_model):
+    """(config, train dir, exp dir) of the session's tiny model trained one epoch (tests/conftest.py); the cases
+    that change the exp dir copy it."""
+    return tiny_model
 
 
 def copy_exp(trained, tmp_path) -> Path:
