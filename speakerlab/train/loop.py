@@ -23,7 +23,7 @@ import torch
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.lists import ListError, folder_problem
 from speakerlab.features.spec import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
@@ -33,7 +33,7 @@ from speakerlab.train.init import apply_freeze
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
 from speakerlab.train.optim import encoder_frozen_at, set_encoder_frozen
-from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
 from speakerlab.train.stability import TrainingStopped, batch_culprits
 from speakerlab.train.validation import validation_eer
@@ -252,8 +252,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="resume although settings that define the schedule or data order changed (global batch, "
         "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings",
     )
-    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, its overrides, train.init and that --exp-dir and data.train can be made, then "
+        "exit (0: fine; 2: the one-line problem) without reading the data or touching the exp dir",
+    )
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. train.epochs=2")
+    return ap.parse_intermixed_args(argv)
+
+
+def check_only(cfg, exp_dir: Path) -> int:
+    """`--check`: the config (with train.init) is loaded already; the output folders must be usable."""
+    problems = [folder_problem(exp_dir)]
+    if cfg.data.train:
+        problems.append(folder_problem(cfg.data.train, writable=False))
+    problem = next(filter(None, problems), None)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    start = f"train.init {cfg.train.init}" if cfg.train.init else "no train.init: from scratch"
+    print(f"speakerlab-train --check: config ok, model {cfg.model.name} ({start}), exp dir {exp_dir} usable")
+    return 0
 
 
 def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_new_schedule: bool) -> None:
@@ -291,6 +311,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_train_config(args.config, args.overrides, args.hardware)
+        if args.check:
+            return check_only(cfg, Path(args.exp_dir))
         run = build_run(cfg, Path(args.exp_dir))
     except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)
@@ -304,7 +326,7 @@ def main(argv=None) -> int:
     try:
         fit(run, lock, args.max_steps, args.force_new_schedule)
         return 0
-    except (ExpDirLocked, ScheduleChanged) as e:
+    except (ExpDirLocked, ScheduleChanged, RunMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingStopped, CheckpointError) as e:
