@@ -518,7 +518,7 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
         cwd=tmp_path,
     )
-    assert r.returncode == 1 and message in r.stderr and r.stdout == ""
+    assert r.returncode == 2 and message in r.stderr and r.stdout == ""
 
 
 @pytest.mark.parametrize(
