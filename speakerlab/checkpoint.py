@@ -229,10 +229,37 @@ def load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Any:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a weights file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} cannot be loaded: {e}") from None
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {why_not_weights(path, e)}") from None
+
+
+def why_not_weights(path: Path, error: Exception) -> str:
+    """What `path` is, when `torch.load(weights_only=True)` refused it: text or another format, a damaged
+    PyTorch file, or one holding Python objects. One line; never the advice to lift weights_only (that would
+    run code from the file)."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save's zip archive, or a legacy pickle
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if found:
+            return (
+                f"it holds Python objects ({found.group(1)}), not only weights; speakerlab reads weights only and "
+                "runs no code from a file (save the state dict alone)"
+            )
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0]
+        return f"a damaged or incomplete PyTorch file ({first})" if "weights_only" not in first else "a damaged file"
+    if not head:
+        return "it is empty, not a PyTorch weights file"
+    try:
+        head.decode("utf-8")
+        kind = "a text file"
+    except UnicodeDecodeError as e:
+        kind = "a text file" if e.start >= len(head) - 3 else "binary data of another format"  # a cut character
+    return f"it is {kind}, not a PyTorch weights file (torch.save writes a zip archive or a pickle)"
 
 
 def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:

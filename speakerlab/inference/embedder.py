@@ -13,7 +13,6 @@ through this module; none of it imports the training engine.
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.checkpoint import load_given, rebuild_model
+from speakerlab.checkpoint import CheckpointError, load_given, load_raw, rebuild_model
 from speakerlab.dataio.resample import read_for_model
 from speakerlab.devices import resolve_device
 from speakerlab.features.fbank import FbankConfig
@@ -136,10 +135,7 @@ def load_redimnet2_release(path: Union[str, Path]) -> Tuple[nn.Module, FeatureSp
     from speakerlab.features.redimnet import release_mel_config
     from speakerlab.models import load_redimnet2
 
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read as a ReDimNet2 release: {e}") from None
+    raw = load_raw(path)
     if not isinstance(raw, dict) or not {"model_config", "state_dict"} <= set(raw):
         raise ValueError(f"{path}: not a ReDimNet2 release (a dict with model_config and state_dict)")
     try:
@@ -178,7 +174,7 @@ def load_embedder(
         raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")
     from speakerlab.models import load_3dspeaker
 
-    model = load_3dspeaker(threedspeaker, weights)
+    model = load_3dspeaker(threedspeaker, load_raw(weights))
     return Embedder(model, THREEDSPEAKER_FEATURES, dev, f"3D-Speaker {threedspeaker} from {weights}")
 
 
@@ -215,6 +211,9 @@ def embedder_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
         return load_embedder(redimnet2=args.redimnet2, device=args.device)
     try:
         return load_embedder(threedspeaker=args.threedspeaker, weights=args.weights, device=args.device)
-    except (RuntimeError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as e:
-        # torch.load / load_state_dict errors say what is wrong but not with which file.
-        raise ValueError(f"{args.weights}: cannot load as 3D-Speaker {args.threedspeaker!r} weights: {e}") from None
+    except CheckpointError:
+        raise  # the file is not weights at all: its message names it
+    except (RuntimeError, TypeError, KeyError) as e:
+        # load_state_dict errors say what is wrong (over several lines) but not with which file.
+        said = " ".join(str(e).split())
+        raise ValueError(f"{args.weights}: cannot load as 3D-Speaker {args.threedspeaker!r} weights: {said}") from None

@@ -42,5 +42,13 @@ def load_3dspeaker(name: str, state_dict_or_path: Union[str, os.PathLike, Mappin
         state = torch.load(state, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping):
         raise TypeError(f"expected a state dict or a path, got {type(state).__name__}")
-    model.load_state_dict(unwrap_state_dict(state), strict=True)
+    state = unwrap_state_dict(state)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:  # said in one line: load_state_dict would list every key, hundreds of them
+        parts = [f"Missing key(s): {len(missing)} of {len(expected)}" + (f" (e.g. '{missing[0]}')" if missing else "")]
+        parts.append(f"unexpected key(s): {len(unexpected)}" + (f" (e.g. '{unexpected[0]}')" if unexpected else ""))
+        raise RuntimeError(f"the state dict does not fit {name}: {'; '.join(parts)}")
+    model.load_state_dict(state, strict=True)
     return model.eval()
