@@ -27,6 +27,8 @@ class DatasetError(RuntimeError):
 def require_dir(path, hint: str = "") -> Path:
     """`path` as a Path, or DatasetError naming it (with `hint`: what to run to create it)."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatasetError(f"{path} is a file, not a folder" + (f": {hint}" if hint else ""))
     if not path.is_dir():
         raise DatasetError(f"expected folder {path} does not exist" + (f": {hint}" if hint else ""))
     return path
@@ -34,6 +36,8 @@ def require_dir(path, hint: str = "") -> Path:
 
 def require_file(path, hint: str = "") -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"{path} is a folder, not a file" + (f": {hint}" if hint else ""))
     if not path.is_file():
         raise DatasetError(f"expected file {path} does not exist" + (f": {hint}" if hint else ""))
     return path
