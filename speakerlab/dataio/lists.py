@@ -16,6 +16,11 @@ class ListError(ValueError):
     """A data list is malformed; the message starts with `file:line:`."""
 
 
+def rerun_features(command: str, data) -> str:
+    """What to do when what the features stage wrote no longer matches the lists: every recipe's stage 2."""
+    return f"re-run the features stage (recipe stage 2: {command} --data {data})"
+
+
 def _lines(path: Path):
     if not path.exists():
         raise ListError(f"{path}: file does not exist")
@@ -149,7 +154,10 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
         data.num_samples = read_utt2num_samples(root / "utt2num_samples")
         for utt in data.utts:
             if utt not in data.num_samples:
-                raise ListError(f"{root / 'utt2num_samples'}: no entry for '{utt}'; re-run the prepare stage")
+                raise ListError(
+                    f"{root / 'utt2num_samples'}: no entry for '{utt}' of wav.scp (the lists changed since the length "
+                    f"index was written); {rerun_features('speakerlab-prepare', root)}"
+                )
     return data
 
 

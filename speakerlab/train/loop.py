@@ -23,7 +23,7 @@ import torch
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.lists import ListError, folder_problem
+from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
 from speakerlab.features.spec import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
@@ -335,10 +335,8 @@ def main(argv=None) -> int:
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
-        run.monitor.log(
-            f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
-            f"speakerlab-prepare --data {cfg.data.train}); the last checkpoint is intact"
-        )
+        rerun = rerun_features("speakerlab-prepare", cfg.data.train)
+        run.monitor.log(f"error: {cause}; the audio no longer matches the lists ({rerun}); the last checkpoint is kept")
         return 2
     finally:
         if watchdog is not None:
