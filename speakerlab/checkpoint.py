@@ -83,6 +83,7 @@ class Checkpoint:
     resume: Optional[ResumeState] = None
     config: Dict[str, Any] = field(default_factory=dict)
     averaged_from: List[str] = field(default_factory=list)
+    digest: str = ""  # as read from a file (not written by to_dict): which weights these are, e.g. for embeddings
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -270,6 +271,7 @@ def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
 
 def checkpoint_from_raw(raw: Any, path: PathLike) -> Checkpoint:
     """`load_checkpoint` of what `torch.load` returned for `path`: the digest checked, the schema read."""
+    stored = ""
     if isinstance(raw, dict) and "digest" in raw:
         stored = raw.pop("digest")
         if content_digest(raw) != stored:
@@ -277,7 +279,9 @@ def checkpoint_from_raw(raw: Any, path: PathLike) -> Checkpoint:
                 f"checkpoint {path} is corrupt: its contents do not match the digest written "
                 "with it (a damaged or partly overwritten file)"
             )
-    return Checkpoint.from_dict(raw, path)
+    ckpt = Checkpoint.from_dict(raw, path)
+    ckpt.digest = stored
+    return ckpt
 
 
 def _order(path: Path) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import re
 import shutil
@@ -393,3 +394,53 @@ def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
     fails(run_embed, [str(tmp_path / "wav.scp"), str(tmp_path / "e.txt"), *model], tmp_path / "e.txt")
     fails(run_embed, [str(tmp_path / "none.scp"), str(out), *model], tmp_path / "none.scp")
     assert not out.parent.exists()  # nothing written by a failed run
+
+
+def test_verify_uses_the_scoring_stages_threshold_of_this_very_checkpoint(ckpt, tmp_path, capsys):
+    """`--checkpoint EXP` after a recipe's stages 4-5 (extract, score): the EER threshold scored on that
+    checkpoint's embeddings, saying where it came from; for a checkpoint those scores are not of (a newer one),
+    the untuned default, saying so and how to get a threshold."""
+    from speakerlab.inference.extract import main as extract_main
+    from speakerlab.scoring.score import main as score_main
+    from tests.helpers import make_data_dir
+
+    exp = tmp_path / "exp"
+    (exp / "checkpoints").mkdir(parents=True)
+    shutil.copy(ckpt, exp / "checkpoints" / "epoch_001.pt")
+    data = make_data_dir(tmp_path / "test", {f"s{s}-{u}": f"s{s}" for s in range(3) for u in range(2)}, seconds=1.0)
+    (data / "trials").write_text("s0-0 s0-1 target\ns1-0 s1-1 target\ns0-0 s1-0 nontarget\ns1-1 s2-0 nontarget\n")
+    emb = exp / "embeddings" / "test.npz"
+    assert extract_main(["--checkpoint", str(exp), "--data", str(data), "--out", str(emb), "--device", "cpu"]) == 0
+    assert (
+        score_main(
+            [
+                "--embeddings",
+                str(emb),
+                "--trials",
+                str(data / "trials"),
+                "--out",
+                str(exp / "scores" / "test"),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
+    want = json.loads((exp / "scores" / "test.json").read_text())["operating_points"]["eer"]["threshold"]
+    capsys.readouterr()
+    a, b = str(data / "wav" / "s0-0.wav"), str(data / "wav" / "s2-1.wav")
+    for given in (exp, exp / "checkpoints" / "epoch_001.pt"):
+        assert run_verify([a, b, "--checkpoint", str(given), "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        assert parse_verify(out)[1] == pytest.approx(want, abs=1e-6)
+        assert f"(EER threshold of {exp / 'scores' / 'test.json'}: {data / 'trials'}, 4 trials, EER " in out
+    torch.manual_seed(1)  # training went on: the newest checkpoint has other weights, its scores are not done
+    newer = build_model("campplus", **TINY).state_dict()
+    save_checkpoint(
+        exp / "checkpoints" / "epoch_002.pt",
+        Checkpoint(model_name="campplus", model_args=TINY, model=newer, features=FeatureSpec(FbankConfig())),
+    )
+    assert run_verify([a, b, "--checkpoint", str(exp), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert parse_verify(out)[1] == DEFAULT_THRESHOLD
+    assert "(uncalibrated default, not tuned for this model: give --threshold T or --calibration TRIALS" in out
+    assert "or score a trial list with this checkpoint (a recipe's stages 4-5)" in out

@@ -53,15 +53,23 @@ class Embedder:
     (speakerlab.features.spec), then the model.
 
     The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
-    `name` says where it came from, for logs.
+    `name` says where it came from, for logs; `model_id`, for a speakerlab checkpoint its content digest,
+    which embeddings files record (the model that made them) and `speakerlab-verify` matches.
     """
 
-    def __init__(self, model: nn.Module, spec: FeatureSpec, device: Union[str, torch.device] = "cpu", name: str = ""):
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: FeatureSpec,
+        device: Union[str, torch.device] = "cpu",
+        name: str = "",
+        model_id: str = "",
+    ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.spec = spec
         self.features = build_features(spec).to(self.device)
-        self.name = name
+        self.name, self.model_id = name, model_id
 
     @property
     def sample_rate(self) -> int:
@@ -166,7 +174,7 @@ def load_embedder(
         raise ValueError("give exactly one of a checkpoint, a 3D-Speaker model name (with weights) or a ReDimNet2 file")
     if checkpoint is not None:
         path, ckpt = load_given(checkpoint, warn=lambda m: print(m, file=sys.stderr))
-        return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}")
+        return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}", ckpt.digest)
     if redimnet2 is not None:
         model, spec = load_redimnet2_release(redimnet2)
         return Embedder(model, spec, dev, f"ReDimNet2 release {redimnet2}")

@@ -394,7 +394,7 @@ def main(argv=None) -> int:
     except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_embeddings(args.out, ids, emb, args.kaldi)
+    write_embeddings(args.out, ids, emb, args.kaldi, embedder.model_id)
     print(
         f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
         f"in {time.time() - t0:.1f}s",

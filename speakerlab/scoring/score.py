@@ -51,7 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speakerlab.dataio.embeddings import check_embeddings, read_embeddings
+from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
@@ -315,6 +315,7 @@ def run(args) -> List[Dict]:
             s["scoring"] = {
                 "method": scorer.method(),
                 "embeddings": str(args.embeddings),
+                "model_id": embeddings_model_id(args.embeddings),  # speakerlab-verify finds its threshold by it
                 "cohort": args.cohort,
                 "mean_sub": bool(args.mean_sub),
                 "asnorm_top_n": args.asnorm_top_n,
