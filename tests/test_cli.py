@@ -444,3 +444,52 @@ def test_verify_uses_the_scoring_stages_threshold_of_this_very_checkpoint(ckpt, 
     assert parse_verify(out)[1] == DEFAULT_THRESHOLD
     assert "(uncalibrated default, not tuned for this model: give --threshold T or --calibration TRIALS" in out
     assert "or score a trial list with this checkpoint (a recipe's stages 4-5)" in out
+
+
+def test_every_console_script_help_documents_every_option_with_its_default(monkeypatch, capsys):
+    """`--help` of each script of pyproject.toml (and of each sub-command): exit 0, the shared CommandParser
+    (defaults shown), a description that does not end in ':', help text for every option and sub-command."""
+    import argparse
+
+    from speakerlab.commands import CommandParser, HelpFormatter
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    printed = []
+    monkeypatch.setattr(CommandParser, "print_help", lambda self, file=None: printed.append(self))
+
+    def helped(entry, argv) -> CommandParser:
+        printed.clear()
+        with pytest.raises(SystemExit) as e:
+            sys.exit(entry(argv))
+        assert e.value.code == 0 and len(printed) == 1, (argv, e.value.code, "not a CommandParser?")
+        return printed[0]
+
+    problems, seen = [], 0
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        entry = getattr(importlib.import_module(module), func)
+        todo = [[]]
+        while todo:
+            argv = todo.pop()
+            parser = helped(entry, [*argv, "--help"])
+            seen += 1
+            where = " ".join([name, *argv])
+            assert parser.formatter_class is HelpFormatter, where
+            if not (parser.description or "").strip() or parser.description.strip().endswith(":"):
+                problems.append(f"{where}: description {parser.description!r}")
+            for action in parser._actions:
+                if isinstance(action, argparse._HelpAction):
+                    continue
+                if isinstance(action, argparse._SubParsersAction):
+                    todo += [[*argv, choice.dest] for choice in action._choices_actions]
+                    problems += [f"{where} {c.dest}: no help" for c in action._choices_actions if not c.help]
+                elif not action.help or action.help == argparse.SUPPRESS:
+                    problems.append(f"{where} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert not problems, "\n".join(problems)
+    assert seen > len(scripts)  # the sub-commands of the corpus scripts too
+    monkeypatch.undo()
+    with pytest.raises(SystemExit):
+        importlib.import_module("speakerlab.datasets.folder").main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "trials of test/trials, half of them target (default: 20000)" in shown

@@ -16,19 +16,32 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # Which layer may import which (a layer may always import itself). Data flows top-down: lists and audio
 # -> features -> models -> training -> checkpoint -> inference -> scores; a lower layer never reaches up,
 # so inference runs without anything of the training side.
+# `commands` (the one argparse parser of the console scripts) is a leaf every layer with a script may import.
 LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "config": {"settings"},
     "devices": set(),
-    "dataio": {"config", "settings", "devices"},
-    "features": {"dataio", "config", "devices"},
+    "commands": set(),
+    "dataio": {"config", "settings", "devices", "commands"},
+    "features": {"dataio", "config", "devices", "commands"},
     "models": set(),
     "checkpoint": {"features", "models"},
-    "scoring": {"dataio"},
-    "inference": {"checkpoint", "features", "models", "dataio", "scoring", "devices"},
-    "train": {"config", "settings", "devices", "dataio", "features", "models", "checkpoint", "inference", "scoring"},
-    "datasets": {"dataio"},
-    "synth": {"dataio"},
+    "scoring": {"dataio", "commands"},
+    "inference": {"checkpoint", "features", "models", "dataio", "scoring", "devices", "commands"},
+    "train": {
+        "config",
+        "settings",
+        "devices",
+        "dataio",
+        "features",
+        "models",
+        "checkpoint",
+        "inference",
+        "scoring",
+        "commands",
+    },
+    "datasets": {"dataio", "commands"},
+    "synth": {"dataio", "commands"},
 }
 
 

@@ -160,10 +160,11 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> N
 
 def main(argv=None) -> int:
     ap, sub = make_parser("speakerlab-cnceleb", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write the Kaldi data dirs and the trial list")
-    p.add_argument("--raw-dir", default="data/raw")
+    text = "write the Kaldi data dirs and the trial list"
+    p = sub.add_parser("prepare", help=text, description=text)
+    p.add_argument("--raw-dir", default="data/raw", help="folder the archives were extracted into")
     p.add_argument("--data", default="data", help="output folder for the data dirs")
-    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS))
+    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS), help="which parts to prepare")
     return run(
         ap,
         argv,

@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
@@ -159,7 +160,7 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
 
     `parts` names groups of archives the user can pick with `--parts` (default: all of them).
     """
-    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog=prog, description=doc)
     sub = ap.add_subparsers(dest="step", required=True)
     for step, text in (
         ("download", "fetch the archives (or verify those in --archive-dir)"),
@@ -195,7 +196,7 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
                 help="URL of one file (repeatable), e.g. vox1_test_wav.zip=https://...",
             )
             p.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
-            p.add_argument("--retries", type=int, default=5)
+            p.add_argument("--retries", type=int, default=5, help="failed attempts in a row before a file is given up")
             p.add_argument("--skip-md5", action="store_true", help="accept files whose md5 differs")
             p.add_argument("--keep-parts", action="store_true", help="keep split-archive parts after joining")
             p.add_argument("--user", default=None, help=f"HTTP basic-auth user (password from ${PASSWORD_ENV})")

@@ -54,6 +54,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import soundfile as sf
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.lists import ListError, folder_problem, write_table
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
@@ -335,10 +336,9 @@ def _remove_stale(audio: Path, used: set) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-folder",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--root", help="folder tree DIR/<speaker>/**/<audio file>")

@@ -116,7 +116,8 @@ def prepare(raw_dir, out, rooms: Sequence[str] = ROOMS) -> Dict[str, int]:
 
 def main(argv=None) -> int:
     ap, sub = make_parser("speakerlab-musan-rirs", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write noise.scp, music.scp, babble.scp, rirs.scp")
+    text = "write noise.scp, music.scp, babble.scp, rirs.scp"
+    p = sub.add_parser("prepare", help=text, description=text)
     p.add_argument("--raw-dir", default="data/raw", help="folder holding musan/ and RIRS_NOISES/")
     p.add_argument("--out", default="data/musan_rirs", help="output folder for the lists")
     p.add_argument(

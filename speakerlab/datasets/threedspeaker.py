@@ -149,8 +149,9 @@ def prepare(raw_dir, data, keep_device09: bool = False) -> None:
 
 def main(argv=None) -> int:
     ap, sub = make_parser("speakerlab-3dspeaker", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write the Kaldi data dirs and trial lists")
-    p.add_argument("--raw-dir", default="data/raw")
+    text = "write the Kaldi data dirs and trial lists"
+    p = sub.add_parser("prepare", help=text, description=text)
+    p.add_argument("--raw-dir", default="data/raw", help="folder the archives were extracted into")
     p.add_argument("--data", default="data", help="output folder for the data dirs")
     p.add_argument("--keep-device09", action="store_true", help=f"keep {EXCLUDED_DEVICE} utterances")
     return run(

@@ -256,14 +256,16 @@ def convert(raw_dir, jobs: int = 8, ffmpeg: str = "ffmpeg", src=None, dst=None) 
 
 def main(argv=None) -> int:
     ap, sub = make_parser("speakerlab-voxceleb", __doc__, PARTS)
-    p = sub.add_parser("convert", help="VoxCeleb2 m4a -> 16 kHz wav with ffmpeg, in a process pool")
-    p.add_argument("--raw-dir", default="data/raw")
-    p.add_argument("--jobs", type=int, default=8)
+    text = "VoxCeleb2 m4a -> 16 kHz wav with ffmpeg, in a process pool"
+    p = sub.add_parser("convert", help=text, description=text)
+    p.add_argument("--raw-dir", default="data/raw", help="folder the archives were extracted into")
+    p.add_argument("--jobs", type=int, default=8, help="ffmpeg processes at once")
     p.add_argument("--ffmpeg", default="ffmpeg", help="ffmpeg executable (name on PATH or path)")
-    p = sub.add_parser("prepare", help="write the Kaldi data dirs and trial lists")
-    p.add_argument("--raw-dir", default="data/raw")
+    text = "write the Kaldi data dirs and trial lists"
+    p = sub.add_parser("prepare", help=text, description=text)
+    p.add_argument("--raw-dir", default="data/raw", help="folder the archives were extracted into")
     p.add_argument("--data", default="data", help="output folder for the data dirs")
-    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS))
+    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS), help="which parts to prepare")
     p.add_argument(
         "--vox2-wav-dir",
         default=None,

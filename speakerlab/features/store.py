@@ -15,7 +15,6 @@ saying to re-run it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.lists import ListError, load_data_dir, read_table, read_wav_scp, rerun_features
 from speakerlab.features.fbank import Fbank, FbankConfig, fbank_config, num_frames
@@ -190,7 +190,7 @@ def collate_feats(items) -> Dict[str, torch.Tensor]:
 def main(argv=None) -> int:
     from speakerlab.config import ConfigError, load_config
 
-    ap = argparse.ArgumentParser(prog="speakerlab-feature-store", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-feature-store", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, action="append", help="Kaldi data dir with wav.scp (repeatable)")
     ap.add_argument("--config", action="append", help="experiment config(s) whose features section to use")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. features.num_mel_bins=64")

@@ -48,6 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.checkpoint import CheckpointError
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
@@ -163,7 +164,7 @@ UNTUNED = (
 
 
 def verify_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-verify",
         description="Cosine score of two audio files and the decision at a threshold.",
         epilog="Threshold: --threshold, else the EER threshold of --calibration (the score where miss and false-alarm "
@@ -243,7 +244,7 @@ def embed_scp(
 
 
 def embed_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-embed", description="Embeddings of the files of a wav.scp -> .npz (and Kaldi ark/scp)."
     )
     ap.add_argument("wav_scp", metavar="wav.scp", help="'<id> <path>' lines (any rate, first channel)")

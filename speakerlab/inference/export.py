@@ -13,7 +13,6 @@ input lengths.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn as nn
+
+from speakerlab.commands import CommandParser
 
 
 def model_feat_dim(model: nn.Module, feat_dim: Optional[int] = None) -> int:
@@ -105,10 +106,10 @@ def main(argv=None) -> int:
     from speakerlab.features.spec import FEATURE_KINDS
     from speakerlab.inference.embedder import add_source_args, embedder_from_args
 
-    ap = argparse.ArgumentParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
-    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True, help="what to write")
+    ap.add_argument("--out", required=True, help="the exported file (.onnx or .pt)")
     args = ap.parse_args(argv)
     args.device = "cpu"  # exported graphs are traced on the CPU
     try:

@@ -36,7 +36,6 @@ audio path.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -51,6 +50,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from speakerlab.checkpoint import CheckpointError
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError, audio_info, read_segment
 from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
@@ -333,7 +333,7 @@ def _sources(data: DataDir, store) -> List[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
     add_source_args(ap)
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")

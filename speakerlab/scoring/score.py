@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
@@ -241,7 +242,7 @@ def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[S
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
     ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.inference.extract)")
     ap.add_argument("--trials", required=True, nargs="+", help="one or more trial lists")
     ap.add_argument("--out", required=True, nargs="+", help="one prefix per list, or one directory")

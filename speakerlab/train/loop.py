@@ -21,6 +21,7 @@ from typing import Iterator, Optional
 import torch
 
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
+from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
@@ -231,14 +232,14 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--config",
         required=True,
         action="append",
         help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)",
     )
-    ap.add_argument("--exp-dir", required=True)
+    ap.add_argument("--exp-dir", required=True, help="the run's folder: checkpoints, logs; re-run to resume")
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
     ap.add_argument(
         "--max-steps",
