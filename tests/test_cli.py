@@ -493,3 +493,20 @@ def test_every_console_script_help_documents_every_option_with_its_default(monke
         importlib.import_module("speakerlab.datasets.folder").main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "trials of test/trials, half of them target (default: 20000)" in shown
+
+
+def test_a_text_file_as_3dspeaker_weights_is_one_line_without_torchs_advice(wavs, tmp_path, capsys):
+    """What torch.load(weights_only=True) refuses is said as what the file is; torch's own advice to load it
+    with weights_only=False (running code from the file) is never passed on."""
+    notes = tmp_path / "campplus_cn_common.bin"
+    notes.write_text("<html>404 Not Found</html>\n")  # a download that went wrong
+    pickled = tmp_path / "pickled.bin"
+    torch.save({"state_dict": {"scale": Fraction(1, 3)}}, pickled)  # loading it would need a class from the file
+    for weights, what in (
+        (notes, "it is a text file, not a PyTorch weights file (torch.save writes a zip archive or a pickle)"),
+        (pickled, "it holds Python objects (fractions.Fraction), not only weights; speakerlab reads weights only"),
+    ):
+        assert run_verify([*wavs[:2], "--3dspeaker", "campplus", "--weights", str(weights), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: checkpoint {weights} cannot be loaded: {what}") and err.count("\n") == 1
+        assert "weights_only" not in err
