@@ -263,15 +263,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_intermixed_args(argv)
 
 
-def check_only(cfg, exp_dir: Path) -> int:
-    """`--check`: the config (with train.init) is loaded already; the output folders must be usable."""
+def path_problem(cfg, exp_dir: Path) -> Optional[str]:
+    """Why the exp dir cannot be written or data.train cannot be a folder, or None."""
     problems = [folder_problem(exp_dir)]
     if cfg.data.train:
         problems.append(folder_problem(cfg.data.train, writable=False))
-    problem = next(filter(None, problems), None)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    return next(filter(None, problems), None)
+
+
+def check_only(cfg, exp_dir: Path) -> int:
+    """`--check`: the config (with train.init) is loaded and the paths checked already; say so."""
     start = f"train.init {cfg.train.init}" if cfg.train.init else "no train.init: from scratch"
     print(f"speakerlab-train --check: config ok, model {cfg.model.name} ({start}), exp dir {exp_dir} usable")
     return 0
@@ -312,6 +313,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_train_config(args.config, args.overrides, args.hardware)
+        problem = path_problem(cfg, Path(args.exp_dir))
+        if problem:
+            raise ConfigError(problem)
         if args.check:
             return check_only(cfg, Path(args.exp_dir))
         run = build_run(cfg, Path(args.exp_dir))
