@@ -11,6 +11,7 @@
 # index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one), 4 embeddings of
 # test/ with the trained model and with the pretrained one, 5 scoring (`EER: x%` of both); optional: 6 average
 # the last checkpoints, 7 large-margin fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# Before stage 1 (when stage 3 is to run) a pre-flight `speakerlab-train --check` stops what stage 3 would refuse.
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 caller="$PWD"   # your input paths (--root, --csv, --init, --weights) are relative to where you run this
