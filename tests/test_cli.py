@@ -402,7 +402,7 @@ def test_verify_uses_the_scoring_stages_threshold_of_this_very_checkpoint(ckpt, 
     the untuned default, saying so and how to get a threshold."""
     from speakerlab.inference.extract import main as extract_main
     from speakerlab.scoring.score import main as score_main
-    from tests.helpers import make_data_dir
+    from tests.helpers import make_data_dir, save_tiny_checkpoint
 
     exp = tmp_path / "exp"
     (exp / "checkpoints").mkdir(parents=True)
@@ -433,12 +433,8 @@ def test_verify_uses_the_scoring_stages_threshold_of_this_very_checkpoint(ckpt, 
         out = capsys.readouterr().out
         assert parse_verify(out)[1] == pytest.approx(want, abs=1e-6)
         assert f"(EER threshold of {exp / 'scores' / 'test.json'}: {data / 'trials'}, 4 trials, EER " in out
-    torch.manual_seed(1)  # training went on: the newest checkpoint has other weights, its scores are not done
-    newer = build_model("campplus", **TINY).state_dict()
-    save_checkpoint(
-        exp / "checkpoints" / "epoch_002.pt",
-        Checkpoint(model_name="campplus", model_args=TINY, model=newer, features=FeatureSpec(FbankConfig())),
-    )
+    # Training went on: the newest checkpoint has other weights, and no scores of its own.
+    save_tiny_checkpoint(exp / "checkpoints" / "epoch_002.pt", seed=1)
     assert run_verify([a, b, "--checkpoint", str(exp), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert parse_verify(out)[1] == DEFAULT_THRESHOLD

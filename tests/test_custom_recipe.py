@@ -19,7 +19,7 @@ import torch
 from speakerlab.checkpoint import load_checkpoint
 from tests.fake_corpora import REPO, env_ready, recipe_env
 from tests.fixture_models import fill_state_dict, load_fixture
-from tests.helpers import write_wav
+from tests.helpers import save_tiny_checkpoint, write_wav
 
 pytestmark = [
     pytest.mark.slow,
@@ -169,29 +169,11 @@ def refused(r: subprocess.CompletedProcess) -> str:
 @pytest.fixture
 def voices_and_model(tmp_path):
     """A folder of 6 speakers x 3 files and a tiny speakerlab CAM++ checkpoint to start from."""
-    from speakerlab.checkpoint import Checkpoint, save_checkpoint
-    from speakerlab.features.fbank import FbankConfig
-    from speakerlab.features.spec import FeatureSpec
-    from speakerlab.models import build_model
-
     rng = np.random.default_rng(0)
     for s in range(6):
         for u in range(3):
             write_wav(tmp_path / "voices" / f"person {s}" / f"{u}.wav", 0.1 * rng.standard_normal(24000))
-    tiny = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}
-    tiny["num_layers"] = [1, 1, 1]
-    torch.manual_seed(0)
-    model = tmp_path / "pre.pt"
-    save_checkpoint(
-        model,
-        Checkpoint(
-            model_name="campplus",
-            model_args=tiny,
-            model=build_model("campplus", **tiny).state_dict(),
-            features=FeatureSpec(FbankConfig()),
-        ),
-    )
-    return tmp_path / "voices", model
+    return tmp_path / "voices", save_tiny_checkpoint(tmp_path / "pre.pt")
 
 
 def test_bad_model_and_output_paths_stop_the_recipe_before_stage_1(voices_and_model, tmp_path):
