@@ -582,6 +582,7 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
         (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),
+        (["--stage"], "option --stage needs a value"),
     ],
 )
 @pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb", "custom"])
