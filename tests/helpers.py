@@ -62,6 +62,24 @@ model:
 """
 
 
+TINY_CAMPPLUS = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}
+TINY_CAMPPLUS["num_layers"] = [1, 1, 1]
+
+
+def save_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
+    """A checkpoint of a random CAM++ of ~15 k parameters (TINY_CAMPPLUS, 80-bin fbank, mean norm), no classifier."""
+    from speakerlab.checkpoint import Checkpoint, save_checkpoint
+    from speakerlab.features.fbank import FbankConfig
+    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model("campplus", **TINY_CAMPPLUS).state_dict()
+    ckpt = Checkpoint(model_name="campplus", model_args=TINY_CAMPPLUS, model=model, features=FeatureSpec(FbankConfig()))
+    save_checkpoint(path, ckpt)
+    return path
+
+
 def tiny_config(tmp_path, val=True, extra=""):
     """The tiny training run of most engine tests: CAM++ of ~20 k parameters, 4 speakers x 4 utterances of
     random noise, 2 epochs of 2 steps (global batch 8 = 2 x 4), fp32 on the CPU. Returns (config, train dir)."""

@@ -116,7 +116,7 @@ def test_environment_variables_are_not_options(tmp_path):
         timeout=60,
         env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
     )
-    assert r.returncode == 1 and "unknown option --http_proxy" in r.stderr
+    assert r.returncode == 2 and "unknown option --http_proxy" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,7 @@ def test_environment_variables_are_not_options(tmp_path):
 )
 def test_bad_stage_numbers_are_errors(tmp_path, args, message):
     r = run_recipe(tmp_path, *args, check=False)
-    assert r.returncode == 1 and message in r.stderr
+    assert r.returncode == 2 and message in r.stderr
     assert not (tmp_path / "data").exists()  # nothing ran
 
 

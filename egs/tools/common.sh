@@ -44,6 +44,15 @@ launch_options() {
   opt master_port 29500
 }
 
+# preflight ARGS...: when stage 3 is among the stages to run, `speakerlab-train --check ARGS` first (the
+# arguments of stage 3's training command): a config, override, pretrained model or exp dir stage 3 would
+# refuse stops the recipe with its one-line error (exit 2) before the data stages run.
+preflight() {
+  stage_on 3 || return 0
+  log "pre-flight: config, overrides, pretrained model and exp dir of stage 3 (speakerlab-train --check)"
+  speakerlab-train --check "$@" >&2
+}
+
 # visible_gpu_count: the CUDA devices this shell's python sees (CUDA_VISIBLE_DEVICES applied), 0 without any.
 visible_gpu_count() {
   python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0

@@ -17,7 +17,7 @@ import torch.nn as nn
 from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.dataio.augment import Augmenter, open_augmenter
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, rerun_features
 from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.dataio.speed import speed_speaker_names
@@ -99,13 +99,13 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
     try:
         lengths = index_lengths(checked, cfg.data.sample_rate)
     except ListError as e:
-        raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
+        raise ListError(f"{e} (config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
     stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
     if stale:
         raise ListError(
             f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
             f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-            "re-run the features stage (speakerlab-prepare)"
+            f"{rerun_features('speakerlab-prepare', data.root)}"
         )
     if checked is data:
         data.num_samples = lengths
