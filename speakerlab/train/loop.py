@@ -27,6 +27,7 @@ from speakerlab.dataio.lists import ListError
 from speakerlab.features.spec import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
+from speakerlab.train import preemption
 from speakerlab.train.build import Run, build_run, load_train_config
 from speakerlab.train.distributed import wrap_ddp
 from speakerlab.train.init import apply_freeze
@@ -154,6 +155,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.state.epoch + 1}/{cfg.train.epochs}")
     done = start
     while done < run.steps_per_epoch and (stop_at is None or run.state.step < stop_at):
+        preemption.stop_if_requested(run, done)  # a signal since the last step: validation, loader start-up
         result = train_step(run, batches)
         done += 1
         wait += result.data_wait_s
@@ -171,6 +173,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         ):
             save_mid_epoch(run, done)
     run.monitor.end_progress()
+    preemption.stop_if_requested(run, done)  # a signal during the last step
     if done < run.steps_per_epoch:
         save_mid_epoch(run, done)
         return False
@@ -287,7 +290,8 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
 def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
-    (the watchdog's)."""
+    (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
+    the same command, or the requeued job, resumes; speakerlab.train.preemption)."""
     args = parse_args(argv)
     try:
         cfg = load_train_config(args.config, args.overrides, args.hardware)
@@ -297,6 +301,7 @@ def main(argv=None) -> int:
         dist_utils.cleanup()
         return 2
     lock = ExpDirLock(run.exp_dir, run.monitor.log) if run.info.is_main else None
+    handlers = preemption.install()  # before the loader forks its workers: they inherit it
     watchdog = None
     if run.info.enabled:
         watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
@@ -310,6 +315,8 @@ def main(argv=None) -> int:
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
+    except preemption.Preempted:
+        return preemption.EXIT_PREEMPTED
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
@@ -321,6 +328,7 @@ def main(argv=None) -> int:
     finally:
         if watchdog is not None:
             watchdog.stop()
+        preemption.restore(handlers)
         run.monitor.close()
         if lock is not None:
             lock.release()
