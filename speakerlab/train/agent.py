@@ -8,9 +8,10 @@ It is torchrun itself (torch.distributed.run, its options and its restarts) with
   it to every worker (which finish their step, checkpoint and exit, speakerlab.train.preemption) and
   waits for them up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (set to SHUTDOWN_S here unless you set it)
   instead of dying at once and leaving them to a SIGKILL;
-- its exit code: when every worker that failed exited with one code (2 bad input, 3 training
-  stopped, 4 a stalled rank, 75 pre-empted), the agent exits with that code, in one line, instead of 1
-  and a traceback; when the agent itself was signalled, 75. egs/tools requeues a Slurm job on 75.
+- its exit code: the one its failed workers exited with (2 bad input, 3 training stopped, 4 a stalled
+  rank, 75 pre-empted; those torchrun itself then ended count for nothing), in one line instead of 1
+  and a traceback; 1 when they differ or a signal killed them; 75 when the agent itself was signalled.
+  egs/tools requeues a Slurm job on 75.
 """
 
 from __future__ import annotations
@@ -41,17 +42,11 @@ def main(argv=None) -> int:
         print(f"agent: {e.sigval.name}: the workers were asked to checkpoint and stop", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
     except ChildFailedError as e:
-        codes = {f.exitcode for f in e.failures.values()}
-        ranks = ", ".join(str(r) for r in sorted(e.failures))
+        # Once one process fails torchrun ends the others (SIGTERM: -15): the code they exited with is the cause.
+        codes = {f.exitcode for f in e.failures.values() if f.exitcode > 0}
         code = codes.pop() if len(codes) == 1 else 1
-        if code <= 0:  # killed by a signal (negative), or nothing to pass on
-            code = 1
-        print(
-            f"agent: worker(s) of rank {ranks} exited with {sorted(f.exitcode for f in e.failures.values())}; "
-            f"exit {code}",
-            file=sys.stderr,
-            flush=True,
-        )
+        shown = ", ".join(f"rank {r}: {f.exitcode}" for r, f in sorted(e.failures.items()))
+        print(f"agent: worker exit codes {shown}; exit {code}", file=sys.stderr, flush=True)
         return code
     return 0
 

@@ -120,13 +120,14 @@ def visible_gpus() -> int:
 
 
 def job_requeueable(job_id: str) -> Optional[bool]:
-    """Whether Slurm lets job `job_id` requeue (`Requeue=1` of scontrol show job); None when it cannot say."""
+    """Whether Slurm lets job `job_id` requeue: a batch job (an salloc shell cannot be) with `Requeue=1`
+    (scontrol show job); None when scontrol cannot say."""
     try:
         out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = re.search(r"\bRequeue=(\d)", out.stdout)
-    return None if m is None else m.group(1) == "1"
+    requeue, batch = re.search(r"\bRequeue=(\d)", out.stdout), re.search(r"\bBatchFlag=(\d)", out.stdout)
+    return None if requeue is None else requeue.group(1) == "1" and (batch is None or batch.group(1) == "1")
 
 
 def slurm_plan(
@@ -181,7 +182,7 @@ def slurm_plan(
     if requeue == "true" and not can:
         raise LaunchError(
             f"--requeue true, but Slurm job {job_id} cannot be requeued (submitted without `sbatch --requeue`, "
-            "or the cluster sets JobRequeue=0): add `#SBATCH --requeue` to the batch script, or pass --requeue false"
+            "an salloc session, or JobRequeue=0): add `#SBATCH --requeue` to the batch script, or pass --requeue false"
         )
     return SlurmPlan(
         job_id=job_id,

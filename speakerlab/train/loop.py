@@ -328,11 +328,11 @@ def main(argv=None) -> int:
     finally:
         if watchdog is not None:
             watchdog.stop()
-        preemption.restore(handlers)
         run.monitor.close()
         if lock is not None:
             lock.release()
         dist_utils.cleanup()
+        preemption.restore(handlers)  # last: torchrun signals the ranks still cleaning up once one has left
 
 
 if __name__ == "__main__":

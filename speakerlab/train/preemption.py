@@ -66,10 +66,9 @@ def stop_if_requested(run: Run, step_in_epoch: int) -> None:
     save_mid_epoch(run, step_in_epoch)
     dist_utils.barrier(run.info)
     name = signal.Signals(signum).name
-    extra = f" ({len(_received)} signals on rank {run.info.rank})" if len(_received) > 1 else ""
     written = latest_checkpoint(run.ckpt_dir) if run.info.is_main else "rank 0's checkpoint"
     message = (
-        f"stopped by {name}{extra} at step {run.state.step} (epoch {run.state.epoch + 1}, "
+        f"stopped by {name} at step {run.state.step} (epoch {run.state.epoch + 1}, "
         f"{step_in_epoch}/{run.steps_per_epoch} steps): {written} written; exit code {EXIT_PREEMPTED}, "
         "the same command resumes from it"
     )
