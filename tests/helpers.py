@@ -110,6 +110,14 @@ def losses(exp):
     }
 
 
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether checkpoints `a` and `b` are at one step with bit-equal model weights."""
+    from speakerlab.checkpoint import load_checkpoint
+
+    wa, wb = load_checkpoint(a), load_checkpoint(b)
+    return wa.step == wb.step and all(torch.equal(wa.model[k], wb.model[k]) for k in wa.model)
+
+
 def voice_data_dir(root: Path, speakers: int = 4, utts: int = 4, seconds: float = 0.8, seed: int = 0) -> Path:
     """A data dir a model can learn from in a few steps: speaker s is a harmonic voice of its own pitch
     (110 Hz x 1.3^s) and spectral tilt; each utterance varies the pitch by a few percent, the phases and

@@ -28,6 +28,7 @@ from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
 from speakerlab.frontends import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
+from speakerlab.train import preemption
 from speakerlab.train.build import Run, build_run, load_train_config
 from speakerlab.train.freeze import apply_freeze
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
@@ -151,6 +152,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.state.epoch + 1}/{cfg.train.epochs}")
     done = start
     while done < run.steps_per_epoch and (stop_at is None or run.state.step < stop_at):
+        preemption.stop_if_requested(run, done)  # a signal since the last step: validation, loader start-up
         result = train_step(run, batches)
         done += 1
         wait += result.data_wait_s
@@ -168,6 +170,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         ):
             save_mid_epoch(run, done)
     run.monitor.end_progress()
+    preemption.stop_if_requested(run, done)  # a signal during the last step
     if done < run.steps_per_epoch:
         save_mid_epoch(run, done)
         return False
@@ -305,7 +308,8 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
 def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
-    (the watchdog's)."""
+    (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
+    the same command, or the requeued job, resumes; speakerlab.train.preemption)."""
     args = parse_args(argv)
     try:
         cfg, init = load_train_config(args.config, args.overrides, args.hardware)
@@ -320,6 +324,7 @@ def main(argv=None) -> int:
         dist_utils.cleanup()
         return 2
     lock = ExpDirLock(run.exp_dir, run.monitor.log) if run.info.is_main else None
+    handlers = preemption.install()  # before the loader forks its workers: they inherit it
     watchdog = None
     if run.info.enabled:
         watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
@@ -333,6 +338,8 @@ def main(argv=None) -> int:
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
+    except preemption.Preempted:
+        return preemption.EXIT_PREEMPTED
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
@@ -346,6 +353,7 @@ def main(argv=None) -> int:
         if lock is not None:
             lock.release()
         dist_utils.cleanup()
+        preemption.restore(handlers)  # last: torchrun signals the ranks still cleaning up once one has left
 
 
 if __name__ == "__main__":
