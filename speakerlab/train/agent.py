@@ -25,7 +25,8 @@ from speakerlab.train.cluster import EXIT_PREEMPTED
 SHUTDOWN_S = 300  # seconds the workers get to write a checkpoint once signalled, before SIGKILL
 
 
-def main(argv=None) -> int:
+def launch(argv=None) -> int:
+    """torchrun's command line (its options, its --help) -> the exit code described above."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     def forward(signum, frame):  # the agent's own SIGTERM handling: stop the workers with this signal
         raise SignalException(f"agent {os.getpid()} got {signal.Signals(signum).name}", signal.Signals(signum))
 
-    signal.signal(signal.SIGUSR1, forward)
+    before = signal.signal(signal.SIGUSR1, forward)
     try:
         torchrun(argv)
     except SignalException as e:
@@ -48,8 +49,10 @@ def main(argv=None) -> int:
         shown = ", ".join(f"rank {r}: {f.exitcode}" for r, f in sorted(e.failures.items()))
         print(f"agent: worker exit codes {shown}; exit {code}", file=sys.stderr, flush=True)
         return code
+    finally:
+        signal.signal(signal.SIGUSR1, before)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launch())

@@ -16,7 +16,6 @@ imports torch unless the GPU count must be asked of CUDA.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 import socket
@@ -24,6 +23,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Callable, List, Mapping, Optional
+
+from speakerlab.commands import CommandParser
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999)
 # The exit code of a run stopped by a pre-emption signal after its checkpoint (speakerlab.train.preemption),
@@ -200,15 +201,17 @@ def slurm_plan(
 def main(argv=None, env: Optional[Mapping[str, str]] = None) -> int:
     import os
 
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.train.cluster", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-cluster", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    s = sub.add_parser("slurm", help="the launch plan of this Slurm allocation, as shell assignments")
+    what = "the launch plan of this Slurm allocation, as shell assignments"
+    s = sub.add_parser("slurm", help=what, description=what)
     s.add_argument("--gpus", default="all", help="none: CPU processes; otherwise the GPUs Slurm granted")
-    s.add_argument("--nnodes", default="")
-    s.add_argument("--requeue", default="auto")
-    h = sub.add_parser("host", help="check that a rendezvous host resolves here")
-    h.add_argument("name")
-    h.add_argument("--port", type=int, default=29500)
+    s.add_argument("--nnodes", default="", help="MIN:MAX for an elastic group; empty: the nodes of the allocation")
+    s.add_argument("--requeue", default="auto", help="true, false or auto (true when sbatch --requeue allows it)")
+    what = "check that a rendezvous host resolves here"
+    h = sub.add_parser("host", help=what, description=what)
+    h.add_argument("name", help="the host name or address")
+    h.add_argument("--port", type=int, default=29500, help="the rendezvous port")
     args = ap.parse_args(argv)
     try:
         if args.what == "slurm":
