@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.rttm import Turn, read_rttm
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cli import run
@@ -25,7 +24,7 @@ from speakerlab.diarization.der import der
 from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import Embedder
-from speakerlab.models import build_model
+from speakerlab.sources import read_source
 from speakerlab.synth.conversations import trim
 from speakerlab.synth.voice import SR, draw_session, draw_speaker, synth_utterance
 from tests.helpers import assert_no_traceback, write_wav
@@ -75,20 +74,6 @@ def talks(tmp_path_factory):
         wave, ref = talk(seed, order)
         out[name] = (str(write_wav(root / f"{name}.wav", wave)), wave, ref)
     return out
-
-
-@pytest.fixture(scope="session")
-def ckpt(tmp_path_factory):
-    """A tiny CAM++ with random weights: the CLI's plumbing, not its accuracy."""
-    torch.manual_seed(0)
-    args = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}
-    args["num_layers"] = [1, 1, 1]
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
-    model = build_model("campplus", **args).state_dict()
-    save_checkpoint(
-        path, Checkpoint(model_name="campplus", model_args=args, model=model, features=FeatureSpec(FbankConfig()))
-    )
-    return str(path)
 
 
 @pytest.mark.parametrize("vad", ["energy", "silero"])
@@ -183,7 +168,9 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
     assert code == 0 and (tmp_path / "a.rttm").read_bytes() == (tmp_path / "b.rttm").read_bytes()
     turns = read_rttm(tmp_path / "a.rttm")
     assert sorted(turns) == ["four", "three"] and all(len({t.speaker for t in ts}) == 3 for ts in turns.values())
-    doc = json.loads((tmp_path / "a.json").read_text())["recordings"]
+    whole = json.loads((tmp_path / "a.json").read_text())
+    assert whole["model_id"] == read_source(ckpt).digest != ""  # the checkpoint's content digest
+    doc = whole["recordings"]
     assert [r["id"] for r in doc] == ["three", "four"]
     assert len(doc[0]["centroids"]) == 3 and len(doc[0]["centroids"]["spk00"]) == 16
     assert {s["speaker"] for s in doc[0]["subsegments"]} == set(doc[0]["speakers"])
@@ -268,7 +255,7 @@ def test_more_speakers_than_the_speech_supports_is_a_warning_and_the_most_it_can
 def test_option_errors_name_the_option(capsys, tmp_path, ckpt, args, message):
     path = write_wav(tmp_path / "a.wav", np.zeros(SR))
     with pytest.raises(SystemExit) as e:
-        run([str(path), "--checkpoint", ckpt, *args])
+        run([str(path), "--checkpoint", str(ckpt), *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 

@@ -25,15 +25,7 @@ from typing import Dict, List, Sequence
 from speakerlab.dataio.audio import sf
 from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.rttm import read_rttm, rttm_lines, write_lines
-from speakerlab.datasets.common import (
-    DatasetError,
-    check_count,
-    download_step,
-    extract_step,
-    make_parser,
-    require_dir,
-    run,
-)
+from speakerlab.datasets.common import CorpusCommand, DatasetError, check_count, require_dir
 from speakerlab.datasets.download import Archive, log
 
 VGG = "https://www.robots.ox.ac.uk/~vgg/data/voxconverse/data"
@@ -92,11 +84,7 @@ def prepare(raw_dir, data, sets: Sequence[str] = ("dev", "test")) -> None:
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("speakerlab-voxconverse", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write the diarization data dirs (wav.scp, rttm, reco2num_spk, uem)")
-    p.add_argument("--raw-dir", default="data/raw")
-    p.add_argument("--data", default="data", help="output folder for the data dirs")
-    p.add_argument("--sets", nargs="+", choices=sorted(AUDIO_DIRS), default=["dev", "test"])
+    cli = CorpusCommand("speakerlab-voxconverse", __doc__, PARTS)
 
     def do_prepare(a):
         try:
@@ -104,15 +92,11 @@ def main(argv=None) -> int:
         except (RuntimeError, ListError) as e:  # soundfile's errors on a broken wav
             raise DatasetError(str(e)) from None
 
-    return run(
-        ap,
-        argv,
-        {
-            "download": lambda a: download_step(a, PARTS),
-            "extract": lambda a: extract_step(a, PARTS),
-            "prepare": do_prepare,
-        },
+    p = cli.prepare("write the diarization data dirs (wav.scp, rttm, reco2num_spk, uem)", do_prepare)
+    p.add_argument(
+        "--sets", nargs="+", choices=sorted(AUDIO_DIRS), default=["dev", "test"], help="which sets to prepare"
     )
+    return cli.run(argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Any model `speakerlab-embed` takes (our checkpoints, 3D-Speaker state dicts, ReD
 recording id of a file given on the command line is its name without the extension. Speakers are named
 spk00, spk01, ... per recording, in order of first appearance. The JSON holds per recording its duration,
 speech regions, turns and speaker centroids (unit-length mean embeddings); with --embeddings also every
-sub-segment with its speaker and embedding. Messages go to stderr, one line per recording.
+sub-segment with its speaker and embedding; and the model that made them (`model`, and `model_id`: a speakerlab
+checkpoint's content digest). Messages go to stderr, one line per recording.
 
 Exit codes: 0 done (a recording without speech gets no RTTM line, and a message says so); 2 bad input (a
 message naming the file, the list line or the option): nothing is written then.
@@ -27,13 +28,14 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines, write_lines
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, warn_stderr
-from speakerlab.inference.embedder import add_source_args, embedder_from_args
+from speakerlab.inference.embedder import Embedder, add_source_args, embedder_from_args
 
 
 def recordings(args) -> List[Tuple[str, str, str]]:
@@ -89,7 +91,7 @@ def as_json(reco: str, path: str, d: Diarization, embeddings: bool) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-diarize",
         description="Who spoke when: audio files or a wav.scp -> RTTM (and JSON).",
         epilog="docs/diarization.md: the steps, the options, the bad-input catalogue, DER.",
@@ -109,13 +111,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--segments", help="oracle speech: an RTTM (its turns' union) or a Kaldi segments file")
     n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
     n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
-    n.add_argument("--min-speakers", type=int, default=1, help="(default %(default)s)")
-    n.add_argument("--max-speakers", type=int, default=20, help="(default %(default)s)")
+    n.add_argument("--min-speakers", type=int, default=1, help="at least this many speakers per recording")
+    n.add_argument("--max-speakers", type=int, default=20, help="at most this many speakers per recording")
     n.add_argument("--reco2num-spk", metavar="FILE", help="'<recording> <count>' lines: each recording's own count")
     d = DiarizeOptions()
     ap.add_argument("--window", type=float, default=d.window, help="sub-segment length, seconds (default %(default)s)")
     ap.add_argument("--hop", type=float, default=d.hop, help="sub-segment step, seconds (default %(default)s)")
-    ap.add_argument("--clustering", choices=METHODS, default=d.method, help="(default %(default)s)")
+    ap.add_argument(
+        "--clustering",
+        choices=METHODS,
+        default=d.method,
+        help="spectral: count by eigengap, k-means on the eigenvectors; ahc: average linkage cut at --threshold",
+    )
     ap.add_argument(
         "--pruning",
         type=float,
@@ -164,57 +171,62 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     check_args(ap, args)
+    return run_command(lambda: diarize(ap, args), BAD_INPUT)
+
+
+def diarize(ap: argparse.ArgumentParser, args) -> None:
+    """Every recording, then the outputs (nothing is written when one fails)."""
     t0 = time.time()
-    try:
-        options = DiarizeOptions(
-            window=args.window,
-            hop=args.hop,
-            batch_size=args.batch_size,
-            method=args.clustering,
-            pruning=args.pruning,
-            threshold=args.threshold,
-            merge_cosine=args.merge_cosine if args.merge_cosine < 1 else None,
-            seed=args.seed,
+    options = DiarizeOptions(
+        window=args.window,
+        hop=args.hop,
+        batch_size=args.batch_size,
+        method=args.clustering,
+        pruning=args.pruning,
+        threshold=args.threshold,
+        merge_cosine=args.merge_cosine if args.merge_cosine < 1 else None,
+        seed=args.seed,
+    )
+    items = recordings(args)
+    counts = speaker_counts(args, [r for r, _, _ in items])
+    speech = read_speech(args.segments) if args.segments else None
+    diarizer = Diarizer(embedder_from_args(ap, args), None if speech is not None else make_vad(args.vad), options)
+    results, audio_seconds = [], 0.0
+    for reco, path, where in items:
+        t1 = time.time()
+        d = diarizer.diarize_file(path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr)
+        for note in d.notes:
+            warn_stderr(f"{where}{note}")
+        audio_seconds += d.duration
+        results.append((reco, path, d))
+        print(
+            f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), {len(d.turns)} turn(s) "
+            f"in {time.time() - t1:.1f} s",
+            file=sys.stderr,
         )
-        items = recordings(args)
-        counts = speaker_counts(args, [r for r, _, _ in items])
-        speech = read_speech(args.segments) if args.segments else None
-        diarizer = Diarizer(embedder_from_args(ap, args), None if speech is not None else make_vad(args.vad), options)
-        results, audio_seconds = [], 0.0
-        for reco, path, where in items:
-            t1 = time.time()
-            d = diarizer.diarize_file(path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr)
-            for note in d.notes:
-                warn_stderr(f"{where}{note}")
-            audio_seconds += d.duration
-            results.append((reco, path, d))
-            print(
-                f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), {len(d.turns)} turn(s) "
-                f"in {time.time() - t1:.1f} s",
-                file=sys.stderr,
-            )
-    except BAD_INPUT as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    emit(args, results)
+    emit(args, results, diarizer.embedder)
     elapsed = time.time() - t0
     print(
         f"speakerlab-diarize: {len(results)} recording(s), {audio_seconds / 3600:.3f} h of audio in {elapsed:.1f} s "
         f"({elapsed / max(audio_seconds, 1e-9) * 3600:.0f} s per hour; {diarizer.embedder.name})",
         file=sys.stderr,
     )
-    return 0
 
 
-def emit(args, results) -> None:
-    """The RTTM (file or stdout) and the JSON, each written whole."""
+def emit(args, results, embedder: Embedder) -> None:
+    """The RTTM (file or stdout) and the JSON, each written whole; the JSON names the model (`model_id`: a
+    speakerlab checkpoint's content digest, as embeddings files record it)."""
     lines = [line for reco, _, d in results for line in rttm_lines(reco, d.turns)]
     if args.rttm:
         write_lines(args.rttm, lines)
     else:
         sys.stdout.write("".join(line + "\n" for line in lines))
     if args.json:
-        doc = {"recordings": [as_json(reco, path, d, args.embeddings) for reco, path, d in results]}
+        doc = {
+            "model": embedder.name,
+            "model_id": embedder.model_id,
+            "recordings": [as_json(reco, path, d, args.embeddings) for reco, path, d in results],
+        }
         write_lines(args.json, [json.dumps(doc)])
 
 

@@ -16,12 +16,12 @@ Exit codes: 0 done; 2 bad input (a message naming the file and line).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.rttm import Interval, Turn, read_rttm, read_uem, write_lines
 
@@ -122,26 +122,30 @@ def table(results: dict) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-der",
         description="DER (missed, false alarm, confusion) of RTTMs against a reference, with pyannote.metrics.",
     )
     ap.add_argument("--ref", required=True, help="reference RTTM")
-    ap.add_argument("--hyp", action="append", required=True, metavar="[NAME=]RTTM", help="a system's RTTM (repeatable)")
-    ap.add_argument("--uem", help="NIST UEM: the scored part of each recording")
+    ap.add_argument(
+        "--hyp",
+        action="append",
+        required=True,
+        metavar="[NAME=]RTTM",
+        help="a system's RTTM (repeatable); NAME defaults to the file's stem",
+    )
+    ap.add_argument("--uem", help="NIST UEM: the scored part of each recording (none: 0 to the last turn)")
     ap.add_argument("--out", help="also write the figures as JSON here")
     args = ap.parse_args(argv)
     systems = [tuple(h.split("=", 1)) if "=" in h else (Path(h).stem, h) for h in args.hyp]
-    try:
+
+    def work() -> None:
         results = score(args.ref, systems, args.uem)
-    except (ListError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    lines = table(results)
-    print("\n".join(lines))
-    if args.out:
-        write_lines(args.out, [json.dumps(results, indent=1)])
-    return 0
+        print("\n".join(table(results)))
+        if args.out:
+            write_lines(args.out, [json.dumps(results, indent=1)])
+
+    return run_command(work, (ListError, ImportError, OSError))
 
 
 if __name__ == "__main__":

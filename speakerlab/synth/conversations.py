@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, read_audio, sf
 from speakerlab.dataio.lists import ListError, load_data_dir
 from speakerlab.dataio.rttm import Turn, rttm_lines, write_lines
@@ -139,60 +140,72 @@ def conversation(source: Source, index: int, args, noises: List[Path]) -> Tuple[
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="speakerlab-synth-conversations",
         description="Synthetic conversations from a data dir's utterances, with reference RTTM.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--data", required=True, help="data dir (wav.scp, utt2spk) whose speakers talk")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--num-conversations", type=int, default=20)
-    p.add_argument("--min-speakers", type=int, default=2)
-    p.add_argument("--max-speakers", type=int, default=6)
+    p.add_argument("--num-conversations", type=int, default=20, help="how many recordings")
+    p.add_argument("--min-speakers", type=int, default=2, help="fewest speakers in a conversation")
+    p.add_argument("--max-speakers", type=int, default=6, help="most speakers in a conversation")
     p.add_argument(
         "--duration", type=float, default=90.0, help="seconds of talk per conversation (the last turn ends it)"
     )
     p.add_argument(
-        "--turn", type=lambda v: parse_range(v, "--turn"), default=(1.0, 6.0), help="turn length, LOW:HIGH s"
+        "--turn",
+        type=lambda v: parse_range(v, "--turn"),
+        default=(1.0, 6.0),
+        help="turn length, LOW:HIGH s (default 1:6)",
     )
-    p.add_argument("--pause", type=lambda v: parse_range(v, "--pause"), default=(0.2, 1.5), help="pause, LOW:HIGH s")
+    p.add_argument(
+        "--pause",
+        type=lambda v: parse_range(v, "--pause"),
+        default=(0.2, 1.5),
+        help="pause between turns, LOW:HIGH s (default 0.2:1.5)",
+    )
     p.add_argument("--overlap", type=float, default=0.15, help="probability that a turn starts before the last ends")
     p.add_argument("--noise", help="folder of noise wav files (searched recursively); none: no noise")
     p.add_argument(
-        "--snr", type=lambda v: parse_range(v, "--snr"), default=(5.0, 20.0), help="speech-to-noise, LOW:HIGH dB"
+        "--snr",
+        type=lambda v: parse_range(v, "--snr"),
+        default=(5.0, 20.0),
+        help="speech-to-noise, LOW:HIGH dB (default 5:20)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="conversation i is drawn from (seed, i): same seed, same conversations"
+    )
     args = p.parse_args(argv)
     if not 1 <= args.min_speakers <= args.max_speakers or args.num_conversations < 1 or not 0 <= args.overlap <= 1:
         p.error("need 1 <= --min-speakers <= --max-speakers, --num-conversations >= 1 and 0 <= --overlap <= 1")
-    try:
-        source = Source(args.data)
-        if len(source.by_speaker) < args.min_speakers:
-            raise ListError(f"{args.data}: {len(source.by_speaker)} speaker(s), --min-speakers is {args.min_speakers}")
-        noises = sorted(Path(args.noise).rglob("*.wav")) if args.noise else []
-        if args.noise and not noises:
-            raise ListError(f"--noise {args.noise}: no .wav files there")
-        out = Path(args.out)
-        (out / "wav").mkdir(parents=True, exist_ok=True)
-        scp, rttm, counts, uem = [], [], [], []
-        for i in range(args.num_conversations):
-            reco = f"conv{i:04d}"
-            wave, turns = conversation(source, i, args, noises)
-            path = out / "wav" / f"{reco}.wav"
-            sf.write(str(path) + ".tmp", wave, SR, subtype="PCM_16", format="WAV")
-            os.replace(str(path) + ".tmp", path)
-            scp.append(f"{reco} {path.resolve()}")
-            rttm += rttm_lines(reco, turns)
-            counts.append(f"{reco} {len({t.speaker for t in turns})}")
-            uem.append(f"{reco} 1 0.000 {len(wave) / SR:.3f}")
-    except (ListError, AudioError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(lambda: synthesize(args), (ListError, AudioError))
+
+
+def synthesize(args) -> None:
+    """Every conversation of `args` (see `main`'s options) into `args.out`; the lists are written last."""
+    source = Source(args.data)
+    if len(source.by_speaker) < args.min_speakers:
+        raise ListError(f"{args.data}: {len(source.by_speaker)} speaker(s), --min-speakers is {args.min_speakers}")
+    noises = sorted(Path(args.noise).rglob("*.wav")) if args.noise else []
+    if args.noise and not noises:
+        raise ListError(f"--noise {args.noise}: no .wav files there")
+    out = Path(args.out)
+    (out / "wav").mkdir(parents=True, exist_ok=True)
+    scp, rttm, counts, uem = [], [], [], []
+    for i in range(args.num_conversations):
+        reco = f"conv{i:04d}"
+        wave, turns = conversation(source, i, args, noises)
+        path = out / "wav" / f"{reco}.wav"
+        sf.write(str(path) + ".tmp", wave, SR, subtype="PCM_16", format="WAV")
+        os.replace(str(path) + ".tmp", path)
+        scp.append(f"{reco} {path.resolve()}")
+        rttm += rttm_lines(reco, turns)
+        counts.append(f"{reco} {len({t.speaker for t in turns})}")
+        uem.append(f"{reco} 1 0.000 {len(wave) / SR:.3f}")
     for name, lines in (("wav.scp", scp), ("rttm", rttm), ("reco2num_spk", counts), ("uem", uem)):
         write_lines(out / name, lines)
     hours = sum(float(line.split()[3]) for line in uem) / 3600
     print(f"speakerlab-synth-conversations: {len(scp)} conversations, {hours:.3f} h -> {out}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":
