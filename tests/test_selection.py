@@ -23,13 +23,10 @@ def val_dir(tmp_path):
     return make_data_dir(tmp_path / "val", {u: u[:2] for u in utts}, seconds=0.6, seed=3, trials=trials)
 
 
-def config(tmp_path, pretrained_exp, patience=0, epochs=3):
-    return write_config(
-        tmp_path,
-        new_data(tmp_path),
-        data={"val": str(val_dir(tmp_path))},
-        train={"init": str(pretrained_exp), "epochs": epochs, "keep_best": True, "patience": patience},
-    )
+def config(tmp_path, pretrained_exp, patience=0, epochs=3, frozen=0):
+    train = {"init": str(pretrained_exp), "epochs": epochs, "keep_best": True, "patience": patience}
+    train["freeze_epochs"] = frozen
+    return write_config(tmp_path, new_data(tmp_path), data={"val": str(val_dir(tmp_path))}, train=train)
 
 
 def scripted(monkeypatch, eers):
@@ -88,6 +85,18 @@ def test_a_run_that_does_not_help_hands_back_its_start_and_says_so(pretrained, t
     )
     best, start = load_checkpoint(exp / "checkpoints" / "best.pt"), load_checkpoint(exp / "pretrained.pt")
     assert best.epoch == 0 and all(torch.equal(best.model[k], v) for k, v in start.model.items())
+
+
+def test_the_frozen_start_is_neither_validated_nor_counted(pretrained, tmp_path, monkeypatch):  # noqa: F811
+    """With train.freeze_epochs 2 the model of epochs 1-2 is the start's: patience 1 must not stop the run there."""
+    calls = scripted(monkeypatch, [0.30, 0.20, 0.25])
+    exp = tmp_path / "exp"
+    assert train_main(["--config", config(tmp_path, pretrained, 1, 4, frozen=2), "--exp-dir", str(exp)]) == 0
+    assert calls == [0, 3, 4]
+    log = (exp / "train.log").read_text()
+    for epoch in (1, 2):
+        assert f"epoch {epoch}: not validated: the embedding model is still the start's (train.freeze_epochs 2)" in log
+    assert "training done: 4 epochs" in log and "epoch 3, validation EER 20.00%" in log
 
 
 def test_selection_resumes_exactly_even_when_stopped_between_an_epoch_and_its_validation(pretrained, tmp_path):  # noqa: F811

@@ -268,7 +268,7 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
             break
         start, run.state.epoch = 0, run.state.epoch + 1
         end_epoch(run)
-    if stopped(run):
+    if stopped(run) and run.state.epoch < cfg.train.epochs:
         sel = run.state.selection
         run.monitor.log(
             f"stopped early after epoch {run.state.epoch} of {cfg.train.epochs}: no validation EER below "

@@ -8,7 +8,8 @@ With data.val every validated epoch logs its EER (`val/eer`). With train.keep_be
   the earlier model); a new best is written to `<exp>/checkpoints/best.pt` (the model and its classifier, no
   resume state), the run's result (`speakerlab.checkpoint.run_result`);
 - after train.patience validations in a row without a new best the run stops early, and stays stopped when
-  the command is run again;
+  the command is run again; epochs of the frozen start (train.freeze_epochs: the embedding model is still
+  the start's) are not validated, so they count for nothing;
 - the run ends with one line saying which model is its result; when no epoch beat the start, that line says
   the run did not help and hands back the starting model.
 
@@ -76,12 +77,25 @@ def validate_start(run: Run, step_in_epoch: int) -> None:
             save_epoch_end(run)
 
 
+def frozen_through(run: Run, epoch: int) -> bool:
+    """Whether the embedding model stayed the start's all through `epoch` (the frozen start of a run from
+    train.init: only the classifier trained). Such an epoch's validation EER is the start's; counting it
+    would stop a run on a plateau before its trunk ever trained. The one place selection reads the freeze."""
+    return bool(run.cfg.train.init) and epoch <= run.cfg.train.freeze_epochs
+
+
 def validate_epoch(run: Run) -> bool:
     """After a completed epoch, when validation is due: its EER, logged, and with keep_best the selection
     updated (a new best written to best.pt). True when the selection changed (the epoch checkpoint is then
     written again, with it)."""
     cfg, epoch = run.cfg, run.state.epoch
     if not due(run, epoch):
+        return False
+    if selecting(run) and frozen_through(run, epoch):
+        run.monitor.log(
+            f"epoch {epoch}: not validated: the embedding model is still the start's (train.freeze_epochs "
+            f"{run.cfg.train.freeze_epochs})"
+        )
         return False
     eer = measure(run, epoch)
     if eer is None:
