@@ -79,7 +79,7 @@ def test_a_corrupt_latest_checkpoint_is_said_and_the_one_used_named(tmp_path):
     assert re.search(f"warning: checkpoint {exp / 'checkpoints' / 'epoch_002.pt'} (is corrupt|cannot be loaded)", out)
     said = line(out)
     assert f" trained from scratch ({exp / 'checkpoints' / 'epoch_001.pt'}: epoch 1, step 10) on " in said, said
-    assert "latest" not in said
+    assert "its latest checkpoint" not in said
 
 
 def test_a_run_that_handed_back_its_start_says_so(tmp_path):

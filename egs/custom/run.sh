@@ -98,7 +98,7 @@ if [ -f "$data/val/trials" ]; then
 fi
 
 if stage_on 2; then
-  log "stage 2: features: validate lists and trials, index lengths; fbank stores of ${sets[*]//--data /}"
+  log "stage 2: features: validate lists and trials, index lengths; fbank stores of train, test${val[*]:+ and val}"
   speakerlab-prepare "${sets[@]}" --jobs "$jobs"
   speakerlab-feature-store "${configs[@]}" "${sets[@]}" "${settings[@]}" $train_overrides
 fi
