@@ -309,7 +309,7 @@ def test_a_validation_split_beside_train_and_test_and_its_warnings(tmp_path, cap
         assert {load_data_dir(out / d).utt2spk[a] for a, _, _ in trials} <= spk[d]
         warning = (
             f"warning: {out / d / 'trials'}: too few to tell models apart by the EER: {n} speakers (20 needed), "
-            f"{3 * n} target trials (600 needed): "
+            f"{3 * n} target trials (600 needed); "
         )
         assert warning in err and err.count(f"warning: {out / d / 'trials'}") == 1
     with open(out / "sources.csv", newline="") as f:
@@ -325,7 +325,7 @@ def test_the_small_end_says_that_its_eer_means_nothing(tmp_path, capsys):
     assert folder_main(["--root", str(root), "--data", str(tmp_path / "out"), "--jobs", "1"]) == 0
     err = capsys.readouterr().err
     assert "speakers: 9 train, 0 val, 3 test" in err
-    assert "3 speakers (20 needed), 18 target trials (600 needed): the EER on it is not a measurement" in err
+    assert "3 speakers (20 needed), 18 target trials (600 needed); the EER measured on it is coarse" in err
 
 
 def read_trials(data) -> list:

@@ -47,13 +47,16 @@ MIN_TARGET_TRIALS = 600
 
 def too_few_to_measure(speakers: int, target_trials: int) -> str:
     """What a trial list lacks to measure an EER ('' when it has enough): e.g. 'too few to tell models apart
-    by the EER: 3 speakers (20 needed), 45 target trials (600 needed)'."""
-    if speakers >= MIN_SPEAKERS and target_trials >= MIN_TARGET_TRIALS:
-        return ""
-    return (
-        f"too few to tell models apart by the EER: {speakers} speakers ({MIN_SPEAKERS} needed), "
-        f"{target_trials} target trials ({MIN_TARGET_TRIALS} needed)"
-    )
+    by the EER: 3 speakers (20 needed), 45 target trials (600 needed)'; what it has enough of is not named."""
+    lacking = [
+        f"{have} {what} ({need} needed)"
+        for have, what, need in (
+            (speakers, "speakers", MIN_SPEAKERS),
+            (target_trials, "target trials", MIN_TARGET_TRIALS),
+        )
+        if have < need
+    ]
+    return f"too few to tell models apart by the EER: {', '.join(lacking)}" if lacking else ""
 
 
 def _hash_words(words: np.ndarray) -> np.ndarray:

@@ -299,8 +299,8 @@ def _write_trials(d: Path, spk2utt: Dict[str, List[str]], sessions, trials: int,
     log(f"{d / 'trials'}: {len(rows)} trials ({n_target} target{', cross-session' if sessions else ''})")
     lacking = too_few_to_measure(len(spk2utt), n_target)
     if lacking:
-        use = "the EER on it is not a measurement" if d.name == "test" else "model selection on it is a guess"
-        log(f"warning: {d / 'trials'}: {lacking}: {use} (docs/custom_data.md, 'How sure is the EER')")
+        use = "the EER measured on it" if d.name == "test" else "model selection on it"
+        log(f"warning: {d / 'trials'}: {lacking}; {use} is coarse (docs/custom_data.md, 'How sure is the EER')")
 
 
 def _enough_per_speaker(items, results, speakers: set, min_utts: int, report: List[str]) -> List[int]:
