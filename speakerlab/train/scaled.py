@@ -1,13 +1,13 @@
-"""Fine-tuning defaults scaled to the data: how long to train, how long the new classifier trains alone, and
-the trunk's learning rate, from how many speakers and utterances the training dir has (egs/custom stage 3).
+"""Fine-tuning defaults scaled to the data: how long to train and how long the new classifier trains alone,
+from how many utterances the training dir has (egs/custom stage 3).
 
     python -m speakerlab.train.scaled --data data/custom/train --config conf/custom/finetune.yaml [key=value ...]
-    -> stdout: train.epochs=30 train.freeze_epochs=6 loss.margin_start_epoch=6 optim.backbone_lr_scale=0.1
+    -> stdout: train.epochs=30 train.freeze_epochs=6 loss.margin_start_epoch=6
        stderr: one line saying what they were scaled to
 
 The recipe puts these overrides before the user's (`--train_overrides`), and a key given there is not scaled
 (what depends on it follows the value given: the frozen start on train.epochs, the margin's start on
-train.freeze_epochs). With S speakers, U utterances, global batch B (the config's train.global_batch_size) and
+train.freeze_epochs). With U utterances, global batch B (the config's train.global_batch_size) and
 P = ceil(U / B) steps per epoch:
 
 - train.epochs = clamp(ceil(STEPS / P), MIN_EPOCHS, MAX_EPOCHS): about STEPS optimizer steps, the length at
@@ -18,9 +18,9 @@ P = ceil(U / B) steps per epoch:
 - the frozen start (train.freeze_epochs, with train.init only): the classifier alone for about FREEZE_STEPS
   steps, at least one epoch and at most a quarter of them; the margin (loss.margin_start_epoch) starts when
   the trunk thaws, as in conf/custom/finetune.yaml.
-- optim.backbone_lr_scale: the trunk's learning rate relative to the classifier's, LOW_LR_SCALE below
-  FEW_SPEAKERS speakers (a small speaker set pulls a pretrained trunk towards itself, and away from other
-  voices, faster), else the config's.
+- the learning rates are the config's: per optimizer step they need not change with the amount of data, and
+  the trunk's share (optim.backbone_lr_scale) was measured at the small end, 58 training speakers: 0.3x (the
+  config's) beat 0.1x and 1.0x on 60 voices in no folder (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -36,16 +36,12 @@ from speakerlab.dataio.lists import ListError, read_utt2spk
 STEPS = 600  # optimizer steps a fine-tuning run aims at
 MIN_EPOCHS, MAX_EPOCHS = 4, 30
 FREEZE_STEPS = 60  # steps of the classifier alone
-FEW_SPEAKERS = 100
-LOW_LR_SCALE = 0.1
 
 
-def scaled_settings(
-    speakers: int, utterances: int, batch: int, init: bool, lr_scale: float, given: Dict[str, object]
-) -> List[str]:
-    """The overrides of the module docstring for S `speakers`, U `utterances`, global `batch`; `init`: a
-    pretrained start (the frozen start needs one); `lr_scale`: the config's optim.backbone_lr_scale. A key in
-    `given` (an override the user set) is not scaled, and what depends on it follows its value."""
+def scaled_settings(utterances: int, batch: int, init: bool, given: Dict[str, object]) -> List[str]:
+    """The overrides of the module docstring for U `utterances` and global `batch`; `init`: a pretrained start
+    (the frozen start needs one). A key in `given` (an override the user set) is not scaled, and what depends
+    on it follows its value."""
     per_epoch = math.ceil(utterances / batch)
     epochs = given.get("train.epochs") or min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(STEPS / per_epoch)))
     out = {"train.epochs": epochs}
@@ -53,8 +49,7 @@ def scaled_settings(
         frozen = given.get("train.freeze_epochs")
         frozen = min(max(1, int(epochs) // 4), math.ceil(FREEZE_STEPS / per_epoch)) if frozen is None else frozen
         out.update({"train.freeze_epochs": frozen, "loss.margin_start_epoch": frozen})
-        out["optim.backbone_lr_scale"] = min(lr_scale, LOW_LR_SCALE) if speakers < FEW_SPEAKERS else lr_scale
-    return [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in out.items() if k not in given]
+    return [f"{k}={v}" for k, v in out.items() if k not in given]
 
 
 def main(argv=None) -> int:
@@ -72,7 +67,7 @@ def main(argv=None) -> int:
     speakers = len({spk for _, spk in utt2spk.values()})
     batch = cfg.train.global_batch_size
     given = dict(parse_overrides(args.overrides))
-    out = scaled_settings(speakers, len(utt2spk), batch, bool(cfg.train.init), cfg.optim.backbone_lr_scale, given)
+    out = scaled_settings(len(utt2spk), batch, bool(cfg.train.init), given)
     print(
         f"defaults scaled to {speakers} speakers, {len(utt2spk)} utterances ({math.ceil(len(utt2spk) / batch)} "
         f"steps of {batch} per epoch): {' '.join(out)} (speakerlab/train/scaled.py)",
