@@ -60,7 +60,7 @@ def test_the_best_epoch_is_the_result_and_a_plateau_stops_the_run(pretrained, tm
     assert "epoch 0 (the model the run starts from): validation EER 30.00%" in log
     assert "epoch 1: validation EER 20.00%, the best so far (checkpoints/best.pt)" in log
     assert "epoch 3: validation EER 22.00% (best 20.00% after epoch 1; 2 of train.patience 2)" in log
-    assert "stopped early after epoch 3 of 5: no validation EER below 20.00% (epoch 1) in 2 validations" in log
+    assert "stopped early after epoch 3 of 5, 6 steps: no validation EER below 20.00% (epoch 1) in 2 validations" in log
     assert f"the run's result: {exp / 'checkpoints' / 'best.pt'}, epoch 1, validation EER 20.00%; 30.00% before" in log
     best = load_checkpoint(exp / "checkpoints" / "best.pt")
     assert best.epoch == 1 and best.resume is None
