@@ -18,7 +18,7 @@ utts="${UTTS:-16}"             # utterances of 2-4 s per speaker
 t0=$(date +%s)
 stamp() { echo "  $1: $(( $(date +%s) - t0 )) s"; t0=$(date +%s); }
 echo "command: bash bench/custom_finetune.sh $work $*   (speakers $speakers x $utts utterances)"
-echo "machine: $(nproc) CPU cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "machine: $(nproc --all) CPU cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 mini="${MINI_EXP:-$work/mini/exp}"
 if [ -z "${MINI_EXP:-}" ] && [ ! -f "$mini/checkpoints/epoch_010.pt" ]; then
   bash "$repo/egs/mini/run.sh" --data "$work/mini/data" --exp "$mini" --stop_stage 3 > "$work/mini.log" 2>&1

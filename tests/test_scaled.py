@@ -10,24 +10,25 @@ from tests.helpers import make_data_dir
 
 
 @pytest.mark.parametrize(
-    "utterances, epochs, frozen",
+    "utterances, epochs, patience, frozen",
     [
-        (348, 30, 6),  # 58 speakers x 6 files: 11 steps of 32 per epoch -> 30 epochs (the cap), 6 frozen (60 steps)
-        (2304, 9, 1),  # 144 x 16: 72 steps -> 9 epochs (648 steps), 1 frozen
-        (50000, 4, 1),  # 1,000 x 50: 1,563 steps -> at least 4 epochs
+        (348, 30, 10, 6),  # 58 speakers x 6 files: 11 steps of 32 per epoch -> 30 epochs (the cap), 6 frozen
+        (2304, 9, 3, 1),  # 144 x 16: 72 steps -> 9 epochs (648 steps), patience 3 (216 steps), 1 frozen
+        (50000, 4, 3, 1),  # 1,000 x 50: 1,563 steps -> at least 4 epochs, patience at least 3
     ],
 )
-def test_the_rules_at_each_end(utterances, epochs, frozen):
-    want = [f"train.epochs={epochs}", f"train.freeze_epochs={frozen}", f"loss.margin_start_epoch={frozen}"]
-    assert scaled_settings(utterances, 32, True, {}) == want
+def test_the_rules_at_each_end(utterances, epochs, patience, frozen):
+    want = [f"train.epochs={epochs}", f"train.patience={patience}", f"train.freeze_epochs={frozen}"]
+    assert scaled_settings(utterances, 32, True, {}) == [*want, f"loss.margin_start_epoch={frozen}"]
 
 
 def test_given_values_are_kept_and_what_depends_on_them_follows():
     # train.epochs=2 given: the frozen start follows 2 epochs (at most a quarter, at least 1), not the 30 of the data
-    assert scaled_settings(18, 32, True, {"train.epochs": 2}) == ["train.freeze_epochs=1", "loss.margin_start_epoch=1"]
+    epochs_given = scaled_settings(18, 32, True, {"train.epochs": 2, "train.patience": 0})
+    assert epochs_given == ["train.freeze_epochs=1", "loss.margin_start_epoch=1"]
     frozen_given = scaled_settings(348, 32, True, {"train.freeze_epochs": 0})
-    assert frozen_given == ["train.epochs=30", "loss.margin_start_epoch=0"]
-    assert scaled_settings(348, 32, False, {}) == ["train.epochs=30"]  # from scratch: no frozen start
+    assert frozen_given == ["train.epochs=30", "train.patience=10", "loss.margin_start_epoch=0"]
+    assert scaled_settings(348, 32, False, {}) == ["train.epochs=30", "train.patience=10"]  # scratch: no frozen start
 
 
 def test_the_command_prints_the_overrides_and_says_why(tmp_path, capsys):
@@ -36,7 +37,7 @@ def test_the_command_prints_the_overrides_and_says_why(tmp_path, capsys):
     config.write_text("model: {name: campplus}\ntrain: {global_batch_size: 8}\n")
     assert main(["--data", str(train), "--config", str(config), f"data.train={train}", "train.init=x.pt"]) == 0
     out, err = capsys.readouterr()
-    assert out == "train.epochs=30 train.freeze_epochs=7 loss.margin_start_epoch=7\n"
+    assert out == "train.epochs=30 train.patience=20 train.freeze_epochs=7 loss.margin_start_epoch=7\n"
     assert err.startswith("defaults scaled to 10 speakers, 40 utterances (5 steps of 8 per epoch): train.epochs=30")
     assert main(["--data", str(tmp_path / "nowhere"), "--config", str(config), f"data.train={train}"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'nowhere' / 'utt2spk'}")

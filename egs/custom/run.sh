@@ -9,7 +9,7 @@
 # Stages (the same numbers in every recipe): 1 data preparation (speakerlab-folder: every
 # file checked, $data/report.txt; speaker-disjoint train/, val/ and test/, val/trials and test/trials), 2 features
 # (validate lists, index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one;
-# epochs and frozen start scaled to the data; the best epoch on val/ kept, early stop on a plateau),
+# epochs, patience and frozen start scaled to the data; the best epoch on val/ kept, early stop on a plateau),
 # 4 embeddings of test/ with the run's result and with the pretrained model, 5 scoring (both EERs with their
 # confidence intervals, trial and speaker counts); optional: 6 average the last checkpoints, 7 large-margin
 # fine-tuning, then stages 4-5 with --exp ${exp}_lm.
@@ -33,7 +33,7 @@ opt config ../../conf/custom/finetune.yaml
 opt scratch_config ../../conf/custom/scratch.yaml   # added to --config when there is no pretrained model
 opt exp ""                         # default exp/finetune (exp/scratch without a pretrained model)
 opt hardware cpu                   # profile in conf/hardware/ (GPUs: auto, a100-80g, ...)
-opt scale true                     # stage 3: epochs and frozen start scaled to the data (speakerlab/train/scaled.py)
+opt scale true                     # stage 3: epochs, patience, frozen start scaled to the data (train/scaled.py)
 opt checkpoint ""                  # stage 4 model ("" = the run's result: checkpoints/best.pt, else the latest)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay

@@ -1,8 +1,8 @@
-"""Fine-tuning defaults scaled to the data: how long to train and how long the new classifier trains alone,
-from how many utterances the training dir has (egs/custom stage 3).
+"""Fine-tuning defaults scaled to the data: how long to train, how long the new classifier trains alone and how
+long a plateau may last, from how many utterances the training dir has (egs/custom stage 3).
 
     python -m speakerlab.train.scaled --data data/custom/train --config conf/custom/finetune.yaml [key=value ...]
-    -> stdout: train.epochs=30 train.freeze_epochs=6 loss.margin_start_epoch=6
+    -> stdout: train.epochs=30 train.patience=10 train.freeze_epochs=6 loss.margin_start_epoch=6
        stderr: one line saying what they were scaled to
 
 The recipe puts these overrides before the user's (`--train_overrides`), and a key given there is not scaled
@@ -15,6 +15,10 @@ P = ceil(U / B) steps per epoch:
   data"); a small folder gets more epochs of its few steps, a large one at least MIN_EPOCHS. Model selection
   on the validation split (train.keep_best, train.patience) keeps a long run from overfitting: the best epoch
   is the result, and a plateau stops it.
+- train.patience = max(3, ceil(PATIENCE_STEPS / P)) validations: about PATIENCE_STEPS steps without a lower
+  validation EER before the run stops early. Counted in epochs alone, a plateau of 3 short epochs stopped a
+  run of 10-step epochs in the dip that follows the thaw (the margin starting, the trunk moving): with 8 it
+  went on to 22.96% test EER instead of 28.30% (bench/RESULTS.md).
 - the frozen start (train.freeze_epochs, with train.init only): the classifier alone for about FREEZE_STEPS
   steps, at least one epoch and at most a quarter of them; the margin (loss.margin_start_epoch) starts when
   the trunk thaws, as in conf/custom/finetune.yaml.
@@ -36,6 +40,7 @@ from speakerlab.dataio.lists import ListError, read_utt2spk
 STEPS = 600  # optimizer steps a fine-tuning run aims at
 MIN_EPOCHS, MAX_EPOCHS = 4, 30
 FREEZE_STEPS = 60  # steps of the classifier alone
+PATIENCE_STEPS = 100  # steps a plateau may last
 
 
 def scaled_settings(utterances: int, batch: int, init: bool, given: Dict[str, object]) -> List[str]:
@@ -44,7 +49,7 @@ def scaled_settings(utterances: int, batch: int, init: bool, given: Dict[str, ob
     on it follows its value."""
     per_epoch = math.ceil(utterances / batch)
     epochs = given.get("train.epochs") or min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(STEPS / per_epoch)))
-    out = {"train.epochs": epochs}
+    out = {"train.epochs": epochs, "train.patience": max(3, math.ceil(PATIENCE_STEPS / per_epoch))}
     if init:
         frozen = given.get("train.freeze_epochs")
         frozen = min(max(1, int(epochs) // 4), math.ceil(FREEZE_STEPS / per_epoch)) if frozen is None else frozen
