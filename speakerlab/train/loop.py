@@ -273,7 +273,7 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
         run.monitor.log(
             f"stopped early after epoch {run.state.epoch} of {cfg.train.epochs}, {run.state.step} steps: no "
             f"validation EER below {sel.best_eer * 100:.2f}% (epoch {sel.best_epoch}) in {sel.since_best} "
-            "validations (train.patience)"
+            f"validation{'s' if sel.since_best > 1 else ''} (train.patience)"
         )
     elif run.state.epoch < cfg.train.epochs:
         run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")

@@ -127,10 +127,10 @@ def outcome(run: Run) -> str:
     if sel.best_epoch < 0:
         return "no validation EER was measured: the run's result is its last checkpoint"
     if sel.best_epoch == 0:
+        epochs = f"any of {sel.since_best} validated epochs" if sel.since_best > 1 else "the one validated epoch"
         return (
-            f"training did not help: validation EER {sel.best_eer * 100:.2f}% before it and none lower after any of "
-            f"{sel.since_best} validated epochs (the last: {sel.last_eer * 100:.2f}%); the run hands back the model "
-            f"it started from ({where})"
+            f"training did not help: validation EER {sel.best_eer * 100:.2f}% before it and none lower after "
+            f"{epochs} (the last: {sel.last_eer * 100:.2f}%); the run hands back the model it started from ({where})"
         )
     start = f"; {sel.start_eer * 100:.2f}% before training" if sel.start_eer is not None else ""
     return f"the run's result: {where}, epoch {sel.best_epoch}, validation EER {sel.best_eer * 100:.2f}%{start}"
