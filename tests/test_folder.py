@@ -165,7 +165,10 @@ def test_non_utf8_csv_is_named(tmp_path, capsys):
         (["--root", "{tmp}/nowhere"], "error: expected folder {tmp}/nowhere does not exist"),
         (["--root", "{tmp}/flat"], "error: {tmp}/flat: no audio files in speaker folders"),
         (["--root", "{tmp}/root", "--test-speakers", "4"], "error: 5 usable speakers cannot give 4 test speakers"),
-        (["--root", "{tmp}/root", "--folder-sessions"], "error: the test speakers have no cross-session target pairs"),
+        (
+            ["--root", "{tmp}/root", "--folder-sessions"],
+            "error: {tmp}/out/test: the held-out speakers have no cross-session target pairs",
+        ),
     ],
 )
 def test_unusable_input_is_one_error(tmp_path, capsys, args, message):

@@ -291,7 +291,10 @@ def prepare(
 def _write_trials(d: Path, spk2utt: Dict[str, List[str]], sessions, trials: int, seed: int) -> None:
     """`d`/trials of a held-out split, said in one line, with a warning line when it is too small to measure an
     EER (speakerlab.dataio.trials.MIN_SPEAKERS)."""
-    rows, note = make_trials(spk2utt, sessions, trials, seed)
+    try:
+        rows, note = make_trials(spk2utt, sessions, trials, seed)
+    except DatasetError as e:
+        raise DatasetError(f"{d}: {e}") from None
     if note:
         log(f"{d / 'trials'}: {note}")
     write_table(d / "trials", ((a, (b, "target" if t else "nontarget")) for a, b, t in rows))

@@ -94,7 +94,7 @@ def make_trials(
     total_t = int(per_spk.sum())
     if total_t == 0:
         kind = "cross-session " if sessions else ""
-        raise DatasetError(f"the test speakers have no {kind}target pairs (two utterances of one speaker)")
+        raise DatasetError(f"the held-out speakers have no {kind}target pairs (two utterances of one speaker)")
 
     def draw_target(g):
         s = speakers[int(g.choice(len(speakers), p=per_spk / per_spk.sum()))]
