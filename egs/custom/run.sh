@@ -107,7 +107,8 @@ if stage_on 3; then
   log "stage 3: $exp: $what"
   scaled=()
   if [ "$scale" = true ]; then
-    text="$(python -m speakerlab.train.scaled --data "$data/train" "${configs[@]}" "${settings[@]}" $train_overrides)"
+    text="$(python -m speakerlab.train.scaled --data "$data/train" "${configs[@]}" "${settings[@]}" \
+      $train_overrides)"
     read -r -a scaled <<< "$text"
   fi
   launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" \
@@ -117,7 +118,8 @@ fi
 if stage_on 4; then
   log "stage 4: embeddings of $data/test (and with the pretrained model, $exp/pretrained.pt)"
   # The file the model stands for (the run's result: best.pt, else the newest intact checkpoint), kept beside
-  # the embeddings so that stage 5 names it.
+  # the embeddings so that stage 5 names it. (`python -m` for speakerlab-which and speakerlab-scaled: they run
+  # in an environment installed before these commands existed.)
   which="$(python -m speakerlab.inference.which "${checkpoint:-$exp}")"
   speakerlab-extract --checkpoint "${which%%$'\t'*}" --data "$data/test" --out "$exp/embeddings/test.npz"
   printf '%s\n' "$which" > "$exp/embeddings/test.model"
@@ -133,9 +135,10 @@ print(((yaml.safe_load(open(sys.argv[1])) or {}).get("train") or {}).get("init")
 }
 
 result() {  # JSON LABEL: `EER: x.xx% (95% CI a-b%) LABEL on <trials>, N trials (T target, M nontarget, S speakers)`
-  local text
-  text="$(python -m speakerlab.scoring.report "$1")"
-  echo "EER: ${text%%$'\t'*} $2 on $data/test/trials, ${text#*$'\t'}"
+  python -c 'import json, sys
+from speakerlab.scoring.report import counts_text, eer_text
+s = json.load(open(sys.argv[1]))
+print(f"EER: {eer_text(s)} {sys.argv[2]} on {sys.argv[3]}, {counts_text(s)}")' "$1" "$2" "$data/test/trials"
 }
 
 if stage_on 5; then

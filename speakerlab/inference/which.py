@@ -1,4 +1,4 @@
-"""Which model a model path stands for: `python -m speakerlab.inference.which MODEL` -> `PATH<tab>description`.
+"""Which model a model path stands for: `speakerlab-which MODEL` -> `PATH<tab>description`.
 
 MODEL is a checkpoint file or an exp dir; an exp dir stands for the run's result (`checkpoint.run_result`:
 checkpoints/best.pt under model selection, else its newest intact checkpoint, a corrupt one said on stderr).
@@ -8,6 +8,7 @@ made it. No checkpoint: one error line, exit 2.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -26,12 +27,11 @@ def describe(path: Path, ckpt: Checkpoint) -> str:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m speakerlab.inference.which MODEL (a checkpoint file or an exp dir)", file=sys.stderr)
-        return 2
+    ap = argparse.ArgumentParser(prog="speakerlab-which", description=__doc__.split("\n")[0])
+    ap.add_argument("model", help="a checkpoint file or an exp dir")
+    args = ap.parse_args(argv)
     try:
-        path, ckpt = run_result(args[0], warn=lambda m: print(m, file=sys.stderr))
+        path, ckpt = run_result(args.model, warn=lambda m: print(m, file=sys.stderr))
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

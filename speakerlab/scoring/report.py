@@ -1,9 +1,7 @@
 """Output files of the scoring step: the scores file, the metrics JSON, the result line, the table.
 
-    python -m speakerlab.scoring.report exp/scores/test.json   # -> the EER with its interval <tab> the counts
-
-`eer_text` and `counts_text` are how an EER is said everywhere (result line, table, recipes): with its
-confidence interval and the trials and speakers behind it.
+`eer_text` and `counts_text` are how an EER is said everywhere (result line, table, the recipes' closing lines
+from P.json): with its confidence interval and the trials and speakers behind it.
 
 `write_scores` formats whole blocks of trials with numpy (ids from the zero-padded id bytes of the
 index, the score as fixed-point `%.6f` digits) and drops the padding bytes, so writing 10 M lines makes
@@ -171,18 +169,3 @@ def markdown_table(summaries: Sequence[Dict]) -> str:
         row.append(s["scoring"]["method"])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    """Print `<eer_text><tab><counts_text>` of each summary JSON given (the recipes' closing lines)."""
-    import sys
-
-    paths = sys.argv[1:] if argv is None else argv
-    for path in paths:
-        summary = json.loads(Path(path).read_text())
-        print(f"{eer_text(summary)}\t{counts_text(summary)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

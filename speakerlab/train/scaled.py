@@ -1,7 +1,7 @@
 """Fine-tuning defaults scaled to the data: how long to train, how long the new classifier trains alone and how
 long a plateau may last, from how many utterances the training dir has (egs/custom stage 3).
 
-    python -m speakerlab.train.scaled --data data/custom/train --config conf/custom/finetune.yaml [key=value ...]
+    speakerlab-scaled --data data/custom/train --config conf/custom/finetune.yaml [key=value ...]
     -> stdout: train.epochs=30 train.patience=10 train.freeze_epochs=6 loss.margin_start_epoch=6
        stderr: one line saying what they were scaled to
 
@@ -58,7 +58,7 @@ def scaled_settings(utterances: int, batch: int, init: bool, given: Dict[str, ob
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speakerlab.train.scaled", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="speakerlab-scaled", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="the training data dir (its utt2spk is counted)")
     ap.add_argument("--config", required=True, action="append", help="the training config(s), as speakerlab-train")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, as speakerlab-train: keys given are not scaled")
