@@ -222,8 +222,8 @@ def main(argv=None) -> int:
     pipelines = (["synthetic"] if args.synthetic else []) + (["loader"] if args.data else [])
     for name in args.models:
         cfg, net, _ = build(name, "fp32", args, torch.device("cpu"))
-        frames = setup.example_input(cfg, args.crop).shape[1]  # (1, frames, bins): the fbank models benched here
-        gflops = macs(net.model, frames, cfg.features.num_mel_bins) * 2 * 3 / 1e9  # per sample, fwd + bwd
+        _, frames, bins = setup.example_input(cfg, args.crop).shape  # (1, frames, bins): the fbank models benched here
+        gflops = macs(net.model, frames, bins) * 2 * 3 / 1e9  # per sample, fwd + bwd
         del net
         for precision in precisions:
             for mode in args.compile:

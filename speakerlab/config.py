@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import yaml
 
+from speakerlab.frontends import FeatureSettings, feature_spec
 from speakerlab.settings import ConfigError, build_settings, setting
 
 # The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
@@ -115,24 +116,6 @@ class AugmentSettings:
 
 
 @dataclass
-class FeatureSettings:
-    # The front-end (speakerlab.features.spec): kaldi_fbank, Kaldi's log-mel fbank; redimnet_mel, the ReDimNet2
-    # releases' log-mel (Hamming window, pre-emphasis, waveform normalised per utterance, HTK mel 20-7600 Hz,
-    # so data.sample_rate >= 15200), which takes num_mel_bins, frame_length_ms, frame_shift_ms and mean_norm;
-    # waveform (WavLM, wav2vec 2.0, HuBERT encoders), the wave, zero mean and unit variance when mean_norm;
-    # w2vbert_fbank (w2v-BERT 2.0), 16 kHz Kaldi fbank of num_mel_bins (80) normalised per bin, frame pairs stacked.
-    kind: str = setting("kaldi_fbank", choices=("kaldi_fbank", "redimnet_mel", "waveform", "w2vbert_fbank"))
-    num_mel_bins: int = setting(80, ge=1, le=512)
-    frame_length_ms: float = setting(25.0, gt=0)
-    frame_shift_ms: float = setting(10.0, gt=0)
-    # kaldi_fbank's window; null: povey. The other kinds have their own (null, or its name).
-    window_type: Optional[str] = setting(None, choices=("povey", "hamming", "hanning", "rectangular"))
-    dither: float = setting(0.0, ge=0)  # kaldi_fbank, training only (extraction always uses 0); other kinds: 0
-    mean_norm: bool = True  # per-utterance mean normalisation of each bin (redimnet_mel: the releases' true;
-    # waveform: the encoder's do_normalize; w2vbert_fbank: always on, true only)
-
-
-@dataclass
 class ModelSettings:
     name: str = ""  # a registered builder, see speakerlab.models.list_models() (required)
     args: Dict[str, Any] = setting({})  # its keyword arguments, checked against the builder's signature
@@ -166,6 +149,37 @@ class OptimSettings:
     layer_decay: float = setting(1.0, gt=0, le=1)
 
 
+# The parts a freeze rule may name (speakerlab.train.freeze finds their parameters).
+FREEZE_PARTS = ("trunk", "encoder")
+
+
+def _parts(v) -> Optional[str]:
+    if not v or len(set(v)) != len(v) or any(m not in FREEZE_PARTS for m in v):
+        return f"must list distinct parts among {', '.join(FREEZE_PARTS)}, got {v}"
+    return None
+
+
+def _until_epoch(v) -> Optional[str]:
+    if v == "end" or (isinstance(v, int) and v >= 0):
+        return None
+    return f"must be an epoch count >= 0 or end (the whole run), got {v!r}"
+
+
+@dataclass
+class FreezeRule:
+    """One rule of train.freeze: `modules` take no gradient from step 0 until exactly one bound."""
+
+    modules: List[str] = setting([], check=_parts)
+    until_epoch: Optional[Union[int, str]] = setting(None, check=_until_epoch)  # the first this many epochs;
+    # end: the whole run
+    until_step: Optional[int] = setting(None, ge=0)  # the first this many optimizer steps
+
+
+def _encoder_rule(steps: int) -> Dict[str, Any]:
+    """The freeze rule of the retired train.freeze_encoder_steps (-1: the whole run)."""
+    return {"modules": ["encoder"], **({"until_epoch": "end"} if steps < 0 else {"until_step": steps})}
+
+
 @dataclass
 class TrainSettings:
     epochs: int = setting(10, ge=1)
@@ -187,10 +201,18 @@ class TrainSettings:
     init_3dspeaker: Optional[str] = None  # train.init is a 3D-Speaker state dict of this registered model (campplus)
     init_match_speakers: bool = False  # new speaker set: start the classifier rows of speakers the init checkpoint
     # also had (same id) from its classifier
-    freeze_epochs: int = setting(0, ge=0)  # with train.init: train only the classifier for this many epochs (the
-    # embedding model fixed, its BatchNorm statistics too), so the new classifier settles before the trunk moves
-    freeze_encoder_steps: int = setting(0, ge=-1)  # SSL models: the encoder stays frozen (back-end and head
-    # train) for the first this many optimizer steps; -1: the whole run
+    # Parts of the network that take no gradient from the start until a bound (speakerlab.train.freeze): a part
+    # is frozen while any rule naming it holds. trunk, the whole embedding model (with train.init: the new
+    # classifier settles before the pretrained trunk moves; BatchNorm statistics kept, dropout off); encoder, a
+    # self-supervised model's encoder (its back-end and the classifier train). E.g.
+    #   freeze: [{modules: [trunk], until_epoch: 1}, {modules: [encoder], until_step: 2000}]
+    freeze: List[FreezeRule] = setting([])
+
+    # Keys this section no longer takes -> (the new key, old value -> new value) (speakerlab.settings).
+    RENAMED: ClassVar[Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
+        "freeze_epochs": ("freeze", lambda n: [{"modules": ["trunk"], "until_epoch": n}] if n else []),
+        "freeze_encoder_steps": ("freeze", lambda n: [_encoder_rule(n)] if n else []),
+    }
 
 
 @dataclass
@@ -239,14 +261,10 @@ def _validate(cfg: Config) -> None:
     for key, value, needs in (
         ("train.init_3dspeaker", cfg.train.init_3dspeaker, "the 3D-Speaker state dict"),
         ("train.init_match_speakers", cfg.train.init_match_speakers, "the checkpoint whose classifier rows to copy"),
-        ("train.freeze_epochs", cfg.train.freeze_epochs, "the pretrained model to keep fixed"),
     ):
         if value and not cfg.train.init:
             raise ConfigError(f"config key '{key}' ({value}) needs train.init ({needs})")
-    if cfg.train.freeze_epochs > cfg.train.epochs:
-        raise ConfigError(
-            f"config key 'train.freeze_epochs' ({cfg.train.freeze_epochs}) must be <= train.epochs ({cfg.train.epochs})"
-        )
+    _validate_freeze(cfg)
     if not cfg.data.train:
         raise ConfigError("config key 'data.train' is required")
     if cfg.optim.min_lr > cfg.optim.lr:
@@ -261,7 +279,7 @@ def _validate(cfg: Config) -> None:
             "config key 'data.shards': tar shards hold audio, stored features are read from data.train; "
             "set one of data.shards and data.feats"
         )
-    _validate_features(cfg)
+    check_features(cfg)
     if cfg.augment.speed_prob > 0 and all(f == 1.0 for f in cfg.augment.speed_factors):
         raise ConfigError(
             f"config key 'augment.speed_factors' needs a factor other than 1 when "
@@ -269,27 +287,40 @@ def _validate(cfg: Config) -> None:
         )
 
 
-def _validate_features(cfg: Config) -> None:
-    """The front-end kind's rules (see FeatureSettings.kind)."""
-    f = cfg.features
-    if f.kind == "kaldi_fbank":
+def _validate_freeze(cfg: Config) -> None:
+    """Each train.freeze rule: exactly one bound, within train.epochs; a frozen trunk needs the pretrained
+    model to keep fixed. (A bound in steps beyond the run, or an encoder the model lacks, is known when the run
+    is built: speakerlab.train.freeze.)"""
+    for i, rule in enumerate(cfg.train.freeze):
+        key = f"train.freeze[{i}]"
+        if not rule.modules:
+            raise ConfigError(f"config key '{key}.modules' is required: parts among {', '.join(FREEZE_PARTS)}")
+        if (rule.until_epoch is None) == (rule.until_step is None):
+            both = "not both" if rule.until_epoch is not None else "one is required"
+            raise ConfigError(f"config key '{key}.until_epoch' or '{key}.until_step': give one bound ({both})")
+        if isinstance(rule.until_epoch, int) and rule.until_epoch > cfg.train.epochs:
+            raise ConfigError(
+                f"config key '{key}.until_epoch' ({rule.until_epoch}) must be <= train.epochs ({cfg.train.epochs}); "
+                "the whole run: end"
+            )
+        if "trunk" in rule.modules and not cfg.train.init:
+            raise ConfigError(
+                f"config key '{key}.modules' ({', '.join(rule.modules)}): trunk needs train.init (the pretrained "
+                "model to keep fixed)"
+            )
+
+
+def check_features(cfg: Config) -> None:
+    """The front-end's rules (its kind's, speakerlab.frontends) and what the feature store can hold. With
+    train.init and no features.kind, the kind is the pretrained model's: speakerlab.train.init checks the
+    section once it has filled it."""
+    if cfg.train.init and cfg.features.kind is None:
         return
-    if cfg.data.feats:
+    kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
+    if cfg.data.feats and kind != "kaldi_fbank":
         raise ConfigError(
-            f"config key 'data.feats': the feature store holds Kaldi fbank, features.kind is {f.kind}; "
-            "set data.feats to false"
-        )
-    own = {"redimnet_mel": "hamming", "w2vbert_fbank": "povey"}.get(f.kind)
-    if f.window_type not in (None, own):
-        raise ConfigError(f"config key 'features.window_type': {f.kind} has its own window ({own}); set null")
-    if f.dither != 0.0:
-        raise ConfigError(f"config key 'features.dither': {f.kind} has no dither; set 0")
-    if f.kind == "w2vbert_fbank" and not f.mean_norm:
-        raise ConfigError("config key 'features.mean_norm': w2vbert_fbank always normalises each bin; set true")
-    if f.kind == "redimnet_mel" and cfg.data.sample_rate < 15200:
-        raise ConfigError(
-            f"config key 'features.kind': {f.kind} spans 20-7600 Hz, data.sample_rate must be >= 15200 "
-            f"(got {cfg.data.sample_rate})"
+            f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "
+            "the audio); set data.feats to false"
         )
 
 

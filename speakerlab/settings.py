@@ -1,6 +1,10 @@
 """Typed settings from YAML mappings: the field helper `setting` that carries a field's rule, and
 `build_settings`, which checks every key's type and rule and names the dotted key in its errors.
-speakerlab.config declares the sections with it; nothing here knows any section."""
+speakerlab.config declares the sections with it; nothing here knows any section.
+
+A section may list keys it no longer takes in a class attribute `RENAMED = {old: (new, convert)}`, `convert`
+turning an old value into the new key's: the old key is then an error that says how to write its value in the
+new one, and `upgrade_renamed` translates a config written before the rename (a checkpoint's)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import dataclasses
 import typing
 from dataclasses import field
 from typing import Any, Callable, Dict, List, Optional, Union
+
+import yaml
 
 
 class ConfigError(ValueError):
@@ -34,6 +40,8 @@ def setting(
 
 
 def _type_name(tp) -> str:
+    if typing.get_origin(tp) is Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -60,6 +68,8 @@ def _check_value(key: str, value: Any, tp) -> Any:
             raise ConfigError(f"config key '{key}' must be a list, got {type(value).__name__}")
         args = typing.get_args(tp)
         return [_check_value(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if dataclasses.is_dataclass(tp):  # a list of records, e.g. train.freeze
+        return build_settings(tp, value, key)
     if tp is Any:
         return value
     if tp is bool:
@@ -118,6 +128,8 @@ def build_settings(cls, raw: Dict[str, Any], prefix: str = ""):
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        if unknown[0] in getattr(cls, "RENAMED", {}):
+            raise ConfigError(_renamed_message(cls, unknown[0], raw[unknown[0]], prefix))
         raise ConfigError(f"unknown config key '{key}' (known in '{prefix or '<top>'}': {', '.join(sorted(fields))})")
     kwargs = {}
     for name, value in raw.items():
@@ -130,3 +142,30 @@ def build_settings(cls, raw: Dict[str, Any], prefix: str = ""):
         _check_rule(key, value, dict(fields[name].metadata))
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _renamed_message(cls, old: str, value: Any, prefix: str) -> str:
+    new, convert = cls.RENAMED[old]
+    section = f"{prefix}." if prefix else ""
+    line = f"config key '{section}{old}' was replaced by '{section}{new}'"
+    try:
+        written = yaml.safe_dump({new: convert(value)}, default_flow_style=True, sort_keys=False).strip()[1:-1]
+    except (TypeError, ValueError):  # not a value the old key took: no translation to show
+        return line
+    return f"{line}: {old}: {value!r} is written {written}"
+
+
+def upgrade_renamed(cls, raw: Dict[str, Any]) -> Dict[str, Any]:
+    """A plain config mapping of the settings dataclass `cls` written before keys were renamed -> the same
+    settings under the new keys (a copy; values of several old keys renamed into one list are concatenated).
+    Sections and keys it does not know are left as they are."""
+    out = dict(raw)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]) and isinstance(out.get(f.name), dict):
+            out[f.name] = upgrade_renamed(hints[f.name], out[f.name])
+    for old, (new, convert) in getattr(cls, "RENAMED", {}).items():
+        if old in out:
+            value = convert(out.pop(old))
+            out[new] = out[new] + value if isinstance(out.get(new), list) and isinstance(value, list) else value
+    return out

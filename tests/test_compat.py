@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from speakerlab.models import build_model, load_3dspeaker
+from speakerlab.models import build_model
+from speakerlab.sources import SourceError, read_source
 from tests.fixture_models import calibrate, fill_state_dict, load_fixture, make_input
 from tests.helpers import registry_params
 
@@ -56,7 +57,9 @@ def test_reference_embedding(arch, tmp_path):
     fixture = load_fixture(arch)
     path = tmp_path / f"{arch}.bin"
     torch.save(fill_state_dict(fixture["state_dict"]), path)
-    model = load_3dspeaker(arch, str(path), **builder_kwargs(fixture))
+    src = read_source(path, threedspeaker=arch)  # the embedding size read from the file
+    assert src.model_args == {k: v for k, v in builder_kwargs(fixture).items() if k == "embedding_size"}
+    model = src.build()
     assert not model.training
 
     inp = fixture["input"]
@@ -69,17 +72,21 @@ def test_reference_embedding(arch, tmp_path):
     torch.testing.assert_close(emb, expected, rtol=1e-3, atol=1e-3)
 
 
-def test_load_3dspeaker_rejects_mismatched_keys():
+def test_3dspeaker_file_with_mismatched_keys_is_named(tmp_path):
     fixture = load_fixture("campplus")
     state = fill_state_dict(fixture["state_dict"])
-    state.pop(next(iter(state)))
-    with pytest.raises(RuntimeError, match="Missing key"):
-        load_3dspeaker("campplus", state, **builder_kwargs(fixture))
+    first = next(iter(state))
+    state.pop(first)
+    torch.save(state, tmp_path / "w.bin")
+    with pytest.raises(
+        SourceError, match=f"{tmp_path / 'w.bin'}: the weights do not fit model campplus .*missing {first}"
+    ):
+        read_source(tmp_path / "w.bin", threedspeaker="campplus").build()
 
 
-def test_load_3dspeaker_unwraps_container():
+def test_3dspeaker_file_is_unwrapped_from_its_container(tmp_path):
     fixture = load_fixture("campplus")
     state = fill_state_dict(fixture["state_dict"])
-    wrapped = {"state_dict": {f"module.{k}": v for k, v in state.items()}}
-    model = load_3dspeaker("campplus", wrapped, **builder_kwargs(fixture))
+    torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, tmp_path / "w.bin")
+    model = read_source(tmp_path / "w.bin", threedspeaker="campplus").build()
     torch.testing.assert_close(model.state_dict()["head.conv1.weight"], state["head.conv1.weight"])

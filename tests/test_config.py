@@ -170,15 +170,15 @@ def _train_config(name):
     raw = yaml.safe_load((CONF / name).read_text())
     overlay = "name" not in (raw.get("model") or {})
     paths = [str(base), str(CONF / name)] if overlay else [str(CONF / name)]
-    # A fine-tuning config's frozen epochs need train.init, a pretrained model this test does not have.
-    extra = ["train.freeze_epochs=0"] if "freeze_epochs" in (raw.get("train") or {}) else []
-    cfg = load_train_config(paths, ["data.train=x", *extra], None)
+    # A fine-tuning config's frozen trunk needs train.init, a pretrained model this test does not have.
+    extra = ["train.freeze=[]"] if "freeze" in (raw.get("train") or {}) else []
+    cfg, _ = load_train_config(paths, ["data.train=x", *extra], None)
     if cfg.model.args.get("pretrained"):  # no published encoder can be downloaded here: a tiny one of its family
         from tests.helpers import TINY_ENCODERS
 
         family = "wav2vec2-bert" if cfg.features.kind == "w2vbert_fbank" else "wavlm"
         tiny = f"model.args.encoder={json.dumps(TINY_ENCODERS[family])}"  # JSON is YAML
-        cfg = load_train_config(paths, ["data.train=x", "model.args.pretrained=null", tiny, *extra], None)
+        cfg, _ = load_train_config(paths, ["data.train=x", "model.args.pretrained=null", tiny, *extra], None)
     return cfg
 
 
@@ -219,7 +219,7 @@ def test_hardware_profiles_load_on_top_of_a_config():
     from speakerlab.train.build import load_train_config
 
     for p in sorted((CONF / "hardware").glob("*.yaml")):
-        cfg = load_train_config([str(CONF / "mini" / "campplus.yaml")], ["data.train=x"], p.stem)
+        cfg, _ = load_train_config([str(CONF / "mini" / "campplus.yaml")], ["data.train=x"], p.stem)
         assert cfg.hardware.precision in ("auto", "bf16", "fp16", "fp32"), p.name
 
 

@@ -11,19 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from speakerlab.checkpoint import save_checkpoint
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
 from tests.fake_corpora import REPO, env_ready, recipe_env
-from tests.helpers import make_data_dir
-from tests.test_checkpoint import corrupt, tiny_checkpoint
+from tests.helpers import damaged_copy, make_data_dir, save_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages for this interpreter"),
 ]
-
-SPEC = FeatureSpec(FbankConfig(sample_rate=16000, num_mel_bins=80), mean_norm=True)
 
 
 def made_up_run(tmp_path: Path, init) -> tuple:
@@ -36,8 +30,7 @@ def made_up_run(tmp_path: Path, init) -> tuple:
     make_data_dir(tmp_path / "data" / "test", {u: u[:2] for u in utts}, seconds=1.0, trials=trials)
     exp = tmp_path / "exp_lm"
     for epoch in (1, 2):
-        ckpt = tiny_checkpoint(10 * epoch, epoch, epoch, features=SPEC)
-        save_checkpoint(exp / "checkpoints" / f"epoch_{epoch:03d}.pt", ckpt)
+        save_tiny_checkpoint(exp / "checkpoints" / f"epoch_{epoch:03d}.pt", seed=epoch, step=10 * epoch, epoch=epoch)
     (exp / "config.yaml").write_text(yaml.safe_dump({"train": {"init": init}}))
     return tmp_path / "data", exp
 
@@ -74,7 +67,7 @@ def test_after_stage_7_the_model_is_fine_tuned_and_the_checkpoint_named(tmp_path
 
 def test_a_corrupt_latest_checkpoint_is_said_and_the_one_used_named(tmp_path):
     data, exp = made_up_run(tmp_path, None)
-    corrupt(exp / "checkpoints" / "epoch_002.pt")
+    damaged_copy(exp / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
     out = stages_4_5(data, exp)
     assert re.search(f"warning: checkpoint {exp / 'checkpoints' / 'epoch_002.pt'} (is corrupt|cannot be loaded)", out)
     said = line(out)
@@ -84,7 +77,7 @@ def test_a_corrupt_latest_checkpoint_is_said_and_the_one_used_named(tmp_path):
 
 def test_a_run_that_handed_back_its_start_says_so(tmp_path):
     data, exp = made_up_run(tmp_path, "pretrained.ckpt")
-    save_checkpoint(exp / "checkpoints" / "best.pt", tiny_checkpoint(0, 0, resume=False, features=SPEC))
+    save_tiny_checkpoint(exp / "checkpoints" / "best.pt", step=0, epoch=0)
     said = line(stages_4_5(data, exp))
     best = exp / "checkpoints" / "best.pt"
     assert (

@@ -4,10 +4,8 @@ import pytest
 import torch
 
 from speakerlab.inference.export import check_export, export_onnx, export_torchscript
-from speakerlab.models import build_model, list_models
+from speakerlab.models import build_model, builder_defaults, list_models
 from tests.helpers import registry_params
-
-pytest.importorskip("onnxruntime")
 
 # The fast lane exports ResNet34 (22 s); CAM++'s export takes minutes on 2 cores and runs in the full suite.
 # resnet293 is resnet221's class and bottleneck block with more blocks per stage, so its export path is
@@ -22,15 +20,16 @@ def test_onnx_export_matches_pytorch_at_two_lengths(name, tmp_path):
     (TorchScript of every model is checked in test_models.py.)"""
     torch.manual_seed(0)
     model = build_model(name, **EXPORT_ARGS.get(name, {})).eval()
-    export_onnx(model, tmp_path / "m.onnx")
-    assert check_export(model, tmp_path / "m.onnx", "onnx", lengths=(200, 317), atol=1e-4) <= 1e-4
+    feat_dim = builder_defaults(name)["feat_dim"]
+    export_onnx(model, tmp_path / "m.onnx", feat_dim)
+    assert check_export(model, tmp_path / "m.onnx", "onnx", feat_dim, lengths=(200, 317), atol=1e-4) <= 1e-4
 
 
 def test_torchscript_file_round_trip_and_wrong_file_caught(tmp_path):
     a = build_model("resnet34").eval()
-    export_torchscript(a, tmp_path / "a.pt")
-    assert check_export(a, tmp_path / "a.pt", "torchscript") == 0.0
+    export_torchscript(a, tmp_path / "a.pt", 80)
+    assert check_export(a, tmp_path / "a.pt", "torchscript", 80) == 0.0
     torch.manual_seed(1)
     b = build_model("resnet34").eval()
     with pytest.raises(RuntimeError, match="differs from PyTorch"):
-        check_export(b, tmp_path / "a.pt", "torchscript")
+        check_export(b, tmp_path / "a.pt", "torchscript", 80)

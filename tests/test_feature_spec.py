@@ -18,7 +18,9 @@ from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.features.fbank import Fbank, FbankConfig, mean_normalize
 from speakerlab.features.redimnet import ReDimNetMel, ReDimNetMelConfig, release_mel_config
-from speakerlab.features.spec import FeatureSpec, KaldiFeatures, build_features, feature_spec
+from speakerlab.features.spec import KaldiFeatures, WaveformConfig, build_features
+from speakerlab.features.w2vbert import W2VBertFbankConfig
+from speakerlab.frontends import FRONT_ENDS, FeatureSettings, FeatureSpec, feature_spec, section_keys
 from speakerlab.inference.cli import embed_parser, run_embed, run_verify
 from speakerlab.inference.embedder import embedder_from_args, load_embedder
 from speakerlab.inference.extract import main as extract_main
@@ -101,13 +103,60 @@ def test_config_kind_and_its_rules(tmp_path):
     for override, key in (
         ("features.window_type=povey", "features.window_type"),
         ("features.dither=1.0", "features.dither"),
-        ("data.sample_rate=8000", "features.kind"),
+        ("data.sample_rate=8000", "features.high_freq"),
         ("data.feats=true", "data.feats"),
         ("features.kind=mfcc", "features.kind"),
     ):
         with pytest.raises(ConfigError, match=f"'{key}'"):
             load_config(base, [override])
     assert load_config(base, ["features.window_type=hamming"]).features.window_type == "hamming"
+    with pytest.raises(ConfigError, match="'features.fft_size': kaldi_fbank has no fft_size"):
+        load_config(base, ["features.kind=kaldi_fbank", "features.fft_size=512"])
+
+
+# One spec of every kind, none at its defaults where the kind has settings of its own.
+EVERY_KIND = [
+    FeatureSpec(
+        FbankConfig(sample_rate=8000, num_mel_bins=40, window_type="hamming", low_freq=40, high_freq=-200), False
+    ),
+    FeatureSpec(
+        ReDimNetMelConfig(
+            n_mels=64,
+            n_fft=1024,
+            win_length=480,
+            hop_length=120,
+            f_min=50,
+            f_max=7000,
+            preemphasis=0.9,
+            normalize_signal=False,
+        ),
+        mean_norm=False,
+    ),
+    FeatureSpec(WaveformConfig(sample_rate=16000), mean_norm=False),
+    FeatureSpec(W2VBertFbankConfig(num_mel_bins=64), mean_norm=True),
+]
+
+
+@pytest.mark.parametrize("spec", EVERY_KIND, ids=lambda s: s.kind)
+def test_every_kind_round_trips_through_a_features_section(spec):
+    """The registry's mapping both ways: the keys a spec gives, as a config section, give the spec back, with
+    the kind's module and width."""
+    assert set(FRONT_ENDS) == {s.kind for s in EVERY_KIND}
+    keys = section_keys(spec)
+    section = FeatureSettings(**keys)
+    assert feature_spec(section, spec.sample_rate) == spec
+    module = build_features(spec)
+    wave = 0.1 * torch.randn(1, 8000, generator=torch.Generator().manual_seed(0))
+    out = module(wave)
+    assert out.shape[-1] == spec.feat_dim or (spec.feat_dim == 1 and out.shape == wave.shape)
+    assert out.shape[1] == module.num_frames(8000) or spec.kind == "waveform"
+
+
+def test_a_spec_no_section_expresses_is_named():
+    with pytest.raises(ValueError, match=r"FbankConfig.snip_edges = False: no key of the features section"):
+        section_keys(FeatureSpec(FbankConfig(snip_edges=False)))
+    with pytest.raises(ValueError, match=r"W2VBertFbankConfig.stride = 3"):
+        section_keys(FeatureSpec(W2VBertFbankConfig(stride=3)))
 
 
 def test_release_front_end_settings():

@@ -16,19 +16,50 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # Which layer may import which (a layer may always import itself). Data flows top-down: lists and audio
 # -> features -> models -> training -> checkpoint -> inference -> scores; a lower layer never reaches up,
 # so inference runs without anything of the training side.
+# frontends: the front-end registry (kinds, their settings and the config's features section), torch-free so
+# that config can read it. sources: the one reader of pretrained models (ours, 3D-Speaker, ReDimNet2
+# releases), between checkpoint and inference, because it needs models and the front-end registry and both
+# inference and train read through it.
+# `commands` (the parser and the ending of every console script) is a leaf every layer with a script may import.
 LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
-    "config": {"settings"},
+    "frontends": {"settings"},
+    "config": {"settings", "frontends"},
     "devices": set(),
-    "dataio": {"config", "settings", "devices"},
-    "features": {"dataio", "config", "devices"},
+    "commands": set(),
+    "dataio": {"config", "settings", "devices", "commands"},
+    "features": {"dataio", "config", "devices", "frontends", "commands"},
     "models": set(),
-    "checkpoint": {"features", "models"},
-    "scoring": {"dataio"},
-    "inference": {"checkpoint", "features", "models", "dataio", "scoring", "devices"},
-    "train": {"config", "settings", "devices", "dataio", "features", "models", "checkpoint", "inference", "scoring"},
-    "datasets": {"dataio"},
-    "synth": {"dataio"},
+    "checkpoint": {"frontends", "models"},
+    "sources": {"checkpoint", "features", "frontends", "models"},
+    "scoring": {"dataio", "commands"},
+    "inference": {
+        "sources",
+        "checkpoint",
+        "features",
+        "frontends",
+        "models",
+        "dataio",
+        "scoring",
+        "devices",
+        "commands",
+    },
+    "train": {
+        "config",
+        "settings",
+        "devices",
+        "dataio",
+        "frontends",
+        "features",
+        "models",
+        "checkpoint",
+        "sources",
+        "inference",
+        "scoring",
+        "commands",
+    },
+    "datasets": {"dataio", "commands"},
+    "synth": {"dataio", "commands"},
 }
 
 
@@ -108,5 +139,12 @@ def test_inference_imports_load_no_training_module():
 
 
 def test_config_imports_no_implementation_module():
+    """The config reads the front-end registry (its features section and rules) and nothing else: loading a
+    config never loads torch."""
     graph = import_graph()
-    assert graph["speakerlab.config"] == {"speakerlab.settings"} and graph["speakerlab.settings"] == set()
+    assert graph["speakerlab.config"] == {"speakerlab.settings", "speakerlab.frontends"}
+    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == {"settings", "frontends"}
+    assert graph["speakerlab.settings"] == set()
+    code = "import speakerlab.config, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -2,7 +2,6 @@
 the source, the weights loaded, a new classifier (or the rows of matching speakers), the trunk frozen for the
 first epochs, a lower LR for it; from our checkpoints, 3D-Speaker state dicts and ReDimNet2 release files."""
 
-import json
 import os
 import subprocess
 import sys
@@ -15,50 +14,27 @@ import yaml
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.config import ConfigError
+from speakerlab.frontends import FeatureSpec, ReDimNetMelConfig
+from speakerlab.sources import read_source
 from speakerlab.train.build import build_optimizer, build_run, load_train_config
-from speakerlab.train.init import read_source
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.optim import parameter_groups
 from speakerlab.train.resume import resume
 from tests.fixture_models import fill_state_dict, load_fixture, load_redimnet2_fixture
-from tests.helpers import ROOT, assert_no_traceback, losses, make_data_dir, tiny_config
+from tests.helpers import ROOT, assert_no_traceback, losses, new_data, tiny_config, write_config
 
-RUN = {
-    "loss": {"margin": 0.2, "margin_start_epoch": 0, "margin_warmup_epochs": 1},
-    "optim": {"lr": 0.05, "warmup_epochs": 0.5},
-    "train": {"epochs": 2, "global_batch_size": 8, "log_every_steps": 1, "save_every_steps": 1},
-    "hardware": {"device": "cpu", "precision": "fp32", "per_device_batch": 4, "num_workers": 0, "pin_memory": False},
-}
+TRUNK_EPOCH_1 = [{"modules": ["trunk"], "until_epoch": 1}]  # train.freeze: the classifier alone in epoch 1
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A tiny CAM++ trained one epoch on speakers s0-s3: its exp dir."""
-    root = tmp_path_factory.mktemp("pretrained")
-    cfg, _ = tiny_config(root, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
-    return root / "exp"
-
-
-def new_data(tmp_path, speakers=("s2", "s3", "n0", "n1")):
-    """Another speaker set (two of them, s2 and s3, also pretrained ones)."""
-    return make_data_dir(tmp_path / "new", {f"{s}-{u}": s for s in speakers for u in range(4)}, seconds=0.6, seed=7)
-
-
-def write_config(tmp_path, train_dir, **sections) -> str:
-    """A fine-tuning config without a model section (train.init brings it) plus `sections` merged in."""
-    raw = json.loads(json.dumps(RUN))
-    raw["data"] = {"train": str(train_dir), "crop_seconds": 0.5}
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    path = tmp_path / "finetune.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
+@pytest.fixture
+def pretrained(tiny_model):
+    """A tiny CAM++ trained one epoch on speakers s0-s3 (the session's, tests/conftest.py): its exp dir."""
+    return tiny_model.exp
 
 
 def fresh_run(config: str, exp, *overrides):
-    cfg = load_train_config([config], list(overrides), None)
-    run = build_run(cfg, exp)
+    cfg, init = load_train_config([config], list(overrides), None)
+    run = build_run(cfg, exp, init)
     assert resume(run) == 0
     return run
 
@@ -126,25 +102,25 @@ def test_an_agreeing_model_section_is_accepted(pretrained, tmp_path):
     source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt")
     model = {"name": "campplus", "args": {"embedding_size": 32, "feat_dim": 80}}  # feat_dim: the default
     config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained)}, model=model)
-    cfg = load_train_config([config], [], None)
+    cfg, _ = load_train_config([config], [], None)
     assert cfg.model.name == "campplus" and cfg.model.args == {**source.model_args, "feat_dim": 80}
 
 
 def test_param_groups_scale_the_trunk_only(pretrained, tmp_path):
     config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained)})
-    cfg = load_train_config([config], ["optim.backbone_lr_scale=0.1"], None)
-    run = build_run(cfg, tmp_path / "x")
+    cfg, init = load_train_config([config], ["optim.backbone_lr_scale=0.1"], None)
+    run = build_run(cfg, tmp_path / "x", init)
     trunk = {id(p) for p in run.raw.model.parameters()}
     for group in run.optimizer.param_groups:
         in_trunk = {id(p) in trunk for p in group["params"]}
         assert len(in_trunk) == 1 and group["lr_scale"] == (0.1 if in_trunk == {True} else 1.0)
     # With every scale 1: the two groups (decayed, not) of every earlier run, in the same parameter order.
-    one = parameter_groups(run.raw.model, run.raw.classifier, load_train_config([config], [], None).optim)
+    one = parameter_groups(run.raw.model, run.raw.classifier, load_train_config([config], [], None)[0].optim)
     assert [len(g["params"]) for g in one] == [
         sum(p.ndim > 1 for p in run.raw.parameters()),
         sum(p.ndim <= 1 for p in run.raw.parameters()),
     ]
-    assert len(build_optimizer(load_train_config([config], [], None), run.raw).param_groups) == 2
+    assert len(build_optimizer(load_train_config([config], [], None)[0], run.raw).param_groups) == 2
 
 
 def test_lower_trunk_lr_is_applied(pretrained, tmp_path):
@@ -157,7 +133,7 @@ def test_lower_trunk_lr_is_applied(pretrained, tmp_path):
 
 
 def test_frozen_trunk_stays_the_pretrained_one_then_trains(pretrained, tmp_path):
-    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze_epochs": 1})
+    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze": TRUNK_EPOCH_1})
     exp = tmp_path / "ft"
     assert train_main(["--config", config, "--exp-dir", str(exp)]) == 0
     source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt").model
@@ -167,7 +143,7 @@ def test_frozen_trunk_stays_the_pretrained_one_then_trains(pretrained, tmp_path)
     changed = [k for k, v in source.items() if v.is_floating_point() and not torch.equal(e2.model[k], v)]
     assert len(changed) > len(source) // 2
     log = (exp / "train.log").read_text()
-    assert "embedding model frozen until step 2" in log and "embedding model trains from step 2" in log
+    assert "step 0: frozen: trunk until step 2" in log and "step 2: nothing frozen" in log
 
 
 def test_fine_tuning_resumes_exactly(pretrained, tmp_path):
@@ -175,7 +151,7 @@ def test_fine_tuning_resumes_exactly(pretrained, tmp_path):
     config = write_config(
         tmp_path,
         new_data(tmp_path),
-        train={"init": str(pretrained), "freeze_epochs": 1},
+        train={"init": str(pretrained), "freeze": TRUNK_EPOCH_1},
         optim={"backbone_lr_scale": 0.5},
     )
     assert train_main(["--config", config, "--exp-dir", str(tmp_path / "a")]) == 0
@@ -195,11 +171,14 @@ def test_fine_tuning_resumes_exactly(pretrained, tmp_path):
 
 
 def test_changed_trunk_schedule_is_refused_on_resume(pretrained, tmp_path, capsys):
-    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze_epochs": 1})
+    config = write_config(tmp_path, new_data(tmp_path), train={"init": str(pretrained), "freeze": TRUNK_EPOCH_1})
     exp = tmp_path / "ft"
     assert train_main(["--config", config, "--exp-dir", str(exp), "--max-steps", "1"]) == 0
-    assert train_main(["--config", config, "--exp-dir", str(exp), "train.freeze_epochs=0"]) == 2
-    assert "train.freeze_epochs: 1 in the checkpoint -> 0 now" in capsys.readouterr().err
+    assert train_main(["--config", config, "--exp-dir", str(exp), "train.freeze=[]"]) == 2
+    stored = "[{'modules': ['trunk'], 'until_epoch': 1, 'until_step': None}]"
+    assert f"train.freeze: {stored} in the checkpoint -> [] now" in capsys.readouterr().err
+    same = "train.freeze=[{modules: [trunk], until_epoch: 1}]"  # the same freeze written out: resumes
+    assert train_main(["--config", config, "--exp-dir", str(exp), same]) == 0
 
 
 # ---------------------------------------------------------------- other sources
@@ -217,7 +196,7 @@ def threedspeaker_file(tmp_path) -> tuple:
 @pytest.mark.slow
 def test_fine_tune_from_a_3dspeaker_state_dict_and_resume(tmp_path):
     path, state = threedspeaker_file(tmp_path)
-    train = {"init": str(path), "init_3dspeaker": "campplus", "freeze_epochs": 1, "save_every_steps": 1}
+    train = {"init": str(path), "init_3dspeaker": "campplus", "freeze": TRUNK_EPOCH_1, "save_every_steps": 1}
     config = write_config(tmp_path, new_data(tmp_path), train=train, data={"crop_seconds": 0.3})
     small = ["train.global_batch_size=4", "hardware.per_device_batch=4"]  # 4 steps an epoch, 8 in all
     a, b = tmp_path / "a", tmp_path / "b"
@@ -258,10 +237,11 @@ def redimnet_release(tmp_path, size="b0") -> tuple:
     return path, state
 
 
-def test_redimnet2_release_gives_the_registered_size(tmp_path, capsys):
+def test_redimnet2_release_gives_the_registered_size_and_its_front_end(tmp_path):
     path, state = redimnet_release(tmp_path)
     src = read_source(str(path))
-    assert (src.kind, src.model_name, src.features) == ("redimnet2", "redimnet2_b0", None)
+    assert (src.kind, src.model_name) == ("redimnet2", "redimnet2_b0")
+    assert src.features == FeatureSpec(ReDimNetMelConfig(), mean_norm=True)  # the release's own log-mel
     assert src.model_args == {
         "feat_dim": 72,
         "embedding_size": 192,
@@ -269,15 +249,23 @@ def test_redimnet2_release_gives_the_registered_size(tmp_path, capsys):
         "return_2d_output": True,
         "agg_gnorm": False,
     }
-    features = {"num_mel_bins": 72, "mean_norm": False}
-    run = fresh_run(
-        write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}, features=features), tmp_path / "r"
-    )
+    run = fresh_run(write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}), tmp_path / "r")
+    loaded = run.raw.model.state_dict()  # once: state_dict() builds the whole dict on every call
     for key, value in state.items():
-        torch.testing.assert_close(run.raw.model.state_dict()[key], value, rtol=0, atol=0)
-    assert "trained on its own log-mel front-end" in capsys.readouterr().err
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
+    f = run.cfg.features
+    assert (f.kind, f.num_mel_bins, f.fft_size, f.high_freq, f.normalize_signal) == (
+        "redimnet_mel",
+        72,
+        512,
+        7600,
+        True,
+    )
+    features = {"num_mel_bins": 80}  # a key given that disagrees with the release
     with pytest.raises(ConfigError, match=r"config key features.num_mel_bins: 80 in the config, 72 in"):
-        load_train_config([write_config(tmp_path, new_data(tmp_path), train={"init": str(path)})], [], None)
+        load_train_config(
+            [write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}, features=features)], [], None
+        )
 
 
 def test_cnc2_release_maps_to_agg_gnorm(tmp_path):
@@ -292,7 +280,7 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     """Two processes: DDP reduces the classifier alone while the trunk is frozen, and the trunk once it thaws
     (the wrapper is rebuilt then); the frozen epoch leaves the trunk as it was; the trunk's lower LR holds
     under the wrapper."""
-    train = {"init": str(pretrained), "freeze_epochs": 1}
+    train = {"init": str(pretrained), "freeze": TRUNK_EPOCH_1}
     config = write_config(tmp_path, new_data(tmp_path), train=train, optim={"backbone_lr_scale": 0.25})
     exp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -302,7 +290,7 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     log = (exp / "train.log").read_text()
     assert_no_traceback(r.stdout, r.stderr, log)
-    assert "training done: 2 epochs, 4 steps" in log and "embedding model trains from step 2" in log
+    assert "training done: 2 epochs, 4 steps" in log and "step 2: nothing frozen" in log  # and DDP wrapped again
     source = load_checkpoint(pretrained / "checkpoints" / "epoch_001.pt").model
     e1, e2 = (load_checkpoint(exp / "checkpoints" / f"epoch_00{n}.pt").model for n in (1, 2))
     assert all(torch.equal(e1[k], v) for k, v in source.items())

@@ -137,9 +137,10 @@ def test_load_accepts_and_drops_frontend_buffers():
     for candidate in (state, with_spec):
         model = load_redimnet2(fixture["reference_kwargs"], candidate)
         assert not model.training
-        assert not any(k.startswith("spec.") for k in model.state_dict())
+        loaded = model.state_dict()  # once: state_dict() builds the whole dict on every call
+        assert not any(k.startswith("spec.") for k in loaded)
         for key, value in state.items():
-            torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
+            torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
 
 
 def test_load_names_missing_unexpected_and_misshapen_keys():
@@ -147,13 +148,13 @@ def test_load_names_missing_unexpected_and_misshapen_keys():
     state = dict(filled_state("b0"))
     missing = dict(state)
     del missing["backbone.stage2.0.w"]
-    with pytest.raises(ValueError, match=r"missing key\(s\) \['backbone.stage2.0.w'\]"):
+    with pytest.raises(ValueError, match=r"missing backbone.stage2.0.w(;|$)"):
         load_redimnet2(config, missing)
     extra = dict(state, **{"backbone.stage9.0.w": torch.zeros(1)})
-    with pytest.raises(ValueError, match=r"unexpected key\(s\) \['backbone.stage9.0.w'\]"):
+    with pytest.raises(ValueError, match=r"unexpected backbone.stage9.0.w(;|$)"):
         load_redimnet2(config, extra)
     wrong = dict(state, **{"linear.weight": torch.zeros(192, 7)})
-    with pytest.raises(ValueError, match=r"linear.weight: shape \(192, 7\) in the checkpoint"):
+    with pytest.raises(ValueError, match=r"linear.weight: \(192, 7\) in the file, \(192, \d+\) in the model"):
         load_redimnet2(config, wrong)
 
 

@@ -11,8 +11,7 @@ import speakerlab.train.selection as selection
 from speakerlab.checkpoint import load_checkpoint, run_result
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.validation import Selection
-from tests.helpers import losses, make_data_dir
-from tests.test_init import new_data, pretrained, write_config  # noqa: F401 (pretrained: the module's fixture)
+from tests.helpers import losses, make_data_dir, new_data, write_config
 
 
 def val_dir(tmp_path):
@@ -25,7 +24,7 @@ def val_dir(tmp_path):
 
 def config(tmp_path, pretrained_exp, patience=0, epochs=3, frozen=0):
     train = {"init": str(pretrained_exp), "epochs": epochs, "keep_best": True, "patience": patience}
-    train["freeze_epochs"] = frozen
+    train["freeze"] = [{"modules": ["trunk"], "until_epoch": frozen}] if frozen else []
     return write_config(tmp_path, new_data(tmp_path), data={"val": str(val_dir(tmp_path))}, train=train)
 
 
@@ -50,10 +49,10 @@ def test_the_rule_keeps_the_lowest_and_counts_the_validations_since():
     assert Selection.from_dict(sel.to_dict()) == sel
 
 
-def test_the_best_epoch_is_the_result_and_a_plateau_stops_the_run(pretrained, tmp_path, monkeypatch):  # noqa: F811
+def test_the_best_epoch_is_the_result_and_a_plateau_stops_the_run(tiny_model, tmp_path, monkeypatch):
     calls = scripted(monkeypatch, [0.30, 0.20, 0.25, 0.22, 0.1])
     exp = tmp_path / "exp"
-    args = ["--config", config(tmp_path, pretrained, patience=2, epochs=5), "--exp-dir", str(exp)]
+    args = ["--config", config(tmp_path, tiny_model.exp, patience=2, epochs=5), "--exp-dir", str(exp)]
     assert train_main(args) == 0
     assert calls == [0, 1, 2, 3]  # epochs 4 and 5 never ran
     log = (exp / "train.log").read_text()
@@ -74,10 +73,10 @@ def test_the_best_epoch_is_the_result_and_a_plateau_stops_the_run(pretrained, tm
     assert (exp / "train.log").read_text().count("stopped early after epoch 3 of 5") == 2
 
 
-def test_a_run_that_does_not_help_hands_back_its_start_and_says_so(pretrained, tmp_path, monkeypatch):  # noqa: F811
+def test_a_run_that_does_not_help_hands_back_its_start_and_says_so(tiny_model, tmp_path, monkeypatch):
     scripted(monkeypatch, [0.10, 0.12, 0.15])
     exp = tmp_path / "exp"
-    assert train_main(["--config", config(tmp_path, pretrained, epochs=2), "--exp-dir", str(exp)]) == 0
+    assert train_main(["--config", config(tmp_path, tiny_model.exp, epochs=2), "--exp-dir", str(exp)]) == 0
     line = [x for x in (exp / "train.log").read_text().splitlines() if "training did not help" in x]
     assert len(line) == 1 and line[0].endswith(
         "training did not help: validation EER 10.00% before it and none lower after any of 2 validated epochs "
@@ -87,23 +86,25 @@ def test_a_run_that_does_not_help_hands_back_its_start_and_says_so(pretrained, t
     assert best.epoch == 0 and all(torch.equal(best.model[k], v) for k, v in start.model.items())
 
 
-def test_the_frozen_start_is_neither_validated_nor_counted(pretrained, tmp_path, monkeypatch):  # noqa: F811
-    """With train.freeze_epochs 2 the model of epochs 1-2 is the start's: patience 1 must not stop the run there."""
+def test_the_frozen_start_is_neither_validated_nor_counted(tiny_model, tmp_path, monkeypatch):
+    """With the trunk frozen for 2 epochs the model of epochs 1-2 is the start's: patience 1 must not stop the run
+    there."""
     calls = scripted(monkeypatch, [0.30, 0.20, 0.25])
     exp = tmp_path / "exp"
-    assert train_main(["--config", config(tmp_path, pretrained, 1, 4, frozen=2), "--exp-dir", str(exp)]) == 0
+    assert train_main(["--config", config(tmp_path, tiny_model.exp, 1, 4, frozen=2), "--exp-dir", str(exp)]) == 0
     assert calls == [0, 3, 4]
     log = (exp / "train.log").read_text()
-    for epoch in (1, 2):
-        assert f"epoch {epoch}: not validated: the embedding model is still the start's (train.freeze_epochs 2)" in log
+    for epoch in (1, 2):  # 16 utterances in batches of 8: 2 steps an epoch
+        line = f"epoch {epoch}: not validated: the embedding model is still the start's (frozen: trunk until step 4)"
+        assert line in log
     assert "training done: 4 epochs" in log and "epoch 3, validation EER 20.00%" in log
 
 
-def test_selection_resumes_exactly_even_when_stopped_between_an_epoch_and_its_validation(pretrained, tmp_path):  # noqa: F811
+def test_selection_resumes_exactly_even_when_stopped_between_an_epoch_and_its_validation(tiny_model, tmp_path):
     """Measured EERs this time. Run b is interrupted inside epoch 1, after epoch 2's checkpoint but before its
     validation (a crash there), and resumed each time: the same losses, validation EERs, selection and best.pt as
     the uninterrupted run a."""
-    cfg = config(tmp_path, pretrained, epochs=3)
+    cfg = config(tmp_path, tiny_model.exp, epochs=3)
     assert train_main(["--config", cfg, "--exp-dir", str(tmp_path / "a")]) == 0
     b = ["--config", cfg, "--exp-dir", str(tmp_path / "b")]
     assert train_main([*b, "--max-steps", "1"]) == 0
@@ -142,9 +143,9 @@ def test_selection_resumes_exactly_even_when_stopped_between_an_epoch_and_its_va
         torch.testing.assert_close(best_a.model[key], best_b.model[key], rtol=1e-6, atol=1e-7)
 
 
-def test_without_keep_best_or_without_data_val_nothing_is_selected(pretrained, tmp_path):  # noqa: F811
+def test_without_keep_best_or_without_data_val_nothing_is_selected(tiny_model, tmp_path):
     exp = tmp_path / "plain"
-    cfg = config(tmp_path, pretrained, epochs=1)
+    cfg = config(tmp_path, tiny_model.exp, epochs=1)
     assert train_main(["--config", cfg, "--exp-dir", str(exp), "train.keep_best=false"]) == 0
     log = (exp / "train.log").read_text()
     assert "epoch 1: validation EER" in log and "epoch 0" not in log and "result" not in log

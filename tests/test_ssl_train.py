@@ -115,11 +115,15 @@ def test_each_family_trains_and_its_checkpoint_embeds(family, tmp_path):
 
 
 def test_frozen_encoder_then_joint_training_resumes_exactly(tmp_path):
-    """freeze_encoder_steps 3 with the encoder at half the LR and layer-wise decay: the encoder's weights stay
+    """The encoder frozen until step 3 with the encoder at half the LR and layer-wise decay: the encoder's weights stay
     the pretrained ones for 3 steps and then train; a run stopped in the frozen phase and again after the
     release ends with the losses and weights of the uninterrupted one."""
     cfg, _, overrides = ssl_config(tmp_path, "wavlm")
-    overrides += ["optim.encoder_lr_scale=0.5", "optim.layer_decay=0.8", "train.freeze_encoder_steps=3"]
+    overrides += [
+        "optim.encoder_lr_scale=0.5",
+        "optim.layer_decay=0.8",
+        "train.freeze=[{modules: [encoder], until_step: 3}]",
+    ]
     overrides += ["train.epochs=3", "train.save_every_steps=1"]
     a, b = tmp_path / "a", tmp_path / "b"
     assert train_main(["--config", str(cfg), "--exp-dir", str(a), *overrides]) == 0
@@ -144,9 +148,11 @@ def test_frozen_encoder_then_joint_training_resumes_exactly(tmp_path):
     assert not torch.equal(after_two["backend.out.weight"], final_a["backend.out.weight"])
 
 
-def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path):
+def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path, monkeypatch):
     """Stage 1 trains LoRA adapters (encoder frozen for good); stage 2, without LoRA, starts from that
-    checkpoint: the adapters merged into the encoder, so its model embeds as stage 1's did."""
+    checkpoint: the adapters merged into the encoder, so its model embeds as stage 1's did. The checkpoint is
+    read, and its adapters merged, once for the run (config and initialisation share the source)."""
+    from speakerlab.models.ssl.speaker import SSLSpeakerModel
     from speakerlab.train.build import build_run, load_train_config
     from speakerlab.train.resume import resume
 
@@ -155,12 +161,18 @@ def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path):
     stage1 = tmp_path / "s1" / "checkpoints" / "epoch_001.pt"
     joint = [o for o in overrides if not o.startswith("model.args.lora")]
     joint += ["model.args.lora=null", f"train.init={stage1}", "train.epochs=1"]
-    run = build_run(load_train_config([str(cfg)], joint, None), tmp_path / "s2")
+    reads, merges = [], []
+    load, merge = torch.load, SSLSpeakerModel.merge_lora
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: reads.append(str(f)) or load(f, *a, **k))
+    monkeypatch.setattr(SSLSpeakerModel, "merge_lora", lambda self: merges.append(1) or merge(self))
+    run_cfg, init = load_train_config([str(cfg)], joint, None)
+    run = build_run(run_cfg, tmp_path / "s2", init)
     try:
         resume(run)
         run.monitor.start()  # writes the lines logged so far
     finally:
         run.monitor.close()
+    assert reads.count(str(stage1)) == 1 and len(merges) == 1
     assert "LoRA adapters merged" in (tmp_path / "s2" / "train.log").read_text()
     assert not any("lora_" in k for k in run.raw.model.state_dict())
     assert all(p.requires_grad for p in run.raw.model.encoder_parameters())  # the joint stage trains them all
@@ -179,7 +191,7 @@ def test_encoder_release_under_torchrun(tmp_path):
     from tests.helpers import assert_no_traceback
 
     cfg, _, overrides = ssl_config(tmp_path, "wavlm")
-    overrides += ["train.epochs=2", "train.freeze_encoder_steps=2", "hardware.per_device_batch=4"]
+    overrides += ["train.epochs=2", "train.freeze=[{modules: [encoder], until_step: 2}]", "hardware.per_device_batch=4"]
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
@@ -199,27 +211,26 @@ def test_encoder_release_under_torchrun(tmp_path):
     assert not torch.equal(last[key], first[key])
 
 
-def test_mini_recipe_trains_the_tiny_ssl_config(tmp_path):
-    """egs/mini stages 1-5 with conf/mini/ssl_mfa.yaml (a tiny random w2v-BERT 2.0 + MFA) on the small corpus of
-    the CAM++ recipe test: it trains from the audio (its stage 2 stores no fbank for this front-end), its checkpoint
-    keeps the front-end kind, and the EER it prints is the EER of the scores it wrote. Learning is not asserted
+def test_mini_recipe_trains_the_tiny_ssl_config(mini_corpus, tmp_path):
+    """egs/mini stages 2-5 with conf/mini/ssl_mfa.yaml (a tiny random w2v-BERT 2.0 + MFA) on the small corpus of
+    the CAM++ recipe test (the session's stage 1, tests/conftest.py): it trains from the audio (its stage 2 stores
+    no fbank for this front-end), its checkpoint keeps the front-end kind, and the EER it prints is the EER of the
+    scores it wrote. Learning is not asserted
     here: on 20 training speakers this random encoder memorises them (training accuracy 0.57 after 100 steps) but
     scored 50 % on the 8 test speakers; on the full mini corpus (400 speakers, 600 steps) it scores 18.07 % against
     the baseline's 40.00 % (bench/RESULTS.md)."""
     import os
     import re
+    import shutil
 
     from speakerlab.scoring.metrics import compute_eer
 
     root = Path(__file__).resolve().parent.parent
-    corpus = (
-        "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
-        "--eval-utts-per-speaker 4 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
-    )
+    shutil.copytree(mini_corpus.data, tmp_path / "data")
     train = "train.epochs=2 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0"
     exp = tmp_path / "exp"
     cmd = ["bash", str(root / "egs" / "mini" / "run.sh"), "--data", str(tmp_path / "data"), "--exp", str(exp)]
-    cmd += ["--config", str(root / "conf" / "mini" / "ssl_mfa.yaml"), "--corpus_opts", corpus]
+    cmd += ["--config", str(root / "conf" / "mini" / "ssl_mfa.yaml"), "--stage", "2"]
     cmd += ["--train_overrides", train]
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -4,7 +4,7 @@
 #   bash egs/custom/run.sh --root /data/voices --init egs/mini/exp/campplus     # ours: an exp dir or checkpoint
 #   bash egs/custom/run.sh --csv list.csv --3dspeaker campplus --weights campplus_cn_common.bin
 #   bash egs/custom/run.sh --root /data/voices --init b2-vox2-ptn.pt \
-#     --train_overrides "features.num_mel_bins=72 features.mean_norm=false"     # a ReDimNet2 release
+#     --train_overrides data.feats=false    # a ReDimNet2 release: its own log-mel, computed from the audio
 #   bash egs/custom/run.sh --root /data/voices                                  # no --init: from scratch
 # Stages (the same numbers in every recipe): 1 data preparation (speakerlab-folder: every
 # file checked, $data/report.txt; speaker-disjoint train/, val/ and test/, val/trials and test/trials), 2 features
@@ -13,6 +13,7 @@
 # 4 embeddings of test/ with the run's result and with the pretrained model, 5 scoring (both EERs with their
 # confidence intervals, trial and speaker counts); optional: 6 average the last checkpoints, 7 large-margin
 # fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# Before stage 1 (when stage 3 is to run) a pre-flight `speakerlab-train --check` stops what stage 3 would refuse.
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 caller="$PWD"   # your input paths (--root, --csv, --init, --weights) are relative to where you run this
@@ -39,7 +40,7 @@ opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
-opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1"
+opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
@@ -81,6 +82,12 @@ what="fine-tuned from ${init:-$weights}"
 [ -n "$init$threedspeaker" ] || what="trained from scratch"
 [ -n "$exp" ] || { exp=exp/finetune; [ -n "$init$threedspeaker" ] || exp=exp/scratch; }
 store_opts="hardware.num_workers=0"   # crops come from the fbank store: a loader worker only competes
+# --train_overrides: its `key=value` settings go to every command that reads the config, the rest (flags of
+# speakerlab-train such as --force-new-schedule, in any order) to speakerlab-train alone.
+settings_only=()
+for w in $train_overrides; do case "$w" in --*) ;; *=*) settings_only+=("$w") ;; esac; done
+
+preflight "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" $store_opts $train_overrides
 
 if stage_on 1; then
   log "stage 1: data preparation: ${root:-$csv} -> $data/{train,val,test} (report: $data/report.txt)"
@@ -100,7 +107,7 @@ fi
 if stage_on 2; then
   log "stage 2: features: validate lists and trials, index lengths; fbank stores of train, test${val[*]:+ and val}"
   speakerlab-prepare "${sets[@]}" --jobs "$jobs"
-  speakerlab-feature-store "${configs[@]}" "${sets[@]}" "${settings[@]}" $train_overrides
+  speakerlab-feature-store "${configs[@]}" "${sets[@]}" "${settings[@]}" ${settings_only[@]+"${settings_only[@]}"}
 fi
 
 if stage_on 3; then
@@ -108,8 +115,8 @@ if stage_on 3; then
   scaled=()
   if [ "$scale" = true ]; then
     text="$(python -m speakerlab.train.scaled --data "$data/train" "${configs[@]}" "${settings[@]}" \
-      $train_overrides)"
-    read -r -a scaled <<< "$text"
+      ${settings_only[@]+"${settings_only[@]}"})"
+    [ -z "$text" ] || mapfile -t scaled <<< "$text"   # one override a line (a freeze rule holds spaces)
   fi
   launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" \
     ${scaled[@]+"${scaled[@]}"} $store_opts $train_overrides

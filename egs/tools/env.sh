@@ -5,14 +5,27 @@
 #   2. else <repo>/.venv when it exists;
 #   3. else a `python3` on PATH that is itself a virtualenv's and has torch (a container's own
 #      environment, e.g. a GPU image's /opt/.../.venv) is used like an active one;
-#   4. otherwise <repo>/.venv is created. torch==2.13.0 is pinned there because a bare `torch`
-#      requirement would pull the newest build with several GB of CUDA packages.
+#   4. otherwise <repo>/.venv is created. torch==2.13.0 is pinned there (a bare `torch` would take the
+#      newest release). From PyPI on Linux that is the CUDA build, with several GB of CUDA packages; for
+#      the CPU build, create the venv and install torch into it first, from PyTorch's CPU index
+#      (`python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 --index-url
+#      https://download.pytorch.org/whl/cpu`) or from a local wheel: a torch that is there is kept.
 # Recipes need requirements.txt; tests/run.sh sets SPEAKERLAB_REQUIREMENTS=requirements-test.txt
 # (pytest, scipy, onnx, ruff on top). pip runs only for requirements that are missing or too old
-# (egs/tools/missing_requirements.py), so a machine that has everything never calls it. Without
-# network, SPEAKERLAB_WHEELS=DIR installs them from wheels in DIR (pip --no-index --find-links DIR;
-# bench/fetch_gpu_wheels.sh fills one) and speakerlab itself is put on PYTHONPATH instead of being
-# installed (an editable install would need setuptools from the network).
+# (egs/tools/missing_requirements.py), so a machine that has everything never calls it.
+#
+# speakerlab itself is installed (editable, `pip install -e <repo>`) only when this Python has none or
+# lacks one of the console scripts of pyproject.toml that every recipe stage calls (speakerlab-*).
+# When this Python's speakerlab is another checkout (or an installed wheel), that install is left
+# alone, so two checkouts sharing one environment never re-point each other's install mid-run: one log
+# line names both and how to switch, and THIS checkout's code runs, put first on PYTHONPATH (the
+# console scripts only import speakerlab by name). If this checkout has a console script that the
+# environment lacks, sourcing fails with one line saying how to switch (exit 2).
+#
+# Without network, SPEAKERLAB_WHEELS=DIR installs everything from wheels in DIR (pip --no-index
+# --find-links DIR): the missing requirements, and speakerlab itself the same way as online, built by
+# the setuptools wheel of DIR (and `wheel` for a setuptools older than 70.1); bench/fetch_gpu_wheels.sh
+# fills one.
 
 SPEAKERLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export SPEAKERLAB_ROOT
@@ -47,7 +60,8 @@ _sl_pip() {
   fi
 }
 
-if ! "$_sl_python" -c "import torch" 2>/dev/null; then
+# find_spec, not an import: importing torch takes seconds, and pip would find a broken one "satisfied" anyway.
+if ! "$_sl_python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
   if [ -n "${SPEAKERLAB_WHEELS:-}" ]; then _sl_want_torch=torch; else _sl_want_torch="torch==2.13.0"; fi
   _sl_log "installing $_sl_want_torch"
   _sl_pip "$_sl_want_torch"
@@ -60,16 +74,26 @@ if [ -n "$_sl_missing" ]; then
   _sl_pip $_sl_missing
 fi
 
-# speakerlab itself: an editable install of this checkout (`pip install -e .` again when pyproject.toml
-# gains a console script), or offline this checkout on PYTHONPATH.
+# speakerlab itself (see the header). The console scripts are read off pyproject.toml's [project.scripts].
 _sl_where="$(cd / && "$_sl_python" -c 'import os, speakerlab; print(os.path.dirname(os.path.dirname(speakerlab.__file__)))' 2>/dev/null || true)"
-if [ "$_sl_where" != "$SPEAKERLAB_ROOT" ]; then
-  if [ -n "${SPEAKERLAB_WHEELS:-}" ]; then
-    export PYTHONPATH="$SPEAKERLAB_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-  else
-    _sl_log "installing speakerlab (editable) from $SPEAKERLAB_ROOT"
-    "$_sl_python" -m pip install -q --no-compile --no-deps -e "$SPEAKERLAB_ROOT"
+_sl_lacking=""
+for _sl_script in $(sed -n '/^\[project\.scripts\]/,/^\[/s/^\(speakerlab-[A-Za-z0-9_-]*\) *=.*/\1/p' "$SPEAKERLAB_ROOT/pyproject.toml"); do
+  [ -x "$(dirname "$_sl_python")/$_sl_script" ] || _sl_lacking="$_sl_lacking $_sl_script"
+done
+if [ -n "$_sl_where" ] && [ "$_sl_where" != "$SPEAKERLAB_ROOT" ]; then
+  if [ -n "$_sl_lacking" ]; then
+    _sl_log "error: this checkout's console script(s)$_sl_lacking are not in $(dirname "$_sl_python"), whose speakerlab is $_sl_where; switch it to this checkout with: $_sl_python -m pip install --no-deps -e $SPEAKERLAB_ROOT (or use another environment)"
+    return 2 2>/dev/null || exit 2
   fi
+  _sl_log "this environment's speakerlab is $_sl_where, not this checkout $SPEAKERLAB_ROOT: left as it is, this checkout's code runs through PYTHONPATH (to switch the environment to this checkout: $_sl_python -m pip install --no-deps -e $SPEAKERLAB_ROOT)"
+  export PYTHONPATH="$SPEAKERLAB_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+elif [ -z "$_sl_where" ] || [ -n "$_sl_lacking" ]; then
+  if [ -n "${SPEAKERLAB_WHEELS:-}" ] && ! compgen -G "$SPEAKERLAB_WHEELS/setuptools-*.whl" >/dev/null; then
+    _sl_log "error: $SPEAKERLAB_WHEELS has no setuptools wheel to build speakerlab with; bash bench/fetch_gpu_wheels.sh $SPEAKERLAB_WHEELS adds it"
+    return 2 2>/dev/null || exit 2
+  fi
+  _sl_log "installing speakerlab (editable) from $SPEAKERLAB_ROOT${SPEAKERLAB_WHEELS:+ (build backend from $SPEAKERLAB_WHEELS)}"
+  _sl_pip --no-deps -e "$SPEAKERLAB_ROOT"
 fi
-unset _sl_python _sl_reqs _sl_missing _sl_where
+unset _sl_python _sl_reqs _sl_missing _sl_where _sl_lacking _sl_script
 unset -f _sl_pip

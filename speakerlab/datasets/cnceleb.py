@@ -38,17 +38,13 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, Sequence
 
 from speakerlab.datasets.common import (
+    CorpusCommand,
     DatasetError,
     check_count,
-    download_step,
-    extract_step,
+    convert_trial_list,
     iter_list,
-    make_parser,
-    parse_label,
     require_dir,
-    run,
     write_data_dir,
-    write_trials,
 )
 from speakerlab.datasets.download import Archive, Part
 
@@ -117,7 +113,7 @@ def prepare_train(raw: Path, data: Path, parts: Sequence[str]) -> None:
                 f"the two corpora would be merged wrongly"
             )
         wav.update(utts)
-    write_data_dir(data / "cnceleb_train", wav, {u: u.split("-", 1)[0] for u in wav})
+    write_data_dir(data / "cnceleb_train", wav)
 
 
 def prepare_eval(raw: Path, data: Path) -> None:
@@ -137,17 +133,13 @@ def prepare_eval(raw: Path, data: Path) -> None:
     check_count("cnceleb_eval enrolments", n_enrol, PUBLISHED["enrolments"])
     check_count("cnceleb_eval test utterances", len(test_ids), PUBLISHED["test utterances"])
     out = data / "cnceleb_eval"
-    write_data_dir(out, wav, {u: u.split("-", 1)[0] for u in wav})
-    src = lists / "trials.lst"
+    write_data_dir(out, wav)
 
-    def rows():
-        for lineno, f in iter_list(src, 3):
-            test = test_ids.get(f[1]) or PurePosixPath(f[1]).stem
-            yield f[0], test, parse_label(f[2], f"{src}:{lineno}"), lineno
+    def read(f, where):
+        return f[0], test_ids.get(f[1]) or PurePosixPath(f[1]).stem, f[2]
 
-    check_count(
-        "cnceleb_eval trials", write_trials(out / "trials_cnceleb1", rows(), set(wav), src), PUBLISHED["trials"]
-    )
+    n = convert_trial_list(lists / "trials.lst", out / "trials_cnceleb1", set(wav), read)
+    check_count("cnceleb_eval trials", n, PUBLISHED["trials"])
 
 
 def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> None:
@@ -159,20 +151,11 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("cnceleb1", "cnceleb2")) -> N
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("speakerlab-cnceleb", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write the Kaldi data dirs and the trial list")
-    p.add_argument("--raw-dir", default="data/raw")
-    p.add_argument("--data", default="data", help="output folder for the data dirs")
-    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS))
-    return run(
-        ap,
-        argv,
-        {
-            "download": lambda a: download_step(a, PARTS),
-            "extract": lambda a: extract_step(a, PARTS),
-            "prepare": lambda a: prepare(a.raw_dir, a.data, a.parts),
-        },
+    cli = CorpusCommand("speakerlab-cnceleb", __doc__, PARTS)
+    cli.prepare(
+        "write the Kaldi data dirs and the trial list", lambda a: prepare(a.raw_dir, a.data, a.parts), parts=True
     )
+    return cli.run(argv)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
 """Shared pieces of the corpus modules: Kaldi data-dir writing, count checks and the CLI skeleton.
 
-Every corpus CLI has the same `download` and `extract` subcommands (built by `make_parser`) over
-its own table of `Archive`s, grouped in named parts (`vox1`, `vox2`, ...), plus its own `prepare`.
+Every corpus CLI (`CorpusCommand`) has the same `download` and `extract` subcommands over its own
+table of `Archive`s, grouped in named parts (`vox1`, `vox2`, ...), plus its own `prepare` (and any
+further step, e.g. VoxCeleb's `convert`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
@@ -27,6 +28,8 @@ class DatasetError(RuntimeError):
 def require_dir(path, hint: str = "") -> Path:
     """`path` as a Path, or DatasetError naming it (with `hint`: what to run to create it)."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatasetError(f"{path} is a file, not a folder" + (f": {hint}" if hint else ""))
     if not path.is_dir():
         raise DatasetError(f"expected folder {path} does not exist" + (f": {hint}" if hint else ""))
     return path
@@ -34,6 +37,8 @@ def require_dir(path, hint: str = "") -> Path:
 
 def require_file(path, hint: str = "") -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"{path} is a folder, not a file" + (f": {hint}" if hint else ""))
     if not path.is_file():
         raise DatasetError(f"expected file {path} does not exist" + (f": {hint}" if hint else ""))
     return path
@@ -61,14 +66,22 @@ def iter_list(path, min_fields: int = 1) -> Iterator[Tuple[int, List[str]]]:
             yield lineno, fields
 
 
-def write_data_dir(root, wav: Dict[str, str], utt2spk: Dict[str, str]) -> str:
+def prefix_speakers(wav: Dict[str, str]) -> Dict[str, str]:
+    """Utterance ids `<spk>-<rest>` -> {utterance: its speaker, the part before the first `-`}."""
+    return {u: u.split("-", 1)[0] for u in wav}
+
+
+def write_data_dir(root, wav: Dict[str, str], utt2spk: Optional[Dict[str, str]] = None) -> str:
     """Write `root/{wav.scp,utt2spk,spk2utt}` (sorted, absolute paths); returns a summary line.
 
     Expects the same utterance ids in both maps, each starting with its speaker id (so sorting
-    by utterance keeps speakers together, as Kaldi tools assume). A stale `utt2num_samples`
-    (the index of an earlier run) is removed: the index stage rebuilds it.
+    by utterance keeps speakers together, as Kaldi tools assume); without `utt2spk`, the speaker is
+    the id's part before its first `-` (`prefix_speakers`). A stale `utt2num_samples` (the index of an
+    earlier run) is removed: the index stage rebuilds it.
     """
     root = Path(root)
+    if utt2spk is None:
+        utt2spk = prefix_speakers(wav)
     if set(wav) != set(utt2spk):
         odd = sorted(set(wav) ^ set(utt2spk))[0]
         raise DatasetError(f"{root}: utterance '{odd}' has audio but no speaker, or the reverse")
@@ -143,6 +156,20 @@ def write_trials(path, rows: Iterable[Tuple[str, str, bool, int]], utts: Set[str
     return stats["n"]
 
 
+def convert_trial_list(src, dst, utts: Set[str], read: Callable[[List[str], str], Tuple[str, str, str]]) -> int:
+    """An official trial list `src` -> `dst` in our form (`write_trials`); returns how many trials.
+    `read(fields, where)` gives a line's (enrol id, test id, label token: 1/0/target/nontarget), from its
+    fields (at least 3) and `where`, its `file:line` for errors."""
+
+    def rows():
+        for lineno, f in iter_list(src, 3):
+            where = f"{src}:{lineno}"
+            enrol, test, label = read(f, where)
+            yield enrol, test, parse_label(label, where), lineno
+
+    return write_trials(dst, rows(), utts, src)
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -155,7 +182,7 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
 
     `parts` names groups of archives the user can pick with `--parts` (default: all of them).
     """
-    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog=prog, description=doc)
     sub = ap.add_subparsers(dest="step", required=True)
     for step, text in (
         ("download", "fetch the archives (or verify those in --archive-dir)"),
@@ -191,7 +218,7 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
                 help="URL of one file (repeatable), e.g. vox1_test_wav.zip=https://...",
             )
             p.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
-            p.add_argument("--retries", type=int, default=5)
+            p.add_argument("--retries", type=int, default=5, help="failed attempts in a row before a file is given up")
             p.add_argument("--skip-md5", action="store_true", help="accept files whose md5 differs")
             p.add_argument("--keep-parts", action="store_true", help="keep split-archive parts after joining")
             p.add_argument("--user", default=None, help=f"HTTP basic-auth user (password from ${PASSWORD_ENV})")
@@ -235,12 +262,46 @@ def extract_step(args, parts: Dict[str, Sequence[Archive]]) -> None:
         install(a, locate(a, args.download_dir, args.archive_dir), args.raw_dir)
 
 
-def run(ap: argparse.ArgumentParser, argv, handlers: Dict[str, Callable]) -> int:
-    """Parse `argv`, call `handlers[step](args)`; known failures print `error: ...` and return 2."""
-    args = ap.parse_args(argv)
-    try:
-        handlers[args.step](args)
-    except (DatasetError, DownloadError, ListError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+class CorpusCommand:
+    """The command line of one corpus: the shared `download` and `extract` subcommands over `parts`, its
+    `prepare` (`prepare`) and any other step (`step`); `run(argv)` runs the chosen one: known failures
+    print `error: ...` and return 2."""
+
+    def __init__(self, prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
+        self.ap, self.sub = make_parser(prog, doc, parts)
+        self.parts = parts
+        self.handlers: Dict[str, Callable] = {
+            "download": lambda a: download_step(a, parts),
+            "extract": lambda a: extract_step(a, parts),
+        }
+
+    def prepare(
+        self,
+        help: str,
+        handler: Callable,
+        out: Tuple[str, str, str] = ("--data", "data", "output folder for the data dirs"),
+        parts: bool = False,
+    ) -> argparse.ArgumentParser:
+        """The `prepare` subcommand calling `handler(args)`, with `--raw-dir`, the output folder `out`
+        (option, default, help) and, with `parts`, `--parts`; returns its parser for the corpus's own options."""
+        p = self.step("prepare", help, handler)
+        p.add_argument("--raw-dir", default="data/raw", help="where the extract step unpacked the corpus")
+        p.add_argument(out[0], default=out[1], help=out[2])
+        if parts:
+            p.add_argument(
+                "--parts",
+                nargs="+",
+                choices=sorted(self.parts),
+                default=list(self.parts),
+                help="which parts to prepare",
+            )
+        return p
+
+    def step(self, name: str, help: str, handler: Callable) -> argparse.ArgumentParser:
+        """A subcommand `name` calling `handler(args)`; returns its parser for its options."""
+        self.handlers[name] = handler
+        return self.sub.add_parser(name, help=help, description=help)
+
+    def run(self, argv) -> int:
+        args = self.ap.parse_args(argv)
+        return run_command(lambda: self.handlers[args.step](args), (DatasetError, DownloadError, ListError))

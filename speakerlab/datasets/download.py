@@ -239,19 +239,10 @@ def download(
             delay = backoff_s * 2 ** (failures - 1)
             log(f"{dest.name}: {e}; retrying in {delay:.0f} s")
             sleep(delay)
-    if md5 is not None:
-        got = md5sum(part)
-        if got != md5.lower():
-            part.unlink()  # resuming corrupt data can never succeed
-            raise ChecksumError(
-                f"{dest}: md5 {got} of the download from {url} does not match the published "
-                f"{md5}; the download was deleted (re-run, or pass --skip-md5 if the publisher "
-                f"changed the file)"
-            )
-    os.replace(part, dest)
-    if md5 is not None:
-        _write_marker(dest, md5)
-    return dest
+    # A corrupt download is deleted: resuming corrupt data can never succeed.
+    got = md5sum(part) if md5 is not None else None
+    deleted = "the download was deleted (re-run, or pass --skip-md5 if the publisher changed the file)"
+    return _settle(part, dest, md5, got, f"the download from {url}", deleted)
 
 
 def join_parts(parts: Sequence[Path], dest, md5: Optional[str] = None) -> Path:
@@ -269,13 +260,16 @@ def join_parts(parts: Sequence[Path], dest, md5: Optional[str] = None) -> Path:
                 for block in iter(lambda: f.read(CHUNK), b""):
                     h.update(block)
                     out.write(block)
-    if md5 is not None and h.hexdigest() != md5.lower():
+    names = ", ".join(str(p) for p in parts)
+    return _settle(tmp, dest, md5, h.hexdigest(), f"the joined parts ({names})", "a part is corrupt or missing")
+
+
+def _settle(tmp: Path, dest: Path, md5: Optional[str], got: Optional[str], source: str, consequence: str) -> Path:
+    """A finished `tmp` becomes `dest` (with its md5 marker) when its md5 `got` is the published `md5`, or
+    none is published; else `tmp` is deleted and ChecksumError names `dest`, `source` and `consequence`."""
+    if md5 is not None and got != md5.lower():
         tmp.unlink()
-        names = ", ".join(str(p) for p in parts)
-        raise ChecksumError(
-            f"{dest}: md5 {h.hexdigest()} of the joined parts ({names}) does not match the "
-            f"published {md5}; a part is corrupt or missing"
-        )
+        raise ChecksumError(f"{dest}: md5 {got} of {source} does not match the published {md5}; {consequence}")
     os.replace(tmp, dest)
     if md5 is not None:
         _write_marker(dest, md5)

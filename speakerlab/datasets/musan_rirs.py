@@ -27,16 +27,7 @@ from pathlib import Path
 from typing import Dict, Sequence
 
 from speakerlab.dataio.lists import write_table
-from speakerlab.datasets.common import (
-    DatasetError,
-    check_count,
-    download_step,
-    extract_step,
-    iter_list,
-    make_parser,
-    require_dir,
-    run,
-)
+from speakerlab.datasets.common import CorpusCommand, DatasetError, check_count, iter_list, require_dir
 from speakerlab.datasets.download import Archive, log
 
 PARTS = {
@@ -115,10 +106,11 @@ def prepare(raw_dir, out, rooms: Sequence[str] = ROOMS) -> Dict[str, int]:
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("speakerlab-musan-rirs", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write noise.scp, music.scp, babble.scp, rirs.scp")
-    p.add_argument("--raw-dir", default="data/raw", help="folder holding musan/ and RIRS_NOISES/")
-    p.add_argument("--out", default="data/musan_rirs", help="output folder for the lists")
+    cli = CorpusCommand("speakerlab-musan-rirs", __doc__, PARTS)
+    out = ("--out", "data/musan_rirs", "output folder for the lists")
+    p = cli.prepare(
+        "write noise.scp, music.scp, babble.scp, rirs.scp", lambda a: prepare(a.raw_dir, a.out, a.rooms), out
+    )
     p.add_argument(
         "--rooms",
         nargs="+",
@@ -126,15 +118,7 @@ def main(argv=None) -> int:
         default=list(ROOMS),
         help="simulated room sizes whose RIRs are listed (default: all three)",
     )
-    return run(
-        ap,
-        argv,
-        {
-            "download": lambda a: download_step(a, PARTS),
-            "extract": lambda a: extract_step(a, PARTS),
-            "prepare": lambda a: prepare(a.raw_dir, a.out, a.rooms),
-        },
-    )
+    return cli.run(argv)
 
 
 if __name__ == "__main__":

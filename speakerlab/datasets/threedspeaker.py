@@ -26,18 +26,14 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 from speakerlab.datasets.common import (
+    CorpusCommand,
     DatasetError,
     check_count,
-    download_step,
-    extract_step,
+    convert_trial_list,
     iter_list,
-    make_parser,
-    parse_label,
     require_dir,
     require_file,
-    run,
     write_data_dir,
-    write_trials,
 )
 from speakerlab.datasets.download import Archive, Part, log
 
@@ -107,24 +103,22 @@ def read_split(
 def convert_trials(src: Path, dst: Path, rename: Dict[str, str], keep_device09: bool) -> int:
     """An official trials file -> `enrol test target|nontarget` over the renamed test utterances."""
 
-    def rows():
-        for lineno, f in iter_list(src, 3):
-            where = f"{src}:{lineno}"
-            # The label is expected last (where the 3D-Speaker scoring reads it); a `label enrol
-            # test` line, the VoxCeleb order, is accepted too since both forms circulate.
-            if f[2] in _LABEL_TOKENS or f[0] not in _LABEL_TOKENS:
-                enrol, test, label = f[0], f[1], f[2]
-            else:
-                label, enrol, test = f[0], f[1], f[2]
-            for u in (enrol, test):
-                if u not in rename and EXCLUDED_DEVICE in u and not keep_device09:
-                    raise DatasetError(
-                        f"{where}: '{u}' was recorded by {EXCLUDED_DEVICE}, which is left out; "
-                        f"pass --keep-device09 to keep those utterances"
-                    )
-            yield rename.get(enrol, enrol), rename.get(test, test), parse_label(label, where), lineno
+    def read(f, where):
+        # The label is expected last (where the 3D-Speaker scoring reads it); a `label enrol test` line,
+        # the VoxCeleb order, is accepted too since both forms circulate.
+        if f[2] in _LABEL_TOKENS or f[0] not in _LABEL_TOKENS:
+            enrol, test, label = f[0], f[1], f[2]
+        else:
+            label, enrol, test = f[0], f[1], f[2]
+        for u in (enrol, test):
+            if u not in rename and EXCLUDED_DEVICE in u and not keep_device09:
+                raise DatasetError(
+                    f"{where}: '{u}' was recorded by {EXCLUDED_DEVICE}, which is left out; "
+                    f"pass --keep-device09 to keep those utterances"
+                )
+        return rename.get(enrol, enrol), rename.get(test, test), label
 
-    return write_trials(dst, rows(), set(rename.values()), src)
+    return convert_trial_list(src, dst, set(rename.values()), read)
 
 
 def prepare(raw_dir, data, keep_device09: bool = False) -> None:
@@ -148,20 +142,10 @@ def prepare(raw_dir, data, keep_device09: bool = False) -> None:
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("speakerlab-3dspeaker", __doc__, PARTS)
-    p = sub.add_parser("prepare", help="write the Kaldi data dirs and trial lists")
-    p.add_argument("--raw-dir", default="data/raw")
-    p.add_argument("--data", default="data", help="output folder for the data dirs")
+    cli = CorpusCommand("speakerlab-3dspeaker", __doc__, PARTS)
+    p = cli.prepare("write the Kaldi data dirs and trial lists", lambda a: prepare(a.raw_dir, a.data, a.keep_device09))
     p.add_argument("--keep-device09", action="store_true", help=f"keep {EXCLUDED_DEVICE} utterances")
-    return run(
-        ap,
-        argv,
-        {
-            "download": lambda a: download_step(a, PARTS),
-            "extract": lambda a: extract_step(a, PARTS),
-            "prepare": lambda a: prepare(a.raw_dir, a.data, a.keep_device09),
-        },
-    )
+    return cli.run(argv)
 
 
 if __name__ == "__main__":

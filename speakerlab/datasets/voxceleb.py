@@ -39,17 +39,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.datasets.common import (
+    CorpusCommand,
     DatasetError,
     check_count,
-    download_step,
-    extract_step,
-    iter_list,
-    make_parser,
-    parse_label,
+    convert_trial_list,
+    prefix_speakers,
     require_dir,
-    run,
     write_data_dir,
-    write_trials,
 )
 from speakerlab.datasets.download import Archive, Part, log
 
@@ -132,23 +128,17 @@ def utt_id(rel: str, where: str) -> str:
 def convert_trials(src, dst, utts) -> int:
     """Official `1|0 path path` list -> `enrol test target|nontarget` with utterance ids."""
 
-    def rows():
-        for lineno, f in iter_list(src, 3):
-            where = f"{src}:{lineno}"
-            if len(f) != 3:
-                raise DatasetError(f"{where}: expected '1|0 <enrol path> <test path>', got {' '.join(f)!r}")
-            yield utt_id(f[1], where), utt_id(f[2], where), parse_label(f[0], where), lineno
+    def read(f, where):
+        if len(f) != 3:
+            raise DatasetError(f"{where}: expected '1|0 <enrol path> <test path>', got {' '.join(f)!r}")
+        return utt_id(f[1], where), utt_id(f[2], where), f[0]
 
-    return write_trials(dst, rows(), set(utts), src)
-
-
-def _speakers(wav: Dict[str, str]) -> Dict[str, str]:
-    return {u: u.split("-", 1)[0] for u in wav}
+    return convert_trial_list(src, dst, set(utts), read)
 
 
 def _check(name: str, wav: Dict[str, str]) -> None:
     spk, utt = PUBLISHED[name]
-    check_count(f"{name} speakers", len(set(_speakers(wav).values())), spk)
+    check_count(f"{name} speakers", len(set(prefix_speakers(wav).values())), spk)
     check_count(f"{name} utterances", len(wav), utt)
 
 
@@ -168,7 +158,7 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir
         _check("vox1_dev", dev)
         _check("vox1_test", test)
         for name, wav in (("vox1_dev", dev), ("vox1_test", test), ("vox1", both)):
-            write_data_dir(data / name, wav, _speakers(wav))
+            write_data_dir(data / name, wav)
         meta = require_dir(raw / "voxceleb1/meta", hint.format("vox1"))
         for name, (official, published) in TRIALS.items():
             check_count(
@@ -188,7 +178,7 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir
                     f"re-run the convert step to finish the conversion"
                 )
         _check("vox2_dev", wav)
-        write_data_dir(data / "vox2_dev", wav, _speakers(wav))
+        write_data_dir(data / "vox2_dev", wav)
 
 
 def _convert_one(job: Tuple[str, str, str]) -> Optional[str]:
@@ -255,30 +245,26 @@ def convert(raw_dir, jobs: int = 8, ffmpeg: str = "ffmpeg", src=None, dst=None) 
 
 
 def main(argv=None) -> int:
-    ap, sub = make_parser("speakerlab-voxceleb", __doc__, PARTS)
-    p = sub.add_parser("convert", help="VoxCeleb2 m4a -> 16 kHz wav with ffmpeg, in a process pool")
-    p.add_argument("--raw-dir", default="data/raw")
-    p.add_argument("--jobs", type=int, default=8)
-    p.add_argument("--ffmpeg", default="ffmpeg", help="ffmpeg executable (name on PATH or path)")
-    p = sub.add_parser("prepare", help="write the Kaldi data dirs and trial lists")
-    p.add_argument("--raw-dir", default="data/raw")
-    p.add_argument("--data", default="data", help="output folder for the data dirs")
-    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS))
+    cli = CorpusCommand("speakerlab-voxceleb", __doc__, PARTS)
+    p = cli.prepare(
+        "write the Kaldi data dirs and trial lists",
+        lambda a: prepare(a.raw_dir, a.data, a.parts, a.vox2_wav_dir),
+        parts=True,
+    )
     p.add_argument(
         "--vox2-wav-dir",
         default=None,
         help="converted VoxCeleb2 dev wav tree <spk>/<video>/<n>.wav (default <raw>/voxceleb2/dev/wav)",
     )
-    return run(
-        ap,
-        argv,
-        {
-            "download": lambda a: download_step(a, PARTS),
-            "extract": lambda a: extract_step(a, PARTS),
-            "convert": lambda a: log(f"converted {convert(a.raw_dir, a.jobs, a.ffmpeg)} files"),
-            "prepare": lambda a: prepare(a.raw_dir, a.data, a.parts, a.vox2_wav_dir),
-        },
+    p = cli.step(
+        "convert",
+        "VoxCeleb2 m4a -> 16 kHz wav with ffmpeg, in a process pool",
+        lambda a: log(f"converted {convert(a.raw_dir, a.jobs, a.ffmpeg)} files"),
     )
+    p.add_argument("--raw-dir", default="data/raw", help="where the extract step unpacked the corpus")
+    p.add_argument("--jobs", type=int, default=8, help="ffmpeg processes at once")
+    p.add_argument("--ffmpeg", default="ffmpeg", help="ffmpeg executable (name on PATH or path)")
+    return cli.run(argv)
 
 
 if __name__ == "__main__":

@@ -8,81 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
 
 from speakerlab.devices import in_exact_fp32
+from speakerlab.frontends import FbankConfig  # its options (the front-end registry's settings of kaldi_fbank)
 
-if TYPE_CHECKING:  # annotation only: features never needs the config module at run time
-    from speakerlab.config import FeatureSettings
-
-WINDOW_TYPES = ("povey", "hamming", "hanning", "rectangular")
 FLT_EPSILON = torch.finfo(torch.float32).eps  # Kaldi's floor of energies before the log, in any dtype
-
-
-@dataclass(frozen=True)
-class FbankConfig:
-    """Options of Kaldi's ``FbankOptions`` (names follow torchaudio where they differ).
-
-    ``high_freq`` <= 0 is an offset from Nyquist (0 means Nyquist). ``energy_floor`` only acts
-    when ``use_energy`` is set and is ignored when <= 0, as in Kaldi.
-    """
-
-    sample_rate: int = 16000
-    num_mel_bins: int = 80
-    frame_length_ms: float = 25.0
-    frame_shift_ms: float = 10.0
-    window_type: str = "povey"
-    preemphasis: float = 0.97
-    remove_dc_offset: bool = True
-    dither: float = 0.0
-    energy_floor: float = 1.0
-    use_energy: bool = False
-    raw_energy: bool = True
-    low_freq: float = 20.0
-    high_freq: float = 0.0
-    snip_edges: bool = True
-    round_to_power_of_two: bool = True
-
-    @property
-    def window_size(self) -> int:
-        # Kaldi's own order of operations, truncated: samp_freq * 0.001 * frame_length_ms.
-        return int(self.sample_rate * 0.001 * self.frame_length_ms)
-
-    @property
-    def window_shift(self) -> int:
-        return int(self.sample_rate * 0.001 * self.frame_shift_ms)
-
-    @property
-    def fft_size(self) -> int:
-        n = self.window_size
-        return 1 << (n - 1).bit_length() if self.round_to_power_of_two else n
-
-    @property
-    def effective_high_freq(self) -> float:
-        return self.high_freq if self.high_freq > 0 else 0.5 * self.sample_rate + self.high_freq
-
-    def __post_init__(self) -> None:
-        nyquist = 0.5 * self.sample_rate
-        checks = {
-            f"window_type must be one of {WINDOW_TYPES}": self.window_type in WINDOW_TYPES,
-            "num_mel_bins must be >= 3": self.num_mel_bins >= 3,
-            "frames need >= 2 samples and a shift >= 1 sample": self.sample_rate > 0
-            and self.window_size >= 2
-            and self.window_shift >= 1,
-            "preemphasis must lie in [0, 1]": 0.0 <= self.preemphasis <= 1.0,
-            "dither must be >= 0": self.dither >= 0.0,
-            f"need 0 <= low_freq < high_freq <= Nyquist ({nyquist} Hz)": 0.0
-            <= self.low_freq
-            < self.effective_high_freq
-            <= nyquist,
-        }
-        problems = [message for message, ok in checks.items() if not ok]
-        if problems:
-            raise ValueError(f"invalid {self}: " + "; ".join(problems))
 
 
 def num_frames(num_samples: int, config: FbankConfig) -> int:
@@ -277,16 +210,3 @@ def mean_normalize(feats: Tensor, num_frames: Tensor | None = None) -> Tensor:
     mask = mask.to(feats.dtype)
     mean = (feats * mask).sum(dim=1, keepdim=True) / counts.clamp_min(1).to(feats.dtype).view(-1, 1, 1)
     return (feats - mean) * mask
-
-
-def fbank_config(settings: "FeatureSettings", sample_rate: int, dither: Optional[float] = None) -> FbankConfig:
-    """The fbank of a `features` config section at `sample_rate`; `dither` overrides the section's
-    (inference always uses 0)."""
-    return FbankConfig(
-        sample_rate=sample_rate,
-        num_mel_bins=settings.num_mel_bins,
-        frame_length_ms=settings.frame_length_ms,
-        frame_shift_ms=settings.frame_shift_ms,
-        window_type=settings.window_type or "povey",
-        dither=settings.dither if dither is None else dither,
-    )

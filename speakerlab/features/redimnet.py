@@ -9,12 +9,14 @@ uses an HTK mel scale with a quirky bin-frequency grid and subtracts the utteran
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from speakerlab.frontends import ReDimNetMelConfig
 
 
 def _hz_to_mel(hz: Tensor) -> Tensor:
@@ -43,37 +45,6 @@ def redimnet_mel_matrix(
     falling = (right - bins) / (right - center)
     weights = torch.minimum(rising, falling).clamp_min(0.0)
     return torch.cat([torch.zeros(1, n_mels, dtype=torch.float64), weights]).float()
-
-
-@dataclass(frozen=True)
-class ReDimNetMelConfig:
-    """The settings of `ReDimNetMel` that a checkpoint stores (its `FeatureSpec`); the defaults are the
-    releases' (`TFMelBanks(n_mels=72, hop_length=160, do_preemph=True, norm_signal=True)`)."""
-
-    sample_rate: int = 16000
-    n_mels: int = 72
-    n_fft: int = 512
-    win_length: int = 400
-    hop_length: int = 160
-    f_min: float = 20.0
-    f_max: float = 7600.0
-    preemphasis: float = 0.97
-    normalize_signal: bool = True
-
-    def __post_init__(self) -> None:
-        checks = {
-            "n_mels must be >= 1": self.n_mels >= 1,
-            "need 2 <= win_length <= n_fft": 2 <= self.win_length <= self.n_fft,
-            "hop_length must be >= 1": self.hop_length >= 1,
-            "preemphasis must lie in [0, 1]": 0.0 <= self.preemphasis <= 1.0,
-            f"need 0 <= f_min < f_max <= Nyquist ({self.sample_rate / 2:g} Hz)": 0.0
-            <= self.f_min
-            < self.f_max
-            <= self.sample_rate / 2,
-        }
-        problems = [message for message, ok in checks.items() if not ok]
-        if problems:
-            raise ValueError(f"invalid {self}: " + "; ".join(problems))
 
 
 class ReDimNetMel(torch.nn.Module):
@@ -154,6 +125,11 @@ class ReDimNetMel(torch.nn.Module):
             mel = torch.matmul(power, self.mel).clamp(self.eps, 1.0 / self.eps)
             feats = torch.log(mel + self.eps)
             return feats - feats.mean(dim=1, keepdim=True) if self.mean_norm else feats
+
+
+def mel_features(config: ReDimNetMelConfig, mean_norm: bool) -> ReDimNetMel:
+    """The redimnet_mel front-end of a spec (speakerlab.frontends)."""
+    return ReDimNetMel(**dataclasses.asdict(config), mean_norm=mean_norm)
 
 
 # A release's `model_config` builds its front-end as `TFMelBanks(n_mels=F, hop_length=hop_length,

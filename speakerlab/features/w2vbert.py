@@ -14,40 +14,23 @@ normalisation; the output is float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
+from speakerlab.frontends import W2VBertFbankConfig
 
 INT16_SCALE = 32768.0
-
-
-@dataclass(frozen=True)
-class W2VBertFbankConfig:
-    """The settings a checkpoint stores for this front-end (w2v-BERT 2.0's are the defaults)."""
-
-    sample_rate: int = 16000
-    num_mel_bins: int = 80
-    stride: int = 2  # frames stacked into one model input frame
-
-    def __post_init__(self) -> None:
-        if self.stride < 1:
-            raise ValueError(f"invalid {self}: stride must be >= 1")
-        FbankConfig(sample_rate=self.sample_rate, num_mel_bins=self.num_mel_bins)  # its own checks
-
-    @property
-    def feat_dim(self) -> int:
-        return self.num_mel_bins * self.stride
 
 
 class W2VBertFbank(torch.nn.Module):
     """wave `(B, samples)` -> `(B, frames // stride, num_mel_bins * stride)` float32 (module docstring)."""
 
-    def __init__(self, config: W2VBertFbankConfig = W2VBertFbankConfig()):
+    def __init__(self, config: Optional[W2VBertFbankConfig] = None):
         super().__init__()
-        self.config = config
+        self.config = config = config or W2VBertFbankConfig()
         self.fbank = Fbank(FbankConfig(sample_rate=config.sample_rate, num_mel_bins=config.num_mel_bins), torch.float64)
 
     def num_frames(self, num_samples: int) -> int:
@@ -66,3 +49,8 @@ class W2VBertFbank(torch.nn.Module):
             b, t, f = feats.shape
             s = self.config.stride
             return feats[:, : t - t % s].reshape(b, t // s, f * s).float()
+
+
+def w2vbert_features(config: W2VBertFbankConfig, mean_norm: bool) -> W2VBertFbank:
+    """The w2vbert_fbank front-end of a spec (speakerlab.frontends); its normalisation is always on."""
+    return W2VBertFbank(config)

@@ -1,5 +1,5 @@
-"""The one inference path: a checkpoint (ours, a 3D-Speaker state dict or a ReDimNet2 release) -> an
-`Embedder`, a model in eval mode together with the feature front-end it was trained with.
+"""The one inference path: a pretrained source (ours, a 3D-Speaker state dict or a ReDimNet2 release, read by
+speakerlab.sources) -> an `Embedder`, the model in eval mode together with the front-end it was trained with.
 
     embedder = load_embedder("exp/campplus")                      # an exp dir: its latest checkpoint
     embedder = load_embedder(threedspeaker="campplus", weights="campplus_cn_en_common.pt")
@@ -13,24 +13,18 @@ through this module; none of it imports the training engine.
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.checkpoint import load_given, rebuild_model
 from speakerlab.dataio.resample import read_for_model
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import FeatureSpec, build_features
-
-# The features every published 3D-Speaker model was trained with: 16 kHz, 80-bin Kaldi fbank,
-# 25/10 ms povey frames, no dither, per-utterance mean normalisation.
-THREEDSPEAKER_FEATURES = FeatureSpec(FbankConfig(sample_rate=16000, num_mel_bins=80, dither=0.0), mean_norm=True)
+from speakerlab.sources import Source, read_source
 
 
 class NonFiniteEmbedding(ValueError):
@@ -54,15 +48,23 @@ class Embedder:
     (speakerlab.features.spec), then the model.
 
     The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
-    `name` says where it came from, for logs.
+    `name` says where it came from, for logs; `model_id`, for a speakerlab checkpoint its content digest,
+    which embeddings files record (the model that made them) and `speakerlab-verify` matches.
     """
 
-    def __init__(self, model: nn.Module, spec: FeatureSpec, device: Union[str, torch.device] = "cpu", name: str = ""):
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: FeatureSpec,
+        device: Union[str, torch.device] = "cpu",
+        name: str = "",
+        model_id: str = "",
+    ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.spec = spec
         self.features = build_features(spec).to(self.device)
-        self.name = name
+        self.name, self.model_id = name, model_id
 
     @property
     def sample_rate(self) -> int:
@@ -129,57 +131,34 @@ def length_batches(
     return batches
 
 
-def load_redimnet2_release(path: Union[str, Path]) -> Tuple[nn.Module, FeatureSpec]:
-    """A released ReDimNet2 file (`{"model_config": ..., "state_dict": ...}`, PalabraAI/redimnet2) -> (eval-mode
-    model `(B, T, n_mels) -> (B, D)`, its redimnet_mel front-end). Read with `weights_only=True`; a file
-    that is not one is a ValueError naming it."""
-    from speakerlab.features.redimnet import release_mel_config
-    from speakerlab.models import load_redimnet2
-
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read as a ReDimNet2 release: {e}") from None
-    if not isinstance(raw, dict) or not {"model_config", "state_dict"} <= set(raw):
-        raise ValueError(f"{path}: not a ReDimNet2 release (a dict with model_config and state_dict)")
-    try:
-        spec = FeatureSpec(release_mel_config(raw["model_config"]), mean_norm=True)
-        return load_redimnet2(raw["model_config"], raw["state_dict"]), spec
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
 def load_embedder(
-    checkpoint: Optional[Union[str, Path]] = None,
+    checkpoint: Optional[Union[str, Path, Source]] = None,
     *,
     threedspeaker: Optional[str] = None,
     weights: Optional[Union[str, Path]] = None,
     redimnet2: Optional[Union[str, Path]] = None,
     device: Union[str, torch.device] = "auto",
 ) -> Embedder:
-    """An eval-mode `Embedder` from one of:
+    """An eval-mode `Embedder` of one pretrained source (speakerlab.sources; a SourceError names the file):
 
     - `checkpoint`: a speakerlab checkpoint file, or an exp dir (its newest intact checkpoint, a corrupt
-      newer one reported on stderr). The model and its features come from the checkpoint alone.
-    - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME, with
-      the features those models were published with (`THREEDSPEAKER_FEATURES`).
-    - `redimnet2=FILE`: a released ReDimNet2 file, with its own front-end (`load_redimnet2_release`).
+      newer one reported on stderr); or a `Source` already read.
+    - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME.
+    - `redimnet2=FILE`: a released ReDimNet2 file, with its own front-end.
     """
     dev = resolve_device(device) if isinstance(device, str) else device
     if sum(x is not None for x in (checkpoint, threedspeaker, redimnet2)) != 1:
         raise ValueError("give exactly one of a checkpoint, a 3D-Speaker model name (with weights) or a ReDimNet2 file")
-    if checkpoint is not None:
-        path, ckpt = load_given(checkpoint, warn=lambda m: print(m, file=sys.stderr))
-        return Embedder(rebuild_model(ckpt), ckpt.features, dev, f"{ckpt.model_name} from {path}")
-    if redimnet2 is not None:
-        model, spec = load_redimnet2_release(redimnet2)
-        return Embedder(model, spec, dev, f"ReDimNet2 release {redimnet2}")
-    if weights is None:
-        raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")
-    from speakerlab.models import load_3dspeaker
-
-    model = load_3dspeaker(threedspeaker, weights)
-    return Embedder(model, THREEDSPEAKER_FEATURES, dev, f"3D-Speaker {threedspeaker} from {weights}")
+    if isinstance(checkpoint, Source):
+        src = checkpoint
+    elif threedspeaker is not None:
+        if weights is None:
+            raise ValueError(f"3D-Speaker model {threedspeaker!r} needs its weights file")
+        src = read_source(weights, threedspeaker=threedspeaker)
+    else:
+        kind = "speakerlab" if checkpoint is not None else "redimnet2"
+        src = read_source(checkpoint or redimnet2, kind=kind, warn=lambda m: print(m, file=sys.stderr))
+    return Embedder(src.build(), src.features, dev, src.describe(), src.digest)
 
 
 def add_source_args(ap: argparse.ArgumentParser) -> None:
@@ -203,18 +182,16 @@ def add_source_args(ap: argparse.ArgumentParser) -> None:
 
 
 def embedder_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
-    """`load_embedder` from the options of `add_source_args`; a 3D-Speaker or ReDimNet2 file that does not
-    load is a ValueError naming it."""
+    """`load_embedder` from the options of `add_source_args`; a source that does not load is a SourceError (a
+    ValueError) naming its file."""
     if args.threedspeaker and not args.weights:
         ap.error("--3dspeaker needs --weights")
     if args.weights and not args.threedspeaker:
         ap.error("--weights goes with --3dspeaker NAME")
-    if args.checkpoint is not None:
-        return load_embedder(args.checkpoint, device=args.device)
-    if args.redimnet2 is not None:
-        return load_embedder(redimnet2=args.redimnet2, device=args.device)
-    try:
-        return load_embedder(threedspeaker=args.threedspeaker, weights=args.weights, device=args.device)
-    except (RuntimeError, TypeError, KeyError, pickle.UnpicklingError, EOFError) as e:
-        # torch.load / load_state_dict errors say what is wrong but not with which file.
-        raise ValueError(f"{args.weights}: cannot load as 3D-Speaker {args.threedspeaker!r} weights: {e}") from None
+    return load_embedder(
+        args.checkpoint,
+        threedspeaker=args.threedspeaker,
+        weights=args.weights,
+        redimnet2=args.redimnet2,
+        device=args.device,
+    )

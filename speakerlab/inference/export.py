@@ -4,36 +4,30 @@
     speakerlab-export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript \
         --out m.pt
 
-Both formats take the features of the model's front-end `(B, T, F)` (input name `feats`; Kaldi fbank,
-or the ReDimNet2 log-mel, as the checkpoint's feature spec says and the export line prints) and return
+Both formats take the features of the model's front-end `(B, T, F)` (input name `feats`; Kaldi fbank, or the
+ReDimNet2 log-mel, as the source's feature spec says, F its width, and the export line prints) and return
 embeddings `(B, D)` (output name `embedding`); feature extraction stays outside, as in every
-deployment runtime that has its own fbank. After writing, the file is loaded back and checked against PyTorch at two
-input lengths.
+deployment runtime that has its own fbank. Models on a self-supervised encoder are not exported. After writing,
+the file is loaded back and checked against PyTorch at two input lengths.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-
-def model_feat_dim(model: nn.Module, feat_dim: Optional[int] = None) -> int:
-    """The number of feature bins the model takes: `feat_dim` when given, else the model's own
-    `feat_dim` attribute, else the 80 bins of the Kaldi fbank every classic model uses."""
-    return int(feat_dim if feat_dim is not None else getattr(model, "feat_dim", 80))
+from speakerlab.commands import CommandParser
 
 
-def export_torchscript(model: nn.Module, path, feat_dim: Optional[int] = None) -> None:
-    """Script the model (trace as a fallback for models that script cannot compile) and save it."""
+def export_torchscript(model: nn.Module, path, feat_dim: int) -> None:
+    """Script the model over `(B, T, feat_dim)` features (trace as a fallback for models that script cannot
+    compile) and save it."""
     model = model.eval()
-    feat_dim = model_feat_dim(model, feat_dim)
     try:
         scripted = torch.jit.script(model)
     except Exception:  # some layers (e.g. checkpointing wrappers) only trace
@@ -42,10 +36,10 @@ def export_torchscript(model: nn.Module, path, feat_dim: Optional[int] = None) -
     scripted.save(str(path))
 
 
-def export_onnx(model: nn.Module, path, feat_dim: Optional[int] = None, opset: int = 18) -> None:
-    """ONNX through torch.export, batch and frame axes dynamic (any length >= 16 frames)."""
+def export_onnx(model: nn.Module, path, feat_dim: int, opset: int = 18) -> None:
+    """ONNX through torch.export over `(B, T, feat_dim)` features, batch and frame axes dynamic (any length >= 16
+    frames)."""
     model = model.eval()
-    feat_dim = model_feat_dim(model, feat_dim)
     # 537 frames: every size derived from time (e.g. CAM++ segments) is >= 2 and not a multiple of
     # anything, so torch.export does not specialise a size-1 or exactly-divisible axis.
     example = (torch.randn(2, 537, feat_dim),)
@@ -72,11 +66,8 @@ def _forward_arg_names(model: nn.Module):
     return [p for p in inspect.signature(model.forward).parameters]
 
 
-def check_export(
-    model: nn.Module, path, fmt: str, lengths=(200, 317), feat_dim: Optional[int] = None, atol: float = 1e-4
-) -> float:
-    """Largest |exported - PyTorch| over two input lengths; raises when above `atol`."""
-    feat_dim = model_feat_dim(model, feat_dim)
+def check_export(model: nn.Module, path, fmt: str, feat_dim: int, lengths=(200, 317), atol: float = 1e-4) -> float:
+    """Largest |exported - PyTorch| over two input lengths of `(2, T, feat_dim)`; raises when above `atol`."""
     worst = 0.0
     for frames in lengths:
         x = torch.randn(2, frames, feat_dim, generator=torch.Generator().manual_seed(frames))
@@ -101,24 +92,25 @@ def check_export(
 
 
 def main(argv=None) -> int:
-    from speakerlab.checkpoint import CheckpointError
-    from speakerlab.features.spec import FEATURE_KINDS
+    from speakerlab.frontends import FRONT_ENDS
     from speakerlab.inference.embedder import add_source_args, embedder_from_args
 
-    ap = argparse.ArgumentParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
-    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True, help="what to write")
+    ap.add_argument("--out", required=True, help="the exported file (.onnx or .pt)")
     args = ap.parse_args(argv)
     args.device = "cpu"  # exported graphs are traced on the CPU
     try:
         embedder = embedder_from_args(ap, args)
-    except (CheckpointError, ValueError, ImportError) as e:
+    except (ValueError, ImportError) as e:  # a SourceError names the file
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if embedder.spec.kind not in FEATURE_KINDS:
+    if FRONT_ENDS[embedder.spec.kind].encoder_input:
         print(
-            f"error: export takes models over (B, T, F) features, this one takes {embedder.spec.kind}", file=sys.stderr
+            f"error: export takes the fbank models over (B, T, F) features; this one is on a self-supervised "
+            f"encoder ({embedder.spec.kind})",
+            file=sys.stderr,
         )
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim

@@ -19,10 +19,12 @@ dir: a process holds one shard of units at a time (`--shard-units`), batches are
 only in count (with many utterances of one length, a count bound alone lets the batches, and the peak,
 grow with the data), and the output grows only by D floats per utterance.
 
-Shards are written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the
-checkpoint, the data and the settings are the same; otherwise the parts are discarded). Under
-torchrun each process takes every world-th shard; when all are done rank 0 merges them, in sorted
-utterance order, into OUT and removes the parts: only rank 0 writes OUT, on both paths.
+One lifecycle (`StreamingExtractor.run`) serves the command, training-time validation and the baseline
+(`embed_data_dir`, one process), whatever the units' source (speakerlab.inference.units): shards are
+written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the checkpoint, the data
+and the settings are the same; otherwise the parts are discarded). Under torchrun each process takes
+every world-th shard; when all are done rank 0 merges them, in sorted utterance order, removes the
+parts and checks every embedding is finite: only rank 0 writes OUT, from either source.
 
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
 read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
@@ -36,7 +38,6 @@ audio path.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -44,17 +45,17 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from speakerlab.checkpoint import CheckpointError
-from speakerlab.dataio.audio import AudioError, audio_info, read_segment
+from speakerlab.commands import CommandParser
+from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
-from speakerlab.features.fbank import num_frames
 from speakerlab.inference.embedder import (
     Embedder,
     NonFiniteEmbedding,
@@ -63,76 +64,14 @@ from speakerlab.inference.embedder import (
     embedder_from_args,
     length_batches,
 )
+from speakerlab.inference.units import choose_store, collate_units, plan_units, unit_source, utterance_lengths
 
 # --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
 # model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
 GPU_PAD_RATIO = 0.1
 
-
-def plan_units(lengths: Sequence[int], max_len: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Utterance lengths `(N,)` (samples or frames) -> units `(utterance index, start, length)` as three
-    `(U,)` arrays: an utterance longer than `max_len` (> 0) becomes ceil(n / max_len) chunks of equal
-    length (edges rounded)."""
-    n = np.asarray(lengths, np.int64)
-    k = -(-n // max_len) if max_len > 0 else np.ones_like(n)
-    k = np.maximum(k, 1)
-    utt = np.repeat(np.arange(len(n)), k)
-    first = np.cumsum(k) - k  # index of each utterance's first unit
-    j = np.arange(len(utt)) - np.repeat(first, k)  # chunk number within its utterance
-    kk, nn = k[utt], n[utt]
-    # Edge i of an utterance cut into kk chunks: round(i * nn / kk), as np.linspace(0, nn, kk + 1).round().
-    start = np.rint(j * nn / kk).astype(np.int64)
-    end = np.rint((j + 1) * nn / kk).astype(np.int64)
-    return utt, start, end - start
-
-
-class AudioUnits(Dataset):
-    """Unit k -> `(k, (length,) float32)` samples: only that chunk is read from disk."""
-
-    def __init__(self, paths: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray, sample_rate: int):
-        self.paths, self.utt, self.start, self.length, self.sample_rate = paths, utt, start, length, sample_rate
-
-    def __len__(self) -> int:
-        return len(self.utt)
-
-    def __getitem__(self, k: int):
-        return k, read_segment(self.paths[self.utt[k]], int(self.start[k]), int(self.length[k]), self.sample_rate)
-
-
-class FeatureUnits(Dataset):
-    """Unit k -> `(k, (frames, F) float32)` stored fbank (`FeatureStore`): frames `start..start+length`
-    of its utterance; a store shorter than the utterance's audio says so, naming the utterance."""
-
-    def __init__(self, store, utts: Sequence[str], utt: np.ndarray, start: np.ndarray, length: np.ndarray):
-        self.store, self.utts, self.utt, self.start, self.length = store, utts, utt, start, length
-
-    def __len__(self) -> int:
-        return len(self.utt)
-
-    def __getitem__(self, k: int):
-        name, lo = self.utts[self.utt[k]], int(self.start[k])
-        feats = self.store[name]
-        if feats.shape[0] < lo + int(self.length[k]):
-            raise ListError(
-                f"{name}: {feats.shape[0]} frames in the feature store, its audio gives more; rebuild the store "
-                "(python -m speakerlab.features.store)"
-            )
-        return k, feats[lo : lo + int(self.length[k])]
-
-
-def collate_units(items) -> Tuple[torch.Tensor, torch.Tensor]:
-    """`[(k, x)]` (waves (n,) or fbank (n, F)) -> `(units (B,), (B, longest, ...))`; shorter members are
-    repeated, not zero-padded (padding with silence would shift the statistics)."""
-    n = max(len(x) for _, x in items)
-    rows = np.stack([np.resize(x, (n, *x.shape[1:])) for _, x in items])
-    return torch.tensor([k for k, _ in items]), torch.from_numpy(rows)
-
-
-def utterance_lengths(data: DataDir, sample_rate: int) -> List[int]:
-    """Samples per utterance: utt2num_samples (the features stage) or, without it, the audio headers."""
-    if data.num_samples:
-        return [data.num_samples[u] for u in data.utts]
-    return [audio_info(data.wav[u], sample_rate) for u in data.utts]
+# The command's options that are StreamingExtractor's settings of the same names.
+EXTRACTOR_OPTIONS = ("max_seconds", "batch_size", "batch_seconds", "pad_ratio", "shard_units", "num_workers")
 
 
 def _libc_trim():
@@ -165,10 +104,9 @@ def default_batch_seconds(device: torch.device) -> float:
 
 
 class StreamingExtractor:
-    """Embeddings of one data dir with one Embedder, in shards (see the module docstring).
-
-    Units come from the audio, or from `store` (an opened `FeatureStore` of the data dir): then units are
-    frame ranges of the stored fbank, cut at the frame count of `max_seconds`."""
+    """Embeddings of one data dir with one Embedder, in shards (see the module docstring): one lifecycle
+    (`run`) whatever the units' source (speakerlab.inference.units: the audio, or `store`, an opened
+    `FeatureStore` of the data dir, whose units are frame ranges cut at the frame count of `max_seconds`)."""
 
     def __init__(
         self,
@@ -185,33 +123,26 @@ class StreamingExtractor:
         world_size: int = 1,
         store=None,
     ):
-        self.embedder, self.data, self.out, self.store = embedder, data, Path(out), store
+        self.source = unit_source(embedder, data, store)  # the audio's missing files are reported here
+        self.embedder, self.data, self.out = embedder, data, Path(out)
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        rate = embedder.sample_rate
         if batch_seconds is None:
             batch_seconds = default_batch_seconds(embedder.device)
-        samples = utterance_lengths(data, rate)
-        max_samples = int(max_seconds * rate)
-        if store is None:
-            self.utt, self.start, self.length = plan_units(samples, max_samples)
-            # Batched by the front-end's batch length (fbank frames, or samples): units of equal batch
-            # length embed exactly as they would alone.
-            lengths = [embedder.features.batch_length(int(n)) for n in self.length]
-            max_total = embedder.features.batch_length(int(batch_seconds * rate))
-        else:
-            fbank = embedder.spec.fbank
-            max_frames = num_frames(max_samples, fbank) if max_samples > 0 else 0
-            self.utt, self.start, self.length = plan_units([num_frames(n, fbank) for n in samples], max_frames)
-            lengths = self.length.tolist()
-            max_total = int(batch_seconds / (fbank.frame_shift_ms / 1000))
-        batches = length_batches(lengths, batch_size, pad_ratio, max_total)
+        src = self.source
+        max_samples = int(max_seconds * embedder.sample_rate)
+        self.utt, self.start, self.length = plan_units(
+            [src.length(n) for n in utterance_lengths(data, embedder.sample_rate)],
+            src.length(max_samples) if max_samples > 0 else 0,
+        )
+        lengths = [src.batch_length(int(n)) for n in self.length]
+        batches = length_batches(lengths, batch_size, pad_ratio, src.budget(batch_seconds))
         # Deal the length-sorted batches round-robin into shards: every shard has short and long units.
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
         settings = {
             "model": embedder.name,
-            "source": "audio" if store is None else "feats",
+            "source": src.kind,
             "max_seconds": max_seconds,
             "batch_size": batch_size,
             "batch_seconds": batch_seconds,
@@ -221,6 +152,35 @@ class StreamingExtractor:
             "utts": hashlib.sha1("\n".join(f"{u} {data.wav[u]}" for u in data.utts).encode()).hexdigest(),
         }
         self.manifest = {"settings": settings, "shards": n_shards, "world_size": world_size}
+
+    def run(self, log: Callable[[str], None]) -> Optional[np.ndarray]:
+        """The lifecycle: rank 0 keeps the finished shards of an identical earlier run (or starts clean);
+        every rank embeds its unfinished shards; once all are done rank 0 merges them, removes the parts
+        and checks that every embedding is finite. -> `(N, D)` in `data.utts` order on rank 0, None on
+        the others. `log` gets rank 0's messages about the parts and each rank's count of shards."""
+        import torch.distributed as dist
+
+        distributed = self.world_size > 1
+        if distributed and not dist.is_initialized():
+            dist.init_process_group("gloo")
+        try:
+            if self.rank == 0:
+                self.prepare_parts(log)
+            if distributed:
+                dist.barrier()
+            done = self.run_mine()
+            log(f"extract: rank {self.rank} embedded {done} shard(s)")
+            if distributed:
+                dist.barrier()
+        finally:
+            if distributed:
+                dist.destroy_process_group()
+        if self.rank != 0:
+            return None
+        emb = self.merge()
+        shutil.rmtree(self.parts)  # also on a non-finite embedding: fixed audio must be embedded again
+        check_finite(self.source.origins(), emb)
+        return emb
 
     def prepare_parts(self, log) -> None:
         """(Rank 0) keep finished shards of an identical earlier run, else start a clean parts dir."""
@@ -239,26 +199,19 @@ class StreamingExtractor:
     def shard_path(self, s: int) -> Path:
         return self.parts / f"shard_{s:05d}.npz"
 
-    def units(self) -> Dataset:
-        if self.store is not None:
-            return FeatureUnits(self.store, self.data.utts, self.utt, self.start, self.length)
-        paths = [self.data.wav[u] for u in self.data.utts]
-        return AudioUnits(paths, self.utt, self.start, self.length, self.embedder.sample_rate)
-
     @torch.no_grad()
     def run_shard(self, s: int) -> None:
         loader = DataLoader(
-            self.units(),
+            self.source.dataset(self.utt, self.start, self.length),
             batch_sampler=self.shards[s],
             num_workers=self.num_workers,
             collate_fn=collate_units,
             pin_memory=self.embedder.device.type == "cuda",
         )
-        embed = self.embedder if self.store is None else self.embedder.embed_fbank
         units, rows = [], []
         for ks, x in loader:
             units.append(ks.numpy())
-            rows.append(embed(x).cpu().numpy())
+            rows.append(self.source.embed(x).cpu().numpy())
             del x
             _release_free_memory()
         tmp = self.parts / f".shard_{s:05d}.tmp.npz"
@@ -304,8 +257,6 @@ def embed_data_dir(
     import tempfile
 
     data = load_data_dir(data_dir, need_speakers=False)
-    if store is None:
-        data.check_audio_exists()
     with tempfile.TemporaryDirectory() as tmp:
         ex = StreamingExtractor(
             embedder,
@@ -317,23 +268,12 @@ def embed_data_dir(
             store=store,
             **options,
         )
-        ex.prepare_parts(lambda m: None)
-        ex.run_mine()
-        emb = ex.merge()
-        shutil.rmtree(ex.parts)
-    check_finite(_sources(data, store), emb)
+        emb = ex.run(lambda m: None)
     return data.utts, emb
 
 
-def _sources(data: DataDir, store) -> List[str]:
-    """Where each utterance's embedding came from, for error messages."""
-    if store is not None:
-        return [f"{data.root / 'feats.scp'}: {u}" for u in data.utts]
-    return [f"{data.root / 'wav.scp'}:{data.wav_line[u]}: {u} ({data.wav[u]})" for u in data.utts]
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
     add_source_args(ap)
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")
@@ -375,97 +315,27 @@ def main(argv=None) -> int:
         embedder = embedder_from_args(ap, args)
         if args.pad_ratio is None:
             args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0
-        store = None
-        if args.feats == "auto":
-            store = fitting_store(embedder, args.data, lambda m: print(m, file=sys.stderr) if rank == 0 else None)
-        elif args.feats == "yes":
-            from speakerlab.features.store import FeatureStore
-
-            if embedder.spec.kind != "kaldi_fbank":
-                raise ValueError(
-                    f"--feats yes: the feature store holds Kaldi fbank, the model takes {embedder.spec.kind}"
-                )
-
-            store = FeatureStore(args.data, embedder.spec.fbank)
-        result = _stream(embedder, args, rank, world, store)
-        if result is None:  # not rank 0: its shards are done, rank 0 writes OUT
+        say = (lambda m: print(m, file=sys.stderr)) if rank == 0 else (lambda m: None)
+        store = choose_store(embedder, args.data, args.feats, say)
+        ex = StreamingExtractor(
+            embedder,
+            load_data_dir(args.data, need_speakers=False),
+            Path(args.out),
+            rank=rank,
+            world_size=world,
+            store=store,
+            **{name: getattr(args, name) for name in EXTRACTOR_OPTIONS},
+        )
+        emb = ex.run(lambda m: print(m, file=sys.stderr))
+        if emb is None:  # not rank 0: its shards are done, rank 0 writes OUT
             return 0
-        ids, emb = result
     except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_embeddings(args.out, ids, emb, args.kaldi)
-    print(
-        f"extract: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {args.out} "
-        f"in {time.time() - t0:.1f}s",
-        file=sys.stderr,
-    )
+    write_embeddings(args.out, ex.data.utts, emb, args.kaldi, embedder.model_id)
+    what = f"{len(emb)} embeddings of dim {emb.shape[1]} ({embedder.name})"
+    print(f"extract: {what} -> {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
     return 0
-
-
-def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], None]] = None):
-    """The offline feature store of `data_dir` (a `FeatureStore`) when it exists and holds the
-    checkpoint's fbank, else None; `log` says which."""
-    if not (Path(data_dir) / "feats.scp").exists():
-        return None
-    from speakerlab.features.store import FeatureStore
-
-    say = log or (lambda m: None)
-    if embedder.spec.kind != "kaldi_fbank":
-        say(f"extract: not using the feature store of {data_dir}: it holds Kaldi fbank, not {embedder.spec.kind}")
-        return None
-    try:
-        store = FeatureStore(data_dir, embedder.spec.fbank)
-    except (ValueError, ListError) as e:
-        say(f"extract: not using the feature store of {data_dir}: {e}")
-        return None
-    say(f"extract: fbank from the feature store {Path(data_dir) / 'feats.scp'}")
-    return store
-
-
-def _stream(embedder: Embedder, args, rank: int, world: int, store):
-    """The sharded run of `main` (from the audio, or from `store`): every process its shards, rank 0
-    merges (None on other ranks)."""
-    import torch.distributed as dist
-
-    log = (lambda m: print(m, file=sys.stderr)) if rank == 0 else (lambda m: None)
-    data = load_data_dir(args.data, need_speakers=False)
-    if store is None:
-        data.check_audio_exists()
-    ex = StreamingExtractor(
-        embedder,
-        data,
-        Path(args.out),
-        args.max_seconds,
-        args.batch_size,
-        args.batch_seconds,
-        args.pad_ratio,
-        args.shard_units,
-        args.num_workers,
-        rank,
-        world,
-        store,
-    )
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    try:
-        if rank == 0:
-            ex.prepare_parts(log)
-        if world > 1:
-            dist.barrier()
-        done = ex.run_mine()
-        print(f"extract: rank {rank} embedded {done} shard(s)", file=sys.stderr)
-        if world > 1:
-            dist.barrier()
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
-    if rank != 0:
-        return None
-    emb = ex.merge()
-    shutil.rmtree(ex.parts)  # also on a non-finite embedding: fixed audio must be embedded again
-    check_finite(_sources(data, store), emb)
-    return data.utts, emb
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ made it. No checkpoint: one error line, exit 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from speakerlab.checkpoint import Checkpoint, CheckpointError, run_result
+from speakerlab.commands import CommandParser, run_command
 
 
 def describe(path: Path, ckpt: Checkpoint) -> str:
@@ -27,16 +27,15 @@ def describe(path: Path, ckpt: Checkpoint) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-which", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-which", description=__doc__.split("\n")[0])
     ap.add_argument("model", help="a checkpoint file or an exp dir")
     args = ap.parse_args(argv)
-    try:
+
+    def work():
         path, ckpt = run_result(args.model, warn=lambda m: print(m, file=sys.stderr))
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{path}\t{describe(Path(path), ckpt)}")
-    return 0
+        print(f"{path}\t{describe(Path(path), ckpt)}")
+
+    return run_command(work, (CheckpointError,))
 
 
 if __name__ == "__main__":

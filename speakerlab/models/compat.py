@@ -1,18 +1,11 @@
-"""Load 3D-Speaker model-zoo checkpoints into speakerlab models.
-
-Our module and parameter names are the published ones, so a released state dict loads as is;
-this module only unwraps the common containers around it.
+"""3D-Speaker model-zoo checkpoints: our module and parameter names are the published ones, so a released state
+dict loads into the registered model as it is (speakerlab.sources reads the file); this module only unwraps the
+common containers around it.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Mapping, Union
-
-import torch
-import torch.nn as nn
-
-from speakerlab.models.registry import build_model
+from typing import Mapping
 
 # Keys under which training scripts commonly nest the model's state dict.
 _WRAPPER_KEYS = ("state_dict", "model", "embedding_model")
@@ -27,20 +20,3 @@ def unwrap_state_dict(state: Mapping) -> Mapping:
     if state and all(k.startswith("module.") for k in state):
         state = {k[len("module.") :]: v for k, v in state.items()}
     return state
-
-
-def load_3dspeaker(name: str, state_dict_or_path: Union[str, os.PathLike, Mapping], **kwargs) -> nn.Module:
-    """Build `build_model(name, **kwargs)` and load a 3D-Speaker checkpoint into it, strictly.
-
-    `state_dict_or_path`: a state dict, or the path of a released `*.bin` / `*.ckpt` (loaded on
-    the CPU with `weights_only=True`). Every checkpoint key must be used and none may be missing.
-    Returns the model in eval mode, mapping `(B, T, feat_dim)` fbank to `(B, embedding_size)`.
-    """
-    model = build_model(name, **kwargs)
-    state = state_dict_or_path
-    if isinstance(state, (str, os.PathLike)):
-        state = torch.load(state, map_location="cpu", weights_only=True)
-    if not isinstance(state, Mapping):
-        raise TypeError(f"expected a state dict or a path, got {type(state).__name__}")
-    model.load_state_dict(unwrap_state_dict(state), strict=True)
-    return model.eval()

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from speakerlab.models.pooling import ASTP
 from speakerlab.models.redimnet2_blocks import ReDimNet2Backbone, StageSpec
-from speakerlab.models.registry import register_variant
+from speakerlab.models.registry import register_variant, weight_problems
 
 # Settings of the VoxCeleb2 releases (`b<n>-vox2-{ptn,lm}.pt`): channels C, output head width and
 # stages. B3 and B6 are written out in the official recipes; the others come from the released
@@ -227,20 +227,8 @@ def load_redimnet2(model_config: Mapping[str, Any], state_dict: Mapping[str, tor
     """
     model = ReDimNet2(**redimnet2_kwargs(model_config))
     state = {k: v for k, v in state_dict.items() if not k.startswith("spec.")}
-    expected = model.state_dict()
-    problems = []
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing:
-        problems.append(f"missing key(s) {missing}")
-    if unexpected:
-        problems.append(f"unexpected key(s) {unexpected}")
-    for key in expected.keys() & state.keys():
-        if tuple(state[key].shape) != tuple(expected[key].shape):
-            problems.append(
-                f"{key}: shape {tuple(state[key].shape)} in the checkpoint, {tuple(expected[key].shape)} in the model"
-            )
+    problems = weight_problems(model, state)
     if problems:
-        raise ValueError("ReDimNet2 state dict does not fit the model_config: " + "; ".join(problems))
+        raise ValueError(f"ReDimNet2 state dict does not fit the model_config: {problems}")
     model.load_state_dict(state, strict=True)
     return model.eval()

@@ -15,8 +15,9 @@ config among their arguments and take the input of their encoder's front-end (sp
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
+import torch
 import torch.nn as nn
 
 _BUILDERS: Dict[str, Callable[..., nn.Module]] = {}
@@ -115,3 +116,27 @@ def model_args_problems(name: str, args: Dict[str, object], prefix: str = "model
         if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in args
     ]
     return problems
+
+
+def weight_problems(model: nn.Module, state: Mapping[str, Any]) -> Optional[str]:
+    """What keeps `state` from loading into `model` strictly, in one line (missing keys, unexpected ones, other
+    shapes; the first four and the count), or None when it loads. `model` may live on the meta device."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    problems = [f"missing {k}" for k in expected if k not in got]
+    problems += [f"unexpected {k}" for k in got if k not in expected]
+    problems += [f"{k}: {got[k]} in the file, {s} in the model" for k, s in expected.items() if got.get(k, s) != s]
+    if not problems:
+        return None
+    return "; ".join(problems[:4]) + (f"; ... ({len(problems)} problems)" if len(problems) > 4 else "")
+
+
+def load_model(name: str, args: Dict[str, Any], state: Mapping[str, Any]) -> nn.Module:
+    """`build_model(name, **args)` with `state` loaded strictly, in eval mode: `(B, T, F) -> (B, D)`. Weights that
+    do not fit are a ValueError saying how (`weight_problems`)."""
+    model = build_model(name, **args)
+    problems = weight_problems(model, state)
+    if problems:
+        raise ValueError(f"the weights do not fit model {name} with args {args}: {problems}")
+    model.load_state_dict(state)
+    return model.eval()

@@ -5,10 +5,11 @@ augmentation, features, model + classifier, optimizer, batch plan, loader) into 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -17,20 +18,22 @@ import torch.nn as nn
 from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.dataio.augment import Augmenter, open_augmenter
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, rerun_features
 from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.dataio.speed import speed_speaker_names
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import fbank_config
-from speakerlab.features.spec import build_features, feature_spec, input_problem
+from speakerlab.features.spec import build_features
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
+from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model, model_args_problems
+from speakerlab.sources import Source, input_problem
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.distributed import DistInfo, wrap_ddp
+from speakerlab.train.freeze import check_freeze
 from speakerlab.train.frontend import Frontend
-from speakerlab.train.init import resolve_model
+from speakerlab.train.init import resolve_config
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim import check_encoder_settings, parameter_groups
@@ -40,17 +43,18 @@ from speakerlab.train.stability import NonFiniteGuard
 from speakerlab.train.validation import Selection
 
 
-def load_train_config(paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]) -> Config:
-    """The training config: `load_config`, the model section taken from `train.init` when it is set, and the
-    model arguments checked against the registered builder's signature, so a typo in `model.args` stops
-    here, naming the key, before any work."""
+def load_train_config(
+    paths: Sequence[str], overrides: Sequence[str], hardware: Optional[str]
+) -> Tuple[Config, Optional[Source]]:
+    """(config, the `train.init` Source read here once, or None; for `build_run`): `load_config`, the sections
+    resolve_config completes, and the model arguments checked against the builder's signature, so a typo in
+    `model.args` stops here, naming the key, before any work."""
     cfg = load_config(list(paths), list(overrides), hardware=hardware)
-    if cfg.train.init:
-        resolve_model(cfg)  # the model section from the pretrained model; a conflicting key is named
+    init = resolve_config(cfg)  # a key that conflicts with the pretrained model is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
     if problems:
         raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
-    return cfg
+    return cfg, init
 
 
 class SpeakerNet(nn.Module):
@@ -97,13 +101,13 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
     try:
         lengths = index_lengths(checked, cfg.data.sample_rate)
     except ListError as e:
-        raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
+        raise ListError(f"{e} (config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
     stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
     if stale:
         raise ListError(
             f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
             f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-            "re-run the features stage (speakerlab-prepare)"
+            f"{rerun_features('speakerlab-prepare', data.root)}"
         )
     if checked is data:
         data.num_samples = lengths
@@ -141,7 +145,7 @@ def class_names(cfg: Config, speakers: List[str]) -> List[str]:
 
 def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
     """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
-    fb = fbank_config(cfg.features, cfg.data.sample_rate, dither=0.0)
+    fb = feature_spec(cfg.features, cfg.data.sample_rate).fbank
     return FeatureCropDataset(
         FeatureStore(data.root, fb),
         data.utts,
@@ -155,7 +159,7 @@ def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: i
 def make_features(cfg: Config, device: torch.device) -> nn.Module:
     """The training front-end: wave `(B, samples)` -> model input, of `cfg.features` at `cfg.data.sample_rate`
     with its dither (the checkpoint stores the same spec without dither)."""
-    return build_features(feature_spec(cfg.features, cfg.data.sample_rate, dither=None)).to(device)
+    return build_features(feature_spec(cfg.features, cfg.data.sample_rate, training=True)).to(device)
 
 
 def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
@@ -170,10 +174,10 @@ def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
 
 def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     model = build_model(cfg.model.name, **cfg.model.args)
-    problem = input_problem(model, cfg.features.kind, cfg.features.mean_norm)
+    problem = input_problem(model, feature_spec(cfg.features, cfg.data.sample_rate))
     if problem:
         raise ConfigError(f"config key {problem} (model {cfg.model.name})")
-    check_encoder_settings(model, cfg.optim, cfg.train, cfg.model.name)
+    check_encoder_settings(model, cfg.optim, cfg.model.name)
     with torch.no_grad():
         dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
@@ -235,7 +239,12 @@ def make_loader(
         skip_bad=cfg.data.on_bad_audio == "skip",
     )
     hw = cfg.hardware
-    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory)
+    # A generator of its own: without one, every iter(DataLoader) draws its workers' base seed from torch's
+    # global random state, which the front-end's dither also draws from, so a run resumed mid-epoch (one draw
+    # fewer before the restored state) would dither differently from an uninterrupted one. The data's own
+    # randomness never comes from torch (crops and order are drawn from (seed, epoch, position)).
+    own = torch.Generator().manual_seed(cfg.train.seed)
+    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory, generator=own)
     if hw.num_workers > 0:
         workers.update(prefetch_factor=hw.prefetch_factor, persistent_workers=False)
     split = (plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed)
@@ -319,7 +328,7 @@ class Run:
     speakers: List[str]  # the classifier's classes (sped-up copies included)
     guard: NonFiniteGuard
     state: RunState
-    frozen: List[nn.Parameter] = field(default_factory=list)  # parameters train.freeze_epochs holds fixed now
+    init: Optional[Source] = None  # train.init as load_train_config read it, until the run is initialised from it
 
     @property
     def ckpt_dir(self) -> Path:
@@ -330,15 +339,16 @@ class Run:
         return self.sampler.steps_per_epoch
 
 
-def build_run(cfg: Config, exp_dir: Path) -> Run:
-    """Process group, device, precision, data, model, optimizer, batch plan and loader of a run."""
+def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
+    """Process group, device, precision, data, model, optimizer, batch plan and loader of a run; `init`, the source
+    of `load_train_config`, is kept for the run's initialisation."""
     info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
     device = resolve_device(cfg.hardware.device, info.local_rank)
     monitor = Monitor(exp_dir, enabled=info.is_main)
     precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
     seed_everything(cfg.train.seed)
-    with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
-        log = monitor.log if info.is_main else (lambda m: None)
+    with dist_utils.once_per_node(info):  # lists and audio checked, the noise bank built: once per node
+        log = dist_utils.preparation_log(info, monitor.log)
         data = load_shard_data(cfg.data, log) if cfg.data.shards else load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
@@ -361,12 +371,12 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
     apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, data.spk2idx, plan, info, pin, augmenter)
-    ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
+    check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,
         plan.per_device * loader.dataset.crop_samples * 4,
         cfg.hardware.prefetch_factor,
-        ranks_on_node,
+        info.local_world_size,
         monitor.log,
     )
     ddp = wrap_ddp(net, info, device)
@@ -396,6 +406,7 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         speakers=speakers,
         guard=guard,
         state=RunState(),
+        init=init,
     )
     optimizer = f"{cfg.optim.name}{' (fused)' if run.optimizer.defaults.get('fused') else ''}"
     monitor.log(
@@ -403,5 +414,8 @@ def build_run(cfg: Config, exp_dir: Path) -> Run:
         f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
     )
     monitor.log(switches.describe())
+    restart = dist_utils.restart_note(info, os.environ)
+    if restart:
+        monitor.log(f"{restart}; {plan.describe()} (the global batch of the config); resuming from the last checkpoint")
     monitor.text("hardware", f"{precision.describe()}; {plan.describe()}; {switches.describe()}")
     return run

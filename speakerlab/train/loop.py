@@ -21,17 +21,17 @@ from typing import Iterator, Optional
 import torch
 
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
+from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
 from speakerlab.train import distributed as dist_utils
+from speakerlab.train import preemption
 from speakerlab.train.build import Run, build_run, load_train_config
-from speakerlab.train.distributed import wrap_ddp
-from speakerlab.train.init import apply_freeze
+from speakerlab.train.freeze import apply_freeze
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
-from speakerlab.train.optim import encoder_frozen_at, set_encoder_frozen
-from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
 from speakerlab.train.selection import outcome, selecting, stopped, validate_epoch, validate_start
 from speakerlab.train.stability import TrainingStopped, batch_culprits
@@ -52,7 +52,7 @@ class StepResult:
 
 
 def set_schedules(run: Run) -> tuple:
-    """LR, margin and encoder freeze of the current global step (functions of the step alone:
+    """LR, margin and freeze (speakerlab.train.freeze) of the current global step (functions of the step alone:
     hardware-independent). Each optimizer group gets the LR x its `lr_scale` (speakerlab.train.optim)."""
     o, loss = run.cfg.optim, run.cfg.loss
     total = run.cfg.train.epochs * run.steps_per_epoch
@@ -63,8 +63,6 @@ def set_schedules(run: Run) -> tuple:
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
-    if set_encoder_frozen(run.raw.model, encoder_frozen_at(run.state.step, run.cfg.train.freeze_encoder_steps)):
-        run.net = wrap_ddp(run.raw, run.info, run.device)  # DDP registers the parameters that train now
     apply_freeze(run)
     return lr, margin
 
@@ -152,6 +150,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.state.epoch + 1}/{cfg.train.epochs}")
     done = start
     while done < run.steps_per_epoch and (stop_at is None or run.state.step < stop_at):
+        preemption.stop_if_requested(run, done)  # a signal since the last step: validation, loader start-up
         result = train_step(run, batches)
         done += 1
         wait += result.data_wait_s
@@ -169,6 +168,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         ):
             save_mid_epoch(run, done)
     run.monitor.end_progress()
+    preemption.stop_if_requested(run, done)  # a signal during the last step
     if done < run.steps_per_epoch:
         save_mid_epoch(run, done)
         return False
@@ -223,14 +223,14 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--config",
         required=True,
         action="append",
         help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)",
     )
-    ap.add_argument("--exp-dir", required=True)
+    ap.add_argument("--exp-dir", required=True, help="the run's folder: checkpoints, logs; re-run to resume")
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
     ap.add_argument(
         "--max-steps",
@@ -244,8 +244,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="resume although settings that define the schedule or data order changed (global batch, "
         "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings",
     )
-    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, its overrides, train.init and that --exp-dir and data.train can be made, then "
+        "exit (0: fine; 2: the one-line problem) without reading the data or touching the exp dir",
+    )
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. train.epochs=2")
+    return ap.parse_intermixed_args(argv)
+
+
+def path_problem(cfg, exp_dir: Path) -> Optional[str]:
+    """Why the exp dir cannot be written or data.train cannot be a folder, or None."""
+    problems = [folder_problem(exp_dir)]
+    if cfg.data.train:
+        problems.append(folder_problem(cfg.data.train, writable=False))
+    return next(filter(None, problems), None)
+
+
+def check_only(cfg, exp_dir: Path) -> int:
+    """`--check`: the config (with train.init) is loaded and the paths checked already; say so."""
+    start = f"train.init {cfg.train.init}" if cfg.train.init else "no train.init: from scratch"
+    print(f"speakerlab-train --check: config ok, model {cfg.model.name} ({start}), exp dir {exp_dir} usable")
+    return 0
 
 
 def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_new_schedule: bool) -> None:
@@ -290,16 +311,23 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
 def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
-    (the watchdog's)."""
+    (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
+    the same command, or the requeued job, resumes; speakerlab.train.preemption)."""
     args = parse_args(argv)
     try:
-        cfg = load_train_config(args.config, args.overrides, args.hardware)
-        run = build_run(cfg, Path(args.exp_dir))
+        cfg, init = load_train_config(args.config, args.overrides, args.hardware)
+        problem = path_problem(cfg, Path(args.exp_dir))
+        if problem:
+            raise ConfigError(problem)
+        if args.check:
+            return check_only(cfg, Path(args.exp_dir))
+        run = build_run(cfg, Path(args.exp_dir), init)
     except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()
         return 2
     lock = ExpDirLock(run.exp_dir, run.monitor.log) if run.info.is_main else None
+    handlers = preemption.install()  # before the loader forks its workers: they inherit it
     watchdog = None
     if run.info.enabled:
         watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
@@ -307,19 +335,19 @@ def main(argv=None) -> int:
     try:
         fit(run, lock, args.max_steps, args.force_new_schedule)
         return 0
-    except (ExpDirLocked, ScheduleChanged) as e:
+    except (ExpDirLocked, ScheduleChanged, RunMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
+    except preemption.Preempted:
+        return preemption.EXIT_PREEMPTED
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
-        run.monitor.log(
-            f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
-            f"speakerlab-prepare --data {cfg.data.train}); the last checkpoint is intact"
-        )
+        rerun = rerun_features("speakerlab-prepare", cfg.data.train)
+        run.monitor.log(f"error: {cause}; the audio no longer matches the lists ({rerun}); the last checkpoint is kept")
         return 2
     finally:
         if watchdog is not None:
@@ -328,6 +356,7 @@ def main(argv=None) -> int:
         if lock is not None:
             lock.release()
         dist_utils.cleanup()
+        preemption.restore(handlers)  # last: torchrun signals the ranks still cleaning up once one has left
 
 
 if __name__ == "__main__":

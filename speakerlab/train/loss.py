@@ -13,16 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-class AAMSoftmax(nn.Module):
-    """`(B, D)` embeddings + `(B,)` labels -> scalar loss and `(B, S)` cosine logits.
+class _SphereHead(nn.Module):
+    """What both heads share: a `(S, D)` weight of speaker directions, `scale`, the `margin` buffer and
+    the fp32 cosines `(B, D) -> (B, S)` of the embeddings with it."""
 
-    logit_j = scale * cos(theta_j), with the target's angle widened to theta_y + margin. The margin
-    is a buffer set each step by the margin schedule (`set_margin`), so it is part of the
-    checkpoint. Where theta_y + margin would pass pi the penalised logit would rise again; there the
-    usual linear extension cos(theta) - margin * sin(margin) keeps it monotonic.
-    """
-
-    def __init__(self, embedding_size: int, num_classes: int, scale: float = 32.0, margin: float = 0.2):
+    def __init__(self, embedding_size: int, num_classes: int, scale: float, margin: float):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_classes, embedding_size))
         nn.init.xavier_uniform_(self.weight)
@@ -32,12 +27,28 @@ class AAMSoftmax(nn.Module):
     def set_margin(self, margin: float) -> None:
         self.margin.fill_(float(margin))
 
-    def forward(self, emb: torch.Tensor, labels: torch.Tensor):
-        # Fp32 for the cosine and the softmax, autocast or not: in bf16 (8 bits of mantissa) the
-        # margin's effect on cos would be lost in rounding.
+    def cosines(self, emb: torch.Tensor) -> torch.Tensor:
+        """`(B, D)` -> `(B, S)` in [-1, 1], in fp32 autocast or not: in bf16 (8 bits of mantissa) the
+        margin's effect on the cosine would be lost in rounding."""
         with torch.autocast(device_type=emb.device.type, enabled=False):
             cos = F.linear(F.normalize(emb.float(), dim=1), F.normalize(self.weight.float(), dim=1))
-        cos = cos.clamp(-1.0, 1.0)
+        return cos.clamp(-1.0, 1.0)
+
+
+class AAMSoftmax(_SphereHead):
+    """`(B, D)` embeddings + `(B,)` labels -> scalar loss and `(B, S)` cosine logits.
+
+    logit_j = scale * cos(theta_j), with the target's angle widened to theta_y + margin. The margin
+    is a buffer set each step by the margin schedule (`set_margin`), so it is part of the
+    checkpoint. Where theta_y + margin would pass pi the penalised logit would rise again; there the
+    usual linear extension cos(theta) - margin * sin(margin) keeps it monotonic.
+    """
+
+    def __init__(self, embedding_size: int, num_classes: int, scale: float = 32.0, margin: float = 0.2):
+        super().__init__(embedding_size, num_classes, scale, margin)
+
+    def forward(self, emb: torch.Tensor, labels: torch.Tensor):
+        cos = self.cosines(emb)
         m = self.margin
         sin = torch.sqrt((1.0 - cos * cos).clamp(min=0.0))
         penalised = cos * torch.cos(m) - sin * torch.sin(m)
@@ -47,7 +58,7 @@ class AAMSoftmax(nn.Module):
         return F.cross_entropy(logits, labels), cos
 
 
-class SphereFace2(nn.Module):
+class SphereFace2(_SphereHead):
     """SphereFace2 (Wen et al., "SphereFace2: Binary Classification is All You Need for Deep Face
     Recognition", ICLR 2022) with the additive cosine margin ("C"), in the speaker-verification form
     WeSpeaker trains: `(B, D)` embeddings + `(B,)` labels -> scalar loss and `(B, S)` cosines.
@@ -67,37 +78,21 @@ class SphereFace2(nn.Module):
     SphereFace2 settings; the margin given here is the schedule's final value.
     """
 
-    def __init__(
-        self,
-        embedding_size: int,
-        num_classes: int,
-        scale: float = 32.0,
-        margin: float = 0.2,
-        lam: float = 0.7,
-        t: int = 3,
-    ):
-        super().__init__()
+    def __init__(self, embedding_size: int, num_classes: int, scale=32.0, margin=0.2, lam=0.7, t: int = 3):
         if not 0.0 < lam < 1.0:
             raise ValueError(f"lam must be in (0, 1), got {lam}")
         if t < 1:
             raise ValueError(f"t must be >= 1, got {t}")
-        self.weight = nn.Parameter(torch.empty(num_classes, embedding_size))
-        nn.init.xavier_uniform_(self.weight)
+        super().__init__(embedding_size, num_classes, scale, margin)
         # Shape (1,) (WeSpeaker stores (1, 1)): 1-D, so build_optimizer exempts it from weight decay
         # like every other bias; decay would pull the shared threshold toward 0 for no reason.
         self.bias = nn.Parameter(torch.zeros(1))
-        self.scale, self.lam, self.t = scale, lam, t
-        self.register_buffer("margin", torch.tensor(float(margin)))
-
-    def set_margin(self, margin: float) -> None:
-        self.margin.fill_(float(margin))
+        self.lam, self.t = lam, t
 
     def forward(self, emb: torch.Tensor, labels: torch.Tensor):
-        # Fp32 throughout, autocast or not: a bf16 cosine would drown the margin in rounding, and
-        # the S - 1 negative terms are summed.
+        # Fp32 throughout, autocast or not (the cosines are fp32 already): the S - 1 negative terms are summed.
         with torch.autocast(device_type=emb.device.type, enabled=False):
-            cos = F.linear(F.normalize(emb.float(), dim=1), F.normalize(self.weight.float(), dim=1))
-            cos = cos.clamp(-1.0, 1.0)
+            cos = self.cosines(emb)
             g = 2.0 * ((cos + 1.0) * 0.5).pow(self.t) - 1.0
             target = F.one_hot(labels, cos.shape[1]).bool()
             # -m on the target, +m elsewhere: both sides of every decision boundary keep a margin.

@@ -1,7 +1,6 @@
-"""Which weights train, at which share of the LR, and when: the optimizer's parameter groups and the encoder
-freeze of models on a self-supervised encoder, decided here only (speakerlab/train/build.py builds the optimizer from
-`parameter_groups`; the training step sets each group's LR to the schedule's x its `lr_scale` and applies
-`set_encoder_frozen` at every step).
+"""Which weights train and at which share of the LR: the optimizer's parameter groups, decided here only
+(speakerlab.train.build builds the optimizer from `parameter_groups`; the training step sets each group's LR to
+the schedule's x its `lr_scale`; when they train is speakerlab.train.freeze's).
 
     group of a parameter        lr_scale
     classifier                  1
@@ -9,7 +8,10 @@ freeze of models on a self-supervised encoder, decided here only (speakerlab/tra
     encoder depth d of L        optim.backbone_lr_scale x optim.encoder_lr_scale x optim.layer_decay ** (L - d)
 
 Norms and biases (1-D) get no weight decay: decaying BatchNorm / LayerNorm scales toward 0 only fights the
-normalisation. Encoder weights that never train (the base weights under LoRA) are left out.
+normalisation. Weights that never train are left out: encoder weights outside `encoder_parameters()` (the base
+weights under LoRA) and other weights that do not require grad when the model is built (a model's fixed ones).
+The groups are built before the freeze schedule first applies, and encoder weights are taken whether frozen now
+or not, so weights frozen at the start are in the optimizer when they are released.
 """
 
 from __future__ import annotations
@@ -18,22 +20,23 @@ from typing import Dict, List, Tuple
 
 import torch.nn as nn
 
-from speakerlab.config import ConfigError, OptimSettings, TrainSettings
+from speakerlab.config import ConfigError, OptimSettings
+from speakerlab.models import SSLModel
 
 
 def has_encoder(model: nn.Module) -> bool:
-    """A model on a self-supervised encoder (speakerlab.models.ssl) answers `encoder_depth`."""
-    return hasattr(model, "encoder_depth")
+    """A model on a self-supervised encoder: the SSLModel contract (speakerlab.models.ssl.base)."""
+    return isinstance(model, SSLModel)
 
 
-def check_encoder_settings(model: nn.Module, o: OptimSettings, t: TrainSettings, name: str) -> None:
-    """The encoder settings are an error for a model without an encoder (they would do nothing)."""
+def check_encoder_settings(model: nn.Module, o: OptimSettings, name: str) -> None:
+    """The encoder settings are an error for a model without an encoder (they would do nothing; an encoder
+    freeze rule: speakerlab.train.freeze.check_freeze)."""
     if has_encoder(model):
         return
     for key, value, default in (
         ("optim.encoder_lr_scale", o.encoder_lr_scale, 1.0),
         ("optim.layer_decay", o.layer_decay, 1.0),
-        ("train.freeze_encoder_steps", t.freeze_encoder_steps, 0),
     ):
         if value != default:
             raise ConfigError(f"config key '{key}': model {name} has no self-supervised encoder; remove the key")
@@ -64,16 +67,3 @@ def parameter_groups(model: nn.Module, classifier: nn.Module, o: OptimSettings) 
         {"params": params, "weight_decay": o.weight_decay if decay else 0.0, "lr_scale": scale}
         for (decay, scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))
     ]
-
-
-def encoder_frozen_at(step: int, freeze_steps: int) -> bool:
-    """Whether the encoder is frozen at optimizer step `step` (train.freeze_encoder_steps; -1: always)."""
-    return freeze_steps < 0 or step < freeze_steps
-
-
-def set_encoder_frozen(model: nn.Module, frozen: bool) -> bool:
-    """Freeze or release the model's encoder; True when that changed its state (DDP must be wrapped again)."""
-    if not has_encoder(model) or model.encoder_frozen == frozen:
-        return False
-    model.set_encoder_frozen(frozen)
-    return True

@@ -5,6 +5,7 @@ speakerlab.checkpoint's."""
 from __future__ import annotations
 
 import dataclasses
+from typing import List
 
 import torch
 
@@ -16,8 +17,12 @@ from speakerlab.checkpoint import (
     run_checkpoints,
     save_checkpoint,
 )
-from speakerlab.features.spec import feature_spec
+from speakerlab.config import Config
+from speakerlab.frontends import feature_spec
+from speakerlab.models import SSLModel
+from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
+from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
 from speakerlab.train.validation import Selection
 
@@ -36,7 +41,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
     )
     model = run.raw.model
     # A model whose arguments name files (an SSL encoder's pretrained directory) says how to rebuild it alone.
-    args = model.standalone_args() if hasattr(model, "standalone_args") else dict(cfg.model.args)
+    args = model.standalone_args() if isinstance(model, SSLModel) else dict(cfg.model.args)
     return Checkpoint(
         model_name=cfg.model.name,
         model_args=args,
@@ -79,18 +84,48 @@ def save_epoch_end(run: Run) -> None:
         prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
 
 
-def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
-    """Model and classifier weights of the run's own checkpoint (same model and speakers)."""
-    if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
-        raise RuntimeError(f"{path} was trained with another model or speaker list; use a new --exp-dir")
-    if ckpt.classifier is None:
-        raise RuntimeError(f"{path} has no classifier weights; use a new --exp-dir")
-    run.raw.model.load_state_dict(ckpt.model)
-    run.raw.classifier.load_state_dict(ckpt.classifier)
-
-
 class ScheduleChanged(RuntimeError):
     """Resuming would silently continue a different schedule or data order; the message shows how."""
+
+
+class RunMismatch(RuntimeError):
+    """The exp dir's checkpoint cannot continue as this run at all (another model or speaker list, or no
+    resume state): no flag helps, only another exp dir."""
+
+
+NEW_EXP_DIR = "use a new --exp-dir (a recipe's --exp DIR), or delete {exp} to start that run again"
+
+
+def speaker_change(before: List[str], now: List[str]) -> str:
+    """How two speaker lists differ, in words: counts gone and new with an example, or the order."""
+    gone, new = [s for s in before if s not in set(now)], [s for s in now if s not in set(before)]
+    if not gone and not new:
+        return f"the same {len(now)} speakers in another order"
+    parts = [f"{len(gone)} of its {len(before)} speakers are gone" + (f" (e.g. '{gone[0]}')" if gone else "")]
+    parts.append(f"{len(new)} of the {len(now)} now are new" + (f" (e.g. '{new[0]}')" if new else ""))
+    return ", ".join(parts)
+
+
+def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
+    """Model and classifier weights of the run's own checkpoint (same model and speakers); RunMismatch
+    naming what differs otherwise."""
+    hint = NEW_EXP_DIR.format(exp=run.exp_dir)
+    if ckpt.model_name != run.cfg.model.name:
+        raise RunMismatch(f"{path} holds model {ckpt.model_name}, this command builds {run.cfg.model.name}; {hint}")
+    if ckpt.speakers != run.speakers:
+        raise RunMismatch(
+            f"{path} was trained on another speaker list than {run.cfg.data.train or 'the shards'} holds now: "
+            f"{speaker_change(ckpt.speakers, run.speakers)} (the training data changed since); {hint}"
+        )
+    if ckpt.classifier is None:
+        raise RunMismatch(f"{path} has no classifier weights; {hint}")
+    try:
+        run.raw.model.load_state_dict(ckpt.model)
+        run.raw.classifier.load_state_dict(ckpt.classifier)
+    except RuntimeError:  # model.args changed under --force-new-schedule: the shapes differ
+        raise RunMismatch(
+            f"{path}: its weights do not fit the {run.cfg.model.name} this command builds (other model.args); {hint}"
+        ) from None
 
 
 # Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
@@ -111,10 +146,9 @@ SCHEDULE_KEYS = (
     "optim.min_lr",
     "optim.warmup_epochs",
     "optim.backbone_lr_scale",
-    "train.freeze_epochs",
+    "train.freeze",
     "optim.encoder_lr_scale",
     "optim.layer_decay",
-    "train.freeze_encoder_steps",
     "loss.scale",
     "loss.margin",
     "loss.margin_start_epoch",
@@ -122,20 +156,30 @@ SCHEDULE_KEYS = (
 )
 
 
+# Keys whose values are compared by meaning: `same(checkpoint value, value now)`.
+SAME_SCHEDULE = {"train.freeze": same_freeze}
+
+
 def schedule_changes(stored: dict, now: dict) -> list:
     """`key: checkpoint value -> value now` for every SCHEDULE_KEYS entry that differs (plain config dicts).
-    A key the checkpoint's config does not have (written before the key existed) is not compared."""
+    A checkpoint's renamed keys are read under their new names (train.freeze_epochs and
+    train.freeze_encoder_steps as train.freeze); a key the checkpoint's config does not have (written before
+    the key existed) is not compared."""
     missing = object()
+    stored = upgrade_renamed(Config, stored)
 
     def get(d, key):
         for part in key.split("."):
             d = d.get(part, missing) if isinstance(d, dict) else missing
         return d
 
+    def same(key, a, b) -> bool:
+        return SAME_SCHEDULE[key](a, b) if key in SAME_SCHEDULE else a == b
+
     return [
         f"{k}: {get(stored, k)!r} in the checkpoint -> {get(now, k)!r} now"
         for k in SCHEDULE_KEYS
-        if get(stored, k) is not missing and get(stored, k) != get(now, k)
+        if get(stored, k) is not missing and not same(k, get(stored, k), get(now, k))
     ]
 
 
@@ -169,18 +213,20 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         if run.cfg.train.init:
             initialise(run)
         return 0
+    run.init = None  # the run's own checkpoint wins over train.init: no copy of its weights kept for nothing
     path, ckpt = found
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
     if changes and not force_new_schedule:
         raise ScheduleChanged(
-            f"{run.exp_dir} was trained with other settings than this command's; resuming would "
-            "continue a different schedule or data order:\n  "
-            + "\n  ".join(changes)
-            + "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
-            "continue these weights under the new settings"
+            f"{run.exp_dir} was trained with other settings than this command's ({'; '.join(changes)}): "
+            "resuming would continue a different schedule or data order; run the original command, use a new "
+            "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these "
+            "weights under the new settings"
         )
     if ckpt.resume is None:
-        raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
+        raise RunMismatch(
+            f"{path} holds no resume state (an averaged or exported checkpoint); {NEW_EXP_DIR.format(exp=run.exp_dir)}"
+        )
     _load_weights(run, ckpt, path)
     scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
     run.optimizer.load_state_dict(ckpt.resume.optimizer)

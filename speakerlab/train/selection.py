@@ -8,8 +8,8 @@ With data.val every validated epoch logs its EER (`val/eer`). With train.keep_be
   the earlier model); a new best is written to `<exp>/checkpoints/best.pt` (the model and its classifier, no
   resume state), the run's result (`speakerlab.checkpoint.run_result`);
 - after train.patience validations in a row without a new best the run stops early, and stays stopped when
-  the command is run again; epochs of the frozen start (train.freeze_epochs: the embedding model is still
-  the start's) are not validated, so they count for nothing;
+  the command is run again; epochs of the frozen start (a train.freeze rule on trunk: the embedding model is
+  still the start's) are not validated, so they count for nothing;
 - the run ends with one line saying which model is its result; when no epoch beat the start, that line says
   the run did not help and hands back the starting model.
 
@@ -24,9 +24,10 @@ from typing import Optional
 
 import torch
 
-from speakerlab.features.spec import feature_spec
+from speakerlab.frontends import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train.build import Run
+from speakerlab.train.freeze import describe, trunk_frozen_until
 from speakerlab.train.resume import save_best, save_epoch_end
 from speakerlab.train.validation import shared, validation_eer
 
@@ -81,7 +82,7 @@ def frozen_through(run: Run, epoch: int) -> bool:
     """Whether the embedding model stayed the start's all through `epoch` (the frozen start of a run from
     train.init: only the classifier trained). Such an epoch's validation EER is the start's; counting it
     would stop a run on a plateau before its trunk ever trained. The one place selection reads the freeze."""
-    return bool(run.cfg.train.init) and epoch <= run.cfg.train.freeze_epochs
+    return epoch * run.steps_per_epoch <= trunk_frozen_until(run.cfg.train.freeze, run.steps_per_epoch)
 
 
 def validate_epoch(run: Run) -> bool:
@@ -92,10 +93,8 @@ def validate_epoch(run: Run) -> bool:
     if not due(run, epoch):
         return False
     if selecting(run) and frozen_through(run, epoch):
-        run.monitor.log(
-            f"epoch {epoch}: not validated: the embedding model is still the start's (train.freeze_epochs "
-            f"{run.cfg.train.freeze_epochs})"
-        )
+        frozen = describe(cfg.train.freeze, frozenset({"trunk"}), run.steps_per_epoch)
+        run.monitor.log(f"epoch {epoch}: not validated: the embedding model is still the start's ({frozen})")
         return False
     eer = measure(run, epoch)
     if eer is None:

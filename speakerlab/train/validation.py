@@ -12,7 +12,8 @@ import torch
 
 from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import Embedder
-from speakerlab.inference.extract import embed_data_dir, fitting_store
+from speakerlab.inference.extract import embed_data_dir
+from speakerlab.inference.units import fitting_store
 from speakerlab.scoring.score import evaluate
 
 

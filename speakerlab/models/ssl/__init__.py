@@ -5,3 +5,6 @@ Importing this package registers the builders (ssl_mhfa, ssl_ecapa_tdnn, ssl_mfa
 """
 
 from speakerlab.models.ssl import speaker  # noqa: F401  (registers the builders)
+from speakerlab.models.ssl.base import SSLModel
+
+__all__ = ["SSLModel"]

@@ -19,12 +19,13 @@ import torch.nn as nn
 
 from speakerlab.models.registry import register_ssl
 from speakerlab.models.ssl.backends import MFA, MHFA, ECAPABackend
+from speakerlab.models.ssl.base import SSLModel
 from speakerlab.models.ssl.encoders import SSLEncoder
 
 
-class SSLSpeakerModel(nn.Module):
-    """`encoder` (an SSLEncoder) then `backend` (hidden states -> embeddings). `args`: the builder's
-    arguments, kept so that `standalone_args` can rebuild the model without the pretrained directory."""
+class SSLSpeakerModel(SSLModel):
+    """`encoder` (an SSLEncoder) then `backend` (hidden states -> embeddings); the SSLModel contract. `args`: the
+    builder's arguments, kept so that `standalone_args` can rebuild the model without the pretrained directory."""
 
     def __init__(self, encoder: SSLEncoder, backend: nn.Module, builder_args: Mapping[str, Any]):
         super().__init__()
@@ -33,12 +34,10 @@ class SSLSpeakerModel(nn.Module):
 
     @property
     def input_kind(self) -> str:
-        """The front-end kind this model takes (speakerlab.features.spec)."""
         return self.encoder.input_kind
 
     @property
     def do_normalize(self) -> Optional[bool]:
-        """Whether the pretrained encoder takes waves of zero mean and unit variance (None: not known)."""
         return self.encoder.do_normalize
 
     @property
@@ -49,17 +48,13 @@ class SSLSpeakerModel(nn.Module):
         return self.backend(self.encoder(x))
 
     def standalone_args(self) -> Dict[str, Any]:
-        """Builder arguments that rebuild this architecture from the checkpoint alone: the encoder's config
-        instead of its directory, and the LoRA settings (None once merged)."""
+        # The encoder's config instead of its directory, and the LoRA settings (None once merged).
         return {**self._args, "pretrained": None, "encoder": self.encoder.config_dict(), "lora": self.encoder.lora}
 
     def encoder_depth(self, name: str) -> Optional[int]:
-        """For the parameter `name` of this model: its encoder depth (0 .. encoder_layers, see
-        SSLEncoder.depth), or None for a back-end parameter."""
         return self.encoder.depth(name[len("encoder.") :]) if name.startswith("encoder.") else None
 
     def encoder_parameters(self) -> List[nn.Parameter]:
-        """The encoder parameters training may update (LoRA's only, with LoRA)."""
         return self.encoder.trainable()
 
     @property
@@ -70,7 +65,6 @@ class SSLSpeakerModel(nn.Module):
         self.encoder.set_frozen(frozen)
 
     def merge_lora(self) -> None:
-        """LoRA folded into the encoder weights: the state dict of the same model without LoRA."""
         self.encoder.merge_lora()
 
 
