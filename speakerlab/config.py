@@ -81,8 +81,21 @@ def _batch(v) -> Optional[str]:
 
 
 @dataclass
+class TrainCorpus:
+    """One corpus of data.train given as a list (speakerlab.train.data reads them)."""
+
+    name: str = ""  # speaker-id namespace: its speakers are `name/spk` (two corpora's id00012 stay two speakers)
+    dir: str = ""  # Kaldi data dir with wav.scp, utt2spk
+    weight: float = setting(1.0, gt=0)  # passes over the corpus per epoch: each epoch draws round(weight x N)
+    # of its N utterances (weight <= 1: a random subset without repeats; 2: every utterance twice), anew each epoch
+    val: Optional[str] = None  # data dir with trials scored for this corpus every train.val_every epochs
+
+
+@dataclass
 class DataSettings:
-    train: str = ""  # Kaldi data dir with wav.scp, utt2spk (required)
+    # Kaldi data dir with wav.scp, utt2spk (required); or several corpora: a list of {name, dir, weight, val}
+    # records (TrainCorpus), or the path of a YAML file holding that list (a manifest)
+    train: Union[str, List[TrainCorpus]] = ""
     val: Optional[str] = None  # data dir with trials, scored every train.val_every epochs
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated

@@ -34,7 +34,7 @@ from speakerlab.train.monitor import Meter
 from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
 from speakerlab.train.stability import TrainingStopped, batch_culprits
-from speakerlab.train.validation import validation_eer
+from speakerlab.train.validation import validate_corpora, validation_eer
 from speakerlab.train.watchdog import Watchdog
 
 
@@ -186,6 +186,7 @@ def end_epoch(run: Run) -> None:
         else:
             run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")
             run.monitor.log(f"epoch {epoch}: validation EER {eer * 100:.2f}%")
+    validate_corpora(run)  # each corpus's own `val` (several corpora in data.train)
     dist_utils.barrier(run.info)
 
 
