@@ -31,10 +31,10 @@ from speakerlab.train.distributed import DistInfo, wrap_ddp
 from speakerlab.train.freeze import check_freeze
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.init import resolve_config
-from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim import check_encoder_settings, parameter_groups
 from speakerlab.train.precision import Precision, resolve_precision
+from speakerlab.train.sharded import clip_grad_norm, keep_out_of_ddp, make_head
 from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
 
@@ -55,13 +55,14 @@ def load_train_config(
 
 
 class SpeakerNet(nn.Module):
-    """Features -> embedding model -> margin classifier (AAM or SphereFace2), one module so DDP sees every parameter.
+    """Features -> embedding model -> margin classifier (speakerlab.train.loss, or sharded over the ranks:
+    speakerlab.train.sharded), one module so DDP sees every parameter.
 
-    `forward(feats (B, T, F), labels (B,)) -> (loss, cosine logits (B, S))`; autocast applies to the
-    embedding model only: the classifier computes in fp32.
+    `forward(feats (B, T, F), labels (B,)) -> (loss, (B,) the class of the largest cosine)`; autocast applies to
+    the embedding model only: the classifier computes in fp32.
     """
 
-    def __init__(self, model: nn.Module, classifier: AAMSoftmax, autocast: Callable):
+    def __init__(self, model: nn.Module, classifier: nn.Module, autocast: Callable):
         super().__init__()
         self.model, self.classifier, self._autocast = model, classifier, autocast
         self.compiled: Optional[Callable] = None  # hardware.compile: the compiled `model` (speakerlab.train.speedups)
@@ -69,7 +70,12 @@ class SpeakerNet(nn.Module):
     def forward(self, feats: torch.Tensor, labels: torch.Tensor):
         with self._autocast():
             emb = self.model(feats) if self.compiled is None else self.compiled(feats)
-        return self.classifier(emb, labels)
+        return self.classifier.loss_and_top1(emb, labels)
+
+    def clip_grad_norm(self, params: List[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """Clip the gradients of `params` to a total norm of `max_norm`; returns the norm (a sharded classifier's
+        rows counted over all ranks)."""
+        return clip_grad_norm(params, max_norm, self.classifier)
 
 
 def seed_everything(seed: int) -> None:
@@ -131,17 +137,7 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     with torch.no_grad():
         dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
-    if cfg.loss.name == "sphereface2":
-        classifier = SphereFace2(
-            dim,
-            num_speakers,
-            scale=cfg.loss.scale,
-            margin=0.0,
-            lam=cfg.loss.sphereface2_lambda,
-            t=cfg.loss.sphereface2_t,
-        )
-    else:
-        classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
+    classifier = make_head(cfg.loss, dim, num_speakers, cfg.train.seed)
     return SpeakerNet(model, classifier, autocast)
 
 
@@ -286,6 +282,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         ranks_on_node,
         monitor.log,
     )
+    keep_out_of_ddp(net)  # a sharded classifier's rows are each rank's own
     ddp = wrap_ddp(net, info, device)
 
     def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere

@@ -63,6 +63,7 @@ def set_schedules(run: Run) -> tuple:
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
+    run.raw.classifier.set_step(run.state.step)  # a sampled (Partial FC) head draws its classes from it
     apply_freeze(run)
     return lr, margin
 
@@ -113,15 +114,15 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
         pending.append((index, run.guard.nonfinite_rows(feats)))
         last = micro == accum - 1
         with contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync():
-            loss, cos = run.net(feats, labels)
+            loss, top1 = run.net(feats, labels)
             run.scaler.scale(loss / accum).backward()
         loss_sum += loss.detach().float() / accum
-        hits += (cos.argmax(1) == labels).sum()
+        hits += (top1 == labels).sum()
         seen += labels.numel()
     run.scaler.unscale_(run.optimizer)
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     params = [p for p in run.raw.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    grad_norm = run.raw.clip_grad_norm(params, max_norm).item()
     loss_value, correct = torch.stack([loss_sum, hits.float()]).tolist()
     overflow = run.precision.use_scaler and run.scaler.get_scale() >= 1.0
     ok = run.guard.check(

@@ -4,6 +4,8 @@ speakerlab.checkpoint's."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from speakerlab.checkpoint import (
@@ -21,13 +23,20 @@ from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
 from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
+from speakerlab.train.sharded import head_state, load_optimizer_state, optimizer_state
 
 
-def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
-    """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run."""
+def checkpoint_of(run: Run, step_in_epoch: int) -> Optional[Checkpoint]:
+    """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run. Every
+    rank calls it (a classifier sharded over the ranks is gathered in full, speakerlab.train.sharded); rank 0
+    gets the checkpoint, the others None."""
     cfg = run.cfg
+    classifier = head_state(run.raw.classifier)
+    optimizer = optimizer_state(run.optimizer, run.raw.classifier)
+    if not run.info.is_main:
+        return None
     resume = ResumeState(
-        optimizer=run.optimizer.state_dict(),
+        optimizer=optimizer,
         scaler=run.scaler.state_dict(),
         step_in_epoch=step_in_epoch,
         skipped_steps=run.guard.total,
@@ -43,7 +52,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
         model=model.state_dict(),
         features=feature_spec(cfg.features, cfg.data.sample_rate),
         speakers=list(run.speakers),
-        classifier=run.raw.classifier.state_dict(),
+        classifier=classifier,
         step=run.state.step,
         epoch=run.state.epoch,
         resume=resume,
@@ -52,9 +61,10 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
 
 
 def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
-    """Rank 0 writes `<exp>/checkpoints/<name>` (atomically)."""
-    if run.info.is_main:
-        save_checkpoint(run.ckpt_dir / name, checkpoint_of(run, step_in_epoch))
+    """Rank 0 writes `<exp>/checkpoints/<name>` (atomically); every rank calls it (see checkpoint_of)."""
+    ckpt = checkpoint_of(run, step_in_epoch)
+    if ckpt is not None:
+        save_checkpoint(run.ckpt_dir / name, ckpt)
 
 
 def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
@@ -79,7 +89,7 @@ def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
     if ckpt.classifier is None:
         raise RuntimeError(f"{path} has no classifier weights; use a new --exp-dir")
     run.raw.model.load_state_dict(ckpt.model)
-    run.raw.classifier.load_state_dict(ckpt.classifier)
+    run.raw.classifier.load_state_dict(ckpt.classifier)  # a sharded head takes its own rows of it
 
 
 class ScheduleChanged(RuntimeError):
@@ -111,6 +121,10 @@ SCHEDULE_KEYS = (
     "loss.margin",
     "loss.margin_start_epoch",
     "loss.margin_warmup_epochs",
+    "loss.subcenters",
+    "loss.inter_topk",
+    "loss.inter_topk_margin",
+    "loss.sample_rate",
 )
 
 
@@ -186,7 +200,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
     _load_weights(run, ckpt, path)
     scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
-    run.optimizer.load_state_dict(ckpt.resume.optimizer)
+    load_optimizer_state(run.optimizer, ckpt.resume.optimizer, run.raw.classifier)
     for group, scale in zip(run.optimizer.param_groups, scales):  # this run's, not the file's (older files lack it)
         group["lr_scale"] = scale
     run.scaler.load_state_dict(ckpt.resume.scaler)
