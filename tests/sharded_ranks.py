@@ -167,6 +167,7 @@ def main(mode: str, out: str) -> None:
         result = load(rank, world, out)
     if rank == 0:
         (out / f"{mode}.json").write_text(json.dumps({"world": world, **result}))
+    dist.barrier()  # no rank tears gloo's pairs down while another still talks over them (it aborts, rarely)
     dist.destroy_process_group()
 
 

@@ -47,6 +47,20 @@ def test_compact_lists_are_the_validating_readers(tmp_path):
     same_lists(read_compact(root), load_data_dir(root))
 
 
+def test_compact_lists_are_kept_and_mapped_until_a_list_changes(tmp_path):
+    """The first read writes .compact/, the next maps it (memmaps: nothing parsed); a changed utt2spk is read anew."""
+    root = corpus(tmp_path / "d")
+    first = read_compact(root)
+    assert (root / ".compact" / "meta.json").is_file() and not isinstance(first.labels, np.memmap)
+    again = read_compact(root)
+    assert isinstance(again.labels, np.memmap) and isinstance(again.buf, np.memmap)
+    same_lists(again, load_data_dir(root))
+    (root / "utt2spk").write_text((root / "utt2spk").read_text().replace(" s2\n", " s1\n"))
+    changed = read_compact(root)
+    assert not isinstance(changed.labels, np.memmap) and len(changed.speakers) == 2
+    same_lists(changed, load_data_dir(root))
+
+
 @pytest.mark.parametrize(
     "file,text",
     [

@@ -15,6 +15,7 @@ import yaml
 import speakerlab.train.sharded as sharded
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.config import ConfigError, load_config
+from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, shard_range, start_rows
@@ -160,7 +161,7 @@ def test_a_checkpoint_of_two_ranks_loads_on_three(tmp_path):
 def test_sharded_training_stopped_on_two_ranks_resumes_on_three(tmp_path):
     """speakerlab-train with loss.shard_classes on 2 processes, stopped after a step, then the same command on 3:
     it resumes at that step and finishes; the checkpoints hold the whole classifier, which averaging and
-    train.init read as any (a large-margin stage starts from it)."""
+    train.init read as any (a large-margin stage, unsharded, starts from the average)."""
     utts = {f"s{s}-{u}": f"s{s}" for s in range(6) for u in range(4)}
     train = make_data_dir(tmp_path / "train", utts, seconds=0.6)
     cfg = tmp_path / "sharded.yaml"
@@ -191,5 +192,7 @@ hardware: {{device: cpu, precision: fp32, num_workers: 0, pin_memory: false}}
     overlay = tmp_path / "lm.yaml"
     overlay.write_text(yaml.safe_dump({"train": {"epochs": 1}, "loss": {"shard_classes": False}}))
     lm = ["--config", str(cfg), "--config", str(overlay), "--exp-dir", str(tmp_path / "lm")]
-    assert train_main([*lm, f"train.init={exp}", "hardware.per_device_batch=12"]) == 0
+    assert average_main(["--exp-dir", str(exp), "--last", "2"]) == 0
+    assert load_checkpoint(exp / "checkpoints" / "avg.pt").classifier["weight"].shape == (12, 32)
+    assert train_main([*lm, f"train.init={exp / 'checkpoints' / 'avg.pt'}", "hardware.per_device_batch=12"]) == 0
     assert "classifier kept (6 speakers, as in the source)" in (tmp_path / "lm" / "train.log").read_text()

@@ -14,10 +14,16 @@ Reading is vectorised for the form our preparers and speakerlab-prepare write (`
 blank or comment lines, UTF-8). Anything else (tabs, comments, duplicates, an utterance without a speaker, a
 malformed count) is read again by the validating reader of speakerlab.dataio.lists, so every error is its
 message with file and line, and every file it accepts is accepted here.
+
+What a read in the fast form found is kept in `<data dir>/.compact/` (the arrays as .npy, then meta.json with the
+lists' sizes and times): the next read memory-maps them, and wav.scp itself, instead of parsing, as long as no
+list changed. The prepare stage reads once, so training starts map; the mapped pages are the page cache's,
+shared by the loader workers and by every rank on the node.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ import numpy as np
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 
 NEWLINE, SPACE = 10, 32
+CHUNK = 1 << 20  # rows gathered at once into fixed-width keys
 
 
 class _NotFast(Exception):
@@ -49,19 +56,17 @@ class StringView:
     def __getitem__(self, i: int) -> str:
         return self.prefix + self.buf[self.start[i] : self.end[i]].tobytes().decode("utf-8")
 
-    def fixed_width(self) -> np.ndarray:
-        """All strings as one `S<max length>` array (without the prefix), for sorting and comparing."""
-        return _fixed_width(self.buf, self.start, self.end)
-
 
 def _fixed_width(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     lens = end - start
-    width = int(lens.max()) if len(lens) else 1
-    out = np.zeros((len(lens), max(width, 1)), dtype=np.uint8)
-    for j in range(width):  # one vectorised gather per column: memory stays O(N)
-        rows = np.flatnonzero(lens > j)
-        out[rows, j] = buf[start[rows] + j]
-    return out.view(f"S{max(width, 1)}").ravel()
+    width = max(int(lens.max()) if len(lens) else 1, 1)
+    out = np.zeros((len(lens), width), dtype=np.uint8)
+    columns = np.arange(width)
+    for a in range(0, len(lens), CHUNK):  # a (chunk, width) gather at a time: memory stays O(N)
+        index = start[a : a + CHUNK, None] + columns
+        beyond = columns >= lens[a : a + CHUNK, None]
+        out[a : a + CHUNK] = np.where(beyond, 0, buf[np.minimum(index, len(buf) - 1)])
+    return out.view(f"S{width}").ravel()
 
 
 def _offsets(values: np.ndarray) -> np.ndarray:
@@ -77,33 +82,43 @@ def read_columns(path: Path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     buf = np.fromfile(path, dtype=np.uint8)
     if len(buf) == 0 or buf[-1] != NEWLINE:
         raise _NotFast()  # empty, or a last line without newline: the validating reader decides
-    ends = np.flatnonzero(buf == NEWLINE)
+    step = 1 << 26  # the byte scan in slices: its temporaries stay small
+    cuts = np.concatenate([np.flatnonzero(buf[a : a + step] <= SPACE) + a for a in range(0, len(buf), step)])
+    kinds = buf[cuts]
+    newline = kinds == NEWLINE
+    if not (newline | (kinds == SPACE)).all() or (buf.max() >= 128 and not _utf8(buf)):
+        raise _NotFast()  # tabs, CRs, control bytes (the validating reader splits on any whitespace), not UTF-8
+    ends = cuts[newline]
+    if len(cuts) != 2 * len(ends) or newline[::2].any() or not newline[1::2].all():
+        raise _NotFast()  # a line without exactly one space
+    sep = cuts[::2]
     starts = np.concatenate([[0], ends[:-1] + 1])
-    spaces = np.flatnonzero(buf == SPACE)
-    first = np.searchsorted(spaces, starts)
-    count = np.searchsorted(spaces, ends) - first
-    if (count != 1).any() or (buf == 9).any() or (buf == 13).any() or (buf[starts] == ord("#")).any():
+    if ((sep - starts) < 1).any() or ((ends - sep) < 2).any() or (buf[starts] == ord("#")).any():
         raise _NotFast()
-    sep = spaces[first]
-    if ((sep - starts) < 1).any() or ((ends - sep) < 2).any():
-        raise _NotFast()
-    if (buf >= 128).any():
-        try:
-            buf.tobytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise _NotFast() from None
     return buf, starts, sep, ends
 
 
+def _utf8(buf: np.ndarray) -> bool:
+    try:
+        buf.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _sorted_keys(path: Path):
-    """(bytes, start, sep, end, the keys S-array, order sorting them); raises _NotFast on duplicates."""
+    """(bytes, start, sep, end, the keys S-array sorted, the order sorting them); raises _NotFast on duplicates.
+    Files written sorted (ours are) are not sorted again."""
     buf, start, sep, end = read_columns(path)
     keys = _fixed_width(buf, start, sep)
-    order = np.argsort(keys, kind="stable")
-    ranked = keys[order]
-    if len(ranked) > 1 and (ranked[1:] == ranked[:-1]).any():
+    if (keys[1:] >= keys[:-1]).all():
+        order = np.arange(len(keys))
+    else:
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+    if len(keys) > 1 and (keys[1:] == keys[:-1]).any():
         raise _NotFast()
-    return buf, start, sep, end, ranked, order
+    return buf, start, sep, end, keys, order
 
 
 @dataclass(kw_only=True)
@@ -141,14 +156,67 @@ class CompactLists:
 
 def read_compact(root) -> CompactLists:
     """`root`'s wav.scp, utt2spk (and utt2num_samples when present) as CompactLists, cross-checked as
-    speakerlab.dataio.lists.load_data_dir checks them (whose errors it raises)."""
+    speakerlab.dataio.lists.load_data_dir checks them (whose errors it raises). The arrays of a read in the fast
+    form are kept in `root/.compact/` (when it can be written), and memory-mapped by the next read as long as
+    the lists have the same sizes and times: the prepare stage reads once, every training start maps."""
     root = Path(root)
     if not root.is_dir():
         raise ListError(f"{root}: data dir does not exist")
+    cached = _load_cache(root)
+    if cached is not None:
+        return cached
     try:
-        return _read_fast(root)
+        lists = _read_fast(root)
     except _NotFast:
         return from_data_dir(load_data_dir(root))
+    _save_cache(lists)
+    return lists
+
+
+CACHE, CACHE_FORMAT = ".compact", 1
+CACHED = ("utt_start", "sep", "path_end", "row", "labels", "speakers", "lengths")
+LISTS = ("wav.scp", "utt2spk", "spk2utt", "utt2num_samples")
+
+
+def _stamp(root: Path) -> dict:
+    """What the cache was read from: each list's size and modification time (None when absent)."""
+    stats = {n: (root / n).stat() if (root / n).exists() else None for n in LISTS}
+    return {"format": CACHE_FORMAT, **{n: s and [s.st_size, s.st_mtime_ns] for n, s in stats.items()}}
+
+
+def _load_cache(root: Path) -> Optional[CompactLists]:
+    meta = root / CACHE / "meta.json"
+    try:
+        if json.loads(meta.read_text()) != _stamp(root):
+            return None
+        arrays = {
+            n: np.load(root / CACHE / f"{n}.npy", mmap_mode="r") for n in CACHED if (root / CACHE / f"{n}.npy").exists()
+        }
+    except (OSError, ValueError):
+        return None
+    buf = np.memmap(root / "wav.scp", dtype=np.uint8, mode="r")
+    return CompactLists(root=root, buf=buf, **arrays)
+
+
+def _save_cache(lists: CompactLists) -> None:
+    """Write the arrays (wav.scp itself is mapped, not copied), meta.json last: a cache without it is not read.
+    An unwritable data dir is left as it is."""
+    folder, stamp = lists.root / CACHE, _stamp(lists.root)
+    try:
+        folder.mkdir(exist_ok=True)
+        (folder / "meta.json").unlink(missing_ok=True)
+        for name in CACHED:
+            value = getattr(lists, name)
+            (folder / f"{name}.npy").unlink(missing_ok=True)
+            if value is not None:
+                tmp = folder / f"{name}.{os.getpid()}.tmp.npy"
+                np.save(tmp, value)
+                os.replace(tmp, folder / f"{name}.npy")
+        tmp = folder / f"meta.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(stamp))
+        os.replace(tmp, folder / "meta.json")
+    except OSError:
+        pass
 
 
 def _read_fast(root: Path) -> CompactLists:
@@ -202,10 +270,14 @@ def _check_spk2utt(path: Path, utts: np.ndarray, spk_of_utt: np.ndarray) -> None
         raise _NotFast()
     members = np.flatnonzero(~first)
     listed = _fixed_width(buf, start[members], cuts[members])
-    order = np.argsort(listed, kind="stable")
-    if len(listed) != len(utts) or (listed[order] != utts).any():
+    if len(listed) != len(utts):
         raise _NotFast()
-    under = spk_tokens[line[members[order]]]
+    if (listed != utts).any():  # not in sorted order (ours are): sort, then compare
+        order = np.argsort(listed, kind="stable")
+        if (listed[order] != utts).any():
+            raise _NotFast()
+        members = members[order]
+    under = spk_tokens[line[members]]
     if (_fixed_width(buf, start[under], cuts[under]) != spk_of_utt).any():
         raise _NotFast()
 
