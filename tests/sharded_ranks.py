@@ -26,15 +26,8 @@ import torch.nn.functional as F
 
 from speakerlab.train.build import SpeakerNet
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
-from speakerlab.train.sharded import (
-    ShardedAAM,
-    ShardedSphereFace2,
-    _gather_rows,
-    head_state,
-    keep_out_of_ddp,
-    load_optimizer_state,
-    optimizer_state,
-)
+from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, keep_out_of_ddp
+from speakerlab.train.sharded_state import _gather_rows, head_state, load_optimizer_state, optimizer_state
 
 S, D, IN, B, MARGIN = 23, 6, 5, 3, 0.3  # 23 speakers: uneven shards on 2 and 3 ranks
 CASES = {

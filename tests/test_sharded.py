@@ -18,7 +18,8 @@ from speakerlab.config import ConfigError, load_config
 from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
-from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, shard_range, start_rows
+from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, shard_range
+from speakerlab.train.sharded_state import start_rows
 from tests.helpers import ROOT, TINY_MODEL, assert_no_traceback, losses, make_data_dir
 
 AAM_VARIANT = {"scale": 8.0, "subcenters": 3, "inter_topk": 2, "inter_topk_margin": 0.1, "final_margin": 0.3}

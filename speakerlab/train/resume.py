@@ -23,12 +23,12 @@ from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
 from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
-from speakerlab.train.sharded import head_state, load_optimizer_state, optimizer_state
+from speakerlab.train.sharded_state import head_state, load_optimizer_state, optimizer_state
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Optional[Checkpoint]:
     """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run. Every
-    rank calls it (a classifier sharded over the ranks is gathered in full, speakerlab.train.sharded); rank 0
+    rank calls it (a classifier sharded over the ranks is gathered in full, speakerlab.train.sharded_state); rank 0
     gets the checkpoint, the others None."""
     cfg = run.cfg
     classifier = head_state(run.raw.classifier)
