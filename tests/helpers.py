@@ -45,12 +45,39 @@ def assert_no_traceback(*outputs: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# The 16-D tiny CAM++ of the checkpoint, extraction and embedding tests (tests/conftest.py's `ckpt`).
+TINY_CAMPPLUS = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 TINY_MODEL = """
 model:
   name: campplus
   args: {embedding_size: 32, growth_rate: 8, bn_size: 2, init_channels: 16, m_channels: 8,
          num_layers: [1, 1, 1]}
 """
+
+
+TINY_CAMPPLUS = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}
+TINY_CAMPPLUS["num_layers"] = [1, 1, 1]
+
+
+def save_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
+    """A checkpoint of a random CAM++ of ~15 k parameters (TINY_CAMPPLUS, 80-bin fbank, mean norm), no classifier."""
+    from speakerlab.checkpoint import Checkpoint, save_checkpoint
+    from speakerlab.features.fbank import FbankConfig
+    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model("campplus", **TINY_CAMPPLUS).state_dict()
+    ckpt = Checkpoint(model_name="campplus", model_args=TINY_CAMPPLUS, model=model, features=FeatureSpec(FbankConfig()))
+    save_checkpoint(path, ckpt)
+    return path
 
 
 def tiny_config(tmp_path, val=True, extra=""):
@@ -81,6 +108,14 @@ def losses(exp):
     return {
         r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines()) if "loss" in r
     }
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether checkpoints `a` and `b` are at one step with bit-equal model weights."""
+    from speakerlab.checkpoint import load_checkpoint
+
+    wa, wb = load_checkpoint(a), load_checkpoint(b)
+    return wa.step == wb.step and all(torch.equal(wa.model[k], wb.model[k]) for k in wa.model)
 
 
 def voice_data_dir(root: Path, speakers: int = 4, utts: int = 4, seconds: float = 0.8, seed: int = 0) -> Path:

@@ -19,7 +19,7 @@ import torch
 from speakerlab.checkpoint import load_checkpoint
 from tests.fake_corpora import REPO, env_ready, recipe_env
 from tests.fixture_models import fill_state_dict, load_fixture
-from tests.helpers import write_wav
+from tests.helpers import save_tiny_checkpoint, write_wav
 
 pytestmark = [
     pytest.mark.slow,
@@ -145,3 +145,117 @@ def test_a_3dspeaker_release_fine_tunes_and_resumes_through_the_recipe(tmp_path)
     again = load_checkpoint(last).model
     assert all(torch.equal(again[k], v) for k, v in done.items())
     assert "resumed from" in (exp / "train.log").read_text()
+
+
+def run_custom(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO / "egs" / "custom" / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=recipe_env(**ENV),
+        cwd=cwd,
+    )
+
+
+def refused(r: subprocess.CompletedProcess) -> str:
+    """The one error line of a recipe that stopped: exit 2, no traceback, `error: ...` last on stderr."""
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), r.stderr[-3000:]
+    return last
+
+
+@pytest.fixture
+def voices_and_model(tmp_path):
+    """A folder of 6 speakers x 3 files and a tiny speakerlab CAM++ checkpoint to start from."""
+    rng = np.random.default_rng(0)
+    for s in range(6):
+        for u in range(3):
+            write_wav(tmp_path / "voices" / f"person {s}" / f"{u}.wav", 0.1 * rng.standard_normal(24000))
+    return tmp_path / "voices", save_tiny_checkpoint(tmp_path / "pre.pt")
+
+
+def test_bad_model_and_output_paths_stop_the_recipe_before_stage_1(voices_and_model, tmp_path):
+    """The pre-flight (speakerlab-train --check) and speakerlab-folder's first check: each a one-line error
+    before any file is read; nothing is written."""
+    voices, model = voices_and_model
+    notes = tmp_path / "weights.bin"
+    notes.write_text("not weights\n")
+    (tmp_path / "a file").write_text("x")
+    base = ["--root", str(voices), "--data", str(tmp_path / "data"), "--jobs", "1"]
+    cases = [
+        (
+            ["--init", str(tmp_path / "gone.pt")],
+            f"error: config key 'train.init': checkpoint {tmp_path / 'gone.pt'} does not exist",
+        ),
+        (
+            ["--3dspeaker", "campplus", "--weights", str(notes)],
+            f"error: config key 'train.init': checkpoint {notes} cannot be loaded: it is a text file, not a PyTorch "
+            "weights file (torch.save writes a zip archive or a pickle)",
+        ),
+        (["--init", str(model), "--train_overrides", "train.epocs=2"], "error: unknown config key 'train.epocs'"),
+        (
+            ["--init", str(model), "--exp", str(tmp_path / "a file" / "exp")],
+            f"error: {tmp_path / 'a file'} is a file, not a folder (so {tmp_path / 'a file' / 'exp'} cannot be made)",
+        ),
+    ]
+    for args, message in cases:
+        r = run_custom(*base, *args, cwd=tmp_path)
+        assert refused(r).startswith(message), (args, r.stderr[-2000:])
+        assert "] stage 1:" not in r.stderr and not (tmp_path / "data").exists()
+        assert "weights_only" not in r.stderr
+    r = run_custom(
+        "--root", str(tmp_path / "a file"), "--data", str(tmp_path / "data"), "--stop_stage", "1", cwd=tmp_path
+    )
+    folder = "--root takes the folder that holds one folder per speaker"
+    assert refused(r) == f"error: {tmp_path / 'a file'} is a file, not a folder: {folder}"
+    r = run_custom("--root", str(voices), "--data", str(tmp_path / "my data"), "--stop_stage", "1", cwd=tmp_path)
+    assert refused(r).startswith(f"error: --data: {tmp_path / 'my data'} holds whitespace or is not UTF-8")
+    r = run_custom("--root", str(voices), "--stage", "x", cwd=tmp_path)
+    assert refused(r) == "error: --stage must be a stage number from 1 to 7, got 'x'"
+
+
+def test_a_changed_folder_and_schedule_under_one_exp_dir(voices_and_model, tmp_path):
+    """The same command after the folder changed: one line (how many speakers differ, --exp), not a traceback;
+    a longer schedule: one line naming --force-new-schedule and --train_overrides, which then takes the flag
+    before or after the settings (stage 2's feature store gets the settings alone); stage 1 re-run without
+    stage 2: stage 3 says to re-run stage 2 and with which command."""
+    voices, model = voices_and_model
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    train = "train.global_batch_size=8 hardware.precision=fp32"
+    args = ["--root", str(voices), "--data", str(data), "--jobs", "1", "--init", str(model), "--exp", str(exp)]
+    args += ["--prepare_opts", "--test-speakers 2", "--stop_stage", "3"]
+    r = run_custom(*args, "--train_overrides", f"train.epochs=1 {train}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_custom(*args, "--stage", "3", "--train_overrides", f"train.epochs=2 {train}", cwd=tmp_path)
+    assert refused(r) == (
+        f"error: {exp} was trained with other settings than this command's (train.epochs: 1 in the checkpoint -> 2 "
+        "now): resuming would continue a different schedule or data order; run the original command, use a new "
+        "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these weights "
+        "under the new settings"
+    )
+    for epochs, overrides in (
+        (2, f"--force-new-schedule train.epochs=2 {train}"),
+        (3, f"train.epochs=3 {train} --force-new-schedule"),
+    ):
+        r = run_custom(*args, "--stage", "2", "--train_overrides", overrides, cwd=tmp_path)
+        assert r.returncode == 0 and f"training done: {epochs} epochs" in r.stderr, r.stderr[-3000:]
+    for u in range(3):
+        write_wav(voices / "someone new" / f"{u}.wav", 0.1 * np.random.default_rng(u).standard_normal(24000))
+    r = run_custom(*args, "--train_overrides", f"train.epochs=3 {train}", cwd=tmp_path)
+    line = refused(r)
+    assert line.startswith(f"error: {exp / 'checkpoints' / 'epoch_003.pt'} was trained on another speaker list than ")
+    assert (
+        "of its 4 speakers are gone" in line
+        and "of the 5 now are new" in line
+        and line.endswith(f"use a new --exp-dir (a recipe's --exp DIR), or delete {exp} to start that run again")
+    )
+    for u in range(3):
+        write_wav(voices / "one more" / f"{u}.wav", 0.1 * np.random.default_rng(10 + u).standard_normal(24000))
+    r = run_custom(*args, "--stop_stage", "1", cwd=tmp_path)  # stage 1 alone: the feature store is now stale
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_custom(*args, "--stage", "3", "--exp", str(tmp_path / "exp2"), "--train_overrides", train, cwd=tmp_path)
+    assert refused(r).endswith(
+        f"re-run the features stage (recipe stage 2: speakerlab-feature-store --data {data / 'train'})"
+    )

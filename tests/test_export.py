@@ -7,8 +7,6 @@ from speakerlab.inference.export import check_export, export_onnx, export_torchs
 from speakerlab.models import build_model, builder_defaults, list_models
 from tests.helpers import registry_params
 
-pytest.importorskip("onnxruntime")
-
 # The fast lane exports ResNet34 (22 s); CAM++'s export takes minutes on 2 cores and runs in the full suite.
 # resnet293 is resnet221's class and bottleneck block with more blocks per stage, so its export path is
 # the same, only longer: exporting and checking it in full took 52 s + 44 s wall (23 s + 22 s CPU) on a

@@ -9,25 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.lists import load_data_dir
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.extract import StreamingExtractor, main, plan_units
-from speakerlab.models import build_model
 from tests.helpers import assert_no_traceback, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
 
 
 def make_dir(root: Path, n: int, seconds, seed: int = 0) -> Path:
@@ -43,22 +31,6 @@ def make_dir(root: Path, n: int, seconds, seed: int = 0) -> Path:
     (root / "wav.scp").write_text("".join(scp))
     (root / "utt2spk").write_text("".join(u2s))
     return root
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("ck") / "c.pt"
-    save_checkpoint(
-        path,
-        Checkpoint(
-            model_name="campplus",
-            model_args=TINY,
-            model=build_model("campplus", **TINY).state_dict(),
-            features=FeatureSpec(FbankConfig()),
-        ),
-    )
-    return path
 
 
 def test_plan_units_cuts_long_utterances_into_equal_chunks():

@@ -123,6 +123,51 @@ def test_every_bad_file_has_its_report_line_and_nothing_is_lost(tmp_path, capsys
     assert not set(used(out)) & out_paths and int(counts.group(3)) == len(used(out))
 
 
+def test_links_and_truncated_files_say_what_they_are(tmp_path):
+    """A broken link names its target, a link loop says so, a WAV shorter than its header promises (which
+    libsndfile reads without a word) is left out as truncated: none of them "does not exist"."""
+    root = tree(tmp_path / "root")
+    (root / "a" / "broken.wav").symlink_to(tmp_path / "moved" / "take1.wav")
+    (root / "a" / "self.wav").symlink_to("self.wav")
+    (root / "a" / "ping.wav").symlink_to("pong.wav")
+    (root / "a" / "pong.wav").symlink_to("ping.wav")
+    whole = write_wav(tmp_path / "whole.wav", tone(2.0)).read_bytes()
+    (root / "b" / "cut.wav").write_bytes(whole[: 44 + 2 * 24000])  # 1.5 s of the 2 s the header promises
+    _, out = run(tmp_path, root=root)
+    lines = report(out)
+    a = root / "a"
+    assert (
+        f"{a / 'broken.wav'}: left out: a broken symbolic link: its target {tmp_path}/moved/take1.wav does not exist"
+        in (lines)
+    )
+    assert f"{a / 'self.wav'}: left out: a symbolic link loop ({a / 'self.wav'} -> self.wav -> ...)" in lines
+    assert f"{a / 'ping.wav'}: left out: a symbolic link loop ({a / 'ping.wav'} -> pong.wav -> ...)" in lines
+    assert (
+        f"{root / 'b' / 'cut.wav'}: left out: truncated (its header promises 2.00 s, the file holds 1.50 s: an "
+        "interrupted copy or download?)" in lines
+    )
+    assert not any("does not exist" in line and "broken" not in line for line in lines), lines
+
+
+@pytest.mark.parametrize("header", ["file,spk", "path,speaker", "Audio File,Speaker Name,Session"])
+def test_a_csv_header_of_any_names_is_not_read_as_a_file(tmp_path, capsys, header):
+    root = tree(tmp_path / "root")
+    session = header.count(",") == 2
+    rows = [f"{p},{p.parent.name}" + (f",s{p.stem}" if session else "") for p in sorted(root.rglob("*.wav"))]
+    (tmp_path / "list.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    _, out = run(tmp_path, "--csv", str(tmp_path / "list.csv"))
+    assert report(out) == [] and len(used(out)) == len(rows)
+    assert f"{tmp_path / 'list.csv'}:1: a header row, not a file: {header}" in capsys.readouterr().err
+
+
+def test_a_csv_without_header_uses_its_first_row(tmp_path):
+    root = tree(tmp_path / "root")
+    rows = [f"{p.relative_to(tmp_path)},{p.parent.name}" for p in sorted(root.rglob("*.wav"))]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    _, out = run(tmp_path, "--csv", str(tmp_path / "list.csv"))
+    assert report(out) == [] and str(root / "a" / "0.wav") in used(out)
+
+
 def test_a_missing_csv_file_is_reported(tmp_path):
     root = tree(tmp_path / "root")
     rows = [f"{p},{p.parent.name}" for p in sorted(root.rglob("*.wav"))] + [f"{root / 'a' / 'gone.wav'},a"]
@@ -162,6 +207,7 @@ def test_non_utf8_csv_is_named(tmp_path, capsys):
     "args, message",
     [
         (["--root", "{tmp}/nowhere"], "error: expected folder {tmp}/nowhere does not exist"),
+        (["--root", "{tmp}/flat/x.wav"], "error: {tmp}/flat/x.wav is a file, not a folder: --root takes the folder"),
         (["--root", "{tmp}/flat"], "error: {tmp}/flat: no audio files in speaker folders"),
         (["--root", "{tmp}/root", "--test-speakers", "4"], "error: 5 usable speakers cannot give 4 test speakers"),
         (["--root", "{tmp}/root", "--folder-sessions"], "error: the test speakers have no cross-session target pairs"),
@@ -173,6 +219,28 @@ def test_unusable_input_is_one_error(tmp_path, capsys, args, message):
     args = [a.format(tmp=tmp_path) for a in args]
     assert folder_main(["--data", str(tmp_path / "out"), "--jobs", "1", "--test-speakers", "2", *args]) == 2
     assert message.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("my data", "error: --data: {out} holds whitespace or is not UTF-8: the lists name the converted and linked"),
+        ("a file", "error: --data: {out} is a file, not a folder; choose another folder"),
+        ("a file/below", "error: --data: {tmp}/a file is a file, not a folder (so {out} cannot be made)"),
+    ],
+)
+def test_an_unusable_data_folder_is_named_before_any_file_is_read(tmp_path, capsys, monkeypatch, data, message):
+    """--data with whitespace (files converted or linked under it could not be listed) or under a file: refused
+    first, naming --data, before the recordings are read."""
+    import speakerlab.datasets.folder as folder
+
+    root = tree(tmp_path / "root", utts=2)
+    write_wav(root / "a" / "8k.wav", tone(1.2, rate=8000))  # converted under --data
+    (tmp_path / "a file").write_text("x")
+    monkeypatch.setattr(folder, "check_all", lambda *a: pytest.fail("files read before --data was checked"))
+    out = tmp_path / data
+    assert folder_main(["--root", str(root), "--data", str(out), "--jobs", "1"]) == 2
+    assert message.format(out=out, tmp=tmp_path) in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -33,13 +33,10 @@ RUN = {
 }
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A tiny CAM++ trained one epoch on speakers s0-s3: its exp dir."""
-    root = tmp_path_factory.mktemp("pretrained")
-    cfg, _ = tiny_config(root, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
-    return root / "exp"
+@pytest.fixture
+def pretrained(tiny_model):
+    """A tiny CAM++ trained one epoch on speakers s0-s3 (the session's, tests/conftest.py): its exp dir."""
+    return tiny_model.exp
 
 
 def new_data(tmp_path, speakers=("s2", "s3", "n0", "n1")):
@@ -276,8 +273,9 @@ def test_redimnet2_release_gives_the_registered_size_and_its_front_end(tmp_path)
         "agg_gnorm": False,
     }
     run = fresh_run(write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}), tmp_path / "r")
+    loaded = run.raw.model.state_dict()  # once: state_dict() builds the whole dict on every call
     for key, value in state.items():
-        torch.testing.assert_close(run.raw.model.state_dict()[key], value, rtol=0, atol=0)
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
     f = run.cfg.features
     assert (f.kind, f.num_mel_bins, f.fft_size, f.high_freq, f.normalize_signal) == (
         "redimnet_mel",

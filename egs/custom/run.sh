@@ -11,6 +11,7 @@
 # index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one), 4 embeddings of
 # test/ with the trained model and with the pretrained one, 5 scoring (`EER: x%` of both); optional: 6 average
 # the last checkpoints, 7 large-margin fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# Before stage 1 (when stage 3 is to run) a pre-flight `speakerlab-train --check` stops what stage 3 would refuse.
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 caller="$PWD"   # your input paths (--root, --csv, --init, --weights) are relative to where you run this
@@ -36,7 +37,7 @@ opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
-opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1"
+opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
@@ -78,6 +79,12 @@ what="fine-tuned from ${init:-$weights}"
 [ -n "$init$threedspeaker" ] || what="trained from scratch"
 [ -n "$exp" ] || { exp=exp/finetune; [ -n "$init$threedspeaker" ] || exp=exp/scratch; }
 store_opts="hardware.num_workers=0"   # crops come from the fbank store: a loader worker only competes
+# --train_overrides: its `key=value` settings go to every command that reads the config, the rest (flags of
+# speakerlab-train such as --force-new-schedule, in any order) to speakerlab-train alone.
+settings_only=()
+for w in $train_overrides; do case "$w" in --*) ;; *=*) settings_only+=("$w") ;; esac; done
+
+preflight "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" $store_opts $train_overrides
 
 if stage_on 1; then
   log "stage 1: data preparation: ${root:-$csv} -> $data/{train,test} (report: $data/report.txt)"
@@ -89,7 +96,7 @@ if stage_on 2; then
   log "stage 2: features: validate lists and trials, index lengths; fbank stores of train and test"
   speakerlab-prepare --data "$data/train" --data "$data/test" --jobs "$jobs"
   speakerlab-feature-store "${configs[@]}" --data "$data/train" --data "$data/test" "${settings[@]}" \
-    $train_overrides
+    ${settings_only[@]+"${settings_only[@]}"}
 fi
 
 if stage_on 3; then

@@ -62,6 +62,12 @@ aug="augment.lists=null"
 train_data="data.train=$corpora ${val_set:+data.val=$data/$val_set} $aug"
 [ "$shards" = true ] && train_data="$train_data data.shards=$data/train_shards"
 
+if stage_on 3; then   # the corpora list first: the pre-flight reads it as stage 3 will (the dirs may come later)
+  mkdir -p "$data"
+  write_corpora
+fi
+preflight --config "$config" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
+
 if stage_on 1; then
   log "stage 1: data preparation: VoxBlink2, VoxCeleb1+2$([ "$cnceleb" = true ] && echo ", CN-Celeb1+2") (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $data"
   fetch=(--download-dir "$download_dir" --archive-dir="$archive_dir")

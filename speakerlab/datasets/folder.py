@@ -8,8 +8,9 @@ Input:
   --root DIR  DIR/<speaker>/**/<file>: the first folder level names the speaker; anything below it is
               free. With --folder-sessions the folder right below the speaker is the session
               (DIR/<speaker>/<session>/**/<file>, e.g. one folder per recording day or video).
-  --csv FILE  rows `path,speaker[,session]` (tab-separated when FILE ends in .tsv); a first row starting
-              `path,` is a header; relative paths are relative to FILE's folder.
+  --csv FILE  rows `path,speaker[,session]` (tab-separated when FILE ends in .tsv); relative paths are
+              relative to FILE's folder. A first row whose path is no existing file and has no file
+              extension (`path,speaker`, `file,spk`) is a header, and the log says so.
 Audio: whatever soundfile reads (wav, flac, ogg, mp3, ...), any sample rate and channel count. Every
 file is decoded once (--jobs processes) and left out, with its reason, when it is unreadable, empty,
 shorter than --min-seconds, holds NaN/inf samples, or is all zeros; files that are not audio by their
@@ -53,11 +54,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import soundfile as sf
 
-from speakerlab.dataio.command import run_command
-from speakerlab.dataio.lists import ListError, write_table
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.lists import ListError, folder_problem, write_table
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
-from speakerlab.datasets.filecheck import check_all
+from speakerlab.datasets.filecheck import check_all, listable
 from speakerlab.datasets.split import make_trials, split_speakers
 
 MAX_ID = 64  # characters of a cleaned name kept in an id
@@ -88,7 +89,7 @@ class Item:
 def scan_tree(root, folder_sessions: bool, exclude: Optional[Path] = None) -> Tuple[List[Item], List[str]]:
     """`root/<speaker>/**/<file>` -> (audio items, report lines of the files left out). Links to folders
     are followed (each real folder once); `exclude` (the output dir) is not entered."""
-    root = require_dir(root)
+    root = require_dir(root, "--root takes the folder that holds one folder per speaker")
     exts = audio_extensions()
     items, report, seen = [], [], set()
     skip = os.path.realpath(exclude) if exclude is not None else None
@@ -123,11 +124,17 @@ def read_csv(path) -> Tuple[List[Item], bool]:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            header = True  # until the first row that is not blank
             for row in reader:
                 lineno = reader.line_num
                 fields = [x.strip() for x in row]
-                if not any(fields) or (not items and fields[0].lower() == "path"):
-                    continue  # a blank line, or the header
+                if not any(fields):
+                    continue
+                if header and _is_header(fields[0], base):
+                    log(f"{path}:{lineno}: a header row, not a file: {','.join(fields)}")
+                    header = False
+                    continue
+                header = False
                 where = f"{path}:{lineno}"
                 if len(fields) not in (2, 3):
                     raise DatasetError(f"{where}: expected path,speaker[,session], got {len(fields)} fields: {row!r}")
@@ -146,6 +153,12 @@ def read_csv(path) -> Tuple[List[Item], bool]:
     if not items:
         raise DatasetError(f"{path}: no rows")
     return items, any(it.session for it in items)
+
+
+def _is_header(first: str, base: Path) -> bool:
+    """Whether the path field of a CSV's first row is a column name: no such file, and no file extension."""
+    p = os.path.join(base, os.path.expanduser(first))
+    return not os.path.lexists(p) and not os.path.splitext(first)[1]
 
 
 # ---------------------------------------------------------------- ids
@@ -215,6 +228,14 @@ def prepare(
 ) -> None:
     """Write OUT/{train,test} (see the module docstring) from `root` (a folder tree) or `csv_path`."""
     out = Path(out).resolve()
+    problem = folder_problem(out)
+    if problem is None and not listable(str(out)):
+        problem = (
+            f"{out} holds whitespace or is not UTF-8: the lists name the converted and linked files under it, "
+            "and a Kaldi list cannot hold such a path"
+        )
+    if problem:
+        raise DatasetError(f"--data: {problem}; choose another folder")
     if root is not None:
         items, report = scan_tree(root, folder_sessions, exclude=out)
         sessions_given = folder_sessions
@@ -315,10 +336,9 @@ def _remove_stale(audio: Path, used: set) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-folder",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--root", help="folder tree DIR/<speaker>/**/<audio file>")

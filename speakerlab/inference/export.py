@@ -13,7 +13,6 @@ the file is loaded back and checked against PyTorch at two input lengths.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
+
+from speakerlab.commands import CommandParser
 
 
 def export_torchscript(model: nn.Module, path, feat_dim: int) -> None:
@@ -94,10 +95,10 @@ def main(argv=None) -> int:
     from speakerlab.frontends import FRONT_ENDS
     from speakerlab.inference.embedder import add_source_args, embedder_from_args
 
-    ap = argparse.ArgumentParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
-    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True, help="what to write")
+    ap.add_argument("--out", required=True, help="the exported file (.onnx or .pt)")
     args = ap.parse_args(argv)
     args.device = "cpu"  # exported graphs are traced on the CPU
     try:

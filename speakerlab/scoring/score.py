@@ -51,8 +51,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speakerlab.dataio.command import run_command
-from speakerlab.dataio.embeddings import check_embeddings, read_embeddings
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
@@ -242,7 +242,7 @@ def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[S
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
     ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.inference.extract)")
     ap.add_argument("--trials", required=True, nargs="+", help="one or more trial lists")
     ap.add_argument("--out", required=True, nargs="+", help="one prefix per list, or one directory")
@@ -316,6 +316,7 @@ def run(args) -> List[Dict]:
             s["scoring"] = {
                 "method": scorer.method(),
                 "embeddings": str(args.embeddings),
+                "model_id": embeddings_model_id(args.embeddings),  # speakerlab-verify finds its threshold by it
                 "cohort": args.cohort,
                 "mean_sub": bool(args.mean_sub),
                 "asnorm_top_n": args.asnorm_top_n,
@@ -351,7 +352,7 @@ def main(argv=None) -> int:
         output_prefixes(args.trials, args.out, args.names)
     except ValueError as e:
         ap.error(str(e))  # exit code 2, as for any bad argument
-    return run_command(lambda: run(args))
+    return run_command(lambda: run(args), (ListError,))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ augmentation, features, model + classifier, optimizer, batch plan, loader) into 
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,8 +250,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     monitor = Monitor(exp_dir, enabled=info.is_main)
     precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
     seed_everything(cfg.train.seed)
-    with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
-        log = monitor.log if info.is_main else (lambda m: None)
+    with dist_utils.once_per_node(info):  # lists and audio checked, the noise bank built: once per node
+        log = dist_utils.preparation_log(info, monitor.log)
         data = load_train_lists(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
@@ -274,12 +275,11 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, plan, info, pin, augmenter)
     check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
-    ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,
         plan.per_device * loader.dataset.crop_samples * 4,
         cfg.hardware.prefetch_factor,
-        ranks_on_node,
+        info.local_world_size,
         monitor.log,
     )
     keep_out_of_ddp(net)  # a sharded classifier's rows are each rank's own
@@ -318,5 +318,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
     )
     monitor.log(switches.describe())
+    restart = dist_utils.restart_note(info, os.environ)
+    if restart:
+        monitor.log(f"{restart}; {plan.describe()} (the global batch of the config); resuming from the last checkpoint")
     monitor.text("hardware", f"{precision.describe()}; {plan.describe()}; {switches.describe()}")
     return run

@@ -18,7 +18,7 @@ from speakerlab.dataio.augment import Augmenter
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.dataio.compact import CompactLists, read_compact, subset_data_dir
 from speakerlab.dataio.corpora import Corpus, TrainLists, train_corpora
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.lists import ListError, rerun_features
 from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
@@ -41,7 +41,7 @@ def check_audio(lists: CompactLists, cfg: Config) -> None:
     try:
         lengths = index_lengths(sample, cfg.data.sample_rate)
     except ListError as e:
-        raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
+        raise ListError(f"{e} (config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
     if lists.lengths is None:
         lists.lengths = np.array([lengths[u] for u in sample.utts], dtype=np.int64)
         return
@@ -51,7 +51,7 @@ def check_audio(lists: CompactLists, cfg: Config) -> None:
         utt, listed, actual = stale[0]
         raise ListError(
             f"{lists.root / 'utt2num_samples'}: '{utt}' says {listed} samples, the file has {actual} "
-            f"({len(stale)} of {len(chosen)} checked are stale); re-run the features stage (speakerlab-prepare)"
+            f"({len(stale)} of {len(chosen)} checked are stale); {rerun_features('speakerlab-prepare', lists.root)}"
         )
 
 

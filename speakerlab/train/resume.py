@@ -4,7 +4,7 @@ speakerlab.checkpoint's."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -82,18 +82,48 @@ def save_epoch_end(run: Run) -> None:
         prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
 
 
-def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
-    """Model and classifier weights of the run's own checkpoint (same model and speakers)."""
-    if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
-        raise RuntimeError(f"{path} was trained with another model or speaker list; use a new --exp-dir")
-    if ckpt.classifier is None:
-        raise RuntimeError(f"{path} has no classifier weights; use a new --exp-dir")
-    run.raw.model.load_state_dict(ckpt.model)
-    run.raw.classifier.load_state_dict(ckpt.classifier)  # a sharded head takes its own rows of it
-
-
 class ScheduleChanged(RuntimeError):
     """Resuming would silently continue a different schedule or data order; the message shows how."""
+
+
+class RunMismatch(RuntimeError):
+    """The exp dir's checkpoint cannot continue as this run at all (another model or speaker list, or no
+    resume state): no flag helps, only another exp dir."""
+
+
+NEW_EXP_DIR = "use a new --exp-dir (a recipe's --exp DIR), or delete {exp} to start that run again"
+
+
+def speaker_change(before: List[str], now: List[str]) -> str:
+    """How two speaker lists differ, in words: counts gone and new with an example, or the order."""
+    gone, new = [s for s in before if s not in set(now)], [s for s in now if s not in set(before)]
+    if not gone and not new:
+        return f"the same {len(now)} speakers in another order"
+    parts = [f"{len(gone)} of its {len(before)} speakers are gone" + (f" (e.g. '{gone[0]}')" if gone else "")]
+    parts.append(f"{len(new)} of the {len(now)} now are new" + (f" (e.g. '{new[0]}')" if new else ""))
+    return ", ".join(parts)
+
+
+def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
+    """Model and classifier weights of the run's own checkpoint (same model and speakers); RunMismatch
+    naming what differs otherwise."""
+    hint = NEW_EXP_DIR.format(exp=run.exp_dir)
+    if ckpt.model_name != run.cfg.model.name:
+        raise RunMismatch(f"{path} holds model {ckpt.model_name}, this command builds {run.cfg.model.name}; {hint}")
+    if ckpt.speakers != run.speakers:
+        raise RunMismatch(
+            f"{path} was trained on another speaker list than {run.cfg.data.train or 'the shards'} holds now: "
+            f"{speaker_change(ckpt.speakers, run.speakers)} (the training data changed since); {hint}"
+        )
+    if ckpt.classifier is None:
+        raise RunMismatch(f"{path} has no classifier weights; {hint}")
+    try:
+        run.raw.model.load_state_dict(ckpt.model)
+        run.raw.classifier.load_state_dict(ckpt.classifier)  # a sharded head takes its own rows of it
+    except RuntimeError:  # model.args changed under --force-new-schedule: the shapes differ
+        raise RunMismatch(
+            f"{path}: its weights do not fit the {run.cfg.model.name} this command builds (other model.args); {hint}"
+        ) from None
 
 
 # Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
@@ -190,14 +220,15 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
     if changes and not force_new_schedule:
         raise ScheduleChanged(
-            f"{run.exp_dir} was trained with other settings than this command's; resuming would "
-            "continue a different schedule or data order:\n  "
-            + "\n  ".join(changes)
-            + "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
-            "continue these weights under the new settings"
+            f"{run.exp_dir} was trained with other settings than this command's ({'; '.join(changes)}): "
+            "resuming would continue a different schedule or data order; run the original command, use a new "
+            "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these "
+            "weights under the new settings"
         )
     if ckpt.resume is None:
-        raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
+        raise RunMismatch(
+            f"{path} holds no resume state (an averaged or exported checkpoint); {NEW_EXP_DIR.format(exp=run.exp_dir)}"
+        )
     _load_weights(run, ckpt, path)
     scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
     load_optimizer_state(run.optimizer, ckpt.resume.optimizer, run.raw.classifier)
