@@ -1,6 +1,7 @@
-"""`torchrun --nproc_per_node=W tests/sharded_ranks.py MODE OUT`: speakerlab.train.sharded on W gloo ranks, in
-float64; rank 0 writes OUT/MODE.json (tests/test_sharded.py runs it and asserts on it; nothing in speakerlab knows
-of it). The global batch is every rank's 3 rows; a linear layer stands for the embedding model.
+"""`torchrun --nproc_per_node=W tests/sharded_ranks.py MODE[,MODE...] OUT`: speakerlab.train.sharded on W gloo ranks,
+in float64; rank 0 writes OUT/MODE.json per mode (tests/test_sharded.py runs it and asserts on it; nothing in
+speakerlab knows of it; several modes share one start of the ranks). The global batch is every rank's 3 rows; a
+linear layer stands for the embedding model.
 
     equal    per head (aam; aam with 2 sub-centers and inter-top-k 2; sphereface2 with a bias): the sharded head
              in a SpeakerNet under DDP, one step, against the full head on the global batch in one process:
@@ -149,17 +150,17 @@ def load(rank: int, world: int, out: Path) -> dict:
     return {"rows": diff[0].item(), "momentum": diff[1].item(), "wrong_shape": bool(diff[2].item())}
 
 
-def main(mode: str, out: str) -> None:
+def main(modes: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(out)
-    result = {"equal": equal, "sampled": sampled}[mode](rank, world) if mode in ("equal", "sampled") else None
-    if mode == "save":
-        result = save(rank, world, out)
-    elif mode == "load":
-        result = load(rank, world, out)
-    if rank == 0:
-        (out / f"{mode}.json").write_text(json.dumps({"world": world, **result}))
+    for mode in modes.split(","):
+        if mode in ("equal", "sampled"):
+            result = {"equal": equal, "sampled": sampled}[mode](rank, world)
+        else:
+            result = {"save": save, "load": load}[mode](rank, world, out)
+        if rank == 0:
+            (out / f"{mode}.json").write_text(json.dumps({"world": world, **result}))
     dist.barrier()  # no rank tears gloo's pairs down while another still talks over them (it aborts, rarely)
     dist.destroy_process_group()
 

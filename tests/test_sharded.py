@@ -4,6 +4,7 @@ speaker set. The multi-rank checks run tests/sharded_ranks.py under torchrun (gl
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -129,31 +130,35 @@ def torchrun(nproc: int, *args, port: int, timeout: int = 600) -> subprocess.Com
     return r
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """tests/sharded_ranks.py's equal, sampled and save modes in one start of 2 gloo ranks: their reports' folder."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    torchrun(2, ROOT / "tests" / "sharded_ranks.py", "equal,sampled,save", out, port=29631)
+    return out
+
+
 @pytest.mark.slow
-def test_two_gloo_ranks_equal_the_full_head_in_float64(tmp_path):
+def test_two_gloo_ranks_equal_the_full_head_in_float64(two_ranks):
     """AAM, AAM with sub-centers and inter-top-k, SphereFace2: the sharded head under DDP on 2 ranks gives the
     full head's loss and gradients (rows, the model's after DDP's average, SphereFace2's bias) on the global
     batch, to float64 rounding; Partial FC's loss is the full head's softmax over the sampled classes."""
-    script = ROOT / "tests" / "sharded_ranks.py"
-    torchrun(2, script, "equal", tmp_path, port=29631)
-    report = json.loads((tmp_path / "equal.json").read_text())
+    report = json.loads((two_ranks / "equal.json").read_text())
     assert report["world"] == 2
     for name in ("aam", "aam_subcenter_topk", "sphereface2"):
         r = report[name]
         assert r["loss"] < 1e-12 and r["rows"] < 1e-12 and r["model"] < 1e-12 and r["bias"] < 1e-12, (name, r)
         assert r["top1"], name
-    torchrun(2, script, "sampled", tmp_path, port=29632)
-    sampled = json.loads((tmp_path / "sampled.json").read_text())
+    sampled = json.loads((two_ranks / "sampled.json").read_text())
     assert sampled["loss"] < 1e-12 and sampled["positives_kept"] and sampled["classes"] < 23, sampled
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_two_ranks_loads_on_three(tmp_path):
+def test_a_checkpoint_of_two_ranks_loads_on_three(two_ranks, tmp_path):
     """The head and its momentum gathered in full on 2 ranks; 3 ranks each take their rows of it."""
-    script = ROOT / "tests" / "sharded_ranks.py"
-    torchrun(2, script, "save", tmp_path, port=29633)
-    assert json.loads((tmp_path / "save.json").read_text())["rows"] == [23, 6]
-    torchrun(3, script, "load", tmp_path, port=29634)
+    assert json.loads((two_ranks / "save.json").read_text())["rows"] == [23, 6]
+    shutil.copy(two_ranks / "state.pt", tmp_path / "state.pt")
+    torchrun(3, ROOT / "tests" / "sharded_ranks.py", "load", tmp_path, port=29634)
     loaded = json.loads((tmp_path / "load.json").read_text())
     assert loaded == {"world": 3, "rows": 0.0, "momentum": 0.0, "wrong_shape": False}
 
