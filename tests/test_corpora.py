@@ -191,18 +191,27 @@ def test_two_corpora_from_feature_stores_and_from_shards(two, tmp_path):
         ([{"name": "a", "dir": "NOUTT2SPK"}], "NOUTT2SPK/utt2spk: file does not exist (config key 'data.train[0]')"),
         ([{"name": "a/b", "dir": "A"}], "config key 'data.train[0].name' must be a speaker-id namespace without"),
         ([{"name": "a", "dir": "A", "weight": 2.0}], "config key 'data.train[0].weight' (2): tar shards"),
+        (
+            [{"name": "a", "dir": "A"}, {"name": "f", "dir": "FILE"}],
+            "FILE is a file, not a folder (config key 'data.train[1]')",
+        ),
     ],
-    ids=["same-namespace", "weight-0", "no-utt2spk", "slash", "weight-with-shards"],
+    ids=["same-namespace", "weight-0", "no-utt2spk", "slash", "weight-with-shards", "dir-is-a-file"],
 )
 def test_bad_corpora_are_one_line_naming_the_key(two, tmp_path, capsys, corpora, message):
     no_utt2spk = corpus(tmp_path / "n")
     (no_utt2spk / "utt2spk").unlink()
     for c in corpora:
-        c["dir"] = {"A": str(two / "a"), "B": str(two / "b"), "NOUTT2SPK": str(no_utt2spk)}[c["dir"]]
+        c["dir"] = {
+            "A": str(two / "a"),
+            "B": str(two / "b"),
+            "NOUTT2SPK": str(no_utt2spk),
+            "FILE": str(two / "corpora.yaml"),
+        }[c["dir"]]
     listed = yaml.safe_dump(corpora, default_flow_style=True).strip()
     args = ["--config", write_config(tmp_path, listed), "--exp-dir", str(tmp_path / "x")]
     assert train_main(args + ([f"data.shards={tmp_path}"] if "shards" in message else [])) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert message.replace("NOUTT2SPK", str(no_utt2spk)) in err, err
+    assert message.replace("NOUTT2SPK", str(no_utt2spk)).replace("FILE", str(two / "corpora.yaml")) in err, err
     assert not (tmp_path / "x" / "checkpoints").exists()
