@@ -44,6 +44,9 @@ LAYERS: Dict[str, Set[str]] = {
         "devices",
         "commands",
     },
+    # Diarization consumes embedders as scoring consumes embeddings: inference's Embedder, audio and lists
+    # of dataio; nothing of the training side.
+    "diarization": {"inference", "dataio", "commands"},
     "train": {
         "config",
         "settings",
