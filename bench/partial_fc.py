@@ -79,6 +79,7 @@ def child(args) -> None:
     dist.all_gather_object(every, mine)
     if rank == 0:
         print(json.dumps({"classes": classes, "variant": args.variant, "world": world, "ranks": every}))
+    dist.barrier()  # no rank tears gloo's pairs down while another still talks over them (it aborts, rarely)
     dist.destroy_process_group()
 
 
