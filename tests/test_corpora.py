@@ -36,8 +36,10 @@ def same_lists(compact, data):
         assert compact.lengths.tolist() == [data.num_samples[u] for u in data.utts]
 
 
-def test_compact_lists_are_the_validating_readers(tmp_path):
-    """Shuffled lines, spk2utt and utt2num_samples (fast path); then tabs and a comment (the validating reader)."""
+def test_compact_lists_are_the_validating_readers(tmp_path, monkeypatch):
+    """Shuffled lines, spk2utt and utt2num_samples (fast path, its keys built 5 rows at a time: across chunk
+    boundaries); then tabs and a comment (the validating reader)."""
+    monkeypatch.setattr("speakerlab.dataio.compact.CHUNK", 5)
     root = corpus(tmp_path / "d", speakers=("b", "a", "c"))
     assert prepare_main(["--data", str(root)]) == 0
     lines = (root / "wav.scp").read_text().splitlines()
