@@ -23,6 +23,8 @@ truncated checkpoint (a failed write removes its temporary file; `remove_stale_t
 those of a killed run). Layout under `<exp>/checkpoints/`: `epoch_NNN.pt` at the end of epoch NNN
 (the last `keep` are kept, for averaging), `partial_NNN.pt` during epoch NNN (overwritten, removed
 when the epoch ends). The names alone order them, so the newest is found without opening any file.
+`best.pt` (train.keep_best) is the model of the lowest validation EER, without resume state: what
+`run_result` hands back for the exp dir.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class ResumeState:
     skipped_steps: int = 0
     rng_cpu: Optional[torch.Tensor] = None
     rng_cuda: List[torch.Tensor] = field(default_factory=list)
+    selection: Dict[str, Any] = field(default_factory=dict)  # model selection so far (train.keep_best)
 
     def to_dict(self) -> Dict[str, Any]:
         # Not dataclasses.asdict: it would deep-copy every optimizer tensor.
@@ -325,6 +328,19 @@ def load_given(path: PathLike, warn: Callable[[str], None] = lambda m: None) -> 
             raise CheckpointError(f"no checkpoint under {p}")
         return found
     return p, load_checkpoint(p)
+
+
+def run_result(path: PathLike, warn: Callable[[str], None] = lambda m: None) -> Tuple[Path, Checkpoint]:
+    """The model a run hands back: for an exp dir its `checkpoints/best.pt` (model selection) when that is there
+    and intact, else, as `load_given`, its newest intact checkpoint (a corrupt best.pt reported through `warn`);
+    a checkpoint file as given."""
+    best = Path(path) / "checkpoints" / "best.pt"
+    if Path(path).is_dir() and best.exists():
+        try:
+            return best, load_checkpoint(best)
+        except CheckpointError as e:
+            warn(f"warning: {e}; using the newest intact checkpoint of the run instead")
+    return load_given(path, warn)
 
 
 def checkpoint_files(ckpt_dir: PathLike) -> List[Path]:

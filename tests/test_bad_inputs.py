@@ -24,7 +24,7 @@ from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model
 from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import ROOT, make_data_dir, tiny_config, write_wav
+from tests.helpers import ROOT, damaged_copy, make_data_dir, tiny_config, write_wav
 from tests.helpers import TINY_CAMPPLUS as TINY
 
 
@@ -304,10 +304,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_resumed(trai
     exp = copy_exp(trained, tmp_path)
     good = exp / "checkpoints" / "epoch_001.pt"
     newer = exp / "checkpoints" / "partial_002.pt"
-    shutil.copy(good, newer)
-    data = bytearray(newer.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 32] = b"\x00" * 32
-    newer.write_bytes(bytes(data))
+    damaged_copy(good, newer, b"\x00")
     assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 0
     log = (exp / "train.log").read_text()
     assert f"checkpoint {newer} is corrupt" in log or f"checkpoint {newer} cannot be loaded" in log
@@ -352,10 +349,7 @@ def _init_cases(trained, tmp_path):
     ckpt = trained[2] / "checkpoints" / "epoch_001.pt"
     plain = tmp_path / "plain.pt"
     torch.save(load_checkpoint(ckpt).model, plain)  # the same weights as a bare state dict
-    corrupt = tmp_path / "corrupt.pt"
-    data = bytearray(ckpt.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 32] = b"\xff" * 32
-    corrupt.write_bytes(bytes(data))
+    corrupt = damaged_copy(ckpt, tmp_path / "corrupt.pt")
     return {
         "missing": (
             [f"train.init={tmp_path / 'nope.pt'}"],
@@ -503,10 +497,7 @@ def eval_dir(tmp_path):
 
 
 def test_corrupt_checkpoint_file_is_named_by_extraction(trained, tmp_path, eval_dir, capsys):
-    ck = tmp_path / "c.pt"
-    data = bytearray((trained[2] / "checkpoints" / "epoch_001.pt").read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 32] = b"\xff" * 32
-    ck.write_bytes(bytes(data))
+    ck = damaged_copy(trained[2] / "checkpoints" / "epoch_001.pt", tmp_path / "c.pt")
     out = tmp_path / "e.npz"
     assert extract_main(["--checkpoint", str(ck), "--data", str(eval_dir), "--out", str(out)]) == 2
     err = capsys.readouterr().err

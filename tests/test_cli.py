@@ -467,7 +467,7 @@ def test_every_console_script_help_documents_every_option_with_its_default(monke
     with pytest.raises(SystemExit):
         importlib.import_module("speakerlab.datasets.folder").main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "trials of test/trials, half of them target (default: 20000)" in shown
+    assert "trials of test/trials and val/trials, half target (default: 20000)" in shown
 
 
 def test_a_text_file_as_3dspeaker_weights_is_one_line_without_torchs_advice(wavs, tmp_path, capsys):

@@ -19,6 +19,7 @@ from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.dataio.resample import rate_ratio, resample
 from speakerlab.dataio.trials import IdIndex, read_trial_list
 from speakerlab.datasets.folder import main as folder_main
+from speakerlab.datasets.split import split_sizes
 from tests.helpers import write_wav
 
 SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -210,7 +211,10 @@ def test_non_utf8_csv_is_named(tmp_path, capsys):
         (["--root", "{tmp}/flat/x.wav"], "error: {tmp}/flat/x.wav is a file, not a folder: --root takes the folder"),
         (["--root", "{tmp}/flat"], "error: {tmp}/flat: no audio files in speaker folders"),
         (["--root", "{tmp}/root", "--test-speakers", "4"], "error: 5 usable speakers cannot give 4 test speakers"),
-        (["--root", "{tmp}/root", "--folder-sessions"], "error: the test speakers have no cross-session target pairs"),
+        (
+            ["--root", "{tmp}/root", "--folder-sessions"],
+            "error: {tmp}/out/test: the held-out speakers have no cross-session target pairs",
+        ),
     ],
 )
 def test_unusable_input_is_one_error(tmp_path, capsys, args, message):
@@ -246,8 +250,9 @@ def test_an_unusable_data_folder_is_named_before_any_file_is_read(tmp_path, caps
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--test-speakers", "1"], "--test-speakers: must be a count >= 2 or a fraction in (0, 1), got '1'"),
-        (["--test-speakers", "1.5"], "must be a count >= 2 or a fraction in (0, 1), got '1.5'"),
+        (["--test-speakers", "1"], "--test-speakers: must be auto, a count >= 2 or a fraction in (0, 1), got '1'"),
+        (["--test-speakers", "1.5"], "must be auto, a count >= 2 or a fraction in (0, 1), got '1.5'"),
+        (["--val-speakers", "-1"], "--val-speakers: must be auto, a count >= 0 or a fraction in (0, 1), got '-1'"),
         (["--trials", "1"], "--trials must be >= 2, got 1"),
         (["--min-utts", "1"], "--min-utts must be >= 2, got 1"),
         (["--folder-sessions", "--csv", "x.csv"], "--folder-sessions goes with --root"),
@@ -351,6 +356,49 @@ def test_split_is_speaker_disjoint_and_seeded(tmp_path):
     assert len(split("--test-speakers", "5")[1]) == 5
 
 
+@pytest.mark.parametrize(
+    "speakers, sizes", [(5, (2, 0)), (12, (3, 0)), (16, (4, 2)), (90, (22, 11)), (200, (40, 20)), (1000, (100, 50))]
+)
+def test_held_out_sizes_by_default_as_split_py_says(speakers, sizes):
+    assert split_sizes(speakers) == sizes
+    assert split_sizes(speakers, 6, 0) == (6, 0) and split_sizes(speakers, 0.5, 0.25)[1] == round(speakers / 4)
+
+
+def test_a_validation_split_beside_train_and_test_and_its_warnings(tmp_path, capsys):
+    """16 speakers: 4 test and 2 validation speakers by default, each split with its trials, the test speakers
+    those of a split without validation; both held-out splits are too small to measure, and each says so."""
+    root = tree(tmp_path / "root", speakers=[f"s{i:02d}" for i in range(16)], utts=3, seconds=1.0)
+    out = tmp_path / "out"
+    assert folder_main(["--root", str(root), "--data", str(out), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    spk = {d: set(load_data_dir(out / d).utt2spk.values()) for d in ("train", "val", "test")}
+    assert [len(spk[d]) for d in ("train", "val", "test")] == [10, 2, 4]
+    assert not (spk["train"] & spk["val"] or spk["train"] & spk["test"] or spk["val"] & spk["test"])
+    assert "datasets: speakers: 10 train, 2 val, 4 test (--test-speakers auto, --val-speakers auto)" in err
+    for d, n in (("val", 2), ("test", 4)):
+        trials = read_trials(out / d)
+        assert {load_data_dir(out / d).utt2spk[a] for a, _, _ in trials} <= spk[d]
+        warning = (
+            f"warning: {out / d / 'trials'}: too few to tell models apart by the EER: {n} speakers (20 needed), "
+            f"{3 * n} target trials (600 needed); "
+        )
+        assert warning in err and err.count(f"warning: {out / d / 'trials'}") == 1
+    with open(out / "sources.csv", newline="") as f:
+        sets = Counter(r["set"] for r in csv.DictReader(f))
+    assert sets == {"train": 30, "val": 6, "test": 12}
+    assert folder_main(["--root", str(root), "--data", str(out), "--jobs", "1", "--val-speakers", "0"]) == 0
+    assert not (out / "val").exists() and set(load_data_dir(out / "test").utt2spk.values()) == spk["test"]
+
+
+def test_the_small_end_says_that_its_eer_means_nothing(tmp_path, capsys):
+    """The issue's case: 12 speakers hold out 3 for testing, and a warning line says so."""
+    root = tree(tmp_path / "root", speakers=[f"s{i}" for i in range(12)], utts=4, seconds=1.0)
+    assert folder_main(["--root", str(root), "--data", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "speakers: 9 train, 0 val, 3 test" in err
+    assert "3 speakers (20 needed), 18 target trials (600 needed); the EER measured on it is coarse" in err
+
+
 def read_trials(data) -> list:
     """`data`/trials parsed by the scoring's reader against `data`'s utterances: (enrol, test, target) rows."""
     index = IdIndex(load_data_dir(data).utts, "utt2spk")
@@ -358,7 +406,7 @@ def read_trials(data) -> list:
     return [(index.ids[e], index.ids[u], bool(y)) for e, u, y in zip(t.enrol, t.test, t.target)]
 
 
-def test_trials_are_balanced_and_cross_session(tmp_path):
+def test_trials_are_balanced_and_cross_session(tmp_path, capsys):
     root = tmp_path / "root"
     for i in range(6):
         for sess in range(2):
@@ -375,9 +423,12 @@ def test_trials_are_balanced_and_cross_session(tmp_path):
         assert same == target and enrol != test_utt
         if target:
             assert sess[enrol] != sess[test_utt]
-    # All of them when fewer exist: 4 speakers x 3 x 3 cross-session pairs = 36 targets.
+    # All of them when fewer exist: 4 speakers x 3 x 3 cross-session pairs = 36 targets, said in one line.
+    capsys.readouterr()
     _, out = run(tmp_path, "--folder-sessions", "--test-speakers", "4", "--trials", "1000", root=root)
     assert Counter(target for _, _, target in read_trials(out / "test")) == {True: 36, False: 36}
+    note = "only 36 cross-session target pairs exist: 72 trials (36 target, 36 nontarget) of the 1000 asked for"
+    assert f"{out / 'test' / 'trials'}: {note}\n" in capsys.readouterr().err
 
 
 def test_rerun_gives_the_same_lists_and_drops_stale_conversions(tmp_path):

@@ -133,7 +133,8 @@ def check_scored(
     assert len(mine) == len(trials)  # one result line per list
     for name, (path, n, n_target) in trials.items():
         m = re.search(
-            rf"^{re.escape(str(data / eval_set / path))}: (\d+) trials \((\d+) target\) EER (\d+\.\d\d)% ",
+            rf"^{re.escape(str(data / eval_set / path))}: (\d+) trials \((\d+) target, \d+ nontarget, \d+ speakers\) "
+            r"EER (\d+\.\d\d)% ",
             r.stdout,
             re.M,
         )

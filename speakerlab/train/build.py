@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
@@ -38,6 +38,7 @@ from speakerlab.train.precision import Precision, resolve_precision
 from speakerlab.train.sharded import clip_grad_norm, keep_out_of_ddp, make_head
 from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
+from speakerlab.train.validation import Selection
 
 
 def load_train_config(
@@ -208,6 +209,7 @@ class RunState:
     step: int = 0  # optimizer steps done: the clock of the LR and margin schedules
     epoch: int = 0  # epochs completed
     bad_reads: int = 0  # training crops that failed to read and were skipped (data.on_bad_audio: skip)
+    selection: Selection = field(default_factory=Selection)  # model selection so far (train.keep_best)
 
 
 @dataclass(kw_only=True)

@@ -26,8 +26,6 @@ from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.corpora import train_corpora
 from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
-from speakerlab.frontends import feature_spec
-from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train import preemption
 from speakerlab.train.build import Run, build_run, load_train_config
@@ -36,8 +34,9 @@ from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
 from speakerlab.train.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
+from speakerlab.train.selection import outcome, selecting, stopped, validate_epoch, validate_start
 from speakerlab.train.stability import TrainingStopped, batch_culprits
-from speakerlab.train.validation import validate_corpora, validation_eer
+from speakerlab.train.validation import validate_corpora
 from speakerlab.train.watchdog import Watchdog
 
 
@@ -180,18 +179,12 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
 
 
 def end_epoch(run: Run) -> None:
-    """Epoch checkpoint, then (rank 0) the validation EER when it is due; every rank waits."""
-    cfg, epoch = run.cfg, run.state.epoch
+    """Epoch checkpoint, then the validation EER when it is due (rank 0 measures, every rank gets it); with
+    model selection (train.keep_best: speakerlab.train.selection) the checkpoint again, holding it; every rank
+    waits."""
     save_epoch_end(run)
-    if run.info.is_main and cfg.data.val and (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
-        spec = feature_spec(cfg.features, cfg.data.sample_rate)
-        try:
-            eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device)
-        except NonFiniteEmbedding as e:  # the checkpoint is written: report, and let training go on
-            run.monitor.log(f"epoch {epoch}: no validation EER: {e}")
-        else:
-            run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")
-            run.monitor.log(f"epoch {epoch}: validation EER {eer * 100:.2f}%")
+    if validate_epoch(run):
+        save_epoch_end(run)
     validate_corpora(run)  # each corpus's own `val` (several corpora in data.train)
     dist_utils.barrier(run.info)
 
@@ -296,19 +289,30 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
     if run.info.is_main:
         save_config(cfg, run.exp_dir / "config.yaml")
     run.monitor.resume_at(run.state.step)
+    validate_start(run, start)
     stop_at = run.state.step + max_steps if max_steps else None
-    while run.state.epoch < cfg.train.epochs and (stop_at is None or run.state.step < stop_at):
+    while run.state.epoch < cfg.train.epochs and not stopped(run) and (stop_at is None or run.state.step < stop_at):
         if not train_epoch(run, start, stop_at):
             break
         start, run.state.epoch = 0, run.state.epoch + 1
         end_epoch(run)
-    if run.state.epoch < cfg.train.epochs:
+    if stopped(run) and run.state.epoch < cfg.train.epochs:
+        sel = run.state.selection
+        run.monitor.log(
+            f"stopped early after epoch {run.state.epoch} of {cfg.train.epochs}, {run.state.step} steps: no "
+            f"validation EER below {sel.best_eer * 100:.2f}% (epoch {sel.best_epoch}) in {sel.since_best} "
+            f"validation{'s' if sel.since_best > 1 else ''} (train.patience)"
+        )
+    elif run.state.epoch < cfg.train.epochs:
         run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")
+        return
     else:
         run.monitor.log(
             f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
             + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
         )
+    if selecting(run):
+        run.monitor.log(outcome(run))
 
 
 def main(argv=None) -> int:

@@ -4,6 +4,7 @@ speakerlab.checkpoint's."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional
 
 import torch
@@ -24,6 +25,7 @@ from speakerlab.train.build import Run
 from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
 from speakerlab.train.sharded_state import head_state, load_optimizer_state, optimizer_state
+from speakerlab.train.validation import Selection
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Optional[Checkpoint]:
@@ -42,6 +44,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Optional[Checkpoint]:
         skipped_steps=run.guard.total,
         rng_cpu=torch.get_rng_state(),
         rng_cuda=torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
+        selection=run.state.selection.to_dict(),
     )
     model = run.raw.model
     # A model whose arguments name files (an SSL encoder's pretrained directory) says how to rebuild it alone.
@@ -70,6 +73,14 @@ def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
 def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
     """`partial_NNN.pt` of the epoch in progress (NNN = its 1-based number), overwritten."""
     save(run, f"partial_{run.state.epoch + 1:03d}.pt", step_in_epoch)
+
+
+def save_best(run: Run) -> None:
+    """`best.pt`: the model now, the run's result so far under model selection (speakerlab.train.selection);
+    no resume state (it is a result, not a place to resume from). Every rank calls it (see checkpoint_of)."""
+    ckpt = checkpoint_of(run, 0)
+    if ckpt is not None:
+        save_checkpoint(run.ckpt_dir / "best.pt", dataclasses.replace(ckpt, resume=None))
 
 
 def save_epoch_end(run: Run) -> None:
@@ -236,6 +247,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         group["lr_scale"] = scale
     run.scaler.load_state_dict(ckpt.resume.scaler)
     run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
+    run.state.selection = Selection.from_dict(ckpt.resume.selection)
     torch.set_rng_state(ckpt.resume.rng_cpu.cpu())
     restore_cuda_rng(ckpt.resume.rng_cuda, run.device, run.monitor.log)
     if changes:
