@@ -167,18 +167,21 @@ def test_a_checkpoint_of_two_ranks_loads_on_three(two_ranks, tmp_path):
 def test_sharded_training_stopped_on_two_ranks_resumes_on_three(tmp_path):
     """speakerlab-train with loss.shard_classes on 2 processes, stopped after a step, then the same command on 3:
     it resumes at that step and finishes; the checkpoints hold the whole classifier, which averaging and
-    train.init read as any (a large-margin stage, unsharded, starts from the average)."""
+    train.init read as any (a large-margin stage, unsharded, starts from the average); with model selection every
+    rank takes part in writing best.pt (the rows are gathered)."""
     utts = {f"s{s}-{u}": f"s{s}" for s in range(6) for u in range(4)}
     train = make_data_dir(tmp_path / "train", utts, seconds=0.6)
+    trials = "".join(f"v{a}-0 v{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(2) for b in range(2))
+    val = make_data_dir(tmp_path / "val", {f"v{s}-{u}": f"v{s}" for s in range(2) for u in range(2)}, 0.6, 1, trials)
     cfg = tmp_path / "sharded.yaml"
     cfg.write_text(
         TINY_MODEL
         + f"""
-data: {{train: {train}, crop_seconds: 0.5}}
+data: {{train: {train}, val: {val}, crop_seconds: 0.5}}
 features: {{dither: 0.0}}
 loss: {{margin: 0.2, shard_classes: true, subcenters: 2}}
 optim: {{lr: 0.05, warmup_epochs: 0.5}}
-train: {{epochs: 2, global_batch_size: 12, log_every_steps: 1, save_every_steps: 1}}
+train: {{epochs: 2, global_batch_size: 12, log_every_steps: 1, save_every_steps: 1, keep_best: true}}
 hardware: {{device: cpu, precision: fp32, num_workers: 0, pin_memory: false}}
 """
     )
@@ -195,6 +198,7 @@ hardware: {{device: cpu, precision: fp32, num_workers: 0, pin_memory: false}}
     assert last.classifier["weight"].shape == (12, 32) and len(last.speakers) == 6
     momentum = last.resume.optimizer["state"]
     assert any(v.get("momentum_buffer", torch.zeros(0)).shape == (12, 32) for v in momentum.values())
+    assert load_checkpoint(exp / "checkpoints" / "best.pt").classifier["weight"].shape == (12, 32)
     overlay = tmp_path / "lm.yaml"
     overlay.write_text(yaml.safe_dump({"train": {"epochs": 1}, "loss": {"shard_classes": False}}))
     lm = ["--config", str(cfg), "--config", str(overlay), "--exp-dir", str(tmp_path / "lm")]
