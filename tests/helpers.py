@@ -4,6 +4,7 @@ their losses. Test files import these, never each other."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -36,6 +37,14 @@ def make_data_dir(
     if trials is not None:
         (root / "trials").write_text(trials)
     return root
+
+
+def free_port() -> int:
+    """A TCP port free on this host now: torchrun's master or rendezvous port, so that tests that start process
+    groups at the same time (pytest-xdist workers) never meet on one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def assert_no_traceback(*outputs: str) -> None:

@@ -13,7 +13,7 @@ from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.lists import load_data_dir
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.extract import StreamingExtractor, main, plan_units
-from tests.helpers import assert_no_traceback, write_wav
+from tests.helpers import assert_no_traceback, free_port, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,7 +171,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--master_port=29541",
+            f"--master_port={free_port()}",
             "-m",
             "speakerlab.inference.extract",
             *common,
@@ -284,7 +284,7 @@ def test_feature_store_under_torchrun_only_rank_0_writes(ckpt, tmp_path):
     common = ["--shard-units", "4", "--max-seconds", "1.0", "--num-workers", "1"]
     assert main(_store_args(ckpt, data, one) + common) == 0
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29543"]
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
         + ["-m", "speakerlab.inference.extract", *_store_args(ckpt, data, two), *common],
         env=ENV,
         capture_output=True,

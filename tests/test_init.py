@@ -21,7 +21,7 @@ from speakerlab.train.loop import main as train_main
 from speakerlab.train.optim import parameter_groups
 from speakerlab.train.resume import resume
 from tests.fixture_models import fill_state_dict, load_fixture, load_redimnet2_fixture
-from tests.helpers import ROOT, assert_no_traceback, losses, new_data, tiny_config, write_config
+from tests.helpers import ROOT, assert_no_traceback, free_port, losses, new_data, tiny_config, write_config
 
 TRUNK_EPOCH_1 = [{"modules": ["trunk"], "until_epoch": 1}]  # train.freeze: the classifier alone in epoch 1
 
@@ -284,7 +284,7 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     config = write_config(tmp_path, new_data(tmp_path), train=train, optim={"backbone_lr_scale": 0.25})
     exp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531", "-m"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", "-m"]
     cmd += ["speakerlab.train", "--config", config, "--exp-dir", str(exp)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -11,7 +11,7 @@ import pytest
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
-from tests.helpers import assert_no_traceback
+from tests.helpers import assert_no_traceback, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
@@ -137,14 +137,6 @@ def test_bad_stage_numbers_are_errors(tmp_path, args, message):
 def test_recipe_help_lists_options():
     r = subprocess.run(["bash", str(RUN), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--stop_stage" in r.stdout and "--hardware cpu" in r.stdout
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -19,16 +19,10 @@ import torch
 
 from speakerlab.checkpoint import latest_checkpoint, load_checkpoint
 from speakerlab.train.loop import main as train_main
-from tests.helpers import ROOT, assert_no_traceback, losses, same_weights, tiny_config, write_wav
+from tests.helpers import ROOT, assert_no_traceback, free_port, losses, same_weights, tiny_config, write_wav
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 AGENT = [sys.executable, "-m", "speakerlab.train.agent"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_signals_in_a_step_stop_after_it_with_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from speakerlab.features.spec import build_features
 from speakerlab.inference.cli import run_embed
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import losses, save_tiny_encoder, tiny_config, voice_data_dir
+from tests.helpers import free_port, losses, save_tiny_encoder, tiny_config, voice_data_dir
 
 pytestmark = pytest.mark.slow  # each test trains (tens of seconds on a 2-core CPU)
 
@@ -194,7 +194,7 @@ def test_encoder_release_under_torchrun(tmp_path):
     overrides += ["train.epochs=2", "train.freeze=[{modules: [encoder], until_step: 2}]", "hardware.per_device_batch=4"]
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
     cmd += ["-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "ddp"), *overrides]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -15,7 +15,7 @@ import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
 from speakerlab.train.loop import main as train_main
-from tests.helpers import ROOT, assert_no_traceback, losses, tiny_config, write_wav
+from tests.helpers import ROOT, assert_no_traceback, free_port, losses, tiny_config, write_wav
 
 
 @pytest.mark.parametrize("dither", [False, True], ids=["plain", "dither"])
@@ -224,7 +224,7 @@ def test_torchrun_two_processes(tmp_path):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29517",
+        f"--master_port={free_port()}",
         "-m",
         "speakerlab.train",
         "--config",
