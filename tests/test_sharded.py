@@ -21,7 +21,7 @@ from speakerlab.train.loop import main as train_main
 from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, shard_range
 from speakerlab.train.sharded_state import start_rows
-from tests.helpers import ROOT, TINY_MODEL, assert_no_traceback, losses, make_data_dir
+from tests.helpers import ROOT, TINY_MODEL, assert_no_traceback, free_port, losses, make_data_dir
 
 AAM_VARIANT = {"scale": 8.0, "subcenters": 3, "inter_topk": 2, "inter_topk_margin": 0.1, "final_margin": 0.3}
 
@@ -122,9 +122,9 @@ def test_bad_head_settings_are_one_line(override, message):
         load_config(raw={"model": {"name": "campplus"}, "data": {"train": "x"}}, overrides=override)
 
 
-def torchrun(nproc: int, *args, port: int, timeout: int = 600) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
     r = subprocess.run(cmd + [str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-4000:]
     return r
@@ -134,7 +134,7 @@ def torchrun(nproc: int, *args, port: int, timeout: int = 600) -> subprocess.Com
 def two_ranks(tmp_path_factory):
     """tests/sharded_ranks.py's equal, sampled and save modes in one start of 2 gloo ranks: their reports' folder."""
     out = tmp_path_factory.mktemp("two_ranks")
-    torchrun(2, ROOT / "tests" / "sharded_ranks.py", "equal,sampled,save", out, port=29631)
+    torchrun(2, ROOT / "tests" / "sharded_ranks.py", "equal,sampled,save", out)
     return out
 
 
@@ -158,7 +158,7 @@ def test_a_checkpoint_of_two_ranks_loads_on_three(two_ranks, tmp_path):
     """The head and its momentum gathered in full on 2 ranks; 3 ranks each take their rows of it."""
     assert json.loads((two_ranks / "save.json").read_text())["rows"] == [23, 6]
     shutil.copy(two_ranks / "state.pt", tmp_path / "state.pt")
-    torchrun(3, ROOT / "tests" / "sharded_ranks.py", "load", tmp_path, port=29634)
+    torchrun(3, ROOT / "tests" / "sharded_ranks.py", "load", tmp_path)
     loaded = json.loads((tmp_path / "load.json").read_text())
     assert loaded == {"world": 3, "rows": 0.0, "momentum": 0.0, "wrong_shape": False}
 
@@ -187,8 +187,8 @@ hardware: {{device: cpu, precision: fp32, num_workers: 0, pin_memory: false}}
     )
     exp = tmp_path / "exp"
     args = ["-m", "speakerlab.train", "--config", cfg, "--exp-dir", exp]
-    torchrun(2, *args, "--max-steps", "1", "hardware.per_device_batch=6", port=29635)
-    r = torchrun(3, *args, "hardware.per_device_batch=4", port=29636)
+    torchrun(2, *args, "--max-steps", "1", "hardware.per_device_batch=6")
+    r = torchrun(3, *args, "hardware.per_device_batch=4")
     log = (exp / "train.log").read_text()
     assert_no_traceback(r.stdout, r.stderr, log)
     assert "global 12 = 3 device(s) x 4 x accum 1" in log and "resumed from" in log
