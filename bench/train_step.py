@@ -36,6 +36,7 @@ from bench.models import macs  # noqa: E402
 from speakerlab.config import load_config  # noqa: E402
 from speakerlab.train import build as setup  # noqa: E402
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, probe_sizes  # noqa: E402
+from speakerlab.train.data import load_train_lists, make_loader  # noqa: E402
 from speakerlab.train.distributed import DistInfo  # noqa: E402
 from speakerlab.train.precision import resolve_precision  # noqa: E402
 from speakerlab.train.speedups import apply_switches, resolve_switches  # noqa: E402
@@ -91,7 +92,7 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
     """(samples/s, s/step) of `steps` timed optimizer steps after `warmup` ones."""
     data = None
     if pipeline == "loader":
-        data = setup.load_train_data(bench_config(name, precision, args, device, args.data), lambda m: None)
+        data = load_train_lists(bench_config(name, precision, args, device, args.data), lambda m: None)
     num_speakers = len(data.speakers) if data is not None else 1000
     cfg, net, prec = build(name, precision, args, device, num_speakers, args.data if data is not None else None)
     compile_setting = False if compile_mode == "eager" else (True if compile_mode == "default" else compile_mode)
@@ -108,9 +109,9 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
                 waves = torch.randn(batch, crop, device=device) * 0.1
                 yield features(waves), torch.randint(0, num_speakers, (batch,), device=device)
         frontend = setup.build_frontend(cfg, features, num_speakers)
-        steps = len(data.utts) // batch
+        steps = len(data) // batch
         plan = BatchPlan(batch * steps, 1, batch, steps)
-        loader, sampler = setup.make_loader(cfg, data, data.spk2idx, plan, DistInfo(), device.type == "cuda")
+        loader, sampler = make_loader(cfg, data, plan, DistInfo(), device.type == "cuda")
         epoch = 0
         while True:
             sampler.set_epoch(epoch)

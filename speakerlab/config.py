@@ -81,8 +81,21 @@ def _batch(v) -> Optional[str]:
 
 
 @dataclass
+class TrainCorpus:
+    """One corpus of data.train given as a list (speakerlab.train.data reads them)."""
+
+    name: str = ""  # speaker-id namespace: its speakers are `name/spk` (two corpora's id00012 stay two speakers)
+    dir: str = ""  # Kaldi data dir with wav.scp, utt2spk
+    weight: float = setting(1.0, gt=0)  # passes over the corpus per epoch: each epoch draws round(weight x N)
+    # of its N utterances (weight <= 1: a random subset without repeats; 2: every utterance twice), anew each epoch
+    val: Optional[str] = None  # data dir with trials scored for this corpus every train.val_every epochs
+
+
+@dataclass
 class DataSettings:
-    train: str = ""  # Kaldi data dir with wav.scp, utt2spk (required)
+    # Kaldi data dir with wav.scp, utt2spk (required); or several corpora: a list of {name, dir, weight, val}
+    # records (TrainCorpus), or the path of a YAML file holding that list (a manifest)
+    train: Union[str, List[TrainCorpus]] = ""
     val: Optional[str] = None  # data dir with trials, scored every train.val_every epochs
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated
@@ -130,6 +143,13 @@ class LossSettings:
     margin_warmup_epochs: float = setting(0.0, ge=0)  # ... then rises linearly to `margin` over this many
     sphereface2_lambda: float = setting(0.7, gt=0, lt=1)  # sphereface2: weight of the positive term
     sphereface2_t: int = setting(3, ge=1)  # sphereface2: exponent of the similarity adjustment
+    subcenters: int = setting(1, ge=1)  # aam: directions per speaker, its cosine the nearest's (sub-center ArcFace)
+    inter_topk: int = setting(0, ge=0)  # aam: the k hardest non-target speakers get an extra margin (inter-top-k)
+    inter_topk_margin: float = setting(0.06, ge=0, lt=1.5708)  # ... of this at the final margin (rising with it)
+    # Large speaker sets (speakerlab.train.sharded): each rank holds 1/W of the classifier rows (same results);
+    # sample_rate < 1: Partial FC, each step's softmax over the batch's speakers and this share of the others
+    shard_classes: bool = False
+    sample_rate: float = setting(1.0, gt=0, le=1)
 
 
 @dataclass
@@ -265,6 +285,8 @@ def _validate(cfg: Config) -> None:
         if value and not cfg.train.init:
             raise ConfigError(f"config key '{key}' ({value}) needs train.init ({needs})")
     _validate_freeze(cfg)
+    if cfg.loss.name != "aam" and (cfg.loss.subcenters > 1 or cfg.loss.inter_topk):
+        raise ConfigError("config key 'loss.subcenters' / 'loss.inter_topk': sub-centers and inter-top-k are aam's")
     if not cfg.data.train:
         raise ConfigError("config key 'data.train' is required")
     if cfg.optim.min_lr > cfg.optim.lr:

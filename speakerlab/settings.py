@@ -49,6 +49,7 @@ def _check_value(key: str, value: Any, tp) -> Any:
     """Return `value` converted to `tp` or raise ConfigError naming `key`."""
     origin = typing.get_origin(tp)
     if origin is Union:
+        failed = []
         for option in typing.get_args(tp):
             if option is type(None):
                 if value is None:
@@ -56,8 +57,11 @@ def _check_value(key: str, value: Any, tp) -> Any:
                 continue
             try:
                 return _check_value(key, value, option)
-            except ConfigError:
-                pass
+            except ConfigError as e:
+                failed.append((option, e))
+        for option, e in failed:  # a list given for the union's list type: what is wrong inside it
+            if isinstance(value, list) and typing.get_origin(option) in (list, List):
+                raise e
         raise ConfigError(f"config key '{key}': {value!r} is not {_type_name(tp)}")
     if origin in (dict, Dict):
         if not isinstance(value, dict):

@@ -235,6 +235,26 @@ def cnceleb_blobs() -> dict:
     return cnceleb_archives(c1, c2)
 
 
+def voxblink2_archives(audio: dict) -> dict:
+    """VB2_audio.tar.gz (`audio/<spk>/<video>/<n>.wav` members, from `audio` mapping `<spk>/<video>/<n>` to wav
+    bytes) and its 40 parts VB2_audio.tar.gz.00 ... .39, as VoxBlink2's authors send them."""
+    tgz = tgz_bytes({f"audio/{u}.wav": b for u, b in audio.items()})
+    return {"VB2_audio.tar.gz": tgz, **{f"VB2_audio.tar.gz.{i:02d}": b for i, b in enumerate(split(tgz, 40))}}
+
+
+VOXBLINK2 = [  # speaker ids of six digits; YouTube ids of 11 characters, '-' and '_' among them
+    "id000000/DwgYRqnQZHM/00000",
+    "id000000/DwgYRqnQZHM/00001",
+    "id000000/a-b_c-d_e-f/00000",
+    "id000001/0_laIeN-Q44/00003",
+    "id111283/zz9-ZZ9_zz9/00000",
+]
+
+
+def voxblink2_blobs() -> dict:
+    return voxblink2_archives({u: audio_bytes(seed=20 + i) for i, u in enumerate(VOXBLINK2)})
+
+
 def musan_rirs_blobs(corpus: Path) -> dict:
     """musan.tar.gz and rirs_noises.zip holding the MUSAN- and RIRS_NOISES-shaped trees of a synthetic corpus."""
     buf = io.BytesIO()

@@ -130,7 +130,7 @@ def test_stale_length_index_found_at_start(tmp_path, capsys):
 def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys, monkeypatch):
     """A stale length the start-up sample missed: the crop read fails mid-epoch; the error names the file,
     says what to do, and the checkpoints before it stay."""
-    import speakerlab.train.build as setup
+    import speakerlab.train.data as setup
 
     monkeypatch.setattr(setup, "SPOT_CHECKS", 1)  # only the first and the last utterance are checked
     cfg, train = tiny_config(tmp_path, val=False)
@@ -145,7 +145,7 @@ def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys
 def test_unreadable_utterance_skipped_counted_and_named(tmp_path, capsys, monkeypatch):
     """data.on_bad_audio skip (the default): an utterance that fails to read mid-epoch leaves its batch,
     every failed read is named and counted, and training finishes; past data.max_bad_audio it stops."""
-    import speakerlab.train.build as setup
+    import speakerlab.train.data as setup
 
     monkeypatch.setattr(setup, "SPOT_CHECKS", 1)
     cfg, train = tiny_config(tmp_path, val=False)

@@ -17,7 +17,7 @@ import soundfile as sf
 from speakerlab.dataio.lists import load_data_dir
 from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.dataio.trials import IdIndex, read_trial_list
-from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxceleb
+from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxblink2, voxceleb
 from speakerlab.datasets.archives import extract
 from speakerlab.datasets.common import DatasetError
 from speakerlab.datasets.download import (
@@ -32,6 +32,7 @@ from speakerlab.datasets.download import (
 )
 from tests.fake_corpora import (
     FAKE_FFMPEG,
+    VOXBLINK2,
     cnceleb_blobs,
     md5,
     serve,
@@ -39,6 +40,7 @@ from tests.fake_corpora import (
     tgz_bytes,
     threedspeaker_blobs,
     vox_blobs,
+    voxblink2_blobs,
     with_md5,
     zip_bytes,
 )
@@ -377,6 +379,28 @@ def test_cnceleb_missing_speaker_folder_is_named(tmp_path):
         cnceleb.prepare(tmp_path, tmp_path / "data", ["cnceleb1"])
 
 
+# ---------------------------------------------------------------- VoxBlink2
+
+
+def test_voxblink2_parts_joined_extracted_prepared(tmp_path, capsys):
+    """The 40 parts in --archive-dir: joined, unpacked, every <spk>/<video>/<n>.wav an utterance; without an
+    archive dir the download step says how the audio is obtained."""
+    have = tmp_path / "have"
+    serve(have, {k: v for k, v in voxblink2_blobs().items() if k != "VB2_audio.tar.gz"})
+    dl, raw, data = str(tmp_path / "dl"), str(tmp_path / "raw"), tmp_path / "data"
+    assert voxblink2.main(["download", "--download-dir", dl, "--archive-dir", str(have)]) == 0
+    assert voxblink2.main(["extract", "--download-dir", dl, "--archive-dir", str(have), "--raw-dir", raw]) == 0
+    assert voxblink2.main(["prepare", "--raw-dir", raw, "--data", str(data)]) == 0
+    vb2 = check_data_dir(data / "vb2")
+    assert vb2.utts == sorted(u.replace("/", "-") for u in VOXBLINK2)
+    assert vb2.utt2spk["id000000-a-b_c-d_e-f-00000"] == "id000000" and len(vb2.speakers) == 3
+    assert "vb2 speakers: found 3, the published corpus has 111284" in capsys.readouterr().err
+    assert voxblink2.main(["download", "--download-dir", dl]) == 2
+    assert "sent by its authors on request" in capsys.readouterr().err
+    assert voxblink2.main(["prepare", "--raw-dir", str(tmp_path / "none"), "--data", str(data)]) == 2
+    assert f"expected folder {tmp_path / 'none'}/voxblink2/audio does not exist" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- MUSAN / RIRS_NOISES
 
 
@@ -405,7 +429,7 @@ def test_musan_rirs_prepare_on_the_synthetic_corpus(synth_corpus, tmp_path):
 # ---------------------------------------------------------------- recipes
 
 
-@pytest.mark.parametrize("recipe", ["voxceleb", "3dspeaker", "cnceleb"])
+@pytest.mark.parametrize("recipe", ["voxceleb", "3dspeaker", "cnceleb", "voxblink2"])
 def test_recipe_parses_and_prints_help(recipe):
     script = REPO / "egs" / recipe / "run.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)

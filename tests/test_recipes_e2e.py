@@ -24,6 +24,7 @@ import pytest
 import soundfile as sf
 import yaml
 
+from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
 from tests.fake_corpora import (
     REPO,
@@ -37,6 +38,7 @@ from tests.fake_corpora import (
     synth_trials,
     threedspeaker_archives,
     vox_archives,
+    voxblink2_archives,
 )
 
 pytestmark = [
@@ -127,7 +129,8 @@ def check_scored(
     with np.load(exp / "embeddings" / f"{eval_set}.npz") as z:
         ids, emb = [str(i) for i in z["ids"]], z["embeddings"]
     assert sorted(ids) == sorted(eval_utts) and emb.shape == (len(eval_utts), 32) and np.isfinite(emb).all()
-    assert len(re.findall(r"EER \d+\.\d\d%", r.stdout)) == len(trials)  # one result line per list
+    mine = re.findall(rf"^{re.escape(str(data / eval_set))}/\S+: .*EER \d+\.\d\d%", r.stdout, re.M)
+    assert len(mine) == len(trials)  # one result line per list
     for name, (path, n, n_target) in trials.items():
         m = re.search(
             rf"^{re.escape(str(data / eval_set / path))}: (\d+) trials \((\d+) target, \d+ nontarget, \d+ speakers\) "
@@ -278,6 +281,17 @@ with wave.open(dst, "wb") as w:
 """
 
 
+def standin_ffmpeg(tmp_path: Path) -> str:
+    """A folder holding the stand-in ffmpeg when none is installed ("" when one is)."""
+    if FFMPEG is not None:
+        return ""
+    standin = tmp_path / "bin" / "ffmpeg"
+    standin.parent.mkdir()
+    standin.write_text(STANDIN_FFMPEG.format(python=sys.executable))
+    standin.chmod(0o755)
+    return str(standin.parent)
+
+
 def m4a_bytes(path: Path, tmp: Path) -> bytes:
     """The synthetic utterance as it ships in vox2_aac.zip: AAC in mp4 with real ffmpeg, else its WAV bytes."""
     if FFMPEG is None:
@@ -324,14 +338,7 @@ def test_voxceleb_recipe_end_to_end(corpus, tmp_path, m4a):
     """vox1_dev_wav and vox2_dev_aac as their published parts in --archive_dir; m4a -> wav (see the module doc)."""
     blobs, train_utts, eval_utts, trials = vox_from_synth(corpus, tmp_path / "m4a")
     serve(tmp_path / "have", {k: v for k, v in blobs.items() if k not in ("vox1_dev_wav.zip", "vox2_aac.zip")})
-    bin_dir = ""
-    if m4a == "standin-ffmpeg":
-        standin = tmp_path / "bin" / "ffmpeg"
-        standin.parent.mkdir()
-        standin.write_text(STANDIN_FFMPEG.format(python=sys.executable))
-        standin.chmod(0o755)
-        bin_dir = str(standin.parent)
-    env = recipe_env(bin_dir, **THREADS)
+    env = recipe_env(standin_ffmpeg(tmp_path), **THREADS)
     r = stage_1_2("voxceleb", tmp_path, "false", env)
     assert f"converting {len(train_utts)} of {len(train_utts)} m4a files" in r.stderr
     data = tmp_path / "data"
@@ -422,3 +429,51 @@ def test_cnceleb_recipe_end_to_end(corpus, tmp_path):
     assert train_config(tmp_path)["data"]["shards"] == str(data / "cnceleb_train" / "shards")
     assert f"training data {data / 'cnceleb_train' / 'shards'}:" in (tmp_path / "exp" / "train.log").read_text()
     check_scored(r, data, tmp_path / "exp", "cnceleb_eval", eval_utts, trials)
+
+
+# ---------------------------------------------------------------- VoxBlink2 + VoxCeleb2 + CN-Celeb2
+
+
+def voxblink2_from_synth(corpus: Path):
+    """VoxBlink2's VB2_audio.tar.gz parts of the synthetic train speakers (speaker i -> id00000i, 11-character video
+    ids with '-' and '_'), and the utterances the recipe should list."""
+    audio, utts = {}, {}
+    for i, (_, spk_utts) in enumerate(synth_speakers(corpus, "train").items()):
+        spk = f"id{i:06d}"
+        for n, path in enumerate(spk_utts.values()):
+            video = f"yT-{i:02d}_{n // 2:05d}"
+            audio[f"{spk}/{video}/{n:05d}"] = path.read_bytes()
+            utts[f"{spk}-{video}-{n:05d}"] = spk
+    return voxblink2_archives(audio), utts
+
+
+def test_voxblink2_recipe_end_to_end(corpus, tmp_path):
+    """VoxBlink2 (its parts), VoxCeleb1+2 and CN-Celeb1+2 (their published parts) in one --archive_dir: stage 1
+    writes vb2, vox2_dev and cnc2/cnceleb_train (CN-Celeb2 alone) and the two evaluation sets, stage 3 trains on
+    the three corpora (data.train: the list run.sh writes; speakers namespaced), stages 4-5 score Vox1-O/E/H and
+    CN-Celeb1."""
+    vb2, vb2_utts = voxblink2_from_synth(corpus)
+    vox, vox2_utts, vox1_utts, vox_trials = vox_from_synth(corpus, tmp_path / "m4a")
+    cnc, cnc_train, cnc_eval, cnc_trials = cnceleb_from_synth(corpus)
+    whole = ("VB2_audio.tar.gz", "vox1_dev_wav.zip", "vox2_aac.zip", "cn-celeb2_v2.tar.gz")
+    serve(tmp_path / "have", {k: v for k, v in {**vb2, **vox, **cnc}.items() if k not in whole})
+    env = recipe_env(standin_ffmpeg(tmp_path), **THREADS)
+    stage_1_2("voxblink2", tmp_path, "false", env)
+    data = tmp_path / "data"
+    cnc2 = {u: s for u, s in cnc_train.items() if s >= "id10000"}  # CN-Celeb2's speakers (spk.lst)
+    check_prepared(data, "vb2", "vox1", vb2_utts, vox1_utts, vox_trials)
+    check_prepared(data, "cnc2/cnceleb_train", "cnceleb_eval", cnc2, cnc_eval, cnc_trials)
+    assert data_dir_utts(data / "vox2_dev") == vox2_utts
+    r = stage_3_5("voxblink2", tmp_path, "false", env)
+    corpora = train_config(tmp_path)["data"]["train"]
+    assert [(c["name"], c["dir"]) for c in corpora] == [
+        ("vb2", f"{data}/vb2"),
+        ("vox2", f"{data}/vox2_dev"),
+        ("cnc2", f"{data}/cnc2/cnceleb_train"),
+    ]
+    speakers = load_checkpoint(tmp_path / "exp" / "checkpoints" / "epoch_001.pt").speakers
+    named = (("vb2", vb2_utts), ("vox2", vox2_utts), ("cnc2", cnc2))
+    want = [f"{n}/{s}" for n, utts in named for s in set(utts.values())]
+    assert speakers == sorted(want)
+    check_scored(r, data, tmp_path / "exp", "vox1", vox1_utts, vox_trials)
+    check_scored(r, data, tmp_path / "exp", "cnceleb_eval", cnc_eval, cnc_trials)

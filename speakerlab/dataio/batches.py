@@ -7,6 +7,13 @@ optimizer step, and their crops, are the same on 1 or 8 GPUs, with any accumulat
 number of loader workers; and a run resumed at step k continues with exactly the batches it
 would have seen. Speed perturbation and augmentation (speakerlab.dataio.augment) draw from the same
 per-item generator, so augmented samples keep that guarantee.
+
+Several corpora with sampling weights (speakerlab.dataio.compact.TrainLists.blocks): the items of an epoch are
+drawn first, from (seed, epoch, 2, corpus): a corpus of n utterances and weight w gives floor(w) copies of all
+of them plus round((w - floor(w)) n) of them drawn without repeats, so an epoch holds round(w n) of its
+utterances (a fixed number: steps per epoch do not change), a new subset each epoch; the permutation and the
+crops then go over those items as above. Weights all 1 draw nothing: the epoch is every utterance once, the
+order exactly that of one corpus.
 """
 
 from __future__ import annotations
@@ -52,7 +59,9 @@ class CropDataset(Dataset):
     ):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
-        self.paths, self.labels, self.lengths = list(paths), list(labels), list(lengths)
+        # Kept as given: numpy arrays and speakerlab.dataio.compact views, whose reads in a forked worker write
+        # nothing shared (a list's items would have their reference counts written, and their pages copied).
+        self.paths, self.labels, self.lengths = paths, labels, lengths
         self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
         self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
         self.skip_bad = skip_bad
@@ -67,7 +76,7 @@ class CropDataset(Dataset):
         index, crop_seed = item
 
         def read(num_samples: int, rng: np.random.Generator) -> Tuple[np.ndarray, bool]:
-            return read_crop_int16(self.paths[index], num_samples, self.lengths[index], rng, self.sample_rate)
+            return read_crop_int16(self.paths[index], num_samples, int(self.lengths[index]), rng, self.sample_rate)
 
         return self.crop_item(index, crop_seed, read)
 
@@ -92,7 +101,7 @@ class CropDataset(Dataset):
         return {
             "wave": wave,
             "finite": finite,
-            "label": self.labels[index],
+            "label": int(self.labels[index]),
             "index": index,
             "speed": speed,
             "picked": picked,
@@ -164,10 +173,16 @@ class GlobalBatchSampler(Sampler[List[Item]]):
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
+        blocks: Optional[Sequence[Tuple[int, float]]] = None,
     ):
         check_split(global_batch, micro_batch, accumulation, world_size)
-        if num_items < global_batch:
-            raise ValueError(f"{num_items} training utterances are fewer than one global batch ({global_batch})")
+        self.blocks = [(int(n), float(w)) for n, w in blocks] if blocks else [(num_items, 1.0)]
+        if sum(n for n, _ in self.blocks) != num_items:
+            raise ValueError(f"blocks {self.blocks} do not add up to {num_items} items")
+        self.epoch_items = sum(_drawn(n, w) for n, w in self.blocks)
+        if self.epoch_items < global_batch:
+            what = f"{num_items} training utterances" + (" (weighted)" if self.epoch_items != num_items else "")
+            raise ValueError(f"{what} are fewer than one global batch ({global_batch})")
         self.num_items, self.global_batch = num_items, global_batch
         self.micro_batch, self.accumulation = micro_batch, accumulation
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -175,7 +190,7 @@ class GlobalBatchSampler(Sampler[List[Item]]):
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.num_items // self.global_batch
+        return self.epoch_items // self.global_batch
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.epoch, self.start_step = epoch, start_step
@@ -183,13 +198,33 @@ class GlobalBatchSampler(Sampler[List[Item]]):
     def __len__(self) -> int:
         return (self.steps_per_epoch - self.start_step) * self.accumulation
 
+    def items(self) -> np.ndarray:
+        """The utterance indices of this epoch, before the permutation `(epoch_items,)` (see the module doc)."""
+        if all(w == 1.0 for _, w in self.blocks):
+            return np.arange(self.num_items)
+        out, start = [], 0
+        for c, (n, w) in enumerate(self.blocks):
+            whole = int(np.floor(w))
+            out.extend([np.arange(start, start + n)] * whole)
+            rest = _drawn(n, w) - whole * n
+            if rest:
+                out.append(start + np.random.default_rng([self.seed, self.epoch, 2, c]).permutation(n)[:rest])
+            start += n
+        return np.concatenate(out)
+
     def __iter__(self) -> Iterator[List[Item]]:
-        perm = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+        items = self.items()
+        perm = items[np.random.default_rng([self.seed, self.epoch]).permutation(self.epoch_items)]
         # One seed per global position; distinct streams for (seed, epoch, position).
-        crop_seeds = np.random.default_rng([self.seed, self.epoch, 1]).integers(0, 2**62, self.num_items)
+        crop_seeds = np.random.default_rng([self.seed, self.epoch, 1]).integers(0, 2**62, self.epoch_items)
         mb = self.micro_batch
         for step in range(self.start_step, self.steps_per_epoch):
             base = step * self.global_batch
             for a in range(self.accumulation):
                 lo = base + (a * self.world_size + self.rank) * mb
                 yield [(int(perm[p]), int(crop_seeds[p])) for p in range(lo, lo + mb)]
+
+
+def _drawn(n: int, weight: float) -> int:
+    """How many items an epoch draws from a corpus of `n` with this weight: round(weight x n)."""
+    return int(np.floor(weight)) * n + int(round((weight - np.floor(weight)) * n))

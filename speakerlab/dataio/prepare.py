@@ -4,7 +4,8 @@
 
 Trial lists (`trials*`) are parsed as scoring will parse them (`speakerlab.dataio.trials`): every id must be
 in wav.scp. Writes `spk2utt` (when missing) and `utt2num_samples` (so training never decodes headers at start-up,
-and crops can be drawn without opening files). Every problem is reported, with file and line, before
+and crops can be drawn without opening files), and training's compact lists `.compact/` (speakerlab.dataio.compact:
+a start-up maps them instead of parsing millions of lines). Every problem is reported, with file and line, before
 anything is written. This is its own recipe stage: multi-GPU training then starts from prepared
 lists and no rank waits on another's preparation.
 """
@@ -19,6 +20,7 @@ from typing import Dict
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, audio_info
+from speakerlab.dataio.compact import read_compact
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, write_table
 from speakerlab.dataio.trials import IdIndex, read_trial_list
 
@@ -56,6 +58,8 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
         for u in data.utts:
             spk2utt[data.utt2spk[u]].append(u)
         write_table(root / "spk2utt", sorted(spk2utt.items()))
+    if data.utt2spk:  # training's compact lists, read once here (speakerlab.dataio.compact): its starts map them
+        read_compact(root)
     hours = sum(lengths.values()) / sample_rate / 3600
     return f"{root}: {len(data.utts)} utterances, {len(data.speakers)} speakers, {hours:.2f} h"
 

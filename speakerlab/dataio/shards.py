@@ -1,6 +1,7 @@
 """Sharded corpora: a data dir as WebDataset tar shards, written once, streamed by training.
 
     speakerlab-shards --data data/train --out data/train/shards [--shard-mb 256 | --per-shard N]
+    speakerlab-shards --data conf/corpora.yaml --out data/mix/shards     # several corpora (a data.train manifest)
 
 For data on network storage or past one disk: training then reads a few large files front to back
 instead of a million small ones at random (`data.shards: data/train/shards`).
@@ -48,9 +49,11 @@ import torch
 from torch.utils.data import IterableDataset
 
 from speakerlab.commands import CommandParser, run_command
+from speakerlab.config import DataSettings
 from speakerlab.dataio.audio import audio_info, read_crop_int16
 from speakerlab.dataio.batches import CropDataset, check_split, collate
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.corpora import joined_data_dir, resolve_corpora
+from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import index_lengths
 
 SHARDS_JSON = "shards.json"
@@ -75,12 +78,13 @@ def _key_index(member: str) -> int:
     return int(key) if key.isdigit() else -1
 
 
-def _fresh(index_path: Path, data_root: Path, options: dict) -> bool:
+def _fresh(index_path: Path, roots: List[Path], options: dict) -> bool:
     """shards.json exists, is newer than the lists it was written from, with the same options."""
     if not index_path.is_file():
         return False
     # Not utt2num_samples: the prepare stage rewrites it at every run, before this one in stage 2.
-    if any((data_root / n).stat().st_mtime_ns >= index_path.stat().st_mtime_ns for n in ("wav.scp", "utt2spk")):
+    newer = [r / n for r in roots for n in ("wav.scp", "utt2spk")]
+    if any(p.stat().st_mtime_ns >= index_path.stat().st_mtime_ns for p in newer):
         return False
     try:
         index = json.loads(index_path.read_text())
@@ -99,7 +103,9 @@ def write_shards(
     sample_rate: int = 16000,
     log=print,
 ) -> Path:
-    """Write `data_dir` as tar shards under `out` (see the module doc); returns `out/shards.json`.
+    """Write `data_dir` as tar shards under `out` (see the module doc); returns `out/shards.json`. `data_dir` may
+    be a YAML manifest of several corpora (speakerlab.dataio.corpora): the shards then hold all of them, with
+    namespaced ids, as a run with that manifest as data.train reads them.
 
     A shard is closed at `per_shard` samples when given, else before it would pass `shard_mb` MiB.
     Lengths come from `utt2num_samples` when the prepare stage wrote it, else from the headers. Skips
@@ -108,11 +114,14 @@ def write_shards(
     limits = {"shard_mb": None, "per_shard": per_shard} if per_shard else {"shard_mb": shard_mb, "per_shard": None}
     options = {"seed": seed, "sample_rate": sample_rate, **limits}
     index_path = out / SHARDS_JSON
-    data = load_data_dir(root)
-    if _fresh(index_path, root, options):
+    settings = DataSettings(train=str(root))
+    resolve_corpora(settings)
+    data, parts = joined_data_dir(settings)
+    if _fresh(index_path, [d.root for d in parts], options):
         log(f"shards: {index_path} is newer than the lists of {root}: nothing to do")
         return index_path
-    data.check_audio_exists()
+    for part in parts:
+        part.check_audio_exists()
     if data.num_samples:  # one header against the index: a wrong --sample-rate shows here
         audio_info(data.wav[data.utts[0]], sample_rate)
         lengths = data.num_samples
@@ -333,25 +342,23 @@ class ShardStream(IterableDataset):
                 yield collate([self._item(index, data) for index, _, data in batch])
 
 
-def load_shard_data(settings, log) -> DataDir:
-    """The lists of `data.train` (not its audio: the shards hold it), checked against `data.shards`'
-    index: the same utterances of the same speakers, else the shards are stale. `settings`: the
-    config's data section (speakerlab.config.DataSettings)."""
-    data, index = load_data_dir(settings.train), load_index(settings.shards)
-    spk = index["speakers"]
+def load_shard_data(settings, lists, log) -> None:
+    """Check `data.shards`' index against the lists of `data.train` (`lists`, speakerlab.dataio.corpora.TrainLists;
+    not its audio: the shards hold it): the same utterances of the same speakers, else the shards are stale.
+    `settings`: the config's data section (speakerlab.config.DataSettings)."""
+    index = load_index(settings.shards)
+    spk, label_of = index["speakers"], dict(zip(index["utts"], index["labels"]))
     if (
-        spk != data.speakers
-        or len(index["utts"]) != len(data.utts)
-        or any(data.utt2spk.get(u) != spk[i] for u, i in zip(index["utts"], index["labels"]))
+        spk != lists.speakers
+        or len(label_of) != len(lists)
+        or any(label_of.get(lists.utts[i]) != lists.labels[i] for i in range(len(lists)))
     ):
         raise ListError(
             f"{Path(settings.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
-            f"written from the lists of config key 'data.train' ({data.root}: {len(data.utts)} utterances, "
-            f"{len(data.speakers)} speakers); rewrite them: speakerlab-shards --data {data.root} "
-            f"--out {settings.shards}"
+            f"written from the lists of config key 'data.train' ({len(lists)} utterances, {len(lists.speakers)} "
+            f"speakers); rewrite them: speakerlab-shards --data DATA_DIR_OR_MANIFEST --out {settings.shards}"
         )
     log(f"training data {settings.shards}: {index['total']} utterances, {len(spk)} speakers in shards")
-    return data
 
 
 def pass_batch(batch):
@@ -361,7 +368,7 @@ def pass_batch(batch):
 
 def main(argv=None) -> int:
     ap = CommandParser(prog="speakerlab-shards", description=__doc__.split("\n")[0])
-    ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp, utt2spk")
+    ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp, utt2spk; or a YAML manifest of corpora")
     ap.add_argument("--out", help="shard dir (default <data>/shards)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--shard-mb", type=float, default=256.0, help="close a shard before it passes this size")
@@ -375,7 +382,7 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     return run_command(
         lambda: write_shards(args.data, out, args.shard_mb, args.per_shard, args.seed, args.sample_rate, log),
-        (ListError, ValueError),
+        (ListError, ValueError),  # ValueError: a ConfigError of the manifest too
     )
 
 

@@ -147,7 +147,8 @@ class FeatureCropDataset(Dataset):
         crop_samples: int,
         fbank: FbankConfig,
     ):
-        self.store, self.utts, self.paths, self.labels = store, list(utts), list(paths), list(labels)
+        # Kept as given (arrays, compact views: see speakerlab.dataio.batches.CropDataset).
+        self.store, self.utts, self.paths, self.labels = store, utts, paths, labels
         self.crop_samples, self.frames = crop_samples, num_frames(crop_samples, fbank)
         missing = [u for u in self.utts if u not in store]
         if missing:
@@ -173,7 +174,7 @@ class FeatureCropDataset(Dataset):
         return {
             "feats": np.ascontiguousarray(crop),
             "finite": bool(np.isfinite(crop).all()),
-            "label": self.labels[index],
+            "label": int(self.labels[index]),
             "index": index,
         }
 

@@ -4,12 +4,11 @@ augmentation, features, model + classifier, optimizer, batch plan, loader) into 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -17,27 +16,26 @@ import torch.nn as nn
 
 from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.dataio.augment import Augmenter, open_augmenter
-from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, rerun_features
-from speakerlab.dataio.prepare import index_lengths
-from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
+from speakerlab.dataio.batches import GlobalBatchSampler
+from speakerlab.dataio.corpora import resolve_corpora
+from speakerlab.dataio.shards import ShardStream
 from speakerlab.dataio.speed import speed_speaker_names
 from speakerlab.devices import resolve_device
 from speakerlab.features.spec import build_features
-from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.sources import Source, input_problem
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
+from speakerlab.train.data import load_train_lists, make_loader
 from speakerlab.train.distributed import DistInfo, wrap_ddp
 from speakerlab.train.freeze import check_freeze
 from speakerlab.train.frontend import Frontend
 from speakerlab.train.init import resolve_config
-from speakerlab.train.loss import AAMSoftmax, SphereFace2
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim import check_encoder_settings, parameter_groups
 from speakerlab.train.precision import Precision, resolve_precision
+from speakerlab.train.sharded import clip_grad_norm, keep_out_of_ddp, make_head
 from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
 from speakerlab.train.validation import Selection
@@ -50,6 +48,7 @@ def load_train_config(
     resolve_config completes, and the model arguments checked against the builder's signature, so a typo in
     `model.args` stops here, naming the key, before any work."""
     cfg = load_config(list(paths), list(overrides), hardware=hardware)
+    resolve_corpora(cfg.data)  # a manifest read into data.train, so the run records its corpora
     init = resolve_config(cfg)  # a key that conflicts with the pretrained model is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
     if problems:
@@ -58,13 +57,14 @@ def load_train_config(
 
 
 class SpeakerNet(nn.Module):
-    """Features -> embedding model -> margin classifier (AAM or SphereFace2), one module so DDP sees every parameter.
+    """Features -> embedding model -> margin classifier (speakerlab.train.loss, or sharded over the ranks:
+    speakerlab.train.sharded), one module so DDP sees every parameter.
 
-    `forward(feats (B, T, F), labels (B,)) -> (loss, cosine logits (B, S))`; autocast applies to the
-    embedding model only: the classifier computes in fp32.
+    `forward(feats (B, T, F), labels (B,)) -> (loss, (B,) the class of the largest cosine)`; autocast applies to
+    the embedding model only: the classifier computes in fp32.
     """
 
-    def __init__(self, model: nn.Module, classifier: AAMSoftmax, autocast: Callable):
+    def __init__(self, model: nn.Module, classifier: nn.Module, autocast: Callable):
         super().__init__()
         self.model, self.classifier, self._autocast = model, classifier, autocast
         self.compiled: Optional[Callable] = None  # hardware.compile: the compiled `model` (speakerlab.train.speedups)
@@ -72,47 +72,18 @@ class SpeakerNet(nn.Module):
     def forward(self, feats: torch.Tensor, labels: torch.Tensor):
         with self._autocast():
             emb = self.model(feats) if self.compiled is None else self.compiled(feats)
-        return self.classifier(emb, labels)
+        return self.classifier.loss_and_top1(emb, labels)
+
+    def clip_grad_norm(self, params: List[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """Clip the gradients of `params` to a total norm of `max_norm`; returns the norm (a sharded classifier's
+        rows counted over all ranks)."""
+        return clip_grad_norm(params, max_norm, self.classifier)
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-SPOT_CHECKS = 32  # audio headers read at every start when the length index exists
-
-
-def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
-    """Validated training lists, every listed file present (all missing ones reported), lengths known.
-
-    Lengths come from `utt2num_samples` (the prepare stage, which also checked every header). All headers
-    are read again only when that index is missing or `data.check_audio` asks for it: on a corpus of a
-    million files that is minutes at every start. Otherwise SPOT_CHECKS headers spread over the list are
-    compared with the index and `data.sample_rate`."""
-    data = load_data_dir(cfg.data.train)
-    data.check_audio_exists()
-    if not data.num_samples or cfg.data.check_audio:
-        checked = data  # every header
-    else:  # a spread sample of headers: a wrong data.sample_rate or a stale index shows at start, not mid-epoch
-        step = max(1, len(data.utts) // SPOT_CHECKS)
-        checked = dataclasses.replace(data, utts=data.utts[::step][:SPOT_CHECKS] + data.utts[-1:])
-    try:
-        lengths = index_lengths(checked, cfg.data.sample_rate)
-    except ListError as e:
-        raise ListError(f"{e} (config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
-    stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
-    if stale:
-        raise ListError(
-            f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
-            f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-            f"{rerun_features('speakerlab-prepare', data.root)}"
-        )
-    if checked is data:
-        data.num_samples = lengths
-    log(f"training data {data.root}: {len(data.utts)} utterances, {len(data.speakers)} speakers")
-    return data
 
 
 def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augmenter]:
@@ -143,19 +114,6 @@ def class_names(cfg: Config, speakers: List[str]) -> List[str]:
     return speed_speaker_names(speakers, a.speed_factors) if a.speed_prob > 0 and a.speed_new_speakers else speakers
 
 
-def feature_dataset(cfg: Config, data: DataDir, spk2idx: Dict[str, int], crop: int) -> FeatureCropDataset:
-    """Frame crops of `<train>/feats.scp` (data.feats), checked against the config's fbank options."""
-    fb = feature_spec(cfg.features, cfg.data.sample_rate).fbank
-    return FeatureCropDataset(
-        FeatureStore(data.root, fb),
-        data.utts,
-        [data.wav[u] for u in data.utts],
-        [spk2idx[data.utt2spk[u]] for u in data.utts],
-        crop,
-        fb,
-    )
-
-
 def make_features(cfg: Config, device: torch.device) -> nn.Module:
     """The training front-end: wave `(B, samples)` -> model input, of `cfg.features` at `cfg.data.sample_rate`
     with its dither (the checkpoint stores the same spec without dither)."""
@@ -181,17 +139,7 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     with torch.no_grad():
         dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
-    if cfg.loss.name == "sphereface2":
-        classifier = SphereFace2(
-            dim,
-            num_speakers,
-            scale=cfg.loss.scale,
-            margin=0.0,
-            lam=cfg.loss.sphereface2_lambda,
-            t=cfg.loss.sphereface2_t,
-        )
-    else:
-        classifier = AAMSoftmax(dim, num_speakers, scale=cfg.loss.scale, margin=0.0)
+    classifier = make_head(cfg.loss, dim, num_speakers, cfg.train.seed)
     return SpeakerNet(model, classifier, autocast)
 
 
@@ -216,49 +164,6 @@ def supports_fused(cls) -> bool:
     import inspect
 
     return "fused" in inspect.signature(cls).parameters
-
-
-def make_loader(
-    cfg: Config,
-    data: DataDir,
-    spk2idx: Dict[str, int],
-    plan: BatchPlan,
-    info: DistInfo,
-    pin_memory: bool,
-    augmenter: Optional[Augmenter] = None,
-):
-    """(DataLoader, sampler) of this rank: crops of the indexed lists, of the feature store, or a stream
-    of tar shards (which batches itself and is the run's sampler)."""
-    crop = int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
-    cropping = dict(  # how every audio item is drawn and read, indexed or from shards
-        crop_samples=crop,
-        sample_rate=cfg.data.sample_rate,
-        augment=augmenter,
-        speed_factors=cfg.augment.speed_factors,
-        speed_prob=cfg.augment.speed_prob,
-        skip_bad=cfg.data.on_bad_audio == "skip",
-    )
-    hw = cfg.hardware
-    # A generator of its own: without one, every iter(DataLoader) draws its workers' base seed from torch's
-    # global random state, which the front-end's dither also draws from, so a run resumed mid-epoch (one draw
-    # fewer before the restored state) would dither differently from an uninterrupted one. The data's own
-    # randomness never comes from torch (crops and order are drawn from (seed, epoch, position)).
-    own = torch.Generator().manual_seed(cfg.train.seed)
-    workers = dict(num_workers=hw.num_workers, pin_memory=pin_memory, generator=own)
-    if hw.num_workers > 0:
-        workers.update(prefetch_factor=hw.prefetch_factor, persistent_workers=False)
-    split = (plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed)
-    if cfg.data.shards:
-        stream = ShardStream(cfg.data.shards, *split, cfg.data.shuffle_buffer, **cropping)
-        return torch.utils.data.DataLoader(stream, batch_size=None, collate_fn=pass_batch, **workers), stream
-    if cfg.data.feats:
-        dataset = feature_dataset(cfg, data, spk2idx, crop)
-    else:
-        paths, labels = [data.wav[u] for u in data.utts], [spk2idx[data.utt2spk[u]] for u in data.utts]
-        dataset = CropDataset(paths, labels, [data.num_samples[u] for u in data.utts], **cropping)
-    sampler = GlobalBatchSampler(len(dataset), *split)
-    collate_fn = collate_feats if cfg.data.feats else collate
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **workers), sampler
 
 
 def choose_plan(
@@ -349,7 +254,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     seed_everything(cfg.train.seed)
     with dist_utils.once_per_node(info):  # lists and audio checked, the noise bank built: once per node
         log = dist_utils.preparation_log(info, monitor.log)
-        data = load_shard_data(cfg.data, log) if cfg.data.shards else load_train_data(cfg, log)
+        data = load_train_lists(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
     if cfg.augment.speed_prob > 0:
@@ -370,7 +275,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     switches = resolve_switches(hw.compile, hw.channels_last, hw.cudnn_benchmark, net.model, device)
     apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
-    loader, sampler = make_loader(cfg, data, data.spk2idx, plan, info, pin, augmenter)
+    loader, sampler = make_loader(cfg, data, plan, info, pin, augmenter)
     check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,
@@ -379,6 +284,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         info.local_world_size,
         monitor.log,
     )
+    keep_out_of_ddp(net)  # a sharded classifier's rows are each rank's own
     ddp = wrap_ddp(net, info, device)
 
     def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere

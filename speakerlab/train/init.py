@@ -15,23 +15,26 @@ The resolved sections are what the run records (config.yaml, checkpoints). A LoR
 `initialise(run)`, for a run without a checkpoint of its own, loads the embedding model's weights (strictly).
 The classifier is the source's when that is a speakerlab checkpoint of the same speakers and head
 (large-margin fine-tuning, recipe stage 7); otherwise it is new, for the run's speakers, and with
-`train.init_match_speakers` the rows of speakers the source also had (same id) start from the source's. The
-initialised model goes to `<exp>/pretrained.pt` (no classifier): recipes embed with it to show the EER before
-fine-tuning. Keeping the pretrained trunk fixed while the new classifier settles: `train.freeze` (a `trunk` rule,
-speakerlab.train.freeze).
+`train.init_match_speakers` the rows of speakers the source also had (same id: the checkpoint's speaker list,
+namespaced `name/spk` for runs on several corpora, speakerlab.dataio.corpora) start from the source's; the
+others, speakers the source never saw, keep the fresh head's random rows (xavier-uniform, as in a run from
+scratch), so a pre-training on VoxBlink2 + VoxCeleb2 fine-tuned on VoxCeleb2 alone (or its large-margin stage on a
+subset of the speakers) starts every known speaker where the pre-training left it. Sub-centers and shards:
+speakerlab.train.sharded_state.start_rows. The initialised model goes to `<exp>/pretrained.pt` (no classifier):
+recipes embed with it to show the EER before fine-tuning. Keeping the pretrained trunk fixed while the new
+classifier settles: `train.freeze` (a `trunk` rule, speakerlab.train.freeze).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
-
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.config import Config, ConfigError, check_features
 from speakerlab.frontends import feature_spec, section_keys
 from speakerlab.models import model_args_problems
 from speakerlab.sources import Source, SourceError, plain, read_source
+from speakerlab.train.sharded_state import start_rows
 
 
 def resolve_config(cfg: Config) -> Optional[Source]:
@@ -119,19 +122,21 @@ def initialise(run) -> None:
         run.monitor.log(f"{src.path}: LoRA adapters merged into the encoder weights")
     run.raw.model.load_state_dict(src.weights)
     clf = run.raw.classifier
-    if src.classifier is not None and src.speakers == run.speakers and src.loss == cfg.loss.name:
-        clf.load_state_dict(src.classifier)
+    rows = len(run.speakers) * clf.subcenters
+    same_head = src.loss == cfg.loss.name and src.classifier is not None and src.classifier["weight"].shape[0] == rows
+    if same_head and src.speakers == run.speakers:
+        clf.load_state_dict(src.classifier)  # a sharded head takes its own rows
         what = f"classifier kept ({len(run.speakers)} speakers, as in the source)"
     else:
         what = f"new classifier for {len(run.speakers)} speakers"
         if cfg.train.init_match_speakers:
             old = {s: i for i, s in enumerate(src.speakers)}
-            rows = [(i, old[s]) for i, s in enumerate(run.speakers) if s in old]
-            if rows:
-                new_idx, old_idx = torch.tensor(rows).T
-                with torch.no_grad():
-                    clf.weight[new_idx.to(clf.weight.device)] = src.classifier["weight"][old_idx].to(clf.weight)
-            what += f", {len(rows)} of them (same speaker id) starting from the source's rows"
+            pairs = [(i, old[s]) for i, s in enumerate(run.speakers) if s in old]
+            start_rows(clf, src.classifier, len(src.speakers), pairs)
+            what += (
+                f", {len(pairs)} of them (same speaker id) starting from the source's rows, "
+                f"{len(run.speakers) - len(pairs)} new ones from a fresh head's random rows"
+            )
     spec = feature_spec(cfg.features, cfg.data.sample_rate)
     run.monitor.log(f"initialised from {src.path} ({src.kind} {src.model_name}); {what}; front-end {spec.describe()}")
     if run.info.is_main:

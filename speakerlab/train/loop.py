@@ -24,6 +24,7 @@ from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
+from speakerlab.dataio.corpora import train_corpora
 from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
 from speakerlab.train import distributed as dist_utils
 from speakerlab.train import preemption
@@ -35,6 +36,7 @@ from speakerlab.train.resume import RunMismatch, ScheduleChanged, resume, save_e
 from speakerlab.train.schedules import lr_at, margin_at
 from speakerlab.train.selection import outcome, selecting, stopped, validate_epoch, validate_start
 from speakerlab.train.stability import TrainingStopped, batch_culprits
+from speakerlab.train.validation import validate_corpora
 from speakerlab.train.watchdog import Watchdog
 
 
@@ -63,6 +65,7 @@ def set_schedules(run: Run) -> tuple:
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
     run.raw.classifier.set_margin(margin)
+    run.raw.classifier.set_step(run.state.step)  # a sampled (Partial FC) head draws its classes from it
     apply_freeze(run)
     return lr, margin
 
@@ -113,15 +116,15 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
         pending.append((index, run.guard.nonfinite_rows(feats)))
         last = micro == accum - 1
         with contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync():
-            loss, cos = run.net(feats, labels)
+            loss, top1 = run.net(feats, labels)
             run.scaler.scale(loss / accum).backward()
         loss_sum += loss.detach().float() / accum
-        hits += (cos.argmax(1) == labels).sum()
+        hits += (top1 == labels).sum()
         seen += labels.numel()
     run.scaler.unscale_(run.optimizer)
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     params = [p for p in run.raw.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    grad_norm = run.raw.clip_grad_norm(params, max_norm).item()
     loss_value, correct = torch.stack([loss_sum, hits.float()]).tolist()
     overflow = run.precision.use_scaler and run.scaler.get_scale() >= 1.0
     ok = run.guard.check(
@@ -182,6 +185,7 @@ def end_epoch(run: Run) -> None:
     save_epoch_end(run)
     if validate_epoch(run):
         save_epoch_end(run)
+    validate_corpora(run)  # each corpus's own `val` (several corpora in data.train)
     dist_utils.barrier(run.info)
 
 
@@ -255,10 +259,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def path_problem(cfg, exp_dir: Path) -> Optional[str]:
-    """Why the exp dir cannot be written or data.train cannot be a folder, or None."""
+    """Why the exp dir cannot be written or a corpus of data.train (a manifest is read by now) cannot be a
+    folder, or None."""
     problems = [folder_problem(exp_dir)]
     if cfg.data.train:
-        problems.append(folder_problem(cfg.data.train, writable=False))
+        for key, corpus in train_corpora(cfg.data):
+            problem = folder_problem(corpus.dir, writable=False)
+            problems.append(problem and (problem if key == "data.train" else f"{problem} (config key '{key}')"))
     return next(filter(None, problems), None)
 
 

@@ -5,7 +5,7 @@ speakerlab.checkpoint's."""
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -24,14 +24,21 @@ from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
 from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
+from speakerlab.train.sharded_state import head_state, load_optimizer_state, optimizer_state
 from speakerlab.train.validation import Selection
 
 
-def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
-    """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run."""
+def checkpoint_of(run: Run, step_in_epoch: int) -> Optional[Checkpoint]:
+    """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run. Every
+    rank calls it (a classifier sharded over the ranks is gathered in full, speakerlab.train.sharded_state); rank 0
+    gets the checkpoint, the others None."""
     cfg = run.cfg
+    classifier = head_state(run.raw.classifier)
+    optimizer = optimizer_state(run.optimizer, run.raw.classifier)
+    if not run.info.is_main:
+        return None
     resume = ResumeState(
-        optimizer=run.optimizer.state_dict(),
+        optimizer=optimizer,
         scaler=run.scaler.state_dict(),
         step_in_epoch=step_in_epoch,
         skipped_steps=run.guard.total,
@@ -48,7 +55,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
         model=model.state_dict(),
         features=feature_spec(cfg.features, cfg.data.sample_rate),
         speakers=list(run.speakers),
-        classifier=run.raw.classifier.state_dict(),
+        classifier=classifier,
         step=run.state.step,
         epoch=run.state.epoch,
         resume=resume,
@@ -57,9 +64,10 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
 
 
 def save(run: Run, name: str, step_in_epoch: int = 0) -> None:
-    """Rank 0 writes `<exp>/checkpoints/<name>` (atomically)."""
-    if run.info.is_main:
-        save_checkpoint(run.ckpt_dir / name, checkpoint_of(run, step_in_epoch))
+    """Rank 0 writes `<exp>/checkpoints/<name>` (atomically); every rank calls it (see checkpoint_of)."""
+    ckpt = checkpoint_of(run, step_in_epoch)
+    if ckpt is not None:
+        save_checkpoint(run.ckpt_dir / name, ckpt)
 
 
 def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
@@ -69,9 +77,10 @@ def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
 
 def save_best(run: Run) -> None:
     """`best.pt`: the model now, the run's result so far under model selection (speakerlab.train.selection);
-    no resume state (it is a result, not a place to resume from)."""
-    if run.info.is_main:
-        save_checkpoint(run.ckpt_dir / "best.pt", dataclasses.replace(checkpoint_of(run, 0), resume=None))
+    no resume state (it is a result, not a place to resume from). Every rank calls it (see checkpoint_of)."""
+    ckpt = checkpoint_of(run, 0)
+    if ckpt is not None:
+        save_checkpoint(run.ckpt_dir / "best.pt", dataclasses.replace(ckpt, resume=None))
 
 
 def save_epoch_end(run: Run) -> None:
@@ -121,7 +130,7 @@ def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
         raise RunMismatch(f"{path} has no classifier weights; {hint}")
     try:
         run.raw.model.load_state_dict(ckpt.model)
-        run.raw.classifier.load_state_dict(ckpt.classifier)
+        run.raw.classifier.load_state_dict(ckpt.classifier)  # a sharded head takes its own rows of it
     except RuntimeError:  # model.args changed under --force-new-schedule: the shapes differ
         raise RunMismatch(
             f"{path}: its weights do not fit the {run.cfg.model.name} this command builds (other model.args); {hint}"
@@ -153,6 +162,10 @@ SCHEDULE_KEYS = (
     "loss.margin",
     "loss.margin_start_epoch",
     "loss.margin_warmup_epochs",
+    "loss.subcenters",
+    "loss.inter_topk",
+    "loss.inter_topk_margin",
+    "loss.sample_rate",
 )
 
 
@@ -229,7 +242,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         )
     _load_weights(run, ckpt, path)
     scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
-    run.optimizer.load_state_dict(ckpt.resume.optimizer)
+    load_optimizer_state(run.optimizer, ckpt.resume.optimizer, run.raw.classifier)
     for group, scale in zip(run.optimizer.param_groups, scales):  # this run's, not the file's (older files lack it)
         group["lr_scale"] = scale
     run.scaler.load_state_dict(ckpt.resume.scaler)

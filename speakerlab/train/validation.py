@@ -10,8 +10,10 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from speakerlab.dataio.corpora import train_corpora
 from speakerlab.features.spec import FeatureSpec
-from speakerlab.inference.embedder import Embedder
+from speakerlab.frontends import feature_spec
+from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.inference.units import fitting_store
 from speakerlab.scoring.score import evaluate
@@ -29,6 +31,26 @@ def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, devi
     finally:
         model.train(was_training)
     return evaluate(ids, emb, Path(val_dir) / "trials")[2]
+
+
+def validate_corpora(run) -> None:
+    """Rank 0, when validation is due (every train.val_every epochs and at the last): the EER of each corpus of
+    data.train that names a `val` data dir, logged and written as the scalar `val/<name>/eer`. `run`: the
+    speakerlab.train.build.Run (not imported: build is above this module)."""
+    cfg, epoch = run.cfg, run.state.epoch
+    if not run.info.is_main or not (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
+        return
+    spec = feature_spec(cfg.features, cfg.data.sample_rate)
+    for _, corpus in train_corpora(cfg.data):
+        if not corpus.val:
+            continue
+        try:
+            eer = validation_eer(run.raw.model, spec, corpus.val, run.device)
+        except NonFiniteEmbedding as e:  # the checkpoint is written: report, and let training go on
+            run.monitor.log(f"epoch {epoch}: no validation EER for {corpus.name}: {e}")
+            continue
+        run.monitor.scalars({f"{corpus.name}/eer": eer * 100}, run.state.step, prefix="val")
+        run.monitor.log(f"epoch {epoch}: validation EER {corpus.name} ({corpus.val}) {eer * 100:.2f}%")
 
 
 @dataclass
