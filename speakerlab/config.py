@@ -9,6 +9,7 @@ here: they are passed around as arguments and logged.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -19,7 +20,15 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 import yaml
 
 from speakerlab.frontends import FeatureSettings, feature_spec
-from speakerlab.settings import ConfigError, build_settings, setting
+from speakerlab.settings import (
+    ConfigError,
+    build_settings,
+    merge_mappings,
+    parse_overrides,
+    read_yaml,
+    set_dotted,
+    setting,
+)
 
 # The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
 # WeSpeaker's), in dB; speakerlab.dataio.augment implements them.
@@ -346,30 +355,6 @@ def check_features(cfg: Config) -> None:
         )
 
 
-def _set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = raw
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_overrides(items: List[str]) -> List[tuple]:
-    """`["train.epochs=2", "model.args.m_channels=16"]` -> `[("train.epochs", 2), ...]` (YAML scalars)."""
-    out = []
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like section.key=value")
-        key, text = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(text) if text.strip() else None))
-    return out
-
-
 def load_config(
     path: Optional[Union[str, Path, List]] = None,
     overrides: Optional[List[str]] = None,
@@ -389,10 +374,10 @@ def load_config(
     if raw is None:
         raw = {}
         for p in paths:
-            raw = _merge(raw, _read_yaml(Path(p)))
-    raw = _deep_copy(raw)
+            raw = merge_mappings(raw, _read_sections(Path(p)))
+    raw = copy.deepcopy(raw)
     if hardware:
-        profile = _read_yaml(resolve_hardware(hardware))
+        profile = _read_sections(resolve_hardware(hardware))
         merged = dict(profile)
         merged.update(raw.get("hardware") or {})
         raw["hardware"] = merged
@@ -405,7 +390,7 @@ def load_config(
         raise ConfigError(f"{e}{where}") from None
     items = overrides or []
     for key, value in parse_overrides(items):
-        _set_dotted(raw, key, value)
+        set_dotted(raw, key, value)
     try:
         cfg = build_settings(Config, raw)
     except ConfigError as e:
@@ -436,34 +421,10 @@ def resolve_hardware(name_or_path: Union[str, Path]) -> Path:
     return profile
 
 
-def _read_yaml(path: Path) -> Dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+def _read_sections(path: Path) -> Dict[str, Any]:
+    data = read_yaml(path, "config file")
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     return data
-
-
-def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
-    """Deep merge: mappings merge key by key, anything else in `over` replaces."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
-    return out
-
-
-def _deep_copy(d):
-    if isinstance(d, dict):
-        return {k: _deep_copy(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_deep_copy(v) for v in d]
-    return d

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import yaml
@@ -173,3 +174,55 @@ def upgrade_renamed(cls, raw: Dict[str, Any]) -> Dict[str, Any]:
             value = convert(out.pop(old))
             out[new] = out[new] + value if isinstance(out.get(new), list) and isinstance(value, list) else value
     return out
+
+
+# --- YAML files and dotted overrides ---------------------------------------------------------------------
+
+
+def read_yaml(path: Path, what: str = "file") -> Any:
+    """The data of a YAML file (safe_load; None when empty); a missing file or invalid YAML is one ConfigError
+    naming the file and, for YAML problems, the line."""
+    if not path.exists():
+        raise ConfigError(f"{what} {path} does not exist")
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path} cannot be read: {e.strerror}") from None
+
+
+def merge_mappings(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else in `over` replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_mappings(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
+
+
+def parse_overrides(items: List[str]) -> List[tuple]:
+    """`["train.epochs=2", "model.args.m_channels=16"]` -> `[("train.epochs", 2), ...]` (YAML scalars)."""
+    out = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        key, text = item.split("=", 1)
+        out.append((key.strip(), yaml.safe_load(text) if text.strip() else None))
+    return out
+
+
+def set_dotted(raw: Dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `raw[a][b][c] = value` for `dotted` 'a.b.c', making the missing sections."""
+    parts = dotted.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import List, Tuple
 
 import numpy as np
-import yaml
 
 from speakerlab.config import DataSettings, TrainCorpus
 from speakerlab.dataio.compact import CompactLists, JoinedView
 from speakerlab.dataio.lists import DataDir, load_data_dir
-from speakerlab.settings import ConfigError, build_settings
+from speakerlab.settings import ConfigError, build_settings, read_yaml
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 
@@ -35,9 +34,9 @@ MANIFEST_SUFFIXES = (".yaml", ".yml")
 def read_manifest(path: Path) -> List[TrainCorpus]:
     """A YAML file holding the list of data.train's records; errors name the file and the record's key."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"config key 'data.train': manifest {path} cannot be read: {e}") from None
+        raw = read_yaml(path, "manifest")
+    except ConfigError as e:
+        raise ConfigError(f"config key 'data.train': {e}") from None
     if not isinstance(raw, list):
         raise ConfigError(f"config key 'data.train': manifest {path} must hold a list of {{name, dir}} records")
     try:

@@ -39,8 +39,9 @@ from typing import Dict, List, Sequence
 import yaml
 
 from speakerlab.commands import CommandParser
-from speakerlab.config import ConfigError, FreezeRule, load_config, parse_overrides
+from speakerlab.config import ConfigError, FreezeRule, load_config
 from speakerlab.dataio.lists import ListError, read_utt2spk
+from speakerlab.settings import parse_overrides
 from speakerlab.train.freeze import trunk_frozen_until
 
 STEPS = 600  # optimizer steps a fine-tuning run aims at
