@@ -207,6 +207,7 @@ def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List
 def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
     """Build, check and write the waveform file of `args` (fp32, or int8 after its accuracy check); returns the
     line to print. Raises QuantizeError / RuntimeError (check failed) / SystemExit(1) (int8 refused)."""
+    import copy
     import tempfile
 
     import onnx
@@ -216,7 +217,7 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
 
     rate = args.input_rate or embedder.spec.sample_rate
     front, model = front_end_graph(embedder.spec, rate), export_onnx(embedder.model, None, embedder.spec.feat_dim)
-    fp32 = with_lengths(merged_graph(front, model))
+    fp32 = with_lengths(merged_graph(copy.deepcopy(front), model))
     set_metadata(fp32, meta)
     if not args.int8:
         onnx.save(fp32, args.out)
@@ -229,7 +230,7 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
         ids, waves = calibration_audio(args.calibration, rate, args.calibration_utts)
         feats = [_features(embedder, rate, w) for w in waves]
         model8 = quantize.quantize_model_graph(model, args.int8, feats, name)
-        int8 = with_lengths(merged_graph(front_end_graph(embedder.spec, rate), model8))
+        int8 = with_lengths(merged_graph(front, model8))
         trials = None
         if args.trials:
             t_ids, t_waves = calibration_audio(args.trials, rate, 0)

@@ -126,10 +126,10 @@ def _copy(graph: onnx.GraphProto, name: str, tag: str, wave: str) -> List[onnx.N
         return f"{tag}/{v}"
 
     nodes = []
-    for node in graph.node:
+    for i, node in enumerate(graph.node):
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
-        copy.name = f"{tag}/{node.name}"
+        copy.name = f"{tag}/{node.name or i}"
         copy.input[:] = [rename(v) for v in node.input]
         copy.output[:] = [rename(v) for v in node.output]
         nodes.append(copy)
