@@ -8,8 +8,9 @@ for CAM++, ERes2Net-base, ECAPA-TDNN c1024, ResNet34 and ReDimNet2-B2, and the r
 Modes, each timed on the same waves: `eager`, the torch path (speakerlab.inference.embedder.Embedder: front end
 then model); `compile`, the same module under torch.compile (compiled once per shape, before timing); `onnx`,
 the waveform file of speakerlab-export --waveform on onnxruntime (speakerlab.inference.runtime.OnnxEmbedder);
-`int8`, the same with the model part quantised statically (calibrated on 16 synthetic utterances: speed only,
-accuracy is the egs/mini check). Cells: 3 s and 10 s utterances, batch 1 and batch 8 (equal lengths, as the
+`int8`, the same with the model part quantised statically (calibrated on 16 synthetic utterances), `int8dyn`
+dynamically; both with their cosine to the fp32 file on the timed waves (random weights: a proxy; the trained
+egs/mini model's EER is the accuracy check). Cells: 3 s and 10 s utterances, batch 1 and batch 8 (equal lengths, as the
 runtimes batch). Figures: utterances/s (median call), real-time factor (seconds of compute per second of audio)
 and peak RSS of the process that ran that model and mode (each (model, mode) in a fresh process, all its cells;
 the peak is that of its largest cell). Threads: 2 (torch.set_num_threads, onnxruntime intra-op threads).
@@ -50,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MODELS = ["campplus", "eres2net_base", "ecapa_tdnn_c1024", "resnet34", "redimnet2_b2"]
-MODES = ["eager", "compile", "onnx", "int8"]
+MODES = ["eager", "compile", "onnx", "int8", "int8dyn"]
 CELLS = [(3.0, 1), (3.0, 8), (10.0, 1), (10.0, 8)]
 PEER_MODEL_ID = "iic/speech_campplus_sv_zh-cn_16k-common"
 PEER_FILE = "campplus_cn_common.bin"
@@ -87,10 +88,13 @@ def embedder_of(name: str, work: Path):
 
 
 def onnx_file(name: str, mode: str, work: Path) -> Path:
-    """The waveform ONNX file of a bench model (fp32, or int8 static), written once under `work`."""
+    """The waveform ONNX file of a bench model for `mode` (onnx: fp32, int8: static, int8dyn: dynamic); the model
+    is exported once and all three written under `work`."""
     path = work / f"{name}.{mode}.onnx"
     if path.exists():
         return path
+    import copy
+
     import onnx
     import torch
 
@@ -100,16 +104,19 @@ def onnx_file(name: str, mode: str, work: Path) -> Path:
 
     embedder = embedder_of(name, work)
     front, model = front_end_graph(embedder.spec, 16000), export_onnx(embedder.model, None, embedder.spec.feat_dim)
-    if mode == "int8":
-        rng = np.random.default_rng(1)
-        fe = WaveFrontEnd(embedder.spec, 16000).eval()
-        with torch.no_grad():
-            feats = [
-                fe(torch.from_numpy(0.1 * rng.standard_normal((1, 48000 + 777 * i)).astype(np.float32)))
-                for i in range(16)
-            ]
-        model = quantize_model_graph(model, "static", [f.numpy() for f in feats], name)
-    onnx.save(with_lengths(merged_graph(front, model)), path)
+    rng = np.random.default_rng(1)
+    fe = WaveFrontEnd(embedder.spec, 16000).eval()
+    with torch.no_grad():
+        feats = [
+            fe(torch.from_numpy(0.1 * rng.standard_normal((1, 48000 + 777 * i)).astype(np.float32))) for i in range(16)
+        ]
+    graphs = {
+        "onnx": model,
+        "int8": quantize_model_graph(model, "static", [f.numpy() for f in feats], name),
+        "int8dyn": quantize_model_graph(model, "dynamic", [], name),
+    }
+    for m, graph in graphs.items():
+        onnx.save(with_lengths(merged_graph(copy.deepcopy(front), graph)), work / f"{name}.{m}.onnx")
     return path
 
 
@@ -119,7 +126,7 @@ def waves_of(seconds: float, batch: int) -> np.ndarray:
     ).astype(np.float32)
 
 
-def timed(call, x, min_calls: int = 3, min_seconds: float = 4.0) -> float:
+def timed(call, x, min_calls: int = 3, min_seconds: float = 1.5) -> float:
     """Median seconds of `call(x)` after one warm-up, over >= min_calls calls and >= min_seconds."""
     call(x)
     times = []
@@ -136,13 +143,21 @@ def worker(name: str, mode: str, work: Path) -> dict:
     import torch
 
     torch.set_num_threads(THREADS)
-    if mode in ("onnx", "int8"):
+    cosine = None
+    if mode in ("onnx", "int8", "int8dyn"):
         from speakerlab.inference.runtime import load_onnx
 
         runtime = load_onnx(onnx_file(name, mode, work), threads=THREADS)
 
         def call(x):
             return runtime(x)
+
+        if mode != "onnx":  # agreement with the fp32 file on the cells' waves
+            fp32 = load_onnx(onnx_file(name, "onnx", work), threads=THREADS)
+            a = np.concatenate([fp32(waves_of(s, b)) for s, b in CELLS])
+            q = np.concatenate([runtime(waves_of(s, b)) for s, b in CELLS])
+            cos = (a * q).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(q, axis=1))
+            cosine = {"mean": float(cos.mean()), "min": float(cos.min())}
 
     else:
         embedder = embedder_of(name, work)
@@ -159,7 +174,7 @@ def worker(name: str, mode: str, work: Path) -> dict:
         t = timed(call, waves_of(seconds, batch))
         cells.append({"seconds": seconds, "batch": batch, "utt_per_s": batch / t, "rtf": t / (batch * seconds)})
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"model": name, "mode": mode, "cells": cells, "peak_rss_mb": rss}
+    return {"model": name, "mode": mode, "cells": cells, "peak_rss_mb": rss, "cosine_to_fp32": cosine}
 
 
 def run_worker(name: str, mode: str, work: Path) -> dict:
@@ -172,14 +187,17 @@ def run_worker(name: str, mode: str, work: Path) -> dict:
 
 
 def markdown(results) -> str:
-    head = "| model | mode | " + " | ".join(f"{s:g} s x{b}: utt/s (RTF)" for s, b in CELLS) + " | peak RSS MB |"
-    lines = [head, "|" + "---|" * (3 + len(CELLS))]
+    head = "| model | mode | " + " | ".join(f"{s:g} s x{b}: utt/s (RTF)" for s, b in CELLS)
+    head += " | peak RSS MB | cosine to fp32 (mean / min) |"
+    lines = [head, "|" + "---|" * (4 + len(CELLS))]
     for r in results:
         if "failed" in r:
             lines.append(f"| {r['model']} | {r['mode']} | failed: {r['failed']} |")
             continue
         cells = " | ".join(f"{c['utt_per_s']:.2f} ({c['rtf']:.4f})" for c in r["cells"])
-        lines.append(f"| {r['model']} | {r['mode']} | {cells} | {r['peak_rss_mb']:.0f} |")
+        cos = r.get("cosine_to_fp32")
+        agree = f"{cos['mean']:.4f} / {cos['min']:.4f}" if cos else ""
+        lines.append(f"| {r['model']} | {r['mode']} | {cells} | {r['peak_rss_mb']:.0f} | {agree} |")
     return "\n".join(lines)
 
 
@@ -273,6 +291,23 @@ def peer_ratio(args, work: Path, rounds: int) -> dict:
     }
 
 
+def compare_files(paths, rounds: int = 3) -> dict:
+    """ONNX files side by side in one process: each cell timed on each file, in alternating order, `rounds`
+    times; utterances/s are the medians (the int8 speed-up of a trained model, e.g. egs/mini's)."""
+    from speakerlab.inference.runtime import load_onnx
+
+    runtimes = {str(p): load_onnx(p, threads=THREADS) for p in paths}
+    out = {p: {} for p in runtimes}
+    for seconds, batch in CELLS:
+        x, times = waves_of(seconds, batch), {p: [] for p in runtimes}
+        for r in range(rounds):
+            for p in list(runtimes)[:: 1 if r % 2 == 0 else -1]:
+                times[p].append(timed(runtimes[p], x, min_calls=2, min_seconds=0.5))
+        for p in runtimes:
+            out[p][f"{seconds:g}s x{batch}"] = batch / statistics.median(times[p])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="ONNX files, peer files and outputs")
@@ -284,6 +319,7 @@ def main() -> int:
     ap.add_argument("--peer-site", help="folder of the peer's sitecustomize (modelscope local cache only)")
     ap.add_argument("--peer-files", type=int, default=40)
     ap.add_argument("--peer-rounds", type=int, default=4)
+    ap.add_argument("--compare", nargs="+", type=Path, help="time these waveform ONNX files side by side")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--ours-per-file", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

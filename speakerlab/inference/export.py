@@ -22,8 +22,7 @@ is not written (exit 1) unless `--force`; the numbers go into its metadata eithe
 
 Without `--waveform` both formats take the features of the model's front end `(B, T, F)` (input `feats`;
 the export line prints which) and return `embedding (B, D)`; feature extraction stays outside. Models on a
-self-supervised encoder are not exported: their encoders (transformers' WavLM, HuBERT, w2v-BERT) are outside
-what this exporter traces, and the command says so.
+self-supervised encoder (transformers' WavLM, HuBERT, wav2vec 2.0, w2v-BERT) export with `--waveform` only.
 """
 
 from __future__ import annotations
@@ -213,10 +212,10 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
     import onnx
 
     from speakerlab.inference import quantize
-    from speakerlab.inference.onnx_graph import front_end_graph, merged_graph, set_metadata, with_lengths
+    from speakerlab.inference.onnx_graph import front_end_graph, merged_graph, model_graph, set_metadata, with_lengths
 
     rate = args.input_rate or embedder.spec.sample_rate
-    front, model = front_end_graph(embedder.spec, rate), export_onnx(embedder.model, None, embedder.spec.feat_dim)
+    front, model = front_end_graph(embedder.spec, rate), model_graph(embedder.model, embedder.spec)
     fp32 = with_lengths(merged_graph(copy.deepcopy(front), model))
     set_metadata(fp32, meta)
     if not args.int8:
@@ -290,10 +289,10 @@ def main(argv=None) -> int:
     except (ValueError, ImportError) as e:  # a SourceError names the file
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if FRONT_ENDS[embedder.spec.kind].encoder_input:
+    if FRONT_ENDS[embedder.spec.kind].encoder_input and not args.waveform:
         print(
-            f"error: export takes the fbank models; this one is on a self-supervised encoder "
-            f"({embedder.spec.kind}), which the exporter cannot trace: run it with speakerlab-embed --checkpoint",
+            f"error: a model on a self-supervised encoder ({embedder.spec.kind} input) exports with --waveform only "
+            "(--format onnx --waveform): its input is not (B, T, F) features",
             file=sys.stderr,
         )
         return 2

@@ -83,6 +83,23 @@ def front_end_graph(spec: FeatureSpec, input_rate: int) -> onnx.ModelProto:
     return torch_to_onnx(module, example, (WAVE, FEATS), min_length=input_rate // 10)
 
 
+def model_graph(model: nn.Module, spec: FeatureSpec) -> onnx.ModelProto:
+    """The model part, `feats` (its front end's output) -> `(B, D)`, as ONNX. An fbank model is traced over
+    `(2, 537, F)` (every size derived from time >= 2 and a multiple of nothing, so no axis is specialised); a
+    model on a self-supervised encoder over its front end's output for 3 s and a tail (the wave itself, or
+    w2v-BERT's stacked fbank). The output is named apart from `embedding`: the encoders of transformers hold
+    values of that name."""
+    from speakerlab.frontends import FRONT_ENDS
+
+    if not FRONT_ENDS[spec.kind].encoder_input:
+        example, shortest = torch.randn(2, 537, spec.feat_dim), 16
+    else:
+        with torch.no_grad():
+            example = build_features(spec)(torch.randn(2, 3 * spec.sample_rate + 123))
+        shortest = 16 if example.dim() == 3 else spec.sample_rate // 40  # frames, or one 25 ms window of samples
+    return torch_to_onnx(model, example, (FEATS, "model_embedding"), min_length=shortest)
+
+
 def merged_graph(front_end: onnx.ModelProto, model: onnx.ModelProto) -> onnx.ModelProto:
     """`wave (B, N)` -> `embedding (B, D)`: the front end's `feats` fed to the model graph (fp32 or int8)."""
     from onnx import compose
