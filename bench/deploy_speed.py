@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -98,12 +99,21 @@ def onnx_file(name: str, mode: str, work: Path) -> Path:
     import onnx
     import torch
 
-    from speakerlab.inference.export import export_onnx
-    from speakerlab.inference.onnx_graph import WaveFrontEnd, front_end_graph, merged_graph, with_lengths
+    from speakerlab.inference.export import waveform_metadata
+    from speakerlab.inference.onnx_graph import (
+        WaveFrontEnd,
+        front_end_graph,
+        merged_graph,
+        model_graph,
+        set_metadata,
+        with_lengths,
+    )
     from speakerlab.inference.quantize import quantize_model_graph
 
     embedder = embedder_of(name, work)
-    front, model = front_end_graph(embedder.spec, 16000), export_onnx(embedder.model, None, embedder.spec.feat_dim)
+    source = types.SimpleNamespace(model_name=name, describe=lambda: f"{name} (bench/deploy_speed.py)")
+    meta = waveform_metadata(embedder, source, 16000)
+    front, model = front_end_graph(embedder.spec, 16000), model_graph(embedder.model, embedder.spec)
     rng = np.random.default_rng(1)
     fe = WaveFrontEnd(embedder.spec, 16000).eval()
     with torch.no_grad():
@@ -116,7 +126,9 @@ def onnx_file(name: str, mode: str, work: Path) -> Path:
         "int8dyn": quantize_model_graph(model, "dynamic", [], name),
     }
     for m, graph in graphs.items():
-        onnx.save(with_lengths(merged_graph(copy.deepcopy(front), graph)), work / f"{name}.{m}.onnx")
+        full = with_lengths(merged_graph(copy.deepcopy(front), graph))
+        set_metadata(full, meta)
+        onnx.save(full, work / f"{name}.{m}.onnx")
     return path
 
 
