@@ -236,10 +236,13 @@ def peer_files(work: Path, n: int) -> list:
 
 def line_rate(cmd, env, marker: str, cwd=None) -> float:
     """Run `cmd`; utterances/s from the arrival times of its stdout lines containing `marker` (first to last)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
-    stamps = [time.perf_counter() for line in proc.stdout if marker in line]
-    if proc.wait() != 0 or len(stamps) < 3:
-        raise RuntimeError(f"{cmd[:3]} failed (exit {proc.returncode}, {len(stamps)} lines)")
+    with open(Path(env["HOME"]) / "last_stderr.log", "w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=cwd)
+        stamps = [time.perf_counter() for line in proc.stdout if marker in line]
+        if proc.wait() != 0 or len(stamps) < 3:
+            err.seek(0)
+            last = err.read().strip().splitlines()[-1:]
+            raise RuntimeError(f"{cmd[:3]} failed (exit {proc.returncode}, {len(stamps)} lines): {last}")
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
@@ -262,9 +265,11 @@ def peer_ratio(args, work: Path, rounds: int) -> dict:
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(work / "home"),
-        "PYTHONPATH": args.peer_site,
+        "PYTHONPATH": str(Path(args.peer_site).resolve()),
         "MODELSCOPE_CACHE": str(work / "mscache"),
         "OMP_NUM_THREADS": str(THREADS),
+        # Its per-file lines must arrive when written, not in one block at exit (stdout is a pipe here).
+        "PYTHONUNBUFFERED": "1",
     }
     peer_cmd = [
         args.peer_python,
@@ -277,7 +282,7 @@ def peer_ratio(args, work: Path, rounds: int) -> dict:
         str(work / "peer_out"),
     ]
     ours_cmd = [sys.executable, __file__, "--ours-per-file", "--work", str(work)]
-    ours_env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    ours_env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "HOME": env["HOME"]}
     peer, ours = [], []
     for r in range(rounds):
         order = ["peer", "ours"] if r % 2 == 0 else ["ours", "peer"]
@@ -345,6 +350,9 @@ def main() -> int:
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; threads {THREADS}", flush=True
     )
+    if args.compare:
+        print(json.dumps(compare_files(args.compare), indent=2), flush=True)
+        return 0
     if args.peer:
         ratio = peer_ratio(args, args.work, args.peer_rounds)
         (args.work / "peer_ratio.json").write_text(json.dumps(ratio, indent=2))
