@@ -11,8 +11,9 @@ The data flow of training, then of evaluation, and the layer that does each step
       -> embeddings               inference/  embedder, streaming extraction, export
       -> scores                   scoring/    cosine, normalisation, calibration, EER / minDCF
 
-`config` holds the typed settings every command reads; `datasets/` downloads and prepares the
-corpora, `synth/` builds the synthetic corpus of egs/mini. tests/test_imports.py holds the layer
+`config` holds the typed settings every command reads, `commands` the parser every console script's
+`--help` comes from; `datasets/` downloads and prepares the corpora, `synth/` builds the synthetic corpus
+of egs/mini. tests/test_imports.py holds the layer
 table: which layer may import which.
 """
 

@@ -23,6 +23,8 @@ truncated checkpoint (a failed write removes its temporary file; `remove_stale_t
 those of a killed run). Layout under `<exp>/checkpoints/`: `epoch_NNN.pt` at the end of epoch NNN
 (the last `keep` are kept, for averaging), `partial_NNN.pt` during epoch NNN (overwritten, removed
 when the epoch ends). The names alone order them, so the newest is found without opening any file.
+`best.pt` (train.keep_best) is the model of the lowest validation EER, without resume state: what
+`run_result` hands back for the exp dir.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class ResumeState:
     skipped_steps: int = 0
     rng_cpu: Optional[torch.Tensor] = None
     rng_cuda: List[torch.Tensor] = field(default_factory=list)
+    selection: Dict[str, Any] = field(default_factory=dict)  # model selection so far (train.keep_best)
 
     def to_dict(self) -> Dict[str, Any]:
         # Not dataclasses.asdict: it would deep-copy every optimizer tensor.
@@ -83,6 +85,7 @@ class Checkpoint:
     resume: Optional[ResumeState] = None
     config: Dict[str, Any] = field(default_factory=dict)
     averaged_from: List[str] = field(default_factory=list)
+    digest: str = ""  # as read from a file (not written by to_dict): which weights these are, e.g. for embeddings
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -229,19 +232,37 @@ def load_raw(path: PathLike, map_location="cpu", mmap: bool = False) -> Any:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a weights file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} cannot be loaded: {_unreadable(e)}") from None
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {why_not_weights(path, e)}") from None
 
 
-def _unreadable(e: Exception) -> str:
-    """Why torch.load failed, in a few words. Never torch's own text when it mentions weights_only: it advises
-    loading with weights_only=False, which runs whatever code the file holds."""
-    if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
-        return "not a PyTorch weights file (or one holding Python objects besides tensors and plain values)"
-    first = (str(e).strip().splitlines() or [""])[0][:160]
-    return f"not a PyTorch weights file, or a damaged one ({type(e).__name__}: {first})"
+def why_not_weights(path: Path, error: Exception) -> str:
+    """What `path` is, when `torch.load(weights_only=True)` refused it: text or another format, a damaged
+    PyTorch file, or one holding Python objects. One line; never the advice to lift weights_only (that would
+    run code from the file)."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save's zip archive, or a legacy pickle
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if found:
+            return (
+                f"it holds Python objects ({found.group(1)}), not only weights; speakerlab reads weights only and "
+                "runs no code from a file (save the state dict alone)"
+            )
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0]
+        return f"a damaged or incomplete PyTorch file ({first})" if "weights_only" not in first else "a damaged file"
+    if not head:
+        return "it is empty, not a PyTorch weights file"
+    try:
+        head.decode("utf-8")
+        kind = "a text file"
+    except UnicodeDecodeError as e:
+        kind = "a text file" if e.start >= len(head) - 3 else "binary data of another format"  # a cut character
+    return f"it is {kind}, not a PyTorch weights file (torch.save writes a zip archive or a pickle)"
 
 
 def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
@@ -252,6 +273,7 @@ def load_checkpoint(path: PathLike, map_location="cpu") -> Checkpoint:
 
 def checkpoint_from_raw(raw: Any, path: PathLike) -> Checkpoint:
     """`load_checkpoint` of what `torch.load` returned for `path`: the digest checked, the schema read."""
+    stored = ""
     if isinstance(raw, dict) and "digest" in raw:
         stored = raw.pop("digest")
         if content_digest(raw) != stored:
@@ -259,7 +281,9 @@ def checkpoint_from_raw(raw: Any, path: PathLike) -> Checkpoint:
                 f"checkpoint {path} is corrupt: its contents do not match the digest written "
                 "with it (a damaged or partly overwritten file)"
             )
-    return Checkpoint.from_dict(raw, path)
+    ckpt = Checkpoint.from_dict(raw, path)
+    ckpt.digest = stored
+    return ckpt
 
 
 def _order(path: Path) -> int:
@@ -304,6 +328,19 @@ def load_given(path: PathLike, warn: Callable[[str], None] = lambda m: None) -> 
             raise CheckpointError(f"no checkpoint under {p}")
         return found
     return p, load_checkpoint(p)
+
+
+def run_result(path: PathLike, warn: Callable[[str], None] = lambda m: None) -> Tuple[Path, Checkpoint]:
+    """The model a run hands back: for an exp dir its `checkpoints/best.pt` (model selection) when that is there
+    and intact, else, as `load_given`, its newest intact checkpoint (a corrupt best.pt reported through `warn`);
+    a checkpoint file as given."""
+    best = Path(path) / "checkpoints" / "best.pt"
+    if Path(path).is_dir() and best.exists():
+        try:
+            return best, load_checkpoint(best)
+        except CheckpointError as e:
+            warn(f"warning: {e}; using the newest intact checkpoint of the run instead")
+    return load_given(path, warn)
 
 
 def checkpoint_files(ckpt_dir: PathLike) -> List[Path]:

@@ -191,6 +191,10 @@ class TrainSettings:
     keep_checkpoints: int = setting(5, ge=1)  # epoch checkpoints kept (for averaging the last N)
     log_every_steps: int = setting(10, ge=1)
     val_every: int = setting(1, ge=1)  # epochs between validation EERs (needs data.val)
+    keep_best: bool = False  # with data.val, model selection: the validation EER of train.init's model before the
+    # first step and after each validated epoch; the lowest so far is checkpoints/best.pt, the run's result
+    patience: int = setting(0, ge=0)  # with keep_best: stop early after this many validations in a row without a
+    # lower EER than the best so far (0: never); a stopped run stays stopped when re-run
     init: Optional[str] = None  # start from a pretrained model (speakerlab.train.init): a checkpoint or exp dir,
     # a ReDimNet2 release file, or a 3D-Speaker state dict (with init_3dspeaker); ignored once the run has its own
     # checkpoint. model.name / model.args may then be left out: they are taken from it

@@ -70,6 +70,7 @@ class Source:
     classifier: Optional[Dict[str, torch.Tensor]] = None
     loss: str = ""  # the classifier's head (our checkpoints)
     lora_merged: bool = False  # `merged` folded this source's LoRA adapters into its encoder
+    digest: str = ""  # our checkpoints: the file's content digest, which names these weights (embeddings record it)
 
     def describe(self) -> str:
         return f"{self.kind} {self.model_name} from {self.path}"
@@ -163,6 +164,7 @@ def _ours(path: Path, ckpt: Checkpoint) -> Source:
         speakers=ckpt.speakers,
         classifier=ckpt.classifier,
         loss=(ckpt.config.get("loss") or {}).get("name", "aam"),
+        digest=ckpt.digest,
     )
 
 

@@ -1,4 +1,4 @@
-"""Eager against compiled: one training step of a tiny model on a device (tests/test_compile.py on the CPU,
+"""Eager against compiled: one training step of a tiny model on a device (tests/test_speedups.py on the CPU,
 tests/test_cuda.py on a GPU)."""
 
 from __future__ import annotations

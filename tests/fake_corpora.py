@@ -318,3 +318,34 @@ def recipe_env(path_first: str = "", **extra: str) -> dict:
     env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "PATH": path, **extra}
     env.pop("CONDA_PREFIX", None)
     return env
+
+
+def voxconverse_blobs() -> dict:
+    """VoxConverse in miniature: the dev and test audio zips with their member folders (and the macOS
+    resource folder the test zip carries), the annotations as GitHub's master.zip of the repository."""
+    rttm = {
+        "dev/abjxc": [(0.5, 1.0, "spk00"), (1.7, 0.6, "spk01")],
+        "dev/afjiv": [(0.2, 2.0, "spk00")],
+        "test/aepyx": [(0.1, 0.9, "spk03"), (0.8, 1.2, "spk07"), (2.1, 0.5, "spk03")],
+    }
+    text = {
+        k: "".join(f"SPEAKER {k.split('/')[1]} 1 {s:.3f} {d:.3f} <NA> <NA> {spk} <NA> <NA>\n" for s, d, spk in v)
+        for k, v in rttm.items()
+    }
+    return {
+        "voxconverse_dev_wav.zip": zip_bytes(
+            {"audio/abjxc.wav": audio_bytes(seconds=3.0, seed=1), "audio/afjiv.wav": audio_bytes(seconds=2.5, seed=2)}
+        ),
+        "voxconverse_test_wav.zip": zip_bytes(
+            {
+                "voxconverse_test_wav/aepyx.wav": audio_bytes(seconds=3.5, seed=3),
+                "__MACOSX/voxconverse_test_wav/._aepyx.wav": b"\x00\x05\x16\x07",
+            }
+        ),
+        "master.zip": zip_bytes(
+            {
+                "voxconverse-master/README.md": b"VoxConverse\n",
+                **{f"voxconverse-master/{k}.rttm": v.encode() for k, v in text.items()},
+            }
+        ),
+    }

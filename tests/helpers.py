@@ -1,9 +1,10 @@
-"""Small builders shared by the tests: wav files, Kaldi data dirs, the tiny training config and its losses.
-Test files import these, never each other."""
+"""Small builders shared by the tests: wav files, Kaldi data dirs, the tiny training and fine-tuning configs and
+their losses. Test files import these, never each other."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+import yaml
 
 
 def write_wav(path: Path, samples: np.ndarray, sample_rate: int = 16000, subtype: str = "PCM_16") -> Path:
@@ -37,6 +39,14 @@ def make_data_dir(
     return root
 
 
+def free_port() -> int:
+    """A TCP port free on this host now: torchrun's master or rendezvous port, so that tests that start process
+    groups at the same time (pytest-xdist workers) never meet on one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def assert_no_traceback(*outputs: str) -> None:
     """Multi-process runs: no process may print a traceback, not even one that does not change the exit
     code (a forked loader worker's, say)."""
@@ -45,12 +55,60 @@ def assert_no_traceback(*outputs: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# The 16-D tiny CAM++ of the checkpoint, extraction and embedding tests (tests/conftest.py's `ckpt`).
+TINY_CAMPPLUS = {
+    "embedding_size": 16,
+    "growth_rate": 8,
+    "bn_size": 2,
+    "init_channels": 16,
+    "m_channels": 8,
+    "num_layers": [1, 1, 1],
+}
 TINY_MODEL = """
 model:
   name: campplus
   args: {embedding_size: 32, growth_rate: 8, bn_size: 2, init_channels: 16, m_channels: 8,
          num_layers: [1, 1, 1]}
 """
+
+
+TINY_CAMPPLUS = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}
+TINY_CAMPPLUS["num_layers"] = [1, 1, 1]
+
+
+def damaged_copy(src: Path, dst: Path, fill: bytes = b"\xff") -> Path:
+    """`src` with 32 bytes in the middle of its largest record (a tensor's bytes) overwritten by `fill`, the zip
+    structure left readable. (The middle of the file may fall in the padding between records, which no reader
+    looks at.)"""
+    import zipfile
+
+    data = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as z:
+        record = max(z.infolist(), key=lambda i: i.compress_size)
+    offset = record.header_offset
+    start = offset + 30 + int.from_bytes(data[offset + 26 : offset + 28], "little")
+    start += int.from_bytes(data[offset + 28 : offset + 30], "little")  # past the local header's name and extra
+    mid = start + record.compress_size // 2
+    data[mid : mid + 32] = fill * 32
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def save_tiny_checkpoint(path: Path, seed: int = 0, **fields) -> Path:
+    """A checkpoint of a random CAM++ of ~15 k parameters (TINY_CAMPPLUS, 80-bin fbank, mean norm), no classifier;
+    `fields`: other Checkpoint fields (step, epoch, ...)."""
+    from speakerlab.checkpoint import Checkpoint, save_checkpoint
+    from speakerlab.features.fbank import FbankConfig
+    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model("campplus", **TINY_CAMPPLUS).state_dict()
+    ckpt = Checkpoint(
+        model_name="campplus", model_args=TINY_CAMPPLUS, model=model, features=FeatureSpec(FbankConfig()), **fields
+    )
+    save_checkpoint(path, ckpt)
+    return path
 
 
 def tiny_config(tmp_path, val=True, extra=""):
@@ -81,6 +139,14 @@ def losses(exp):
     return {
         r["step"]: r["loss"] for r in map(json.loads, (exp / "metrics.jsonl").read_text().splitlines()) if "loss" in r
     }
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether checkpoints `a` and `b` are at one step with bit-equal model weights."""
+    from speakerlab.checkpoint import load_checkpoint
+
+    wa, wb = load_checkpoint(a), load_checkpoint(b)
+    return wa.step == wb.step and all(torch.equal(wa.model[k], wb.model[k]) for k in wa.model)
 
 
 def voice_data_dir(root: Path, speakers: int = 4, utts: int = 4, seconds: float = 0.8, seed: int = 0) -> Path:
@@ -185,3 +251,29 @@ class FlagsSeen(torch.overrides.TorchFunctionMode):
         if name in ("matmul", "__matmul__", "mm", "bmm", "conv1d", "conv2d"):
             self.seen.append((name, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
         return func(*args, **(kwargs or {}))
+
+
+# A fine-tuning run of the session's tiny model (tests/conftest.py tiny_model) on new speakers (tests/test_init.py,
+# tests/test_selection.py).
+FINETUNE_RUN = {
+    "loss": {"margin": 0.2, "margin_start_epoch": 0, "margin_warmup_epochs": 1},
+    "optim": {"lr": 0.05, "warmup_epochs": 0.5},
+    "train": {"epochs": 2, "global_batch_size": 8, "log_every_steps": 1, "save_every_steps": 1},
+    "hardware": {"device": "cpu", "precision": "fp32", "per_device_batch": 4, "num_workers": 0, "pin_memory": False},
+}
+
+
+def new_data(tmp_path, speakers=("s2", "s3", "n0", "n1")):
+    """Another speaker set (two of them, s2 and s3, also pretrained ones)."""
+    return make_data_dir(tmp_path / "new", {f"{s}-{u}": s for s in speakers for u in range(4)}, seconds=0.6, seed=7)
+
+
+def write_config(tmp_path, train_dir, **sections) -> str:
+    """A fine-tuning config without a model section (train.init brings it) plus `sections` merged in."""
+    raw = json.loads(json.dumps(FINETUNE_RUN))
+    raw["data"] = {"train": str(train_dir), "crop_seconds": 0.5}
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    path = tmp_path / "finetune.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)

@@ -24,16 +24,8 @@ from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model
 from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import ROOT, make_data_dir, tiny_config, write_wav
-
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
+from tests.helpers import ROOT, damaged_copy, make_data_dir, tiny_config, write_wav
+from tests.helpers import TINY_CAMPPLUS as TINY
 
 
 def snapshot(folder: Path) -> dict:
@@ -45,13 +37,11 @@ def snapshot(folder: Path) -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny config and an exp dir trained for one epoch (2 steps), copied by the cases that need it."""
-    root = tmp_path_factory.mktemp("trained")
-    cfg, train = tiny_config(root, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
-    return cfg, train, root / "exp"
+@pytest.fixture
+def trained(tiny_model):
+    """(config, train dir, exp dir) of the session's tiny model trained one epoch (tests/conftest.py); the cases
+    that change the exp dir copy it."""
+    return tiny_model
 
 
 def copy_exp(trained, tmp_path) -> Path:
@@ -219,28 +209,64 @@ def test_changed_global_batch_is_refused_and_nothing_changes(trained, tmp_path, 
     assert snapshot(exp) == before  # config.yaml, train.log, checkpoints: untouched
 
 
+def test_a_longer_schedule_is_refused_in_one_line_naming_the_flag_and_how_recipes_pass_it(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=3"]) == 2
+    err = capsys.readouterr().err  # the log of the start, then the one error line
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        f"error: {exp} was trained with other settings than this command's (train.epochs: 1 in the checkpoint -> 3 "
+        "now): resuming would continue a different schedule or data order; run the original command, use a new "
+        "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these weights "
+        "under the new settings"
+    )
+
+
+def test_a_changed_speaker_list_is_one_line_saying_how_many_speakers_differ(trained, tmp_path, capsys):
+    """The training folder changed (a speaker added, one gone) under the same exp dir: not a traceback, one line
+    naming the checkpoint, the counts, and the flag that fixes it; nothing in the exp dir changes."""
+    exp = copy_exp(trained, tmp_path)
+    train = make_data_dir(tmp_path / "train", {f"s{s}-{u}": f"s{s}" for s in (1, 2, 3, 4) for u in range(4)}, 0.6)
+    before = snapshot(exp)
+    assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), f"data.train={train}"]) == 2
+    err = capsys.readouterr().err
+    # data.train itself is a schedule setting: with --force-new-schedule the speaker list is what stops it.
+    assert "data.train:" in err and "--force-new-schedule" in err
+    argv = ["--config", str(trained[0]), "--exp-dir", str(exp), f"data.train={train}", "--force-new-schedule"]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        f"error: {exp / 'checkpoints' / 'epoch_001.pt'} was trained on another speaker list than {train} holds now: "
+        "1 of its 4 speakers are gone (e.g. 's0'), 1 of the 4 now are new (e.g. 's4') (the training data changed "
+        f"since); use a new --exp-dir (a recipe's --exp DIR), or delete {exp} to start that run again"
+    )
+    assert snapshot(exp) == before
+
+
 def test_x100_learning_rate_is_refused(trained, tmp_path, capsys):
     exp = copy_exp(trained, tmp_path)
     assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "optim.lr=5.0"]) == 2
     assert "optim.lr: 0.05 in the checkpoint -> 5.0 now" in capsys.readouterr().err
 
 
-def test_force_new_schedule_continues_the_weights(trained, tmp_path):
+@pytest.mark.parametrize("where", ["last", "first", "between overrides"])
+def test_force_new_schedule_continues_the_weights(trained, tmp_path, where):
+    """The flag and the dotted overrides in any order (as a recipe's --train_overrides passes them)."""
     exp = copy_exp(trained, tmp_path)
-    assert (
-        train_main(
-            [
-                "--config",
-                str(trained[0]),
-                "--exp-dir",
-                str(exp),
-                "train.epochs=2",
-                "optim.lr=0.02",
-                "--force-new-schedule",
-            ]
-        )
-        == 0
-    )
+    flag, options = ["--force-new-schedule"], ["--config", str(trained[0]), "--exp-dir", str(exp)]
+    argv = {
+        "last": [*options, "train.epochs=2", "optim.lr=0.02", *flag],
+        "first": [*flag, "train.epochs=2", *options, "optim.lr=0.02"],
+        "between overrides": [
+            "--config",
+            str(trained[0]),
+            "train.epochs=2",
+            *flag,
+            "optim.lr=0.02",
+            "--exp-dir",
+            str(exp),
+        ],
+    }[where]
+    assert train_main(argv) == 0
     log = (exp / "train.log").read_text()
     assert "--force-new-schedule: train.epochs: 1 in the checkpoint -> 2 now" in log
     assert load_checkpoint(exp / "checkpoints" / "epoch_002.pt").step == 4
@@ -278,10 +304,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_resumed(trai
     exp = copy_exp(trained, tmp_path)
     good = exp / "checkpoints" / "epoch_001.pt"
     newer = exp / "checkpoints" / "partial_002.pt"
-    shutil.copy(good, newer)
-    data = bytearray(newer.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 32] = b"\x00" * 32
-    newer.write_bytes(bytes(data))
+    damaged_copy(good, newer, b"\x00")
     assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=1"]) == 0
     log = (exp / "train.log").read_text()
     assert f"checkpoint {newer} is corrupt" in log or f"checkpoint {newer} cannot be loaded" in log
@@ -326,10 +349,7 @@ def _init_cases(trained, tmp_path):
     ckpt = trained[2] / "checkpoints" / "epoch_001.pt"
     plain = tmp_path / "plain.pt"
     torch.save(load_checkpoint(ckpt).model, plain)  # the same weights as a bare state dict
-    corrupt = tmp_path / "corrupt.pt"
-    data = bytearray(ckpt.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 32] = b"\xff" * 32
-    corrupt.write_bytes(bytes(data))
+    corrupt = damaged_copy(ckpt, tmp_path / "corrupt.pt")
     return {
         "missing": (
             [f"train.init={tmp_path / 'nope.pt'}"],
@@ -397,6 +417,46 @@ def test_bad_init_stops_before_anything_is_written(trained, tmp_path, capsys, ca
     assert not exp.exists()
 
 
+def test_text_file_as_pretrained_model_says_what_it_is_and_never_advises_weights_only_false(trained, tmp_path, capsys):
+    notes = tmp_path / "campplus.bin"
+    notes.write_text("model card: CAM++ trained on ...\n")
+    for threedspeaker in ([], ["train.init_3dspeaker=campplus"]):
+        argv = ["--config", str(trained[0]), "--exp-dir", str(tmp_path / "new"), f"train.init={notes}"]
+        assert train_main([*argv, *threedspeaker]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"error: config key 'train.init': checkpoint {notes} cannot be loaded: it is a text file, not a PyTorch "
+            "weights file (torch.save writes a zip archive or a pickle)\n"
+        )
+        assert "weights_only" not in err and not (tmp_path / "new").exists()
+
+
+def test_check_loads_config_and_init_and_touches_nothing(trained, tmp_path, capsys):
+    """`speakerlab-train --check`: the recipes' pre-flight. Overrides anywhere on the line; a bad init, a bad
+    setting or an exp dir that cannot be made is the same one line as a real start; the exp dir is not made."""
+    ckpt = trained[2] / "checkpoints" / "epoch_001.pt"
+    exp = tmp_path / "deep" / "exp"
+    argv = ["--config", str(trained[0]), f"train.init={ckpt}", "--exp-dir", str(exp), "--check", "train.epochs=3"]
+    assert train_main(argv) == 0
+    assert f"config ok, model campplus (train.init {ckpt}), exp dir {exp} usable" in capsys.readouterr().out
+    assert not (tmp_path / "deep").exists()
+    (tmp_path / "a file").write_text("x")
+    cases = {
+        f"train.init={tmp_path / 'nope.pt'}": f"config key 'train.init': checkpoint {tmp_path / 'nope.pt'} does not",
+        "train.epochs=0": "config key 'train.epochs' must be >= 1, got 0",
+        f"data.train={tmp_path / 'a file'}": f"error: {tmp_path / 'a file'} is a file, not a folder",
+    }
+    for override, message in cases.items():
+        assert train_main(["--check", "--config", str(trained[0]), "--exp-dir", str(exp), override]) == 2
+        assert message in capsys.readouterr().err
+    assert train_main(["--check", "--config", str(trained[0]), "--exp-dir", str(tmp_path / "a file" / "exp")]) == 2
+    assert (
+        f"error: {tmp_path / 'a file'} is a file, not a folder (so {tmp_path / 'a file' / 'exp'} cannot be made)"
+        in (capsys.readouterr().err)
+    )
+    assert not (tmp_path / "deep").exists()
+
+
 def test_no_model_and_no_init_is_named(trained, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"data: {{train: {trained[1]}}}\n")
@@ -437,10 +497,7 @@ def eval_dir(tmp_path):
 
 
 def test_corrupt_checkpoint_file_is_named_by_extraction(trained, tmp_path, eval_dir, capsys):
-    ck = tmp_path / "c.pt"
-    data = bytearray((trained[2] / "checkpoints" / "epoch_001.pt").read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 32] = b"\xff" * 32
-    ck.write_bytes(bytes(data))
+    ck = damaged_copy(trained[2] / "checkpoints" / "epoch_001.pt", tmp_path / "c.pt")
     out = tmp_path / "e.npz"
     assert extract_main(["--checkpoint", str(ck), "--data", str(eval_dir), "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -515,6 +572,7 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
         (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),
+        (["--stage"], "option --stage needs a value"),
     ],
 )
 @pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb", "custom"])
@@ -527,7 +585,7 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
         cwd=tmp_path,
     )
-    assert r.returncode == 1 and message in r.stderr and r.stdout == ""
+    assert r.returncode == 2 and message in r.stderr and r.stdout == ""
 
 
 @pytest.mark.parametrize(

@@ -27,16 +27,9 @@ from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
+from tests.helpers import TINY_CAMPPLUS as TINY
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
 
 
 def tiny_checkpoint(step=3, epoch=1, seed=0, resume=True, **over) -> Checkpoint:

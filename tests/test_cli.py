@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import re
 import shutil
@@ -16,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.resample import (
     MAX_WEIGHTS,
@@ -26,38 +26,13 @@ from speakerlab.dataio.resample import (
     read_for_model,
     resample,
 )
-from speakerlab.features.fbank import Fbank, FbankConfig
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.features.fbank import Fbank
 from speakerlab.inference.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, run_embed, run_verify
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
 from tests.helpers import write_wav
 
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("ckpt") / "c.pt"
-    save_checkpoint(
-        path,
-        Checkpoint(
-            model_name="campplus",
-            model_args=TINY,
-            model=build_model("campplus", **TINY).state_dict(),
-            features=FeatureSpec(FbankConfig()),
-        ),
-    )
-    return path
 
 
 @pytest.fixture
@@ -86,7 +61,10 @@ def cosine(a, b) -> float:
 def test_every_command_has_a_console_script_that_runs():
     """Each module with a `main(argv)` is a `speakerlab-<command>` script; each entry point answers --help
     with exit 0 and a bad option with exit 2; the installed scripts are on PATH (env.sh installs them)."""
-    tomllib = pytest.importorskip("tomllib" if __import__("sys").version_info >= (3, 11) else "tomli")
+    tomllib = pytest.importorskip(
+        "tomllib" if __import__("sys").version_info >= (3, 11) else "tomli",
+        reason="Python 3.10 reads pyproject.toml with the tomli package, which is not installed",
+    )
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     with_main = {
         ".".join(p.relative_to(ROOT).with_suffix("").parts)
@@ -207,7 +185,8 @@ def test_verify_prints_the_cosine_of_the_embeddings_embed_writes(ckpt, wavs, tmp
     assert run_embed([str(scp), str(out), "--checkpoint", str(ckpt), "--device", "cpu", "--kaldi"]) == 0
     ids, emb = read_embeddings(out)
     assert ids == ["b", "a"] and emb.shape == (2, 16) and emb.dtype == np.float32  # wav.scp order
-    kaldiio = pytest.importorskip("kaldiio")
+    import kaldiio  # a requirement of speakerlab (requirements.txt): never skipped
+
     ark = {k: v for k, v in kaldiio.load_scp(str(out.with_suffix(".scp"))).items()}
     assert list(ark) == ids and all(np.array_equal(ark[u], emb[i]) for i, u in enumerate(ids))
     capsys.readouterr()
@@ -228,7 +207,8 @@ def test_ark_output_writes_ark_scp_and_npz(ckpt, wavs, tmp_path):
     scp = write_scp(tmp_path / "wav.scp", [("x", wavs[2]), ("y", shortest)])
     assert run_embed([str(scp), str(tmp_path / "k" / "e.ark"), "--checkpoint", str(ckpt)]) == 0
     assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["e.ark", "e.npz", "e.scp"]
-    kaldiio = pytest.importorskip("kaldiio")
+    import kaldiio  # a requirement of speakerlab (requirements.txt): never skipped
+
     ark, (ids, emb) = kaldiio.load_scp(str(tmp_path / "k" / "e.scp")), read_embeddings(tmp_path / "k" / "e.npz")
     assert ids == ["x", "y"] and np.isfinite(emb).all()
     for i, u in enumerate(ids):
@@ -393,3 +373,115 @@ def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
     fails(run_embed, [str(tmp_path / "wav.scp"), str(tmp_path / "e.txt"), *model], tmp_path / "e.txt")
     fails(run_embed, [str(tmp_path / "none.scp"), str(out), *model], tmp_path / "none.scp")
     assert not out.parent.exists()  # nothing written by a failed run
+
+
+def test_verify_uses_the_scoring_stages_threshold_of_this_very_checkpoint(ckpt, tmp_path, capsys):
+    """`--checkpoint EXP` after a recipe's stages 4-5 (extract, score): the EER threshold scored on that
+    checkpoint's embeddings, saying where it came from; for a checkpoint those scores are not of (a newer one),
+    the untuned default, saying so and how to get a threshold."""
+    from speakerlab.inference.extract import main as extract_main
+    from speakerlab.scoring.score import main as score_main
+    from tests.helpers import make_data_dir, save_tiny_checkpoint
+
+    exp = tmp_path / "exp"
+    (exp / "checkpoints").mkdir(parents=True)
+    shutil.copy(ckpt, exp / "checkpoints" / "epoch_001.pt")
+    data = make_data_dir(tmp_path / "test", {f"s{s}-{u}": f"s{s}" for s in range(3) for u in range(2)}, seconds=1.0)
+    (data / "trials").write_text("s0-0 s0-1 target\ns1-0 s1-1 target\ns0-0 s1-0 nontarget\ns1-1 s2-0 nontarget\n")
+    emb = exp / "embeddings" / "test.npz"
+    assert extract_main(["--checkpoint", str(exp), "--data", str(data), "--out", str(emb), "--device", "cpu"]) == 0
+    assert (
+        score_main(
+            [
+                "--embeddings",
+                str(emb),
+                "--trials",
+                str(data / "trials"),
+                "--out",
+                str(exp / "scores" / "test"),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
+    want = json.loads((exp / "scores" / "test.json").read_text())["operating_points"]["eer"]["threshold"]
+    capsys.readouterr()
+    a, b = str(data / "wav" / "s0-0.wav"), str(data / "wav" / "s2-1.wav")
+    for given in (exp, exp / "checkpoints" / "epoch_001.pt"):
+        assert run_verify([a, b, "--checkpoint", str(given), "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        assert parse_verify(out)[1] == pytest.approx(want, abs=1e-6)
+        assert f"(EER threshold of {exp / 'scores' / 'test.json'}: {data / 'trials'}, 4 trials, EER " in out
+    # Training went on: the newest checkpoint has other weights, and no scores of its own.
+    save_tiny_checkpoint(exp / "checkpoints" / "epoch_002.pt", seed=1)
+    assert run_verify([a, b, "--checkpoint", str(exp), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert parse_verify(out)[1] == DEFAULT_THRESHOLD
+    assert "(uncalibrated default, not tuned for this model: give --threshold T or --calibration TRIALS" in out
+    assert "or score a trial list with this checkpoint (a recipe's stages 4-5)" in out
+
+
+def test_every_console_script_help_documents_every_option_with_its_default(monkeypatch, capsys):
+    """`--help` of each script of pyproject.toml (and of each sub-command): exit 0, the shared CommandParser
+    (defaults shown), a description that does not end in ':', help text for every option and sub-command."""
+    import argparse
+
+    from speakerlab.commands import CommandParser, HelpFormatter
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    printed = []
+    monkeypatch.setattr(CommandParser, "print_help", lambda self, file=None: printed.append(self))
+
+    def helped(entry, argv) -> CommandParser:
+        printed.clear()
+        with pytest.raises(SystemExit) as e:
+            sys.exit(entry(argv))
+        assert e.value.code == 0 and len(printed) == 1, (argv, e.value.code, "not a CommandParser?")
+        return printed[0]
+
+    problems, seen = [], 0
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        entry = getattr(importlib.import_module(module), func)
+        todo = [[]]
+        while todo:
+            argv = todo.pop()
+            parser = helped(entry, [*argv, "--help"])
+            seen += 1
+            where = " ".join([name, *argv])
+            assert parser.formatter_class is HelpFormatter, where
+            if not (parser.description or "").strip() or parser.description.strip().endswith(":"):
+                problems.append(f"{where}: description {parser.description!r}")
+            for action in parser._actions:
+                if isinstance(action, argparse._HelpAction):
+                    continue
+                if isinstance(action, argparse._SubParsersAction):
+                    todo += [[*argv, choice.dest] for choice in action._choices_actions]
+                    problems += [f"{where} {c.dest}: no help" for c in action._choices_actions if not c.help]
+                elif not action.help or action.help == argparse.SUPPRESS:
+                    problems.append(f"{where} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert not problems, "\n".join(problems)
+    assert seen > len(scripts)  # the sub-commands of the corpus scripts too
+    monkeypatch.undo()
+    with pytest.raises(SystemExit):
+        importlib.import_module("speakerlab.datasets.folder").main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "trials of test/trials and val/trials, half target (default: 20000)" in shown
+
+
+def test_a_text_file_as_3dspeaker_weights_is_one_line_without_torchs_advice(wavs, tmp_path, capsys):
+    """What torch.load(weights_only=True) refuses is said as what the file is; torch's own advice to load it
+    with weights_only=False (running code from the file) is never passed on."""
+    notes = tmp_path / "campplus_cn_common.bin"
+    notes.write_text("<html>404 Not Found</html>\n")  # a download that went wrong
+    pickled = tmp_path / "pickled.bin"
+    torch.save({"state_dict": {"scale": Fraction(1, 3)}}, pickled)  # loading it would need a class from the file
+    for weights, what in (
+        (notes, "it is a text file, not a PyTorch weights file (torch.save writes a zip archive or a pickle)"),
+        (pickled, "it holds Python objects (fractions.Fraction), not only weights; speakerlab reads weights only"),
+    ):
+        assert run_verify([*wavs[:2], "--3dspeaker", "campplus", "--weights", str(weights), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: checkpoint {weights} cannot be loaded: {what}") and err.count("\n") == 1
+        assert "weights_only" not in err

@@ -16,6 +16,7 @@ from speakerlab.models import build_model
 from speakerlab.train.loss import AAMSoftmax
 from speakerlab.train.precision import resolve_precision
 from speakerlab.train.stability import NonFiniteGuard
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def test_nccl_two_processes(tmp_path):
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--master_port=29561",
+            f"--master_port={free_port()}",
             "-m",
             "speakerlab.train",
             "--config",

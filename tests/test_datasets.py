@@ -33,11 +33,7 @@ from speakerlab.datasets.download import (
 from tests.fake_corpora import (
     FAKE_FFMPEG,
     cnceleb_blobs,
-    env_ready,
-    make_synth_corpus,
     md5,
-    musan_rirs_blobs,
-    recipe_env,
     serve,
     split,
     tgz_bytes,
@@ -284,7 +280,9 @@ def test_voxceleb_download_extract_convert_prepare(tmp_path, monkeypatch, capsys
     assert vox2.utts == ["id00012-21Uxsk56VDQ-00001", "id00012-21Uxsk56VDQ-00002", "id00015-0fijmz4vTVU-00001"]
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed")
+@pytest.mark.skipif(
+    shutil.which("ffmpeg") is None, reason="ffmpeg is not on PATH (.ci/run installs it: apt-get install ffmpeg)"
+)
 def test_voxceleb_convert_with_real_ffmpeg(tmp_path):
     src = tmp_path / "raw/voxceleb2/dev/aac/id00012/21Uxsk56VDQ/00001.m4a"
     src.parent.mkdir(parents=True)
@@ -382,12 +380,6 @@ def test_cnceleb_missing_speaker_folder_is_named(tmp_path):
 # ---------------------------------------------------------------- MUSAN / RIRS_NOISES
 
 
-@pytest.fixture(scope="module")
-def synth_corpus(tmp_path_factory):
-    """A tiny corpus of egs/mini's generator: its musan/ and RIRS_NOISES/ trees mimic the archives."""
-    return make_synth_corpus(tmp_path_factory.mktemp("synth"), train_speakers=2, utts=2, eval_speakers=2, eval_utts=2)
-
-
 def test_musan_rirs_prepare_on_the_synthetic_corpus(synth_corpus, tmp_path):
     corpus = tmp_path / "synth"
     shutil.copytree(synth_corpus, corpus)
@@ -420,44 +412,3 @@ def test_recipe_parses_and_prints_help(recipe):
     r = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--stage" in r.stdout and "--gpus" in r.stdout and "--archive_dir" in r.stdout
-
-
-@pytest.mark.slow  # the recipe through bash: 17 s
-@pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages for this interpreter")
-def test_cnceleb_recipe_stages_1_to_2_on_fake_archives(synth_corpus, tmp_path):
-    """The shell plumbing of a real recipe: --archive_dir, data preparation (stage 1), features (stage 2)."""
-    blobs = {k: v for k, v in cnceleb_blobs().items() if k != "cn-celeb2_v2.tar.gz"}  # parts only
-    blobs.update(musan_rirs_blobs(synth_corpus))
-    have = tmp_path / "have"
-    serve(have, blobs)
-    r = subprocess.run(
-        [
-            "bash",
-            str(REPO / "egs/cnceleb/run.sh"),
-            "--stage",
-            "1",
-            "--stop_stage",
-            "2",
-            "--archive_dir",
-            str(have),
-            "--download_opts",
-            "--skip-md5 --jobs 1",
-            "--download_dir",
-            str(tmp_path / "dl"),
-            "--raw_dir",
-            str(tmp_path / "raw"),
-            "--data",
-            str(tmp_path / "data"),
-            "--jobs",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=recipe_env(),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(os.listdir(tmp_path / "dl")) == ["cn-celeb2_v2.tar.gz"]  # joined from the user's parts
-    for name in ("cnceleb_train", "cnceleb_eval"):
-        assert (tmp_path / "data" / name / "utt2num_samples").is_file()  # the index stage ran
-    assert len((tmp_path / "data/musan_rirs/rirs.scp").read_text().splitlines()) == 18

@@ -128,7 +128,6 @@ def torch_free_env(tmp_path: Path) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
 
 
-@pytest.mark.slow  # three interpreters importing onnxruntime and scipy: 63 s on the loaded 2-core VM
 def test_embed_onnx_runs_without_torch_on_mixed_rates(stats_file, tmp_path):
     """speakerlab-embed --onnx and load_embedder(onnx=...) in a process where `import torch` fails; files of five
     rates resampled by scipy's resample_poly; the stereo file's first channel, with a warning naming it."""

@@ -18,20 +18,13 @@ from speakerlab.frontends import FbankConfig, ReDimNetMelConfig, WaveformConfig
 from speakerlab.inference.embedder import Embedder
 from speakerlab.models import build_model, list_models, list_ssl_models
 from tests.helpers import ROOT, make_data_dir, write_wav
+from tests.test_export import EXPORT_ARGS  # the deep models as shallow copies of themselves: same blocks
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 pytestmark = pytest.mark.slow
 TINY = ROOT / "tests" / "data" / "legacy_checkpoint" / "campplus_tiny.pt"
-# The deep variants as shallow copies of themselves: the same blocks, front end and Loop, in a fraction of the
-# export time (depth changes nothing the waveform file adds to the model).
-EXPORT_ARGS = {
-    "resnet221": {"num_blocks": (2, 2, 3, 2)},
-    "resnet293": {"num_blocks": (2, 2, 3, 2)},
-    "gemini_dfresnet114": {"depths": (2, 2, 3, 2)},
-    "gemini_dfresnet183": {"depths": (2, 2, 3, 2)},
-}
 
 
 @pytest.fixture(scope="session")

@@ -2,41 +2,15 @@
 
 import numpy as np
 import pytest
-import torch
 
-from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import Embedder, length_batches, load_embedder
 from speakerlab.inference.extract import embed_data_dir, main
 from speakerlab.models import build_model
+from tests.helpers import TINY_CAMPPLUS as TINY
 from tests.helpers import make_data_dir, write_wav
-
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
-
-
-@pytest.fixture
-def ckpt(tmp_path):
-    torch.manual_seed(0)
-    path = tmp_path / "c.pt"
-    save_checkpoint(
-        path,
-        Checkpoint(
-            model_name="campplus",
-            model_args=TINY,
-            model=build_model("campplus", **TINY).state_dict(),
-            features=FeatureSpec(FbankConfig()),
-        ),
-    )
-    return path
 
 
 @pytest.fixture

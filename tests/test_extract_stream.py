@@ -9,25 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.checkpoint import Checkpoint, save_checkpoint
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.lists import load_data_dir
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.extract import StreamingExtractor, main, plan_units
-from speakerlab.models import build_model
-from tests.helpers import assert_no_traceback, write_wav
+from tests.helpers import assert_no_traceback, free_port, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = {
-    "embedding_size": 16,
-    "growth_rate": 8,
-    "bn_size": 2,
-    "init_channels": 16,
-    "m_channels": 8,
-    "num_layers": [1, 1, 1],
-}
 
 
 def make_dir(root: Path, n: int, seconds, seed: int = 0) -> Path:
@@ -43,22 +31,6 @@ def make_dir(root: Path, n: int, seconds, seed: int = 0) -> Path:
     (root / "wav.scp").write_text("".join(scp))
     (root / "utt2spk").write_text("".join(u2s))
     return root
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("ck") / "c.pt"
-    save_checkpoint(
-        path,
-        Checkpoint(
-            model_name="campplus",
-            model_args=TINY,
-            model=build_model("campplus", **TINY).state_dict(),
-            features=FeatureSpec(FbankConfig()),
-        ),
-    )
-    return path
 
 
 def test_plan_units_cuts_long_utterances_into_equal_chunks():
@@ -199,7 +171,7 @@ def test_two_processes_give_the_single_process_embeddings(ckpt, tmp_path):
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--master_port=29541",
+            f"--master_port={free_port()}",
             "-m",
             "speakerlab.inference.extract",
             *common,
@@ -312,7 +284,7 @@ def test_feature_store_under_torchrun_only_rank_0_writes(ckpt, tmp_path):
     common = ["--shard-units", "4", "--max-seconds", "1.0", "--num-workers", "1"]
     assert main(_store_args(ckpt, data, one) + common) == 0
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29543"]
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
         + ["-m", "speakerlab.inference.extract", *_store_args(ckpt, data, two), *common],
         env=ENV,
         capture_output=True,

@@ -113,3 +113,22 @@ def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(units, "AudioUnits", None)  # no audio may be read when the store fits
     assert validation.validation_eer(model, spec, str(val), torch.device("cpu")) == pytest.approx(from_audio)
+
+
+def test_a_store_of_lists_since_rewritten_says_to_rerun_stage_2(tmp_path, capsys):
+    """The data preparation stage re-run on a changed folder (stage 1) rewrites the lists; a store of the old
+    ones (stage 2 not re-run) stops training at start with the stage and the command that rebuild it, not a
+    count of utterances missing from the store."""
+    cfg, train = tiny_config(tmp_path, val=False)
+    assert main(["--data", str(train)]) == 0
+    make_data_dir(train, {f"s{s}-{u}": f"s{s}" for s in range(5) for u in range(4)}, seconds=0.6, seed=7)
+    exp = tmp_path / "f"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "data.feats=true"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"error: {train / FEATS_SCP}: the feature store was computed from another wav.scp (4 utterance(s) of wav.scp "
+        "not in it, 0 no longer listed: the data preparation stage ran again since); re-run the features stage "
+        f"(recipe stage 2: speakerlab-feature-store --data {train})"
+    ) in err
+    assert main(["--data", str(train)]) == 0  # what the message says to run
+    assert FeatureStore(train).entries.keys() == {f"s{s}-{u}" for s in range(5) for u in range(4)}

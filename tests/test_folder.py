@@ -19,6 +19,7 @@ from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.dataio.resample import rate_ratio, resample
 from speakerlab.dataio.trials import IdIndex, read_trial_list
 from speakerlab.datasets.folder import main as folder_main
+from speakerlab.datasets.split import split_sizes
 from tests.helpers import write_wav
 
 SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -123,6 +124,51 @@ def test_every_bad_file_has_its_report_line_and_nothing_is_lost(tmp_path, capsys
     assert not set(used(out)) & out_paths and int(counts.group(3)) == len(used(out))
 
 
+def test_links_and_truncated_files_say_what_they_are(tmp_path):
+    """A broken link names its target, a link loop says so, a WAV shorter than its header promises (which
+    libsndfile reads without a word) is left out as truncated: none of them "does not exist"."""
+    root = tree(tmp_path / "root")
+    (root / "a" / "broken.wav").symlink_to(tmp_path / "moved" / "take1.wav")
+    (root / "a" / "self.wav").symlink_to("self.wav")
+    (root / "a" / "ping.wav").symlink_to("pong.wav")
+    (root / "a" / "pong.wav").symlink_to("ping.wav")
+    whole = write_wav(tmp_path / "whole.wav", tone(2.0)).read_bytes()
+    (root / "b" / "cut.wav").write_bytes(whole[: 44 + 2 * 24000])  # 1.5 s of the 2 s the header promises
+    _, out = run(tmp_path, root=root)
+    lines = report(out)
+    a = root / "a"
+    assert (
+        f"{a / 'broken.wav'}: left out: a broken symbolic link: its target {tmp_path}/moved/take1.wav does not exist"
+        in (lines)
+    )
+    assert f"{a / 'self.wav'}: left out: a symbolic link loop ({a / 'self.wav'} -> self.wav -> ...)" in lines
+    assert f"{a / 'ping.wav'}: left out: a symbolic link loop ({a / 'ping.wav'} -> pong.wav -> ...)" in lines
+    assert (
+        f"{root / 'b' / 'cut.wav'}: left out: truncated (its header promises 2.00 s, the file holds 1.50 s: an "
+        "interrupted copy or download?)" in lines
+    )
+    assert not any("does not exist" in line and "broken" not in line for line in lines), lines
+
+
+@pytest.mark.parametrize("header", ["file,spk", "path,speaker", "Audio File,Speaker Name,Session"])
+def test_a_csv_header_of_any_names_is_not_read_as_a_file(tmp_path, capsys, header):
+    root = tree(tmp_path / "root")
+    session = header.count(",") == 2
+    rows = [f"{p},{p.parent.name}" + (f",s{p.stem}" if session else "") for p in sorted(root.rglob("*.wav"))]
+    (tmp_path / "list.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    _, out = run(tmp_path, "--csv", str(tmp_path / "list.csv"))
+    assert report(out) == [] and len(used(out)) == len(rows)
+    assert f"{tmp_path / 'list.csv'}:1: a header row, not a file: {header}" in capsys.readouterr().err
+
+
+def test_a_csv_without_header_uses_its_first_row(tmp_path):
+    root = tree(tmp_path / "root")
+    rows = [f"{p.relative_to(tmp_path)},{p.parent.name}" for p in sorted(root.rglob("*.wav"))]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    _, out = run(tmp_path, "--csv", str(tmp_path / "list.csv"))
+    assert report(out) == [] and str(root / "a" / "0.wav") in used(out)
+
+
 def test_a_missing_csv_file_is_reported(tmp_path):
     root = tree(tmp_path / "root")
     rows = [f"{p},{p.parent.name}" for p in sorted(root.rglob("*.wav"))] + [f"{root / 'a' / 'gone.wav'},a"]
@@ -162,9 +208,13 @@ def test_non_utf8_csv_is_named(tmp_path, capsys):
     "args, message",
     [
         (["--root", "{tmp}/nowhere"], "error: expected folder {tmp}/nowhere does not exist"),
+        (["--root", "{tmp}/flat/x.wav"], "error: {tmp}/flat/x.wav is a file, not a folder: --root takes the folder"),
         (["--root", "{tmp}/flat"], "error: {tmp}/flat: no audio files in speaker folders"),
         (["--root", "{tmp}/root", "--test-speakers", "4"], "error: 5 usable speakers cannot give 4 test speakers"),
-        (["--root", "{tmp}/root", "--folder-sessions"], "error: the test speakers have no cross-session target pairs"),
+        (
+            ["--root", "{tmp}/root", "--folder-sessions"],
+            "error: {tmp}/out/test: the held-out speakers have no cross-session target pairs",
+        ),
     ],
 )
 def test_unusable_input_is_one_error(tmp_path, capsys, args, message):
@@ -176,10 +226,33 @@ def test_unusable_input_is_one_error(tmp_path, capsys, args, message):
 
 
 @pytest.mark.parametrize(
+    "data, message",
+    [
+        ("my data", "error: --data: {out} holds whitespace or is not UTF-8: the lists name the converted and linked"),
+        ("a file", "error: --data: {out} is a file, not a folder; choose another folder"),
+        ("a file/below", "error: --data: {tmp}/a file is a file, not a folder (so {out} cannot be made)"),
+    ],
+)
+def test_an_unusable_data_folder_is_named_before_any_file_is_read(tmp_path, capsys, monkeypatch, data, message):
+    """--data with whitespace (files converted or linked under it could not be listed) or under a file: refused
+    first, naming --data, before the recordings are read."""
+    import speakerlab.datasets.folder as folder
+
+    root = tree(tmp_path / "root", utts=2)
+    write_wav(root / "a" / "8k.wav", tone(1.2, rate=8000))  # converted under --data
+    (tmp_path / "a file").write_text("x")
+    monkeypatch.setattr(folder, "check_all", lambda *a: pytest.fail("files read before --data was checked"))
+    out = tmp_path / data
+    assert folder_main(["--root", str(root), "--data", str(out), "--jobs", "1"]) == 2
+    assert message.format(out=out, tmp=tmp_path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
-        (["--test-speakers", "1"], "--test-speakers: must be a count >= 2 or a fraction in (0, 1), got '1'"),
-        (["--test-speakers", "1.5"], "must be a count >= 2 or a fraction in (0, 1), got '1.5'"),
+        (["--test-speakers", "1"], "--test-speakers: must be auto, a count >= 2 or a fraction in (0, 1), got '1'"),
+        (["--test-speakers", "1.5"], "must be auto, a count >= 2 or a fraction in (0, 1), got '1.5'"),
+        (["--val-speakers", "-1"], "--val-speakers: must be auto, a count >= 0 or a fraction in (0, 1), got '-1'"),
         (["--trials", "1"], "--trials must be >= 2, got 1"),
         (["--min-utts", "1"], "--min-utts must be >= 2, got 1"),
         (["--folder-sessions", "--csv", "x.csv"], "--folder-sessions goes with --root"),
@@ -283,6 +356,49 @@ def test_split_is_speaker_disjoint_and_seeded(tmp_path):
     assert len(split("--test-speakers", "5")[1]) == 5
 
 
+@pytest.mark.parametrize(
+    "speakers, sizes", [(5, (2, 0)), (12, (3, 0)), (16, (4, 2)), (90, (22, 11)), (200, (40, 20)), (1000, (100, 50))]
+)
+def test_held_out_sizes_by_default_as_split_py_says(speakers, sizes):
+    assert split_sizes(speakers) == sizes
+    assert split_sizes(speakers, 6, 0) == (6, 0) and split_sizes(speakers, 0.5, 0.25)[1] == round(speakers / 4)
+
+
+def test_a_validation_split_beside_train_and_test_and_its_warnings(tmp_path, capsys):
+    """16 speakers: 4 test and 2 validation speakers by default, each split with its trials, the test speakers
+    those of a split without validation; both held-out splits are too small to measure, and each says so."""
+    root = tree(tmp_path / "root", speakers=[f"s{i:02d}" for i in range(16)], utts=3, seconds=1.0)
+    out = tmp_path / "out"
+    assert folder_main(["--root", str(root), "--data", str(out), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    spk = {d: set(load_data_dir(out / d).utt2spk.values()) for d in ("train", "val", "test")}
+    assert [len(spk[d]) for d in ("train", "val", "test")] == [10, 2, 4]
+    assert not (spk["train"] & spk["val"] or spk["train"] & spk["test"] or spk["val"] & spk["test"])
+    assert "datasets: speakers: 10 train, 2 val, 4 test (--test-speakers auto, --val-speakers auto)" in err
+    for d, n in (("val", 2), ("test", 4)):
+        trials = read_trials(out / d)
+        assert {load_data_dir(out / d).utt2spk[a] for a, _, _ in trials} <= spk[d]
+        warning = (
+            f"warning: {out / d / 'trials'}: too few to tell models apart by the EER: {n} speakers (20 needed), "
+            f"{3 * n} target trials (600 needed); "
+        )
+        assert warning in err and err.count(f"warning: {out / d / 'trials'}") == 1
+    with open(out / "sources.csv", newline="") as f:
+        sets = Counter(r["set"] for r in csv.DictReader(f))
+    assert sets == {"train": 30, "val": 6, "test": 12}
+    assert folder_main(["--root", str(root), "--data", str(out), "--jobs", "1", "--val-speakers", "0"]) == 0
+    assert not (out / "val").exists() and set(load_data_dir(out / "test").utt2spk.values()) == spk["test"]
+
+
+def test_the_small_end_says_that_its_eer_means_nothing(tmp_path, capsys):
+    """The issue's case: 12 speakers hold out 3 for testing, and a warning line says so."""
+    root = tree(tmp_path / "root", speakers=[f"s{i}" for i in range(12)], utts=4, seconds=1.0)
+    assert folder_main(["--root", str(root), "--data", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "speakers: 9 train, 0 val, 3 test" in err
+    assert "3 speakers (20 needed), 18 target trials (600 needed); the EER measured on it is coarse" in err
+
+
 def read_trials(data) -> list:
     """`data`/trials parsed by the scoring's reader against `data`'s utterances: (enrol, test, target) rows."""
     index = IdIndex(load_data_dir(data).utts, "utt2spk")
@@ -290,7 +406,7 @@ def read_trials(data) -> list:
     return [(index.ids[e], index.ids[u], bool(y)) for e, u, y in zip(t.enrol, t.test, t.target)]
 
 
-def test_trials_are_balanced_and_cross_session(tmp_path):
+def test_trials_are_balanced_and_cross_session(tmp_path, capsys):
     root = tmp_path / "root"
     for i in range(6):
         for sess in range(2):
@@ -307,9 +423,12 @@ def test_trials_are_balanced_and_cross_session(tmp_path):
         assert same == target and enrol != test_utt
         if target:
             assert sess[enrol] != sess[test_utt]
-    # All of them when fewer exist: 4 speakers x 3 x 3 cross-session pairs = 36 targets.
+    # All of them when fewer exist: 4 speakers x 3 x 3 cross-session pairs = 36 targets, said in one line.
+    capsys.readouterr()
     _, out = run(tmp_path, "--folder-sessions", "--test-speakers", "4", "--trials", "1000", root=root)
     assert Counter(target for _, _, target in read_trials(out / "test")) == {True: 36, False: 36}
+    note = "only 36 cross-session target pairs exist: 72 trials (36 target, 36 nontarget) of the 1000 asked for"
+    assert f"{out / 'test' / 'trials'}: {note}\n" in capsys.readouterr().err
 
 
 def test_rerun_gives_the_same_lists_and_drops_stale_conversions(tmp_path):

@@ -22,7 +22,7 @@ from speakerlab.train.build import build_run, load_train_config
 from speakerlab.train.freeze import PARTS, check_freeze, frozen_parts, rule_end
 from speakerlab.train.optim import parameter_groups
 from speakerlab.train.resume import schedule_changes
-from tests.helpers import ROOT, TINY_ENCODERS, assert_no_traceback, fit_watched, losses, voice_data_dir
+from tests.helpers import ROOT, TINY_ENCODERS, assert_no_traceback, fit_watched, free_port, losses, voice_data_dir
 
 TRUNK = FreezeRule(modules=["trunk"], until_epoch=1)
 
@@ -246,7 +246,7 @@ def test_under_ddp_each_change_wraps_again_and_the_lr_scales_hold(ssl_source, tm
     config = finetune_config(tmp_path, ssl_source, [TRUNK, encoder_until(3)], optim, per_device=4)
     report = tmp_path / "report.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29547"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
     cmd += [str(ROOT / "tests" / "ddp_freeze.py"), config, str(tmp_path / "exp"), str(report)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

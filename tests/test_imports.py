@@ -20,18 +20,33 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # that config can read it. sources: the one reader of pretrained models (ours, 3D-Speaker, ReDimNet2
 # releases), between checkpoint and inference, because it needs models and the front-end registry and both
 # inference and train read through it.
+# `commands` (the parser and the ending of every console script) is a leaf every layer with a script may import.
 LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "frontends": {"settings"},
     "config": {"settings", "frontends"},
     "devices": set(),
-    "dataio": {"config", "settings", "devices"},
-    "features": {"dataio", "config", "devices", "frontends"},
+    "commands": set(),
+    "dataio": {"config", "settings", "devices", "commands"},
+    "features": {"dataio", "config", "devices", "frontends", "commands"},
     "models": set(),
     "checkpoint": {"frontends", "models"},
     "sources": {"checkpoint", "features", "frontends", "models"},
-    "scoring": {"dataio"},
-    "inference": {"sources", "checkpoint", "features", "frontends", "models", "dataio", "scoring", "devices"},
+    "scoring": {"dataio", "commands"},
+    "inference": {
+        "sources",
+        "checkpoint",
+        "features",
+        "frontends",
+        "models",
+        "dataio",
+        "scoring",
+        "devices",
+        "commands",
+    },
+    # Diarization consumes embedders as scoring consumes embeddings: inference's Embedder, audio and lists
+    # of dataio; nothing of the training side.
+    "diarization": {"inference", "dataio", "commands"},
     "train": {
         "config",
         "settings",
@@ -44,9 +59,10 @@ LAYERS: Dict[str, Set[str]] = {
         "sources",
         "inference",
         "scoring",
+        "commands",
     },
-    "datasets": {"dataio"},
-    "synth": {"dataio"},
+    "datasets": {"dataio", "commands"},
+    "synth": {"dataio", "commands"},
 }
 
 

@@ -2,7 +2,6 @@
 the source, the weights loaded, a new classifier (or the rows of matching speakers), the trunk frozen for the
 first epochs, a lower LR for it; from our checkpoints, 3D-Speaker state dicts and ReDimNet2 release files."""
 
-import json
 import os
 import subprocess
 import sys
@@ -22,40 +21,15 @@ from speakerlab.train.loop import main as train_main
 from speakerlab.train.optim import parameter_groups
 from speakerlab.train.resume import resume
 from tests.fixture_models import fill_state_dict, load_fixture, load_redimnet2_fixture
-from tests.helpers import ROOT, assert_no_traceback, losses, make_data_dir, tiny_config
+from tests.helpers import ROOT, assert_no_traceback, free_port, losses, new_data, tiny_config, write_config
 
 TRUNK_EPOCH_1 = [{"modules": ["trunk"], "until_epoch": 1}]  # train.freeze: the classifier alone in epoch 1
-RUN = {
-    "loss": {"margin": 0.2, "margin_start_epoch": 0, "margin_warmup_epochs": 1},
-    "optim": {"lr": 0.05, "warmup_epochs": 0.5},
-    "train": {"epochs": 2, "global_batch_size": 8, "log_every_steps": 1, "save_every_steps": 1},
-    "hardware": {"device": "cpu", "precision": "fp32", "per_device_batch": 4, "num_workers": 0, "pin_memory": False},
-}
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A tiny CAM++ trained one epoch on speakers s0-s3: its exp dir."""
-    root = tmp_path_factory.mktemp("pretrained")
-    cfg, _ = tiny_config(root, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(root / "exp"), "train.epochs=1"]) == 0
-    return root / "exp"
-
-
-def new_data(tmp_path, speakers=("s2", "s3", "n0", "n1")):
-    """Another speaker set (two of them, s2 and s3, also pretrained ones)."""
-    return make_data_dir(tmp_path / "new", {f"{s}-{u}": s for s in speakers for u in range(4)}, seconds=0.6, seed=7)
-
-
-def write_config(tmp_path, train_dir, **sections) -> str:
-    """A fine-tuning config without a model section (train.init brings it) plus `sections` merged in."""
-    raw = json.loads(json.dumps(RUN))
-    raw["data"] = {"train": str(train_dir), "crop_seconds": 0.5}
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    path = tmp_path / "finetune.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
+@pytest.fixture
+def pretrained(tiny_model):
+    """A tiny CAM++ trained one epoch on speakers s0-s3 (the session's, tests/conftest.py): its exp dir."""
+    return tiny_model.exp
 
 
 def fresh_run(config: str, exp, *overrides):
@@ -276,8 +250,9 @@ def test_redimnet2_release_gives_the_registered_size_and_its_front_end(tmp_path)
         "agg_gnorm": False,
     }
     run = fresh_run(write_config(tmp_path, new_data(tmp_path), train={"init": str(path)}), tmp_path / "r")
+    loaded = run.raw.model.state_dict()  # once: state_dict() builds the whole dict on every call
     for key, value in state.items():
-        torch.testing.assert_close(run.raw.model.state_dict()[key], value, rtol=0, atol=0)
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
     f = run.cfg.features
     assert (f.kind, f.num_mel_bins, f.fft_size, f.high_freq, f.normalize_signal) == (
         "redimnet_mel",
@@ -309,7 +284,7 @@ def test_frozen_trunk_under_torchrun(pretrained, tmp_path):
     config = write_config(tmp_path, new_data(tmp_path), train=train, optim={"backbone_lr_scale": 0.25})
     exp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531", "-m"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", "-m"]
     cmd += ["speakerlab.train", "--config", config, "--exp-dir", str(exp)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

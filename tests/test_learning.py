@@ -1,7 +1,7 @@
 """Training learns, not only runs: the first losses of a fixed tiny run equal the stored golden ones, and the
 loss falls over 16 steps. Both fail when the optimizer step is skipped or the learning rate is 0 (the
 equality tests of resume and DDP compare two runs with each other, which agree even then). The mini
-recipe test (tests/test_recipe.py) adds a trained EER below the no-training baseline's.
+recipe test (tests/test_mini_recipe.py) adds a trained EER below the no-training baseline's.
 
 The golden losses were written by this test with SPEAKERLAB_WRITE_GOLDEN=1 (torch 2.13.0, CPU, fp32);
 a change that moves them on purpose rewrites them the same way and says why in its commit."""

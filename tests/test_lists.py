@@ -78,3 +78,14 @@ def test_utt2num_samples_validation(tmp_path):
     p.write_text("u1 16000\nu2 -3\n")
     with pytest.raises(ListError, match=re.escape(f"{p}:2: sample count must be a positive integer")):
         read_utt2num_samples(p)
+
+
+def test_a_length_index_older_than_the_lists_says_to_rerun_stage_2(tmp_path):
+    root = make_data_dir(tmp_path / "d", {"a-0": "a", "a-1": "a"})
+    (root / "utt2num_samples").write_text("a-0 8000\n")  # written before a-1 joined wav.scp
+    with pytest.raises(ListError) as e:
+        load_data_dir(root)
+    assert str(e.value) == (
+        f"{root / 'utt2num_samples'}: no entry for 'a-1' of wav.scp (the lists changed since the length index was "
+        f"written); re-run the features stage (recipe stage 2: speakerlab-prepare --data {root})"
+    )

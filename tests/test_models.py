@@ -152,7 +152,7 @@ def test_channels_last_matches(model):
     """2-D conv models give the same embeddings with channels_last weights (eval mode: the CPU
     channels_last batch-norm kernel differs slightly in training statistics)."""
     if not _is_2d_conv(model):
-        pytest.skip("no 2-D convolutions")
+        pytest.skip("a 1-D model: channels_last applies to 2-D convolutions only")
     x = _fbank(2, 200)
     with torch.no_grad():
         ref = model(x)

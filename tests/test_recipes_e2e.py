@@ -29,7 +29,6 @@ from tests.fake_corpora import (
     REPO,
     cnceleb_archives,
     env_ready,
-    make_synth_corpus,
     musan_rirs_blobs,
     recipe_env,
     reencode,
@@ -52,12 +51,11 @@ THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 Trial = Tuple[str, str, bool]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """10 training speakers x 5 utterances, 4 val and 4 test speakers x 4 utterances, all 1-1.4 s."""
-    return make_synth_corpus(
-        tmp_path_factory.mktemp("synth"), train_speakers=10, utts=5, eval_speakers=4, eval_utts=4, dur=(1.0, 1.4)
-    )
+@pytest.fixture
+def corpus(synth_corpus):
+    """The session's synthetic corpus (tests/conftest.py): 10 training speakers x 5 utterances, 4 val and 4 test
+    speakers x 4 utterances, all 1-1.4 s."""
+    return synth_corpus
 
 
 def count(trials: List[Trial]) -> Tuple[int, int]:
@@ -132,7 +130,8 @@ def check_scored(
     assert len(re.findall(r"EER \d+\.\d\d%", r.stdout)) == len(trials)  # one result line per list
     for name, (path, n, n_target) in trials.items():
         m = re.search(
-            rf"^{re.escape(str(data / eval_set / path))}: (\d+) trials \((\d+) target\) EER (\d+\.\d\d)% ",
+            rf"^{re.escape(str(data / eval_set / path))}: (\d+) trials \((\d+) target, \d+ nontarget, \d+ speakers\) "
+            r"EER (\d+\.\d\d)% ",
             r.stdout,
             re.M,
         )
@@ -404,14 +403,19 @@ def cnceleb_from_synth(corpus: Path):
 
 
 def test_cnceleb_recipe_end_to_end(corpus, tmp_path):
-    """cn-celeb2_v2.tar.gz as its published parts in --archive_dir; one trial list; training from the tar
-    shards that stage 2 writes with --shards true."""
+    """cn-celeb2_v2.tar.gz as its published parts in --archive_dir (joined into the download dir), MUSAN and
+    RIRS_NOISES too (prepared by stage 1; training here does not augment); one trial list; training from the
+    tar shards that stage 2 writes with --shards true."""
     blobs, train_utts, eval_utts, trials = cnceleb_from_synth(corpus)
     serve(tmp_path / "have", {k: v for k, v in blobs.items() if k != "cn-celeb2_v2.tar.gz"})
+    serve(tmp_path / "have", musan_rirs_blobs(corpus))
     env = recipe_env(**THREADS)
-    stage_1_2("cnceleb", tmp_path, "false", env, shards="true")
+    stage_1_2("cnceleb", tmp_path, "true", env, shards="true")
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["cn-celeb2_v2.tar.gz"]  # joined from the parts
     data = tmp_path / "data"
     check_prepared(data, "cnceleb_train", "cnceleb_eval", train_utts, eval_utts, trials)
+    rirs = (data / "musan_rirs" / "rirs.scp").read_text().splitlines()
+    assert len(rirs) == len(list((corpus / "RIRS_NOISES" / "simulated_rirs").rglob("Room*-*.wav")))
     index = json.loads((data / "cnceleb_train" / "shards" / "shards.json").read_text())
     assert sorted(index["utts"]) == sorted(train_utts)
     r = stage_3_5("cnceleb", tmp_path, "false", env, shards="true")

@@ -137,9 +137,10 @@ def test_load_accepts_and_drops_frontend_buffers():
     for candidate in (state, with_spec):
         model = load_redimnet2(fixture["reference_kwargs"], candidate)
         assert not model.training
-        assert not any(k.startswith("spec.") for k in model.state_dict())
+        loaded = model.state_dict()  # once: state_dict() builds the whole dict on every call
+        assert not any(k.startswith("spec.") for k in loaded)
         for key, value in state.items():
-            torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
+            torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
 
 
 def test_load_names_missing_unexpected_and_misshapen_keys():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import latest_checkpoint, load_checkpoint
-from tests.helpers import ROOT, assert_no_traceback, losses, tiny_config
+from tests.helpers import ROOT, assert_no_traceback, free_port, losses, tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
@@ -144,7 +144,7 @@ def _resume_and_finish(cmd, exp):
 def test_dead_rank_ends_the_job_and_the_same_command_resumes(tmp_path):
     cfg, _ = tiny_config(tmp_path, val=False)
     exp = tmp_path / "dead"
-    cmd, proc = _start_torchrun(cfg, exp, 29531)
+    cmd, proc = _start_torchrun(cfg, exp, free_port())
     os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL)
     t0 = time.time()
     out = proc.communicate(timeout=120)[0]
@@ -157,7 +157,7 @@ def test_dead_rank_ends_the_job_and_the_same_command_resumes(tmp_path):
 def test_stalled_rank_ends_the_job_within_the_watchdog_time(tmp_path):
     cfg, _ = tiny_config(tmp_path, val=False)
     exp = tmp_path / "stalled"
-    cmd, proc = _start_torchrun(cfg, exp, 29533, "hardware.watchdog_s=10")
+    cmd, proc = _start_torchrun(cfg, exp, free_port(), "hardware.watchdog_s=10")
     stopped = _worker_pids(proc.pid)[1]
     os.kill(stopped, signal.SIGSTOP)
     t0 = time.time()

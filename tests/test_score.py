@@ -102,7 +102,8 @@ def test_one_list_prefix_form_as_before(tmp_path, capsys):
     )
     result = (tmp_path / "exp" / "test.result").read_text()
     assert re.match(
-        r".*A/trials: \d+ trials \(\d+ target\) EER \d+\.\d\d% \(threshold -?\d\.\d{4}\) "
+        r".*A/trials: \d+ trials \(\d+ target, \d+ nontarget, \d+ speakers\) "
+        r"EER \d+\.\d\d% \(95% CI \d+\.\d\d-\d+\.\d\d%, threshold -?\d\.\d{4}\) "
         r"minDCF\(p_target=0.01\) \d\.\d{4}"
         r".* threshold\(FA 1%\) -?\d\.\d{4} \(miss \d+\.\d\d%\) threshold\(FA 0\.1%\) ",
         result,
@@ -292,3 +293,64 @@ def test_scoring_side_imports_no_training_code():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _score(tmp_path, *extra, trials="A"):
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--trials", str(tmp_path / trials / "trials")]
+    return main([*args, "--out", str(tmp_path / "o" / trials), "--no-plots", *extra])
+
+
+def test_counts_and_the_eer_interval_in_json_text_and_table_with_a_warning_when_too_few(tmp_path, capsys):
+    """8 speakers (from the utt2spk beside the list): counts and interval in every output, and one warning line
+    naming what the list lacks."""
+    ids, _ = _case(tmp_path)
+    (tmp_path / "A" / "utt2spk").write_text("".join(f"{u} {u.split('/')[0]}\n" for u in ids))
+    assert _score(tmp_path) == 0
+    out, err = capsys.readouterr()
+    s = json.loads((tmp_path / "o" / "A.json").read_text())
+    assert (s["n_speakers"], s["speakers_from"]) == (8, str(tmp_path / "A" / "utt2spk"))
+    assert s["n_target"] + s["n_nontarget"] == s["n_trials"] and s["n_target"] > 0
+    ci = s["eer_ci"]
+    assert ci["level"] == 0.95 and ci["replicates"] == 1000 and ci["trials_used"] == s["n_trials"]
+    assert 0 <= ci["low"] < s["eer"] < ci["high"] <= 1 and ci["method"].startswith("speaker bootstrap")
+    counts = f"{s['n_trials']} trials ({s['n_target']} target, {s['n_nontarget']} nontarget, 8 speakers)"
+    interval = f"95% CI {ci['low'] * 100:.2f}-{ci['high'] * 100:.2f}%"
+    line = (tmp_path / "o" / "A.result").read_text().strip()
+    assert line.startswith(f"{tmp_path / 'A' / 'trials'}: {counts} EER {s['eer'] * 100:.2f}% ({interval}, threshold ")
+    assert line in out
+    assert f"| {s['eer'] * 100:.2f} | {interval[7:-1]} | 8 |" in out  # the table's EER, interval, speakers
+    lacking = f"too few to tell models apart by the EER: 8 speakers (20 needed), {s['n_target']} target trials (600"
+    assert s["warning"].startswith(f"{tmp_path / 'A' / 'trials'}: {lacking}")
+    assert err == f"warning: {s['warning']}: EER {s['eer'] * 100:.2f}% ({interval})\n"
+
+
+def test_no_warning_when_the_list_is_large_enough_and_no_interval_when_asked(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    ids = [f"s{s}-{u}" for s in range(24) for u in range(12)]
+    centres = rng.standard_normal((24, 16))
+    emb = np.stack([centres[int(i[1:].split("-")[0])] + 0.9 * rng.standard_normal(16) for i in ids])
+    np.savez(tmp_path / "emb.npz", ids=np.array(ids), embeddings=emb.astype(np.float32))
+    pairs = [(a, b) for a in range(len(ids)) for b in range(a + 1, len(ids))]
+    tar = [p for p in pairs if p[0] // 12 == p[1] // 12]
+    non = [pairs[i] for i in rng.choice(len(pairs), 1600, replace=False) if pairs[i][0] // 12 != pairs[i][1] // 12]
+    (tmp_path / "L").mkdir()
+    rows = sorted([(a, b, "target") for a, b in tar] + [(a, b, "nontarget") for a, b in non])
+    (tmp_path / "L" / "trials").write_text("".join(f"{ids[a]} {ids[b]} {lab}\n" for a, b, lab in rows))
+    assert _score(tmp_path, trials="L") == 0
+    out, err = capsys.readouterr()
+    s = json.loads((tmp_path / "o" / "L.json").read_text())
+    assert (s["n_target"], s["n_speakers"], s["speakers_from"]) == (24 * 66, 24, "target trials")
+    assert "warning" not in s and err == "" and s["eer_ci"]["low"] <= s["eer"] <= s["eer_ci"]["high"]
+    assert _score(tmp_path, "--ci-replicates", "0", trials="L") == 0
+    s = json.loads((tmp_path / "o" / "L.json").read_text())
+    assert s["eer_ci"] is None and "CI" not in (tmp_path / "o" / "L.result").read_text()
+
+
+def test_a_given_utt2spk_must_name_every_utterance(tmp_path, capsys):
+    ids, _ = _case(tmp_path)
+    (tmp_path / "spk").write_text(f"{ids[0]} spk0\n")
+    assert _score(tmp_path, "--utt2spk", str(tmp_path / "spk")) == 2
+    assert f"error: {tmp_path / 'spk'}: no speaker for '" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        _score(tmp_path, "--ci-level", "95")
+    assert e.value.code == 2 and "--ci-level must lie in (0, 1), got 95" in capsys.readouterr().err

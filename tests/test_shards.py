@@ -21,7 +21,7 @@ from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import prepare
 from speakerlab.dataio.shards import ShardStream, main, write_shards
 from speakerlab.train.loop import main as train_main
-from tests.helpers import assert_no_traceback, losses, make_data_dir, tiny_config, write_wav
+from tests.helpers import assert_no_traceback, free_port, losses, make_data_dir, tiny_config, write_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,7 +227,7 @@ def test_torchrun_ranks_split_every_epoch(tmp_path):
     _, shards = corpus(tmp_path, per_speaker=8)  # 32 utterances: 4 steps of 8
     script = tmp_path / "stream.py"
     script.write_text(TORCHRUN_STREAM)
-    torchrun(tmp_path, 29541, str(script), str(shards), str(tmp_path / "seen.json"))
+    torchrun(tmp_path, free_port(), str(script), str(shards), str(tmp_path / "seen.json"))
     seen = json.loads((tmp_path / "seen.json").read_text())
     for ranks in seen.values():
         assert [r["steps"] for r in ranks] == [4, 4]
@@ -244,12 +244,12 @@ def test_torchrun_training_on_shards(tmp_path):
     write_shards(train, train / "shards", per_shard=5, log=lambda m: None)
     args = ["-m", "speakerlab.train", "--config", str(cfg), f"data.shards={train / 'shards'}", "hardware.num_workers=1"]
     exp, exp2 = tmp_path / "ddp", tmp_path / "ddp2"
-    torchrun(tmp_path, 29542, *args, "--exp-dir", str(exp))
+    torchrun(tmp_path, free_port(), *args, "--exp-dir", str(exp))
     log = (exp / "train.log").read_text()
     assert "global 8 = 2 device(s) x 4 x accum 1" in log and "training done: 2 epochs, 4 steps" in log
     assert sorted(losses(exp)) == [1, 2, 3, 4]
-    torchrun(tmp_path, 29542, *args, "--exp-dir", str(exp2), "--max-steps", "1")
-    torchrun(tmp_path, 29542, *args, "--exp-dir", str(exp2))
+    torchrun(tmp_path, free_port(), *args, "--exp-dir", str(exp2), "--max-steps", "1")
+    torchrun(tmp_path, free_port(), *args, "--exp-dir", str(exp2))
     assert "resumed from" in (exp2 / "train.log").read_text()
     a, b = losses(exp), losses(exp2)
     assert sorted(b) == [1, 2, 3, 4] and all(b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6) for k in a)

@@ -143,7 +143,8 @@ def test_a_text_file_given_as_weights_is_named_without_torchs_advice(tmp_path, c
     assert train_main(["--config", config, "--exp-dir", str(tmp_path / "exp")]) == 2
     embed_err, train_err = capsys.readouterr().err.strip().split("\n")
     for err in (embed_err, train_err):
-        assert f"{notes} cannot be loaded: not a PyTorch weights file" in err and "weights_only" not in err
+        assert f"{notes} cannot be loaded: it is a text file, not a PyTorch weights file" in err
+        assert "weights_only" not in err
     assert train_err.startswith("error: config key 'train.init': checkpoint")
     with pytest.raises(SourceError, match=str(notes)):
         read_source(notes, threedspeaker="campplus")

@@ -19,7 +19,7 @@ from speakerlab.features.spec import build_features
 from speakerlab.inference.cli import run_embed
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import losses, save_tiny_encoder, tiny_config, voice_data_dir
+from tests.helpers import free_port, losses, save_tiny_encoder, tiny_config, voice_data_dir
 
 pytestmark = pytest.mark.slow  # each test trains (tens of seconds on a 2-core CPU)
 
@@ -194,7 +194,7 @@ def test_encoder_release_under_torchrun(tmp_path):
     overrides += ["train.epochs=2", "train.freeze=[{modules: [encoder], until_step: 2}]", "hardware.per_device_batch=4"]
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
     cmd += ["-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "ddp"), *overrides]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -211,27 +211,26 @@ def test_encoder_release_under_torchrun(tmp_path):
     assert not torch.equal(last[key], first[key])
 
 
-def test_mini_recipe_trains_the_tiny_ssl_config(tmp_path):
-    """egs/mini stages 1-5 with conf/mini/ssl_mfa.yaml (a tiny random w2v-BERT 2.0 + MFA) on the small corpus of
-    the CAM++ recipe test: it trains from the audio (its stage 2 stores no fbank for this front-end), its checkpoint
-    keeps the front-end kind, and the EER it prints is the EER of the scores it wrote. Learning is not asserted
+def test_mini_recipe_trains_the_tiny_ssl_config(mini_corpus, tmp_path):
+    """egs/mini stages 2-5 with conf/mini/ssl_mfa.yaml (a tiny random w2v-BERT 2.0 + MFA) on the small corpus of
+    the CAM++ recipe test (the session's stage 1, tests/conftest.py): it trains from the audio (its stage 2 stores
+    no fbank for this front-end), its checkpoint keeps the front-end kind, and the EER it prints is the EER of the
+    scores it wrote. Learning is not asserted
     here: on 20 training speakers this random encoder memorises them (training accuracy 0.57 after 100 steps) but
     scored 50 % on the 8 test speakers; on the full mini corpus (400 speakers, 600 steps) it scores 18.07 % against
     the baseline's 40.00 % (bench/RESULTS.md)."""
     import os
     import re
+    import shutil
 
     from speakerlab.scoring.metrics import compute_eer
 
     root = Path(__file__).resolve().parent.parent
-    corpus = (
-        "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
-        "--eval-utts-per-speaker 4 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
-    )
+    shutil.copytree(mini_corpus.data, tmp_path / "data")
     train = "train.epochs=2 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0"
     exp = tmp_path / "exp"
     cmd = ["bash", str(root / "egs" / "mini" / "run.sh"), "--data", str(tmp_path / "data"), "--exp", str(exp)]
-    cmd += ["--config", str(root / "conf" / "mini" / "ssl_mfa.yaml"), "--corpus_opts", corpus]
+    cmd += ["--config", str(root / "conf" / "mini" / "ssl_mfa.yaml"), "--stage", "2"]
     cmd += ["--train_overrides", train]
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

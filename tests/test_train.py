@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,41 +15,44 @@ import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
 from speakerlab.train.loop import main as train_main
-from tests.helpers import ROOT, assert_no_traceback, losses, tiny_config, write_wav
+from tests.helpers import ROOT, assert_no_traceback, free_port, losses, tiny_config, write_wav
 
 
-@pytest.mark.parametrize("extra", ["", "features: {dither: 1.0}"], ids=["plain", "dither"])
-def test_resume_equals_uninterrupted(tmp_path, extra):
+@pytest.mark.parametrize("dither", [False, True], ids=["plain", "dither"])
+def test_resume_equals_uninterrupted(tiny_run, tmp_path, dither):
     # With dither the front-end draws from torch's global random state every step: a resumed run must
     # restore it and nothing (a DataLoader's base seed, say) may draw from it in one run and not the other.
-    cfg, _ = tiny_config(tmp_path, val=False, extra=extra)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
+    if dither:
+        cfg, _ = tiny_config(tmp_path, val=False, extra="features: {dither: 1.0}")
+        ref = tmp_path / "a"
+        assert train_main(["--config", str(cfg), "--exp-dir", str(ref)]) == 0
+    else:
+        cfg, ref = tiny_run.config, tiny_run.exp  # the uninterrupted run (tests/conftest.py)
     # Interrupted at the end of epoch 1 (step 2), then mid-epoch 2 (step 3), then run to the end.
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "2"]) == 0
     assert sorted(losses(tmp_path / "b")) == [1, 2]
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "1"]) == 0
     assert sorted(losses(tmp_path / "b")) == [1, 2, 3]
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b")]) == 0
-    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    a, b = losses(ref), losses(tmp_path / "b")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
-    wa = load_checkpoint(tmp_path / "a" / "checkpoints" / "epoch_002.pt")
+    wa = load_checkpoint(ref / "checkpoints" / "epoch_002.pt")
     wb = load_checkpoint(tmp_path / "b" / "checkpoints" / "epoch_002.pt")
     for k in wa.model:
         torch.testing.assert_close(wa.model[k], wb.model[k], rtol=1e-5, atol=1e-6)
     assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
 
 
-def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tmp_path, monkeypatch):
+def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tiny_run, tmp_path, monkeypatch):
     """A checkpoint holding the CUDA random states of 2 GPUs: resumed here on the CPU (0 GPUs) it continues
     the same schedule and data order, equal to the uninterrupted run, warning once; with 1 GPU (faked)
     the state of GPU 0 is restored and the warning names the counts."""
     from speakerlab.checkpoint import save_checkpoint
     from speakerlab.train.resume import restore_cuda_rng
 
-    cfg, _ = tiny_config(tmp_path, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
+    cfg = tiny_run.config  # tiny_run.exp: the uninterrupted run (tests/conftest.py)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "3"]) == 0
     path = tmp_path / "b" / "checkpoints" / "partial_002.pt"
     ck = load_checkpoint(path)
@@ -56,7 +60,7 @@ def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tmp_path, monkeypatch):
     ck.resume.rng_cuda = fake
     save_checkpoint(path, ck)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b")]) == 0
-    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    a, b = losses(tiny_run.exp), losses(tmp_path / "b")
     assert sorted(b) == [1, 2, 3, 4] and all(b[s] == pytest.approx(a[s], rel=1e-6, abs=1e-7) for s in a)
     log = (tmp_path / "b" / "train.log").read_text()
     assert log.count("CUDA random state of 2 GPU(s), this run has 0: restored 0") == 1
@@ -71,10 +75,8 @@ def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tmp_path, monkeypatch):
     assert len(warnings) == 1  # the same count: nothing to say
 
 
-def test_checkpoint_alone_rebuilds_model(tmp_path):
-    cfg, _ = tiny_config(tmp_path, val=False)
-    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "e"), "train.epochs=1"]) == 0
-    path = tmp_path / "e" / "checkpoints" / "epoch_001.pt"
+def test_checkpoint_alone_rebuilds_model(tiny_model):
+    path = tiny_model.exp / "checkpoints" / "epoch_001.pt"
     raw = torch.load(path, weights_only=True)
     assert raw["schema"] == 2 and {
         "model_name",
@@ -95,7 +97,7 @@ def test_checkpoint_alone_rebuilds_model(tmp_path):
     model = rebuild_model(ck)
     assert not model.training
     assert model(torch.randn(2, 60, 80)).shape == (2, 32)
-    assert (tmp_path / "e" / "config.yaml").exists()
+    assert (tiny_model.exp / "config.yaml").exists()
 
 
 def test_nan_wav_is_skipped_and_named(tmp_path):
@@ -222,7 +224,7 @@ def test_torchrun_two_processes(tmp_path):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29517",
+        f"--master_port={free_port()}",
         "-m",
         "speakerlab.train",
         "--config",
@@ -252,12 +254,11 @@ def test_torchrun_two_processes(tmp_path):
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)
 
 
-def test_average_then_large_margin_finetune(tmp_path):
+def test_average_then_large_margin_finetune(tiny_run, tmp_path):
     from speakerlab.train.average import main as average_main
 
-    cfg, _ = tiny_config(tmp_path, val=False)
-    exp = tmp_path / "base"
-    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), "train.keep_checkpoints=2"]) == 0
+    cfg, exp = tiny_run.config, tmp_path / "base"
+    shutil.copytree(tiny_run.exp, exp)  # both epoch checkpoints of the 2-epoch run; averaging writes avg.pt
     assert average_main(["--exp-dir", str(exp), "--last", "2"]) == 0
     avg = load_checkpoint(exp / "checkpoints" / "avg.pt")
     e1 = load_checkpoint(exp / "checkpoints" / "epoch_001.pt")

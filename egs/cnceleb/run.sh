@@ -48,6 +48,9 @@ aug="augment.lists=null"
 train_data="data.train=$data/$train_set ${val_set:+data.val=$data/$val_set} $aug"
 [ "$shards" = true ] && train_data="$train_data data.shards=$data/$train_set/shards"
 
+first_exp="$exp"; [ -z "$ft_config" ] || first_exp="${exp}_frozen"   # stage 3's first training run
+preflight --config "$config" --exp-dir "$first_exp" --hardware "$hardware" $train_data $train_overrides
+
 if stage_on 1; then
   log "stage 1: data preparation: CN-Celeb1, CN-Celeb2 (and MUSAN, RIRS_NOISES if musan_rirs=true) -> $data"
   fetch=(--download-dir "$download_dir" --archive-dir="$archive_dir")

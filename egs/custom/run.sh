@@ -7,10 +7,13 @@
 #     --train_overrides data.feats=false    # a ReDimNet2 release: its own log-mel, computed from the audio
 #   bash egs/custom/run.sh --root /data/voices                                  # no --init: from scratch
 # Stages (the same numbers in every recipe): 1 data preparation (speakerlab-folder: every
-# file checked, $data/report.txt; speaker-disjoint train/ and test/, test/trials), 2 features (validate lists,
-# index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one), 4 embeddings of
-# test/ with the trained model and with the pretrained one, 5 scoring (`EER: x%` of both); optional: 6 average
-# the last checkpoints, 7 large-margin fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# file checked, $data/report.txt; speaker-disjoint train/, val/ and test/, val/trials and test/trials), 2 features
+# (validate lists, index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one;
+# epochs, patience and frozen start scaled to the data; the best epoch on val/ kept, early stop on a plateau),
+# 4 embeddings of test/ with the run's result and with the pretrained model, 5 scoring (both EERs with their
+# confidence intervals, trial and speaker counts); optional: 6 average the last checkpoints, 7 large-margin
+# fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# Before stage 1 (when stage 3 is to run) a pre-flight `speakerlab-train --check` stops what stage 3 would refuse.
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 caller="$PWD"   # your input paths (--root, --csv, --init, --weights) are relative to where you run this
@@ -23,7 +26,7 @@ opt stop_stage 5
 opt root ""                        # stage 1: folder tree <root>/<speaker>/**/<audio file>
 opt csv ""                         # stage 1: or a CSV/TSV of path,speaker[,session]
 opt data data/custom               # train/, test/, report.txt, sources.csv, audio/ (relative: under egs/custom)
-opt prepare_opts ""                # e.g. "--test-speakers 40 --trials 40000 --min-seconds 2 --folder-sessions"
+opt prepare_opts ""                # e.g. "--test-speakers 40 --val-speakers 20 --trials 40000 --folder-sessions"
 opt init ""                        # pretrained model: a speakerlab exp dir or checkpoint, a ReDimNet2 release file
 opt threedspeaker ""               # --3dspeaker NAME: a 3D-Speaker state dict (--weights) of registered model NAME
 opt weights ""                     # the 3D-Speaker state dict file of --3dspeaker
@@ -31,12 +34,13 @@ opt config ../../conf/custom/finetune.yaml
 opt scratch_config ../../conf/custom/scratch.yaml   # added to --config when there is no pretrained model
 opt exp ""                         # default exp/finetune (exp/scratch without a pretrained model)
 opt hardware cpu                   # profile in conf/hardware/ (GPUs: auto, a100-80g, ...)
-opt checkpoint ""                  # stage 4 model ("" = the latest checkpoint of $exp)
+opt scale true                     # stage 3: epochs, patience, frozen start scaled to the data (train/scaled.py)
+opt checkpoint ""                  # stage 4 model ("" = the run's result: checkpoints/best.pt, else the latest)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
-opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1"
+opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
@@ -78,37 +82,70 @@ what="fine-tuned from ${init:-$weights}"
 [ -n "$init$threedspeaker" ] || what="trained from scratch"
 [ -n "$exp" ] || { exp=exp/finetune; [ -n "$init$threedspeaker" ] || exp=exp/scratch; }
 store_opts="hardware.num_workers=0"   # crops come from the fbank store: a loader worker only competes
+# --train_overrides: its `key=value` settings go to every command that reads the config, the rest (flags of
+# speakerlab-train such as --force-new-schedule, in any order) to speakerlab-train alone.
+settings_only=()
+for w in $train_overrides; do case "$w" in --*) ;; *=*) settings_only+=("$w") ;; esac; done
+
+preflight "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" $store_opts $train_overrides
 
 if stage_on 1; then
-  log "stage 1: data preparation: ${root:-$csv} -> $data/{train,test} (report: $data/report.txt)"
+  log "stage 1: data preparation: ${root:-$csv} -> $data/{train,val,test} (report: $data/report.txt)"
   speakerlab-folder ${root:+--root "$root"} ${csv:+--csv "$csv"} --data "$data" \
     --jobs "$jobs" $prepare_opts
 fi
 
+# The validation split (model selection while training) when stage 1 made one (not for a handful of speakers).
+sets=(--data "$data/train" --data "$data/test")
+val=()
+if [ -f "$data/val/trials" ]; then
+  val=("data.val=$data/val")
+  settings+=("${val[@]}")
+  sets+=(--data "$data/val")
+fi
+
 if stage_on 2; then
-  log "stage 2: features: validate lists and trials, index lengths; fbank stores of train and test"
-  speakerlab-prepare --data "$data/train" --data "$data/test" --jobs "$jobs"
-  speakerlab-feature-store "${configs[@]}" --data "$data/train" --data "$data/test" "${settings[@]}" \
-    $train_overrides
+  log "stage 2: features: validate lists and trials, index lengths; fbank stores of train, test${val[*]:+ and val}"
+  speakerlab-prepare "${sets[@]}" --jobs "$jobs"
+  speakerlab-feature-store "${configs[@]}" "${sets[@]}" "${settings[@]}" ${settings_only[@]+"${settings_only[@]}"}
 fi
 
 if stage_on 3; then
   log "stage 3: $exp: $what"
-  launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" $store_opts \
-    $train_overrides
+  scaled=()
+  if [ "$scale" = true ]; then
+    text="$(python -m speakerlab.train.scaled --data "$data/train" "${configs[@]}" "${settings[@]}" \
+      ${settings_only[@]+"${settings_only[@]}"})"
+    [ -z "$text" ] || mapfile -t scaled <<< "$text"   # one override a line (a freeze rule holds spaces)
+  fi
+  launch speakerlab-train "${configs[@]}" --exp-dir "$exp" --hardware "$hardware" "${settings[@]}" \
+    ${scaled[@]+"${scaled[@]}"} $store_opts $train_overrides
 fi
 
 if stage_on 4; then
   log "stage 4: embeddings of $data/test (and with the pretrained model, $exp/pretrained.pt)"
-  speakerlab-extract --checkpoint "${checkpoint:-$exp}" --data "$data/test" --out "$exp/embeddings/test.npz"
+  # The file the model stands for (the run's result: best.pt, else the newest intact checkpoint), kept beside
+  # the embeddings so that stage 5 names it. (`python -m` for speakerlab-which and speakerlab-scaled: they run
+  # in an environment installed before these commands existed.)
+  which="$(python -m speakerlab.inference.which "${checkpoint:-$exp}")"
+  speakerlab-extract --checkpoint "${which%%$'\t'*}" --data "$data/test" --out "$exp/embeddings/test.npz"
+  printf '%s\n' "$which" > "$exp/embeddings/test.model"
   if [ -f "$exp/pretrained.pt" ]; then
     speakerlab-extract --checkpoint "$exp/pretrained.pt" --data "$data/test" \
       --out "$exp/embeddings/test_pretrained.npz"
   fi
 fi
 
-eer() {  # the EER of a scoring's JSON, as `EER: x.xx%`
-  python -c 'import json, sys; print("EER: %.2f%%" % (100 * json.load(open(sys.argv[1]))["eer"]))' "$1"
+init_of() {  # a run's config.yaml -> its train.init ("" for a run from scratch)
+  python -c 'import sys, yaml
+print(((yaml.safe_load(open(sys.argv[1])) or {}).get("train") or {}).get("init") or "")' "$1"
+}
+
+result() {  # JSON LABEL: `EER: x.xx% (95% CI a-b%) LABEL on <trials>, N trials (T target, M nontarget, S speakers)`
+  python -c 'import json, sys
+from speakerlab.scoring.report import counts_text, eer_text
+s = json.load(open(sys.argv[1]))
+print(f"EER: {eer_text(s)} {sys.argv[2]} on {sys.argv[3]}, {counts_text(s)}")' "$1" "$2" "$data/test/trials"
 }
 
 if stage_on 5; then
@@ -121,9 +158,19 @@ if stage_on 5; then
     speakerlab-score --embeddings "$exp/embeddings/test_pretrained.npz" --trials "$data/test/trials" \
       --out "$exp/scores/test_pretrained"
   fi
-  echo "$(eer "$exp/scores/test.json") $what ($exp, ${checkpoint:-its latest checkpoint}) on $data/test/trials"
+  # What the exp dir's own run was (its config.yaml): stage 7's is fine-tuned whatever this command's --init.
+  if [ -f "$exp/config.yaml" ]; then
+    from="$(init_of "$exp/config.yaml")"
+    what="fine-tuned from $from"
+    [ -n "$from" ] || what="trained from scratch"
+  fi
+  which="${checkpoint:-$exp}"
+  [ ! -f "$exp/embeddings/test.model" ] || which="$(cat "$exp/embeddings/test.model")"
+  model="${which%%$'\t'*}"
+  [ "$model" = "$which" ] || model="$model: ${which#*$'\t'}"
+  result "$exp/scores/test.json" "$what ($model)"
   if [ "$have_pretrained" = true ]; then
-    echo "$(eer "$exp/scores/test_pretrained.json") before fine-tuning ($exp/pretrained.pt) on $data/test/trials"
+    result "$exp/scores/test_pretrained.json" "before fine-tuning ($exp/pretrained.pt)"
   fi
 fi
 
@@ -135,6 +182,7 @@ fi
 if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train "${configs[@]}" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
-    data.train="$data/train" train.init="$exp/checkpoints/avg.pt" $store_opts $train_overrides $lm_overrides
+    data.train="$data/train" ${val[@]+"${val[@]}"} train.init="$exp/checkpoints/avg.pt" $store_opts \
+    $train_overrides $lm_overrides
 fi
 log "done"

@@ -43,6 +43,9 @@ store_opts="hardware.num_workers=0"
 # Shards hold audio: training from them reads no fbank store.
 [ "$shards" = true ] && { train_data="$train_data data.shards=$data/train/shards data.feats=false"; store_opts=""; }
 
+stage3=(--config "$config"); [ "$augment" = false ] || stage3+=(--config "$augment_config" "augment.lists=$data/musan_rirs")
+preflight "${stage3[@]}" --exp-dir "$exp" --hardware "$hardware" $train_data $train_overrides
+
 if stage_on 1; then
   log "stage 1: data preparation: synthetic corpus and its MUSAN/RIR lists -> $data"
   speakerlab-synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts

@@ -34,14 +34,28 @@ fetch_options() {
 # launch_options [GPUS]: declare the options `launch` reads. --gpus: `all` (the default, or GPUS when
 # given: every GPU this shell sees, CUDA_VISIBLE_DEVICES respected; the CPU when there is none), a list
 # like "0 1 2 3" (one process each), or `none` (the CPU with --nproc processes, e.g. CPU DDP). Several
-# machines: the same command on each with --nnodes, --node_rank, --master_addr (node 0's address).
+# machines: the same command on each with --nnodes, --node_rank, --master_addr (node 0's address), or
+# --nnodes MIN:MAX for elastic restarts. Under Slurm (--launcher slurm, or auto inside an sbatch/salloc
+# allocation) the allocation says all of that: see docs/clusters.md.
 launch_options() {
   opt gpus "${1:-all}"               # all | none | e.g. "0 1 2 3": one training process per GPU
   opt nproc 1                        # training processes when no GPU is used
-  opt nnodes 1                       # machines taking part (the same command on each)
-  opt node_rank 0                    # this machine's number, 0 .. nnodes-1
-  opt master_addr 127.0.0.1          # node 0's address, reachable from every node
+  opt nnodes 1                       # machines taking part (the same command on each); MIN:MAX: elastic
+  opt node_rank 0                    # this machine's number, 0 .. nnodes-1 (not used when elastic)
+  opt master_addr 127.0.0.1          # node 0's address (elastic: the rendezvous host), reachable from every node
   opt master_port 29500
+  opt max_restarts 0                 # torchrun restarts the processes this often after one (or a node) fails
+  opt launcher auto                  # local | slurm (srun, one torchrun agent per node) | auto: slurm in an allocation
+  opt requeue auto                   # slurm: a pre-empted job requeues itself: auto (if sbatch --requeue) | true | false
+}
+
+# preflight ARGS...: when stage 3 is among the stages to run, `speakerlab-train --check ARGS` first (the
+# arguments of stage 3's training command): a config, override, pretrained model or exp dir stage 3 would
+# refuse stops the recipe with its one-line error (exit 2) before the data stages run.
+preflight() {
+  stage_on 3 || return 0
+  log "pre-flight: config, overrides, pretrained model and exp dir of stage 3 (speakerlab-train --check)"
+  speakerlab-train --check "$@" >&2
 }
 
 # visible_gpu_count: the CUDA devices this shell's python sees (CUDA_VISIBLE_DEVICES applied), 0 without any.
@@ -49,9 +63,24 @@ visible_gpu_count() {
   python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0
 }
 
-# launch COMMAND ARGS...: the console script `COMMAND ARGS` for one process, torchrun for several, from the
-# options of launch_options; says how many processes it starts and on what.
+# launch COMMAND ARGS...: the console script `COMMAND ARGS` for one process, torchrun's agent
+# (speakerlab.train.agent) for several, or under Slurm srun with one agent per node; says how many
+# processes it starts and on what. Its exit code is the training's: 75 means pre-empted with the
+# checkpoint written (a Slurm job then requeues itself when allowed; the same command resumes).
 launch() {
+  local how="$launcher"
+  if [ "$how" = auto ]; then  # a batch or salloc shell of an allocation, not a process inside a job step
+    how=local
+    [ -n "${SLURM_JOB_ID:-}" ] && [ -z "${SLURM_STEP_ID:-}" ] && how=slurm
+  fi
+  case "$how" in
+    local) _launch_local "$@" ;;
+    slurm) _launch_slurm "$@" ;;
+    *) echo "error: --launcher must be auto, local or slurm, got '$launcher'" >&2; exit 2 ;;
+  esac
+}
+
+_launch_local() {
   local n="$nproc" where="the CPU"
   case "$gpus" in
     none) ;;
@@ -66,13 +95,44 @@ launch() {
       export CUDA_VISIBLE_DEVICES="$(echo $gpus | tr ' ' ',')"
       n=$(echo $gpus | wc -w); where="GPU(s) $CUDA_VISIBLE_DEVICES" ;;
   esac
-  local nodes=""
-  [ "$nnodes" -gt 1 ] && nodes=" on node $node_rank of $nnodes (master $master_addr:$master_port)"
+  local nodes="" rdzv=(--node_rank="$node_rank" --master_addr="$master_addr" --master_port="$master_port")
+  if [[ "$nnodes" == *:* ]]; then  # elastic: c10d rendezvous; the id is the command's, the same on every node
+    rdzv=(--rdzv_backend=c10d --rdzv_endpoint="$master_addr:$master_port"
+      --rdzv_id="speakerlab-$(printf '%s ' "$@" | cksum | cut -d' ' -f1)")
+    nodes=" on $nnodes node(s) (elastic, rendezvous $master_addr:$master_port)"
+  elif [ "$nnodes" -gt 1 ]; then
+    nodes=" on node $node_rank of $nnodes (master $master_addr:$master_port)"
+  fi
+  [ "$nnodes" = 1 ] || python -m speakerlab.train.cluster host "$master_addr" --port "$master_port" || exit 2
   log "launch: $n process(es) on $where$nodes: $1"
-  if [ "$n" -gt 1 ] || [ "$nnodes" -gt 1 ]; then
-    python -m torch.distributed.run --nnodes="$nnodes" --node_rank="$node_rank" --nproc_per_node="$n" \
-      --master_addr="$master_addr" --master_port="$master_port" --no-python "$@"
+  if [ "$n" -gt 1 ] || [ "$nnodes" != 1 ] || [ "$max_restarts" -gt 0 ]; then
+    python -m speakerlab.train.agent --nnodes="$nnodes" --nproc_per_node="$n" --max-restarts="$max_restarts" \
+      "${rdzv[@]}" --no-python "$@"
   else
     "$@"
   fi
+}
+
+# One torchrun agent per node of the allocation (srun), each with a process per GPU Slurm granted on its
+# node (per task when there is none, or with --gpus none), meeting at the first node
+# (speakerlab.train.cluster reads and checks the allocation).
+_launch_slurm() {
+  local plan status=0
+  plan="$(python -m speakerlab.train.cluster slurm --gpus "$gpus" --nnodes "$nnodes" --requeue "$requeue")" || exit 2
+  eval "$plan"
+  log "launch: $slurm_where: $1"
+  srun --nodes="$slurm_nodes" --ntasks="$slurm_nodes" --ntasks-per-node=1 --cpus-per-task="$slurm_cpus" \
+    --kill-on-bad-exit=0 python -m speakerlab.train.agent --nnodes="$slurm_nnodes" --nproc_per_node="$slurm_nproc" \
+    --max-restarts="$max_restarts" --rdzv_backend=c10d --rdzv_endpoint="$slurm_rdzv" --rdzv_id="$SLURM_JOB_ID" \
+    --no-python "$@" || status=$?
+  if [ "$status" -eq 75 ]; then
+    if [ "$slurm_requeue" = true ]; then
+      log "launch: pre-empted, checkpoint written; requeueing Slurm job $SLURM_JOB_ID (its next start resumes)"
+      scontrol requeue "$SLURM_JOB_ID" || echo "error: scontrol requeue $SLURM_JOB_ID failed; submit the script again to resume" >&2
+    else
+      log "launch: pre-empted, checkpoint written; submit the same script again to resume (sbatch --requeue does it)"
+    fi
+    exit 75
+  fi
+  return "$status"
 }

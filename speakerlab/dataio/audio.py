@@ -6,6 +6,8 @@ Training expects 16 kHz mono; other rates or channel counts raise `AudioError` n
 
 from __future__ import annotations
 
+import os
+import struct
 import warnings
 from typing import BinaryIO, Callable, Optional, Tuple, Union
 
@@ -64,6 +66,31 @@ def audio_info(path: str, sample_rate: int = 16000) -> int:
     if info.channels != 1:
         raise AudioError(f"{path}: {info.channels} channels, expected mono")
     return int(info.frames)
+
+
+def wav_shortfall(path: str) -> Optional[Tuple[int, int]]:
+    """(bytes of audio the header of a RIFF/WAVE file promises, bytes the file holds) when its data chunk is
+    cut short by at least one frame (an interrupted copy or download: libsndfile then reads what is there and
+    says nothing), else None: complete, another format, or a length left open (streaming writers' 0 or
+    0xFFFFFFFF)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        pos, frame = 12, 1
+        while pos + 8 <= size:
+            f.seek(pos)
+            chunk, length = struct.unpack("<4sI", f.read(8))
+            if chunk == b"fmt " and length >= 14:
+                frame = max(1, struct.unpack("<12xH", f.read(14))[0])  # the block align: bytes per frame
+            elif chunk == b"data":
+                have = size - pos - 8
+                if length in (0, 0xFFFFFFFF) or length - have < frame:
+                    return None
+                return length, have
+            pos += 8 + length + (length & 1)
+    return None
 
 
 def read_audio(path: str, sample_rate: int = 16000) -> np.ndarray:

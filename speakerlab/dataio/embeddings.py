@@ -4,12 +4,13 @@
     ids, emb = read_embeddings("exp/emb/test.npz")               # [str] (N,), (N, D) float32
 
 Format: an .npz with `ids` ((N,) unicode) and `embeddings` ((N, D) float32), readable with numpy alone:
-`z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`. With `kaldi`, `<OUT without .npz>.ark/.scp`
-hold the same vectors as Kaldi float vectors. Extraction, `speakerlab-embed`, scoring (its embeddings
-and cohort) and calibration read and write through here; `check_embeddings` is the one validation
-(ids unique, as many as rows, a 2-D float32 matrix, every value finite), also of the in-memory
-embeddings that training-time validation and the baseline score. Errors are `ListError`s naming the
-file (or the source given) and the first offending id.
+`z = np.load(OUT); dict(zip(z["ids"], z["embeddings"]))`, and `model_id` (a string) when the writer knew
+which model made them (a speakerlab checkpoint's content digest; `embeddings_model_id` reads it). With
+`kaldi`, `<OUT without .npz>.ark/.scp` hold the same vectors as Kaldi float vectors. Extraction,
+`speakerlab-embed`, scoring (its embeddings and cohort) and calibration read and write through here;
+`check_embeddings` is the one validation (ids unique, as many as rows, a 2-D float32 matrix, every value
+finite), also of the in-memory embeddings that training-time validation and the baseline score. Errors
+are `ListError`s naming the file (or the source given) and the first offending id.
 """
 
 from __future__ import annotations
@@ -66,14 +67,24 @@ def kaldi_paths(path) -> Tuple[Path, Path]:
     return stem.with_name(stem.name + ".ark"), stem.with_name(stem.name + ".scp")
 
 
-def write_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = False) -> Path:
+def embeddings_model_id(path) -> str:
+    """The `model_id` an embeddings .npz records ("" when it has none or cannot be read)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return str(z["model_id"]) if "model_id" in z.files else ""
+    except (ValueError, OSError, EOFError):
+        return ""
+
+
+def write_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = False, model_id: str = "") -> Path:
     """`ids (N,)`, `emb (N, D)` float32 (checked by `check_embeddings`) -> the .npz at `path`, atomically
     (a temporary file renamed); with `kaldi` also a Kaldi float-vector ark and its scp (`kaldi_paths`)."""
     path = Path(path)
     check_embeddings(ids, emb, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, ids=np.asarray(ids, dtype=str), embeddings=emb)
+    extra = {"model_id": np.asarray(model_id)} if model_id else {}
+    np.savez(tmp, ids=np.asarray(ids, dtype=str), embeddings=emb, **extra)
     tmp.replace(path)
     if kaldi:
         try:

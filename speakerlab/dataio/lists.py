@@ -16,6 +16,11 @@ class ListError(ValueError):
     """A data list is malformed; the message starts with `file:line:`."""
 
 
+def rerun_features(command: str, data) -> str:
+    """What to do when what the features stage wrote no longer matches the lists: every recipe's stage 2."""
+    return f"re-run the features stage (recipe stage 2: {command} --data {data})"
+
+
 def _lines(path: Path):
     if not path.exists():
         raise ListError(f"{path}: file does not exist")
@@ -149,7 +154,10 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
         data.num_samples = read_utt2num_samples(root / "utt2num_samples")
         for utt in data.utts:
             if utt not in data.num_samples:
-                raise ListError(f"{root / 'utt2num_samples'}: no entry for '{utt}'; re-run the prepare stage")
+                raise ListError(
+                    f"{root / 'utt2num_samples'}: no entry for '{utt}' of wav.scp (the lists changed since the length "
+                    f"index was written); {rerun_features('speakerlab-prepare', root)}"
+                )
     return data
 
 
@@ -174,3 +182,19 @@ def write_table(path, rows: Iterable[Tuple[str, object]]) -> None:
             value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             f.write(f"{key} {value}\n")
     os.replace(tmp, path)
+
+
+def folder_problem(path, writable: bool = True) -> Optional[str]:
+    """Why `path` cannot be (or become) a folder this process writes in (`writable`) or reads, or None:
+    it or a parent is a file, or the nearest existing parent is not writable. Nothing is created."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder (so {path} cannot be made)"
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable (so {path} cannot be written)"
+    return None

@@ -21,7 +21,6 @@ once as `list:line: ...`, and nothing is written then.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -31,9 +30,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.config import AUGMENT_KINDS
 from speakerlab.dataio.audio import AudioError, audio_info, sf
-from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import ListError, read_wav_scp
 
 KINDS = AUGMENT_KINDS
@@ -233,11 +232,11 @@ class NoiseBank:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-noise-bank", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-noise-bank", description=__doc__.split("\n")[0])
     ap.add_argument("--lists", required=True, help="folder of noise.scp music.scp babble.scp rirs.scp")
     ap.add_argument("--out", help="bank folder (default: <lists>/bank)")
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-    ap.add_argument("--sample-rate", type=int, default=16000)
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="which lists to read into the bank")
+    ap.add_argument("--sample-rate", type=int, default=16000, help="the rate every file must have")
     args = ap.parse_args(argv)
     out = args.out or Path(args.lists) / "bank"
     return run_command(lambda: build_bank(args.lists, out, args.kinds, args.sample_rate), (ListError, ValueError))

@@ -11,15 +11,14 @@ lists and no rank waits on another's preparation.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, audio_info
-from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, write_table
 from speakerlab.dataio.trials import IdIndex, read_trial_list
 
@@ -62,17 +61,17 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-prepare", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-prepare", description=__doc__.split("\n")[0])
     ap.add_argument("--data", action="append", required=True, help="data dir (repeatable)")
-    ap.add_argument("--sample-rate", type=int, default=16000)
-    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--sample-rate", type=int, default=16000, help="the rate every file must have")
+    ap.add_argument("--jobs", type=int, default=4, help="threads reading audio headers")
     args = ap.parse_args(argv)
 
     def work():
         for d in args.data:
             print(f"prepare: {prepare(d, args.sample_rate, args.jobs)}", file=sys.stderr)
 
-    return run_command(work)
+    return run_command(work, (ListError,))
 
 
 if __name__ == "__main__":

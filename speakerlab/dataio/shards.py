@@ -35,7 +35,6 @@ that epoch's samples differ (some utterances may be seen twice in it, others not
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -48,9 +47,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import audio_info, read_crop_int16
 from speakerlab.dataio.batches import CropDataset, check_split, collate
-from speakerlab.dataio.command import run_command
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 from speakerlab.dataio.prepare import index_lengths
 
@@ -361,14 +360,14 @@ def pass_batch(batch):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-shards", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-shards", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp, utt2spk")
     ap.add_argument("--out", help="shard dir (default <data>/shards)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--shard-mb", type=float, default=256.0, help="close a shard before it passes this size")
     size.add_argument("--per-shard", type=int, help="utterances per shard instead")
     ap.add_argument("--seed", type=int, default=0, help="seed of the utterance order in the shards")
-    ap.add_argument("--sample-rate", type=int, default=16000)
+    ap.add_argument("--sample-rate", type=int, default=16000, help="the rate every file must have")
     args = ap.parse_args(argv)
     if args.shard_mb <= 0 or (args.per_shard is not None and args.per_shard < 1):
         ap.error("--shard-mb must be > 0 and --per-shard >= 1")

@@ -37,6 +37,26 @@ _MASKS = np.tril(np.full((9, 8), 0xFF, np.uint8), -1).copy().view(np.uint64)[:, 
 LABELS = ("nontarget", "target", "0", "1")  # index & 1 == 1 for target labels
 _EMPTY = np.uint64(2**64 - 1)  # row field of a free hash-table slot
 SHOWN = 100  # ids named in a missing-embedding error; the rest are counted
+# The least a trial list needs for its EER to tell a better model from a worse one; the score command warns
+# below it, speakerlab-folder when a held-out split it makes falls below it. Speakers, not trials, make most of
+# an EER's spread (speakerlab.scoring.interval): at 20 speakers its 95% interval is still about +-50% of the
+# EER. 600 target trials: Doddington's rule of 30 (30 misses to count on) at an EER of 5%.
+MIN_SPEAKERS = 20
+MIN_TARGET_TRIALS = 600
+
+
+def too_few_to_measure(speakers: int, target_trials: int) -> str:
+    """What a trial list lacks to measure an EER ('' when it has enough): e.g. 'too few to tell models apart
+    by the EER: 3 speakers (20 needed), 45 target trials (600 needed)'; what it has enough of is not named."""
+    lacking = [
+        f"{have} {what} ({need} needed)"
+        for have, what, need in (
+            (speakers, "speakers", MIN_SPEAKERS),
+            (target_trials, "target trials", MIN_TARGET_TRIALS),
+        )
+        if have < need
+    ]
+    return f"too few to tell models apart by the EER: {', '.join(lacking)}" if lacking else ""
 
 
 def _hash_words(words: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
-from speakerlab.dataio.command import run_command
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
@@ -28,6 +28,8 @@ class DatasetError(RuntimeError):
 def require_dir(path, hint: str = "") -> Path:
     """`path` as a Path, or DatasetError naming it (with `hint`: what to run to create it)."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatasetError(f"{path} is a file, not a folder" + (f": {hint}" if hint else ""))
     if not path.is_dir():
         raise DatasetError(f"expected folder {path} does not exist" + (f": {hint}" if hint else ""))
     return path
@@ -35,6 +37,8 @@ def require_dir(path, hint: str = "") -> Path:
 
 def require_file(path, hint: str = "") -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"{path} is a folder, not a file" + (f": {hint}" if hint else ""))
     if not path.is_file():
         raise DatasetError(f"expected file {path} does not exist" + (f": {hint}" if hint else ""))
     return path
@@ -178,7 +182,7 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
 
     `parts` names groups of archives the user can pick with `--parts` (default: all of them).
     """
-    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog=prog, description=doc)
     sub = ap.add_subparsers(dest="step", required=True)
     for step, text in (
         ("download", "fetch the archives (or verify those in --archive-dir)"),
@@ -214,7 +218,7 @@ def make_parser(prog: str, doc: str, parts: Dict[str, Sequence[Archive]]):
                 help="URL of one file (repeatable), e.g. vox1_test_wav.zip=https://...",
             )
             p.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
-            p.add_argument("--retries", type=int, default=5)
+            p.add_argument("--retries", type=int, default=5, help="failed attempts in a row before a file is given up")
             p.add_argument("--skip-md5", action="store_true", help="accept files whose md5 differs")
             p.add_argument("--keep-parts", action="store_true", help="keep split-archive parts after joining")
             p.add_argument("--user", default=None, help=f"HTTP basic-auth user (password from ${PASSWORD_ENV})")
@@ -284,7 +288,13 @@ class CorpusCommand:
         p.add_argument("--raw-dir", default="data/raw", help="where the extract step unpacked the corpus")
         p.add_argument(out[0], default=out[1], help=out[2])
         if parts:
-            p.add_argument("--parts", nargs="+", choices=sorted(self.parts), default=list(self.parts))
+            p.add_argument(
+                "--parts",
+                nargs="+",
+                choices=sorted(self.parts),
+                default=list(self.parts),
+                help="which parts to prepare",
+            )
         return p
 
     def step(self, name: str, help: str, handler: Callable) -> argparse.ArgumentParser:

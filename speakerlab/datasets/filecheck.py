@@ -4,6 +4,7 @@ cannot be listed, or a 16-bit WAV conversion at the list's rate, first channel).
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import soundfile as sf
 
+from speakerlab.dataio.audio import wav_shortfall
 from speakerlab.dataio.resample import resample
 
 KEEP_FORMATS = ("WAV", "FLAC")  # read in place by training (seekable crops); others are converted
@@ -29,7 +31,7 @@ class Checked:
     how: str = "as is"  # as is | converted | linked
 
 
-def _listable(path: str) -> bool:
+def listable(path: str) -> bool:
     """Whether `path` can be written in a Kaldi list: UTF-8, no whitespace."""
     try:
         path.encode("utf-8")
@@ -41,10 +43,11 @@ def _listable(path: str) -> bool:
 def check_file(job: Tuple[str, str, int, float]) -> Checked:
     """(path, where a conversion or link goes without extension, sample rate, min seconds) -> Checked.
 
-    Decodes the whole file once: a truncated file fails here, not mid-training."""
+    Decodes the whole file once: a truncated file (a FLAC that loses sync, a WAV shorter than its header says)
+    is left out here, not found mid-training."""
     path, dest, rate, min_seconds = job
     if not os.path.isfile(path):
-        return Checked("left out: does not exist")
+        return Checked(f"left out: {not_a_file(path)}")
     try:
         info = sf.info(path)
         wave, sr = sf.read(path, dtype="float32", always_2d=True)
@@ -53,6 +56,13 @@ def check_file(job: Tuple[str, str, int, float]) -> Checked:
         return Checked(f"left out: unreadable ({reason})")
     if wave.shape[0] == 0:
         return Checked("left out: empty (no samples)")
+    cut = wav_shortfall(path)
+    if cut is not None:
+        promised = wave.shape[0] / sr * cut[0] / cut[1]
+        return Checked(
+            f"left out: truncated (its header promises {promised:.2f} s, the file holds {wave.shape[0] / sr:.2f} s: "
+            "an interrupted copy or download?)"
+        )
     if wave.shape[0] < min_seconds * sr:
         return Checked(f"left out: too short ({wave.shape[0] / sr:.2f} s < --min-seconds {min_seconds:g})")
     if not np.isfinite(wave).all():
@@ -61,7 +71,7 @@ def check_file(job: Tuple[str, str, int, float]) -> Checked:
         return Checked("left out: silent (every sample is 0)")
     note = f"kept: first of {wave.shape[1]} channels" if wave.shape[1] > 1 else ""
     if sr == rate and wave.shape[1] == 1 and info.format in KEEP_FORMATS:
-        if _listable(path):
+        if listable(path):
             return Checked(samples=wave.shape[0], use=path)
         link = dest + os.path.splitext(path)[1]
         _replace_link(os.path.abspath(path), link)
@@ -75,6 +85,20 @@ def check_file(job: Tuple[str, str, int, float]) -> Checked:
     sf.write(tmp, pcm, rate, subtype="PCM_16", format="WAV")
     os.replace(tmp, dest + ".wav")
     return Checked(samples=len(pcm), use=dest + ".wav", note=note, how="converted")
+
+
+def not_a_file(path: str) -> str:
+    """Why `path`, which is no readable file, is not one: a broken link (to what), a link loop, a folder."""
+    if os.path.islink(path):
+        target = os.path.join(os.path.dirname(path), os.readlink(path))
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return f"a symbolic link loop ({path} -> {os.readlink(path)} -> ...)"
+            return f"a broken symbolic link: its target {os.path.normpath(target)} does not exist"
+        return f"a symbolic link to {os.path.realpath(path)}, which is not a file"
+    return "a folder, not a file" if os.path.isdir(path) else "does not exist"
 
 
 def _replace_link(target: str, link: str) -> None:

@@ -1,15 +1,16 @@
 """Your own recordings as Kaldi data dirs: a folder tree (one subfolder per speaker) or a CSV list ->
-`train/` and `test/` with a speaker-disjoint split, and a balanced trial list for `test/`.
+`train/`, `val/` and `test/` with a speaker-disjoint split, and balanced trial lists for `val/` and `test/`.
 
-    speakerlab-folder --root DIR --data OUT [--test-speakers 0.1] [--trials 20000]
+    speakerlab-folder --root DIR --data OUT [--test-speakers auto] [--val-speakers auto] [--trials 20000]
     speakerlab-folder --csv FILE --data OUT [...]
 
 Input:
   --root DIR  DIR/<speaker>/**/<file>: the first folder level names the speaker; anything below it is
               free. With --folder-sessions the folder right below the speaker is the session
               (DIR/<speaker>/<session>/**/<file>, e.g. one folder per recording day or video).
-  --csv FILE  rows `path,speaker[,session]` (tab-separated when FILE ends in .tsv); a first row starting
-              `path,` is a header; relative paths are relative to FILE's folder.
+  --csv FILE  rows `path,speaker[,session]` (tab-separated when FILE ends in .tsv); relative paths are
+              relative to FILE's folder. A first row whose path is no existing file and has no file
+              extension (`path,speaker`, `file,spk`) is a header, and the log says so.
 Audio: whatever soundfile reads (wav, flac, ogg, mp3, ...), any sample rate and channel count. Every
 file is decoded once (--jobs processes) and left out, with its reason, when it is unreadable, empty,
 shorter than --min-seconds, holds NaN/inf samples, or is all zeros; files that are not audio by their
@@ -21,8 +22,8 @@ so) under OUT/audio/. A file whose path cannot be written in a list (whitespace,
 from there.
 
 Output under OUT:
-  train/, test/   wav.scp, utt2spk, spk2utt, utt2num_samples (+ utt2sess with sessions); test/trials
-                  (`enrol test target|nontarget`)
+  train/, val/, test/  wav.scp, utt2spk, spk2utt, utt2num_samples (+ utt2sess with sessions); val/trials and
+                  test/trials (`enrol test target|nontarget`); no val/ when the split has no validation speakers
   sources.csv     utt,set,path,speaker,session: where every utterance came from
   report.txt      every input file that is not used, and why
 Ids: a speaker's id is its name when that is made of [A-Za-z0-9_] (64 at most) and no other name
@@ -31,10 +32,13 @@ are `<speaker id>-<path below the speaker folder, / as ->` (CSV: the file name),
 (also `.` and `-` allowed). Spaces, unicode and equal file names in different folders all get
 distinct, list-safe ids.
 
-Split: --test-speakers N (a count) or a fraction in (0, 1), at least 2, drawn with --seed. Trials:
---trials N, half target (two utterances of a test speaker; from different sessions when sessions are
-given) and as many nontarget (two speakers), drawn without repetition; when fewer target pairs exist
-all of them are used, with as many nontarget ones.
+Split: --test-speakers and --val-speakers (the validation speakers, on which training picks its best
+epoch): auto (sizes for a measurable EER when the data allows: speakerlab.datasets.split), a count or a
+fraction in (0, 1); test at least 2, validation 0 or at least 2; drawn with --seed (the test speakers do
+not depend on --val-speakers). Trials: --trials N per held-out split, half target (two utterances of a
+speaker; from different sessions when sessions are given) and as many nontarget (two speakers), drawn
+without repetition; when fewer target pairs exist all of them are used, with as many nontarget ones. A
+held-out split too small to measure an EER (speakerlab.dataio.trials.MIN_SPEAKERS) gets a warning line.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import csv
 import hashlib
 import os
 import re
+import shutil
 import sys
 import time
 from collections import Counter, defaultdict
@@ -53,11 +58,12 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import soundfile as sf
 
-from speakerlab.dataio.command import run_command
-from speakerlab.dataio.lists import ListError, write_table
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.lists import ListError, folder_problem, write_table
+from speakerlab.dataio.trials import too_few_to_measure
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
-from speakerlab.datasets.filecheck import check_all
+from speakerlab.datasets.filecheck import check_all, listable
 from speakerlab.datasets.split import make_trials, split_speakers
 
 MAX_ID = 64  # characters of a cleaned name kept in an id
@@ -88,7 +94,7 @@ class Item:
 def scan_tree(root, folder_sessions: bool, exclude: Optional[Path] = None) -> Tuple[List[Item], List[str]]:
     """`root/<speaker>/**/<file>` -> (audio items, report lines of the files left out). Links to folders
     are followed (each real folder once); `exclude` (the output dir) is not entered."""
-    root = require_dir(root)
+    root = require_dir(root, "--root takes the folder that holds one folder per speaker")
     exts = audio_extensions()
     items, report, seen = [], [], set()
     skip = os.path.realpath(exclude) if exclude is not None else None
@@ -123,11 +129,17 @@ def read_csv(path) -> Tuple[List[Item], bool]:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            header = True  # until the first row that is not blank
             for row in reader:
                 lineno = reader.line_num
                 fields = [x.strip() for x in row]
-                if not any(fields) or (not items and fields[0].lower() == "path"):
-                    continue  # a blank line, or the header
+                if not any(fields):
+                    continue
+                if header and _is_header(fields[0], base):
+                    log(f"{path}:{lineno}: a header row, not a file: {','.join(fields)}")
+                    header = False
+                    continue
+                header = False
                 where = f"{path}:{lineno}"
                 if len(fields) not in (2, 3):
                     raise DatasetError(f"{where}: expected path,speaker[,session], got {len(fields)} fields: {row!r}")
@@ -146,6 +158,12 @@ def read_csv(path) -> Tuple[List[Item], bool]:
     if not items:
         raise DatasetError(f"{path}: no rows")
     return items, any(it.session for it in items)
+
+
+def _is_header(first: str, base: Path) -> bool:
+    """Whether the path field of a CSV's first row is a column name: no such file, and no file extension."""
+    p = os.path.join(base, os.path.expanduser(first))
+    return not os.path.lexists(p) and not os.path.splitext(first)[1]
 
 
 # ---------------------------------------------------------------- ids
@@ -184,14 +202,22 @@ def assign_ids(items: Sequence[Item]) -> Tuple[Dict[str, str], List[str]]:
 # ---------------------------------------------------------------- prepare
 
 
-def _test_speakers(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 < value < 1 or (value >= 2 and value == int(value))):
-        raise argparse.ArgumentTypeError(f"must be a count >= 2 or a fraction in (0, 1), got {text!r}")
-    return value
+def _held_out(least: int):
+    """The type of --test-speakers (least 2) and --val-speakers (least 0): auto (None), a count >= least or a
+    fraction in (0, 1)."""
+
+    def parse(text: str) -> Optional[float]:
+        if text == "auto":
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not (0 < value < 1 or (value >= least and value == int(value))):
+            raise argparse.ArgumentTypeError(f"must be auto, a count >= {least} or a fraction in (0, 1), got {text!r}")
+        return value
+
+    return parse
 
 
 def _counts(lines: Iterable[str]) -> str:
@@ -204,7 +230,8 @@ def prepare(
     out,
     root=None,
     csv_path=None,
-    test_speakers: float = 0.1,
+    test_speakers: Optional[float] = None,
+    val_speakers: Optional[float] = None,
     trials: int = 20000,
     min_seconds: float = 1.0,
     min_utts: int = 2,
@@ -213,8 +240,16 @@ def prepare(
     seed: int = 0,
     jobs: int = 4,
 ) -> None:
-    """Write OUT/{train,test} (see the module docstring) from `root` (a folder tree) or `csv_path`."""
+    """Write OUT/{train,val,test} (see the module docstring) from `root` (a folder tree) or `csv_path`."""
     out = Path(out).resolve()
+    problem = folder_problem(out)
+    if problem is None and not listable(str(out)):
+        problem = (
+            f"{out} holds whitespace or is not UTF-8: the lists name the converted and linked files under it, "
+            "and a Kaldi list cannot hold such a path"
+        )
+    if problem:
+        raise DatasetError(f"--data: {problem}; choose another folder")
     if root is not None:
         items, report = scan_tree(root, folder_sessions, exclude=out)
         sessions_given = folder_sessions
@@ -245,13 +280,24 @@ def prepare(
     by_spk: Dict[str, List[int]] = defaultdict(list)
     for i in kept:
         by_spk[spk_ids[items[i].speaker]].append(i)
-    train_spk, test_spk = split_speakers(sorted(by_spk), test_speakers, seed)
+    split = split_speakers(sorted(by_spk), test_speakers, seed, val_speakers)
+    log(
+        f"speakers: {len(split[0])} train, {len(split[1])} val, {len(split[2])} test (--test-speakers "
+        f"{'auto' if test_speakers is None else f'{test_speakers:g}'}, --val-speakers "
+        f"{'auto' if val_speakers is None else f'{val_speakers:g}'})"
+    )
     sessions = None
     if sessions_given:  # list-safe session ids, as for speakers
         session_ids = safe_ids({s: s or "none" for s in {items[i].session for i in kept}}, _UTT_BAD)
         sessions = {utt_ids[i]: session_ids[items[i].session] for i in kept}
-    for name, speakers in (("train", train_spk), ("test", test_spk)):
+    if not split[1] and (out / "val").is_dir():
+        shutil.rmtree(out / "val")  # an earlier run's validation split, not this one's
+    sets = {}
+    for name, speakers in zip(("train", "val", "test"), split):
+        if not speakers:
+            continue
         idx = [i for s in speakers for i in by_spk[s]]
+        sets.update((i, name) for i in idx)
         d = out / name
         write_data_dir(
             d, {utt_ids[i]: results[i].use for i in idx}, {utt_ids[i]: spk_ids[items[i].speaker] for i in idx}
@@ -259,14 +305,27 @@ def prepare(
         write_table(d / "utt2num_samples", sorted((utt_ids[i], results[i].samples) for i in idx))
         if sessions is not None:
             write_table(d / "utt2sess", sorted((utt_ids[i], sessions[utt_ids[i]]) for i in idx))
-    spk2utt = {s: sorted(utt_ids[i] for i in by_spk[s]) for s in test_spk}
-    rows, note = make_trials(spk2utt, sessions, trials, seed)
+        if name != "train":
+            _write_trials(d, {s: sorted(utt_ids[i] for i in by_spk[s]) for s in speakers}, sessions, trials, seed)
+    _write_sources(out / "sources.csv", items, utt_ids, sets)
+
+
+def _write_trials(d: Path, spk2utt: Dict[str, List[str]], sessions, trials: int, seed: int) -> None:
+    """`d`/trials of a held-out split, said in one line, with a warning line when it is too small to measure an
+    EER (speakerlab.dataio.trials.MIN_SPEAKERS)."""
+    try:
+        rows, note = make_trials(spk2utt, sessions, trials, seed)
+    except DatasetError as e:
+        raise DatasetError(f"{d}: {e}") from None
     if note:
-        log(f"trials: {note}")
-    write_table(out / "test" / "trials", ((a, (b, "target" if t else "nontarget")) for a, b, t in rows))
+        log(f"{d / 'trials'}: {note}")
+    write_table(d / "trials", ((a, (b, "target" if t else "nontarget")) for a, b, t in rows))
     n_target = sum(t for _, _, t in rows)
-    log(f"{out / 'test' / 'trials'}: {len(rows)} trials ({n_target} target{', cross-session' if sessions else ''})")
-    _write_sources(out / "sources.csv", items, utt_ids, kept, set(i for s in test_spk for i in by_spk[s]))
+    log(f"{d / 'trials'}: {len(rows)} trials ({n_target} target{', cross-session' if sessions else ''})")
+    lacking = too_few_to_measure(len(spk2utt), n_target)
+    if lacking:
+        use = "the EER measured on it" if d.name == "test" else "model selection on it"
+        log(f"warning: {d / 'trials'}: {lacking}; {use} is coarse (docs/custom_data.md, 'How sure is the EER')")
 
 
 def _enough_per_speaker(items, results, speakers: set, min_utts: int, report: List[str]) -> List[int]:
@@ -296,14 +355,15 @@ def _write_lines(path: Path, lines: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
-def _write_sources(path: Path, items: Sequence[Item], utt_ids: Sequence[str], kept, test) -> None:
+def _write_sources(path: Path, items: Sequence[Item], utt_ids: Sequence[str], sets: Dict[int, str]) -> None:
+    """utt,set,path,speaker,session of every used item (`sets`: item index -> train, val or test)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
         w = csv.writer(f)
         w.writerow(["utt", "set", "path", "speaker", "session"])
-        for i in sorted(kept, key=lambda i: utt_ids[i]):
+        for i in sorted(sets, key=lambda i: utt_ids[i]):
             it = items[i]
-            w.writerow([utt_ids[i], "test" if i in test else "train", it.path, it.speaker, it.session])
+            w.writerow([utt_ids[i], sets[i], it.path, it.speaker, it.session])
     os.replace(tmp, path)
 
 
@@ -315,10 +375,9 @@ def _remove_stale(audio: Path, used: set) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-folder",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--root", help="folder tree DIR/<speaker>/**/<audio file>")
@@ -328,10 +387,15 @@ def main(argv=None) -> int:
         dest="out",
         metavar="DATA",
         required=True,
-        help="output folder: train/, test/, report.txt, sources.csv, audio/",
+        help="output folder: train/, val/, test/, report.txt, sources.csv, audio/",
     )
-    ap.add_argument("--test-speakers", type=_test_speakers, default=0.1, help="count (>= 2) or fraction in (0, 1)")
-    ap.add_argument("--trials", type=int, default=20000, help="trials of test/trials, half of them target")
+    ap.add_argument(
+        "--test-speakers", type=_held_out(2), help="auto (the default: split.py), a count >= 2 or a fraction in (0, 1)"
+    )
+    ap.add_argument(
+        "--val-speakers", type=_held_out(0), help="validation split: auto (the default), 0 (none), a count, a fraction"
+    )
+    ap.add_argument("--trials", type=int, default=20000, help="trials of test/trials and val/trials, half target")
     ap.add_argument("--min-seconds", type=float, default=1.0, help="shorter files are left out")
     ap.add_argument("--min-utts", type=int, default=2, help="speakers with fewer usable files are left out")
     ap.add_argument("--sample-rate", type=int, default=16000, help="rate of the lists; other rates are converted")

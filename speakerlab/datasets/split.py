@@ -1,5 +1,14 @@
-"""A speaker-disjoint split of a corpus and a balanced trial list over held-out speakers, both seeded (used
-by `python -m speakerlab.datasets.folder`)."""
+"""A speaker-disjoint split of a corpus into training, validation and test speakers, and a balanced trial list
+over held-out speakers, both seeded (used by `python -m speakerlab.datasets.folder`).
+
+Held-out sizes (`split_sizes`), when not given: the test split takes a quarter of the speakers, at most
+max(40, a tenth) of them, at least 2; the validation split (model selection while training) half as many as
+the test split, none when that is fewer than 2. So 12 speakers give 3 test speakers and no validation split,
+90 give 22 and 11, 200 give 40 and 20, 1,000 give 100 and 50. An EER needs about `MIN_SPEAKERS` speakers
+(speakerlab.dataio.trials) to tell models apart: a quarter of the speakers is what reaches it at 80 speakers
+while leaving most of them for training, and beyond 40 (or a tenth) more test speakers cost training data for
+an interval that is already narrow (about +-33% of the EER at 40 speakers, speakerlab.scoring.interval).
+"""
 
 from __future__ import annotations
 
@@ -14,18 +23,37 @@ from speakerlab.datasets.common import DatasetError
 ENUMERATE_PAIRS = 1_000_000  # up to this many candidate pairs are listed and drawn from; beyond, drawn one by one
 
 
-def split_speakers(speakers: Sequence[str], test: float, seed: int) -> Tuple[List[str], List[str]]:
-    """(train, test) speaker ids, disjoint: `test` >= 1 is a count, < 1 a fraction (at least 2)."""
-    n = int(test) if test >= 1 else max(2, int(round(test * len(speakers))))
-    if n < 2 or len(speakers) - n < 2:
+def _count(size: float, n: int) -> int:
+    """A count (>= 1) as given, or a fraction (< 1) of n speakers."""
+    return int(size) if size >= 1 else int(round(size * n))
+
+
+def split_sizes(n: int, test: Optional[float] = None, val: Optional[float] = None) -> Tuple[int, int]:
+    """(test, validation) speaker counts of n speakers: `test`, `val` a count (>= 1), a fraction (< 1; val 0: no
+    validation split) or None for the sizes of the module docstring."""
+    n_test = _count(test, n) if test is not None else max(2, min(round(n / 4), max(40, round(n / 10))))
+    n_val = _count(val, n) if val is not None else (n_test // 2 if n_test // 2 >= 2 and n - n_test >= 2 + 2 else 0)
+    return n_test, n_val
+
+
+def split_speakers(
+    speakers: Sequence[str], test: Optional[float], seed: int, val: Optional[float] = None
+) -> Tuple[List[str], List[str], List[str]]:
+    """(train, validation, test) speaker ids, disjoint, of sizes `split_sizes`: the test split at least 2, the
+    validation split none or at least 2, training at least 2. The test speakers are the same whatever `val`."""
+    n_test, n_val = split_sizes(len(speakers), test, val)
+    if n_test < 2 or len(speakers) - n_test - n_val < 2 or n_val == 1:
         raise DatasetError(
-            f"{len(speakers)} usable speakers cannot give {n} test speakers and at least 2 training speakers "
-            f"(--test-speakers {test:g}; the test set needs at least 2)"
+            f"{len(speakers)} usable speakers cannot give {n_test} test speakers, "
+            f"{n_val} validation speakers and at least 2 training speakers (--test-speakers "
+            f"{'auto' if test is None else f'{test:g}'}, --val-speakers {'auto' if val is None else f'{val:g}'}; "
+            "the test set needs at least 2, a validation set 0 or at least 2)"
         )
     order = np.random.default_rng([seed, 1]).permutation(len(speakers))
     ids = sorted(speakers)
-    chosen = {ids[i] for i in order[:n]}
-    return [s for s in ids if s not in chosen], sorted(chosen)
+    chosen = {ids[i] for i in order[:n_test]}
+    held = {ids[i] for i in order[n_test : n_test + n_val]}
+    return [s for s in ids if s not in chosen | held], sorted(held), sorted(chosen)
 
 
 def _draw_pairs(count: int, k: int, enumerate_all, draw_one, rng: np.random.Generator) -> List[Tuple[str, str]]:
@@ -66,7 +94,7 @@ def make_trials(
     total_t = int(per_spk.sum())
     if total_t == 0:
         kind = "cross-session " if sessions else ""
-        raise DatasetError(f"the test speakers have no {kind}target pairs (two utterances of one speaker)")
+        raise DatasetError(f"the held-out speakers have no {kind}target pairs (two utterances of one speaker)")
 
     def draw_target(g):
         s = speakers[int(g.choice(len(speakers), p=per_spk / per_spk.sum()))]
@@ -91,6 +119,10 @@ def make_trials(
     nontargets = _draw_pairs(total_n, min(k, total_n), all_nontargets, draw_nontarget, rng)
     note = ""
     if k < n // 2:
-        note = f"only {k} {'cross-session ' if sessions else ''}target pairs exist: {k} of the {n // 2} asked for"
+        kind = "cross-session " if sessions else ""
+        note = (
+            f"only {k} {kind}target pairs exist: {k + len(nontargets)} trials ({k} target, {len(nontargets)} "
+            f"nontarget) of the {n} asked for"
+        )
     trials = [(*sorted(p), True) for p in targets] + [(*sorted(p), False) for p in nontargets]
     return sorted(trials), note

@@ -7,13 +7,16 @@ other toolkits read them too) and `<data>/feats.json`, the fbank options they we
 (no dither, no mean normalisation: readers normalise as their config says). feats.json is written
 last, so a data dir with it has a complete store. Readers: extraction (`speakerlab.inference.extract --feats`)
 and training without augmentation (`data.feats: true`), which then crops frames instead of decoding
-audio. A store whose options differ from the config's is an error naming the option.
+audio. A store whose options differ from the config's is an error naming the option. feats.json also
+holds a digest of the wav.scp the store was computed from: a store of other lists (the data preparation
+stage re-run on changed recordings) is rebuilt by the next run of this command, and readers refuse it,
+saying to re-run it.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -23,8 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.lists import ListError, load_data_dir, read_table
+from speakerlab.dataio.lists import ListError, load_data_dir, read_table, read_wav_scp, rerun_features
 from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
 from speakerlab.frontends import feature_spec
 
@@ -58,19 +62,34 @@ def write_store(data_dir, fbank: Fbank, log=print) -> Path:
             feats = fbank(torch.from_numpy(wave).unsqueeze(0))[0].numpy()
             writer(utt, feats)
             frames += feats.shape[0]
-    meta = {"fbank": dataclasses.asdict(fbank.config), "utterances": len(data.utts), "frames": frames}
+    meta = {
+        "fbank": dataclasses.asdict(fbank.config),
+        "utterances": len(data.utts),
+        "frames": frames,
+        "wav_scp_sha1": lists_digest(root),
+    }
     (root / FEATS_CONF).write_text(json.dumps(meta, indent=1))
     log(f"feature store {root / FEATS_SCP}: {len(data.utts)} utterances, {frames} frames")
     return root / FEATS_SCP
 
 
+def lists_digest(root: Path) -> str:
+    """SHA-1 of `root/wav.scp` as it is now: which utterances a store holds, and from which files."""
+    return hashlib.sha1((root / "wav.scp").read_bytes()).hexdigest()
+
+
 def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
-    """A complete store of `root` with these fbank options and utterance count, newer than wav.scp."""
+    """A complete store of `root` with these fbank options and utterance count, of the wav.scp there now and
+    newer than it (a list rewritten since may name re-converted audio)."""
     conf = root / FEATS_CONF
     if not conf.is_file() or conf.stat().st_mtime < (root / "wav.scp").stat().st_mtime:
         return False
     meta = json.loads(conf.read_text())
-    return meta.get("fbank") == dataclasses.asdict(config) and meta.get("utterances") == utterances
+    return (
+        meta.get("fbank") == dataclasses.asdict(config)
+        and meta.get("utterances") == utterances
+        and meta.get("wav_scp_sha1") == lists_digest(root)
+    )
 
 
 class FeatureStore:
@@ -78,12 +97,22 @@ class FeatureStore:
     loader workers open the ark per read)."""
 
     def __init__(self, data_dir, expect: Optional[FbankConfig] = None):
-        root = Path(data_dir)
+        root = self.root = Path(data_dir)
         conf = root / FEATS_CONF
         if not conf.is_file():
             raise ListError(f"{conf}: no complete feature store; run speakerlab-feature-store --data {root}")
-        self.config = json.loads(conf.read_text())["fbank"]
+        meta = json.loads(conf.read_text())
+        self.config = meta["fbank"]
         self.entries: Dict[str, str] = {u: fields[0] for u, (_, fields) in read_table(root / FEATS_SCP).items()}
+        stored = meta.get("wav_scp_sha1")
+        if stored is not None and stored != lists_digest(root):
+            listed = set(read_wav_scp(root / "wav.scp"))
+            new, gone = len(listed - set(self.entries)), len(set(self.entries) - listed)
+            what = f"{new} utterance(s) of wav.scp not in it, {gone} no longer listed" if new or gone else "other files"
+            raise ListError(
+                f"{root / FEATS_SCP}: the feature store was computed from another wav.scp ({what}: the data "
+                f"preparation stage ran again since); {rerun_features('speakerlab-feature-store', root)}"
+            )
         if expect is not None:
             want = dataclasses.asdict(expect)
             for key in sorted(set(want) | set(self.config)):
@@ -122,7 +151,10 @@ class FeatureCropDataset(Dataset):
         self.crop_samples, self.frames = crop_samples, num_frames(crop_samples, fbank)
         missing = [u for u in self.utts if u not in store]
         if missing:
-            raise ListError(f"{len(missing)} training utterance(s) not in the feature store, e.g. '{missing[0]}'")
+            raise ListError(
+                f"{len(missing)} training utterance(s) not in the feature store, e.g. '{missing[0]}'; "
+                f"{rerun_features('speakerlab-feature-store', store.root)}"
+            )
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -159,7 +191,7 @@ def collate_feats(items) -> Dict[str, torch.Tensor]:
 def main(argv=None) -> int:
     from speakerlab.config import ConfigError, load_config
 
-    ap = argparse.ArgumentParser(prog="speakerlab-feature-store", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-feature-store", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, action="append", help="Kaldi data dir with wav.scp (repeatable)")
     ap.add_argument("--config", action="append", help="experiment config(s) whose features section to use")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. features.num_mel_bins=64")

@@ -8,12 +8,12 @@ Writes `<out>.result` and prints the EER and minDCF.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
+from speakerlab.commands import CommandParser
 from speakerlab.devices import resolve_device
 from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import FeatureSpec
@@ -30,10 +30,10 @@ class MeanOverTime(torch.nn.Module):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-baseline", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-baseline", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="data dir with wav.scp and trials")
     ap.add_argument("--out", required=True, help="output prefix: <out>.result")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     args = ap.parse_args(argv)
     embedder = Embedder(
         MeanOverTime(),

@@ -20,12 +20,16 @@ resampling by scipy's resample_poly (the same filter); this module imports torch
     score 0.734512                          the cosine of the two embeddings
     threshold 0.412300 (<where it came from>)
     same speaker                            or: different speakers (same iff score >= threshold)
-The threshold is `--threshold`, or the EER threshold of `--calibration` (a trial list, `enrol test
-target|nontarget`) scored by cosine on `--calibration-embeddings` (an .npz of the same model, e.g. from
-`speakerlab-embed`): among the list's distinct scores t, deciding "same" iff score >= t, the t where
-|P_miss(t) - P_fa(t)| is smallest (the lower t on a tie), i.e. the operating point where the miss and
-false-alarm rates of that list cross. Without either, DEFAULT_THRESHOLD: a placeholder, not tuned for any
-model; calibrate on a list from your own conditions.
+The threshold is, first found of:
+  1. `--threshold`;
+  2. the EER threshold of `--calibration` (a trial list, `enrol test target|nontarget`) scored by cosine on
+     `--calibration-embeddings` (an .npz of the same model, e.g. from `speakerlab-embed`): among the list's
+     distinct scores t, deciding "same" iff score >= t, the t where |P_miss(t) - P_fa(t)| is smallest (the
+     lower t on a tie), i.e. the operating point where the miss and false-alarm rates of that list cross;
+  3. for `--checkpoint` (an exp dir or a checkpoint in one), the EER threshold the scoring stage found for
+     this very checkpoint: a `<exp>/scores/**/*.json` of `speakerlab-score` (plain cosine) whose embeddings it
+     made (the checkpoint's content digest, which extraction and scoring record as `model_id`);
+  4. DEFAULT_THRESHOLD: a placeholder, not tuned for any model, and the threshold line says so.
 
 `speakerlab-embed` reads `<id> <path>` lines and writes OUT: `.npz` with `ids` (wav.scp order) and
 `embeddings (N, D)` float32 (`speakerlab.dataio.embeddings`, as extraction writes); an OUT ending in `.ark`, or
@@ -38,6 +42,7 @@ Exit codes: 0 done; 2 bad input (a message on stderr naming the file, or the wav
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
@@ -62,6 +68,13 @@ EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory 
 # ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it). A checkpoint
 # that cannot be read is a SourceError (a ValueError) by the time it leaves speakerlab.sources.
 BAD_INPUT = (ListError, AudioError, NonFiniteEmbedding, ValueError, OSError, ImportError)
+
+
+def bad_input() -> tuple:
+    """BAD_INPUT, and speakerlab.checkpoint's CheckpointError once a torch path has loaded that module (importing
+    it here would import torch on the ONNX path)."""
+    checkpoint = sys.modules.get("speakerlab.checkpoint")
+    return BAD_INPUT + ((checkpoint.CheckpointError,) if checkpoint else ())
 
 
 class UsageError(ValueError):
@@ -123,12 +136,46 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
     )
 
 
+def exp_dir_of(checkpoint: str) -> Path:
+    """The exp dir of `--checkpoint`: the folder itself, or the run a checkpoint file belongs to."""
+    p = Path(checkpoint)
+    if p.is_dir():
+        return p.parent if p.name == "checkpoints" else p
+    return p.parent.parent if p.parent.name == "checkpoints" else p.parent
+
+
+def scored_threshold(checkpoint: str, model_id: str) -> Optional[Tuple[float, str]]:
+    """The EER threshold of the first `<exp>/scores/**/*.json` (by name) scored by plain cosine on embeddings
+    of the model `model_id` -> (t, where it came from), or None (no such scoring, or no model id)."""
+    if not model_id:
+        return None
+    for path in sorted((exp_dir_of(checkpoint) / "scores").rglob("*.json")):
+        try:
+            s = json.loads(path.read_text())
+            scoring = s["scoring"]
+            if scoring.get("model_id") != model_id or scoring.get("method") != "cosine":
+                continue
+            t = float(s["operating_points"]["eer"]["threshold"])
+            return t, f"EER threshold of {path}: {s['trials']}, {s['n_trials']} trials, EER {100 * s['eer']:.2f} %"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a scoring summary
+    return None
+
+
+UNTUNED = (
+    "uncalibrated default, not tuned for this model: give --threshold T or --calibration TRIALS "
+    "--calibration-embeddings EMB.npz, or score a trial list with this checkpoint (a recipe's stages 4-5) and "
+    "verify uses that EER threshold"
+)
+
+
 def verify_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-verify",
         description="Cosine score of two audio files and the decision at a threshold.",
         epilog="Threshold: --threshold, else the EER threshold of --calibration (the score where miss and false-alarm "
-        f"rates cross on that list), else {DEFAULT_THRESHOLD} (untuned). 'same speaker' iff score >= threshold.",
+        "rates cross on that list), else the EER threshold the scoring stage found for this --checkpoint "
+        f"(<exp>/scores/*.json), else {DEFAULT_THRESHOLD} (untuned). 'same speaker' iff score >= threshold.",
     )
     ap.add_argument("a", help="first audio file (any rate, first channel)")
     ap.add_argument("b", help="second audio file")
@@ -164,8 +211,9 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
         elif args.calibration:
             threshold, source = calibration_threshold(args.calibration, args.calibration_embeddings, emb.shape[1])
         else:
-            threshold, source = DEFAULT_THRESHOLD, "default, not tuned: give --threshold or --calibration"
-    except BAD_INPUT as e:
+            found = scored_threshold(args.checkpoint, embedder.model_id) if args.checkpoint else None
+            threshold, source = found or (DEFAULT_THRESHOLD, UNTUNED)
+    except bad_input() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     score = cosine(emb[0], emb[1])
@@ -204,7 +252,7 @@ def embed_scp(
 
 
 def embed_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="speakerlab-embed", description="Embeddings of the files of a wav.scp -> .npz (and Kaldi ark/scp)."
     )
     ap.add_argument("wav_scp", metavar="wav.scp", help="'<id> <path>' lines (any rate, first channel)")
@@ -237,8 +285,8 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
 
             embedder = embedder_from_args(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
-        write_embeddings(npz, ids, emb, kaldi)
-    except BAD_INPUT as e:
+        write_embeddings(npz, ids, emb, kaldi, embedder.model_id)
+    except bad_input() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     written = ", ".join(map(str, [npz, *(kaldi_paths(npz) if kaldi else ())]))

@@ -39,15 +39,23 @@ class Embedder:
     (speakerlab.features.spec), then the model.
 
     The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
-    `name` says where it came from, for logs.
+    `name` says where it came from, for logs; `model_id`, for a speakerlab checkpoint its content digest,
+    which embeddings files record (the model that made them) and `speakerlab-verify` matches.
     """
 
-    def __init__(self, model: nn.Module, spec: FeatureSpec, device: Union[str, torch.device] = "cpu", name: str = ""):
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: FeatureSpec,
+        device: Union[str, torch.device] = "cpu",
+        name: str = "",
+        model_id: str = "",
+    ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.spec = spec
         self.features = build_features(spec).to(self.device)
-        self.name = name
+        self.name, self.model_id = name, model_id
 
     @property
     def sample_rate(self) -> int:
@@ -123,7 +131,7 @@ def load_embedder(
     else:
         kind = "speakerlab" if checkpoint is not None else "redimnet2"
         src = read_source(checkpoint or redimnet2, kind=kind, warn=lambda m: print(m, file=sys.stderr))
-    return Embedder(src.build(), src.features, dev, src.describe())
+    return Embedder(src.build(), src.features, dev, src.describe(), src.digest)
 
 
 def source_from_args(ap: argparse.ArgumentParser, args) -> Source:

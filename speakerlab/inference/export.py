@@ -27,7 +27,6 @@ self-supervised encoder (transformers' WavLM, HuBERT, wav2vec 2.0, w2v-BERT) exp
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from speakerlab.commands import CommandParser
 from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META, MIN_FRAMES
 
 
@@ -263,18 +263,18 @@ def main(argv=None) -> int:
     from speakerlab.frontends import FRONT_ENDS
     from speakerlab.inference.embedder import Embedder, add_source_args, source_from_args
 
-    ap = argparse.ArgumentParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
-    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True, help="what to write")
+    ap.add_argument("--out", required=True, help="the exported file (.onnx or .pt)")
     ap.add_argument("--waveform", action="store_true", help="ONNX from samples (B, N) + lengths (B,): front end inside")
     ap.add_argument("--input-rate", type=int, help="with --waveform: the rate of the input samples (resampled inside)")
     ap.add_argument("--int8", choices=["dynamic", "static"], help="with --waveform: quantise the model part")
     ap.add_argument("--calibration", metavar="DIR", help="data dir (wav.scp) of int8 calibration and the cosine check")
-    ap.add_argument("--calibration-utts", type=int, default=200, help="utterances of --calibration used (200)")
+    ap.add_argument("--calibration-utts", type=int, default=200, help="utterances of --calibration used")
     ap.add_argument("--trials", metavar="DIR", help="data dir with wav.scp and trials: the int8 EER check")
-    ap.add_argument("--max-eer-increase", type=float, default=0.2, help="int8 EER points above fp32 allowed (0.2)")
-    ap.add_argument("--min-cosine", type=float, default=0.98, help="least mean cosine of int8 to fp32 (0.98)")
+    ap.add_argument("--max-eer-increase", type=float, default=0.2, help="int8 EER points above fp32 allowed")
+    ap.add_argument("--min-cosine", type=float, default=0.98, help="least mean cosine of int8 to fp32")
     ap.add_argument("--force", action="store_true", help="write an int8 file the check refused")
     args = ap.parse_args(argv)
     if (args.waveform or args.int8) and args.format != "onnx":

@@ -38,7 +38,6 @@ audio path.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -53,6 +52,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from speakerlab.checkpoint import CheckpointError
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
@@ -273,7 +273,7 @@ def embed_data_dir(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-extract", description=__doc__.split("\n")[0])
     add_source_args(ap)
     ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp")
     ap.add_argument("--out", required=True, help="output .npz")
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     except (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_embeddings(args.out, ex.data.utts, emb, args.kaldi)
+    write_embeddings(args.out, ex.data.utts, emb, args.kaldi, embedder.model_id)
     what = f"{len(emb)} embeddings of dim {emb.shape[1]} ({embedder.name})"
     print(f"extract: {what} -> {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
     return 0

@@ -86,6 +86,9 @@ class OnnxEmbedder:
         self.meta = read_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
         self.resample = resample
         self.name = f"{self.meta['model']} ({self.path}{', int8 ' + self.int8['mode'] if self.int8 else ''})"
+        # Embeddings files record a checkpoint's digest (Embedder.model_id) for speakerlab-verify to match; an ONNX
+        # file is not those weights (int8 ones least of all), so its embeddings record none.
+        self.model_id = ""
 
     @property
     def sample_rate(self) -> int:

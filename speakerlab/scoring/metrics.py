@@ -74,14 +74,22 @@ def error_rates(scores: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.
     return miss / n_tar, p_fa, thresholds
 
 
+def eer_between(miss0, fa0, miss1, fa1):
+    """The EER between two neighbouring operating points where p_miss - p_fa turns from < 0 (point 0) to
+    >= 0 (point 1): the mean of the two rates, linearly interpolated to where the difference is zero.
+    Elementwise on arrays of such pairs (the speaker bootstrap's replicates) as on floats."""
+    d0, d1 = miss0 - fa0, miss1 - fa1
+    step = np.where(d1 == d0, 1.0, d1 - d0)
+    w = np.where(d1 == d0, 0.0, -d0 / step)
+    return (1 - w) * (miss0 + fa0) / 2 + w * (miss1 + fa1) / 2
+
+
 def _eer(p_miss: np.ndarray, p_fa: np.ndarray) -> float:
     diff = p_miss - p_fa  # rises from -1 to +1 along the thresholds
     i = int(np.searchsorted(diff, 0.0))
     if i == 0:
         return float(p_fa[0])
-    d0, d1 = diff[i - 1], diff[i]
-    w = 0.0 if d1 == d0 else -d0 / (d1 - d0)
-    return float((1 - w) * (p_miss[i - 1] + p_fa[i - 1]) / 2 + w * (p_miss[i] + p_fa[i]) / 2)
+    return float(eer_between(p_miss[i - 1], p_fa[i - 1], p_miss[i], p_fa[i]))
 
 
 def _min_dcf(p_miss: np.ndarray, p_fa: np.ndarray, p_target: float, c_miss: float, c_fa: float) -> float:

@@ -1,5 +1,8 @@
 """Output files of the scoring step: the scores file, the metrics JSON, the result line, the table.
 
+`eer_text` and `counts_text` are how an EER is said everywhere (result line, table, the recipes' closing lines
+from P.json): with its confidence interval and the trials and speakers behind it.
+
 `write_scores` formats whole blocks of trials with numpy (ids from the zero-padded id bytes of the
 index, the score as fixed-point `%.6f` digits) and drops the padding bytes, so writing 10 M lines makes
 no Python string per line.
@@ -15,6 +18,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from speakerlab.dataio.trials import TrialList
+from speakerlab.scoring.interval import CI_MIN_SPEAKERS
 
 _LABEL_TEXT = np.zeros((2, 9), np.uint8)
 _LABEL_TEXT[0, :9] = np.frombuffer(b"nontarget", np.uint8)
@@ -89,13 +93,34 @@ def _rate(p: float) -> str:
     return f"{p * 100:g}%"
 
 
+def _interval(summary: Dict) -> str:
+    ci = summary.get("eer_ci")
+    return f"{ci['level'] * 100:g}% CI {ci['low'] * 100:.2f}-{ci['high'] * 100:.2f}%" if ci else ""
+
+
+def eer_text(summary: Dict) -> str:
+    """'5.52% (95% CI 3.90-7.41%)' of a list's summary; '66.67% (no interval: 2 speakers)' with too few speakers
+    for one (interval.CI_MIN_SPEAKERS); the bare EER when no interval was asked for."""
+    ci = _interval(summary)
+    if not ci and summary.get("n_speakers", CI_MIN_SPEAKERS) < CI_MIN_SPEAKERS:
+        ci = f"no interval: {summary['n_speakers']} speakers"
+    return f"{summary['eer'] * 100:.2f}%" + (f" ({ci})" if ci else "")
+
+
+def counts_text(summary: Dict) -> str:
+    """'3000 trials (1500 target, 1500 nontarget, 20 speakers)': what stands behind the list's EER."""
+    speakers = f", {summary['n_speakers']} speakers" if "n_speakers" in summary else ""
+    return f"{summary['n_trials']} trials ({summary['n_target']} target, {summary['n_nontarget']} nontarget{speakers})"
+
+
 def result_line(summary: Dict) -> str:
-    """One line per list, as in `<out>.result`: counts, EER and its threshold, minDCF at each p_target,
-    the thresholds at the false-alarm rates of `operating_points` (+ Cllr, actDCF)."""
+    """One line per list, as in `<out>.result`: counts, EER with its interval and threshold, minDCF at each
+    p_target, the thresholds at the false-alarm rates of `operating_points` (+ Cllr, actDCF)."""
     points = summary["operating_points"]
+    ci = _interval(summary)
     text = (
-        f"{summary['trials']}: {summary['n_trials']} trials ({summary['n_target']} target) "
-        f"EER {summary['eer'] * 100:.2f}% (threshold {points['eer']['threshold']:.4f})"
+        f"{summary['trials']}: {counts_text(summary)} EER {summary['eer'] * 100:.2f}% "
+        f"({ci + ', ' if ci else ''}threshold {points['eer']['threshold']:.4f})"
     )
     for p, v in summary["min_dcf"].items():
         text += f" minDCF(p_target={p}) {v:.4f}"
@@ -121,7 +146,10 @@ def markdown_table(summaries: Sequence[Dict]) -> str:
     p_targets: List[str] = list(summaries[0]["min_dcf"]) if summaries else []
     fa_keys = [k for k in summaries[0]["operating_points"] if k.startswith("fa=")] if summaries else []
     calibrated = any("cllr" in s for s in summaries)
-    head = ["list", "trials", "target", "EER (%)", "threshold at EER"] + [f"minDCF({p})" for p in p_targets]
+    level = next((s["eer_ci"]["level"] for s in summaries if s.get("eer_ci")), None)
+    head = ["list", "trials", "target", "EER (%)"]
+    head += [f"{level * 100:g}% CI (%)", "speakers"] if level else []
+    head += ["threshold at EER"] + [f"minDCF({p})" for p in p_targets]
     head += [f"threshold at FA {_rate(float(k[3:]))}" for k in fa_keys]
     if calibrated:
         head += ["Cllr"] + [f"actDCF({p})" for p in p_targets]
@@ -130,6 +158,9 @@ def markdown_table(summaries: Sequence[Dict]) -> str:
     for s in summaries:
         points = s["operating_points"]
         row = [s["name"], str(s["n_trials"]), str(s["n_target"]), f"{s['eer'] * 100:.2f}"]
+        if level:
+            ci = s.get("eer_ci")
+            row += [f"{ci['low'] * 100:.2f}-{ci['high'] * 100:.2f}" if ci else "-", str(s.get("n_speakers", "-"))]
         row += [f"{points['eer']['threshold']:.4f}"] + [f"{s['min_dcf'][p]:.4f}" for p in p_targets]
         row += [f"{points[k]['threshold']:.4f}" for k in fa_keys]
         if calibrated:

@@ -9,7 +9,15 @@
 Steps per list: parse (`speakerlab.dataio.trials`), cosine of unit embeddings (after subtracting the cohort mean
 with `--mean-sub`), AS-norm (`--asnorm-top-n N`, `speakerlab.scoring.norm`), QMF calibration to LLRs
 (`--qmf-train`, `speakerlab.scoring.calibration`), metrics (EER, minDCF at each `--p-target`, c_miss = c_fa = 1;
-Cllr and actDCF when calibrated), outputs (`speakerlab.scoring.report`, `speakerlab.scoring.plots`).
+Cllr and actDCF when calibrated), the EER's confidence interval (`speakerlab.scoring.interval`: a bootstrap
+over the list's speakers, `--ci-level`, `--ci-replicates`), outputs (`speakerlab.scoring.report`,
+`speakerlab.scoring.plots`).
+
+How many trials and speakers stand behind each EER is said with it: target and nontarget trials, and the
+speakers, from `--utt2spk` (one file, or one per list), else the `utt2spk` beside the trial list when it names
+every utterance, else the groups that target trials connect. Below `dataio.trials.MIN_SPEAKERS` speakers or
+`MIN_TARGET_TRIALS` target trials one `warning:` line on stderr (and `warning` in P.json) says that the EER
+cannot tell models apart.
 
 Output layout. `--out` is one prefix per trial list (the list is named after the prefix's last part), or,
 for several lists (or a path ending in `/` or an existing directory), one directory where each list gets
@@ -17,9 +25,12 @@ the prefix `DIR/<name>` (`--names`, else the file name, else its parent director
 repeat). Per prefix P:
     P.scores     `enrol test score target|nontarget`, one line per trial, in list order; the score is
                  the cosine, its AS-norm, or with --qmf-train the calibrated LLR (natural log)
-    P.result     one line: counts, EER and its threshold, minDCF, the thresholds at false-alarm rates
-                 1% and 0.1% with their miss rates (and Cllr, actDCF), as printed
-    P.json       the same numbers (`operating_points`: threshold, p_miss, p_fa of each) and the settings
+    P.result     one line: counts (trials, target, nontarget, speakers), EER with its interval and threshold,
+                 minDCF, the thresholds at false-alarm rates 1% and 0.1% with their miss rates (and Cllr,
+                 actDCF), as printed
+    P.json       the same numbers (`n_target`, `n_nontarget`, `n_speakers`, `speakers_from`, `eer_ci`:
+                 level, low, high, method, replicates, trials_used; `operating_points`: threshold, p_miss,
+                 p_fa of each) and the settings
     P.det.png    DET curve, 640 x 480 px
     P.hist.png   target / nontarget score histograms, 640 x 480 px
 and one markdown table over all lists, printed and written to `--table` (default: DIR/results.md in
@@ -51,11 +62,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speakerlab.dataio.command import run_command
-from speakerlab.dataio.embeddings import check_embeddings, read_embeddings
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
-from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list
+from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list, too_few_to_measure
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
+from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, TrialSpeakers, eer_interval, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
 from speakerlab.scoring.norm import Cohort, asnorm, cohort_stats, unit_rows
 
@@ -175,11 +187,16 @@ def summarise(
     p_targets: Sequence[float],
     calibrated: bool,
     keep_curves: bool = False,
+    speakers: Optional[TrialSpeakers] = None,
+    ci_level: float = CI_LEVEL,
+    ci_replicates: int = CI_REPLICATES,
 ) -> Dict:
     """Metrics of one list as a JSON-ready dict (`_curves`: the thinned DET curve, when keep_curves).
 
     Operating points: the threshold at the EER and at false-alarm rates `metrics.FA_RATES`, each with its
-    miss and false-alarm rates (`operating_points`: {"eer": point, "fa=0.01": point, ...})."""
+    miss and false-alarm rates (`operating_points`: {"eer": point, "fa=0.01": point, ...}). With the trials'
+    `speakers`: their count and source, the EER's interval (`eer_ci`, None with `ci_replicates` 0) and, below
+    the minimum a measurable EER needs, `warning`."""
     m = verification_metrics(scores, tl.target, p_targets, curve_points=DET_POINTS)
     n_tar = int(tl.target.sum())
     out = {
@@ -188,12 +205,24 @@ def summarise(
         "n_trials": len(tl),
         "n_target": n_tar,
         "n_nontarget": len(tl) - n_tar,
-        "eer": m["eer"],
-        "c_miss": 1.0,
-        "c_fa": 1.0,
-        "min_dcf": {f"{p:g}": v for p, v in m["min_dcf"].items()},
-        "operating_points": {"eer": m["eer_point"], **{f"fa={r:g}": v for r, v in m["fa_points"].items()}},
     }
+    if speakers is not None:
+        out["n_speakers"] = speakers.count
+        out["speakers_from"] = speakers.source
+    out["eer"] = m["eer"]
+    if speakers is not None:
+        out["eer_ci"] = eer_interval(scores, tl.target, speakers, m["eer"], ci_level, ci_replicates)
+        lacking = too_few_to_measure(speakers.count, n_tar)
+        if lacking:
+            out["warning"] = f"{tl.path}: {lacking}"
+    out.update(
+        {
+            "c_miss": 1.0,
+            "c_fa": 1.0,
+            "min_dcf": {f"{p:g}": v for p, v in m["min_dcf"].items()},
+            "operating_points": {"eer": m["eer_point"], **{f"fa={r:g}": v for r, v in m["fa_points"].items()}},
+        }
+    )
     if calibrated:
         out["cllr"] = cllr(scores, tl.target)
         out["act_dcf"] = {f"{p:g}": act_dcf(scores, tl.target, p) for p in p_targets}
@@ -242,7 +271,7 @@ def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[S
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-score", description=__doc__.split("\n")[0])
     ap.add_argument("--embeddings", required=True, help=".npz with ids and embeddings (speakerlab.inference.extract)")
     ap.add_argument("--trials", required=True, nargs="+", help="one or more trial lists")
     ap.add_argument("--out", required=True, nargs="+", help="one prefix per list, or one directory")
@@ -258,6 +287,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--durations", nargs="+", help="utt2dur / utt2num_samples files or data dirs (QMF durations)")
     ap.add_argument("--sample-rate", type=int, default=16000, help="of utt2num_samples")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG files")
+    ap.add_argument(
+        "--utt2spk",
+        nargs="+",
+        help="speakers of the trials' utterances, for the counts and the EER interval: one file, or one per list "
+        "(default: the utt2spk beside each list when it names all its utterances, else the groups target trials join)",
+    )
+    ap.add_argument("--ci-level", type=float, default=CI_LEVEL, help="confidence level of the EER interval")
+    ap.add_argument("--ci-replicates", type=int, default=CI_REPLICATES, help="bootstrap replicates (0: no interval)")
     return ap
 
 
@@ -272,6 +309,12 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--qmf-embeddings and --durations need --qmf-train")
     if any(not 0 < p < 1 for p in args.p_target):
         ap.error("--p-target values must lie in (0, 1)")
+    if args.utt2spk and len(args.utt2spk) not in (1, len(args.trials)):
+        ap.error(f"--utt2spk: give one file, or one per trial list ({len(args.trials)})")
+    if not 0 < args.ci_level < 1:
+        ap.error(f"--ci-level must lie in (0, 1), got {args.ci_level:g}")
+    if args.ci_replicates < 0:
+        ap.error(f"--ci-replicates must be >= 0, got {args.ci_replicates}")
 
 
 def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, float]], dur_source: str):
@@ -285,7 +328,7 @@ def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, f
 def run(args) -> List[Dict]:
     """The command without argument parsing: score every list, write the outputs -> summaries."""
     from speakerlab.scoring.plots import plot_det, plot_histogram
-    from speakerlab.scoring.report import markdown_table, result_line, write_json, write_scores
+    from speakerlab.scoring.report import eer_text, markdown_table, result_line, write_json, write_scores
 
     names, prefixes, table, _ = output_prefixes(args.trials, args.out, args.names)
     cohort = None
@@ -305,17 +348,30 @@ def run(args) -> List[Dict]:
         qmf = QMF().fit(qmf_scorer.features(tl, qmf_scorer.raw_scores(tl)), tl.target, names_f)
         scorer.qmf = qmf
     summaries = []
-    for name, prefix, tl in zip(names, prefixes, lists):
+    for k, (name, prefix, tl) in enumerate(zip(names, prefixes, lists)):
         scores = scorer.scores(tl)
+        u2s = args.utt2spk[k if len(args.utt2spk) > 1 else 0] if args.utt2spk else None
+        speakers = trial_speakers(tl, scorer.index, u2s)
         files = {"scores": f"{prefix}.scores", "result": f"{prefix}.result", "json": f"{prefix}.json"}
         # The scores file (numpy formatting, GIL-free for the most part) is written by a second thread
         # while this one computes the metrics and draws the pictures.
         with ThreadPoolExecutor(1) as writer:
             written = writer.submit(write_scores, files["scores"], tl, scores)
-            s = summarise(name, tl, scores, args.p_target, scorer.qmf is not None, keep_curves=not args.no_plots)
+            s = summarise(
+                name,
+                tl,
+                scores,
+                args.p_target,
+                scorer.qmf is not None,
+                keep_curves=not args.no_plots,
+                speakers=speakers,
+                ci_level=args.ci_level,
+                ci_replicates=args.ci_replicates,
+            )
             s["scoring"] = {
                 "method": scorer.method(),
                 "embeddings": str(args.embeddings),
+                "model_id": embeddings_model_id(args.embeddings),  # speakerlab-verify finds its threshold by it
                 "cohort": args.cohort,
                 "mean_sub": bool(args.mean_sub),
                 "asnorm_top_n": args.asnorm_top_n,
@@ -334,6 +390,8 @@ def run(args) -> List[Dict]:
         Path(files["result"]).write_text(line + "\n")
         write_json(files["json"], s)
         print(line)
+        if "warning" in s:
+            print(f"warning: {s['warning']}: EER {eer_text(s)}", file=sys.stderr)
         summaries.append(s)
     text = markdown_table(summaries)
     table = Path(args.table) if args.table else table
@@ -351,7 +409,7 @@ def main(argv=None) -> int:
         output_prefixes(args.trials, args.out, args.names)
     except ValueError as e:
         ap.error(str(e))  # exit code 2, as for any bad argument
-    return run_command(lambda: run(args))
+    return run_command(lambda: run(args), (ListError,))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from itertools import combinations
 
 import numpy as np
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import sf
 
 from . import rooms
@@ -250,12 +251,14 @@ def _noise_tasks(out: str, seed: int) -> list:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="speakerlab-synth", description=__doc__.split("\n")[0])
+    p = CommandParser(prog="speakerlab-synth", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output directory (created)")
-    p.add_argument("--seed", type=int, default=20240607)
-    p.add_argument("--num-train-speakers", type=int, default=400)
-    p.add_argument("--num-val-speakers", type=int, default=20)
-    p.add_argument("--num-test-speakers", type=int, default=60)
+    p.add_argument(
+        "--seed", type=int, default=20240607, help="each file is drawn from (seed, kind, index): same seed, same corpus"
+    )
+    p.add_argument("--num-train-speakers", type=int, default=400, help="speakers of train/")
+    p.add_argument("--num-val-speakers", type=int, default=20, help="speakers of val/ (none of train/)")
+    p.add_argument("--num-test-speakers", type=int, default=60, help="speakers of test/ (none of train/ or val/)")
     p.add_argument("--utts-per-speaker", type=int, default=12, help="per train speaker")
     p.add_argument("--eval-utts-per-speaker", type=int, default=10, help="per val / test speaker")
     p.add_argument("--min-dur", type=float, default=2.0, help="seconds, train utterances")

@@ -14,7 +14,6 @@ and channel counts that real folders have. `egs/custom` fine-tunes on such a tre
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Dict, List
 import numpy as np
 import soundfile as sf
 
+from speakerlab.commands import CommandParser
 from speakerlab.dataio.resample import resample
 from speakerlab.synth.voice import SR
 
@@ -90,7 +90,11 @@ def write_tree(corpus: Path, out: Path) -> Dict[str, List[Path]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-synth-tree", description=__doc__.split("\n")[0])
+    ap = CommandParser(
+        prog="speakerlab-synth-tree",
+        description="A synthetic corpus (speakerlab-synth) re-written as people keep their own recordings: one "
+        "folder per speaker, mixed layouts, rates and formats, over a telephone channel.",
+    )
     ap.add_argument("--corpus", required=True, help="output of speakerlab-synth")
     ap.add_argument("--out", required=True, help="the folder tree to write")
     args = ap.parse_args(argv)

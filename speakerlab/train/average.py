@@ -8,16 +8,16 @@ state: use it for extraction or as `train.init` of a fine-tuning run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from speakerlab.checkpoint import average_checkpoints, checkpoint_files, save_checkpoint
+from speakerlab.commands import CommandParser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="speakerlab-average", description=__doc__.split("\n")[0])
-    ap.add_argument("--exp-dir", required=True)
+    ap = CommandParser(prog="speakerlab-average", description=__doc__.split("\n")[0])
+    ap.add_argument("--exp-dir", required=True, help="the run whose newest epoch checkpoints to average")
     ap.add_argument("--last", type=int, default=5, help="number of newest epoch checkpoints to average")
     ap.add_argument("--out", help="output file (default <exp-dir>/checkpoints/avg.pt)")
     args = ap.parse_args(argv)

@@ -5,8 +5,9 @@ augmentation, features, model + classifier, optimizer, batch plan, loader) into 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -17,7 +18,7 @@ import torch.nn as nn
 from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.dataio.augment import Augmenter, open_augmenter
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, rerun_features
 from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.dataio.speed import speed_speaker_names
@@ -39,6 +40,7 @@ from speakerlab.train.optim import check_encoder_settings, parameter_groups
 from speakerlab.train.precision import Precision, resolve_precision
 from speakerlab.train.speedups import apply_switches, resolve_switches
 from speakerlab.train.stability import NonFiniteGuard
+from speakerlab.train.validation import Selection
 
 
 def load_train_config(
@@ -99,13 +101,13 @@ def load_train_data(cfg: Config, log: Callable[[str], None]) -> DataDir:
     try:
         lengths = index_lengths(checked, cfg.data.sample_rate)
     except ListError as e:
-        raise ListError(f"{e}\n(config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
+        raise ListError(f"{e} (config key 'data.sample_rate' is {cfg.data.sample_rate})") from None
     stale = [u for u in lengths if u in data.num_samples and data.num_samples[u] != lengths[u]]
     if stale:
         raise ListError(
             f"{data.root / 'utt2num_samples'}: '{stale[0]}' says {data.num_samples[stale[0]]} samples, "
             f"the file has {lengths[stale[0]]} ({len(stale)} of {len(lengths)} checked are stale); "
-            "re-run the features stage (speakerlab-prepare)"
+            f"{rerun_features('speakerlab-prepare', data.root)}"
         )
     if checked is data:
         data.num_samples = lengths
@@ -302,6 +304,7 @@ class RunState:
     step: int = 0  # optimizer steps done: the clock of the LR and margin schedules
     epoch: int = 0  # epochs completed
     bad_reads: int = 0  # training crops that failed to read and were skipped (data.on_bad_audio: skip)
+    selection: Selection = field(default_factory=Selection)  # model selection so far (train.keep_best)
 
 
 @dataclass(kw_only=True)
@@ -344,8 +347,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     monitor = Monitor(exp_dir, enabled=info.is_main)
     precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
     seed_everything(cfg.train.seed)
-    with dist_utils.main_process_first(info):  # rank 0 validates lists and audio first
-        log = monitor.log if info.is_main else (lambda m: None)
+    with dist_utils.once_per_node(info):  # lists and audio checked, the noise bank built: once per node
+        log = dist_utils.preparation_log(info, monitor.log)
         data = load_shard_data(cfg.data, log) if cfg.data.shards else load_train_data(cfg, log)
         augmenter = build_augmenter(cfg, log)
     speakers = class_names(cfg, data.speakers)
@@ -369,12 +372,11 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     pin = cfg.hardware.pin_memory and device.type == "cuda"
     loader, sampler = make_loader(cfg, data, data.spk2idx, plan, info, pin, augmenter)
     check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
-    ranks_on_node = max(1, torch.cuda.device_count()) if device.type == "cuda" else info.world_size
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,
         plan.per_device * loader.dataset.crop_samples * 4,
         cfg.hardware.prefetch_factor,
-        ranks_on_node,
+        info.local_world_size,
         monitor.log,
     )
     ddp = wrap_ddp(net, info, device)
@@ -412,5 +414,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
     )
     monitor.log(switches.describe())
+    restart = dist_utils.restart_note(info, os.environ)
+    if restart:
+        monitor.log(f"{restart}; {plan.describe()} (the global batch of the config); resuming from the last checkpoint")
     monitor.text("hardware", f"{precision.describe()}; {plan.describe()}; {switches.describe()}")
     return run

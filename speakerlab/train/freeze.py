@@ -40,6 +40,12 @@ def rule_end(rule: FreezeRule, steps_per_epoch: int) -> float:
     return rule.until_step if rule.until_step is not None else rule.until_epoch * steps_per_epoch
 
 
+def trunk_frozen_until(rules: Sequence[FreezeRule], steps_per_epoch: int) -> float:
+    """The first optimizer step the whole embedding model trains at (0: no trunk rule; inf: never): until then
+    it is the start's (speakerlab.train.selection, speakerlab.train.scaled)."""
+    return max((rule_end(r, steps_per_epoch) for r in rules if "trunk" in r.modules), default=0)
+
+
 def frozen_parts(rules: Sequence[FreezeRule], step: int, steps_per_epoch: int) -> FrozenSet[str]:
     """The parts frozen at optimizer step `step`: those of every rule that still holds."""
     return frozenset(m for r in rules if step < rule_end(r, steps_per_epoch) for m in r.modules)

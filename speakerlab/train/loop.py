@@ -21,20 +21,20 @@ from typing import Iterator, Optional
 import torch
 
 from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
+from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.lists import ListError
-from speakerlab.frontends import feature_spec
-from speakerlab.inference.embedder import NonFiniteEmbedding
+from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
 from speakerlab.train import distributed as dist_utils
+from speakerlab.train import preemption
 from speakerlab.train.build import Run, build_run, load_train_config
 from speakerlab.train.freeze import apply_freeze
 from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.monitor import Meter
-from speakerlab.train.resume import ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.schedules import lr_at, margin_at
+from speakerlab.train.selection import outcome, selecting, stopped, validate_epoch, validate_start
 from speakerlab.train.stability import TrainingStopped, batch_culprits
-from speakerlab.train.validation import validation_eer
 from speakerlab.train.watchdog import Watchdog
 
 
@@ -150,6 +150,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.state.epoch + 1}/{cfg.train.epochs}")
     done = start
     while done < run.steps_per_epoch and (stop_at is None or run.state.step < stop_at):
+        preemption.stop_if_requested(run, done)  # a signal since the last step: validation, loader start-up
         result = train_step(run, batches)
         done += 1
         wait += result.data_wait_s
@@ -167,6 +168,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         ):
             save_mid_epoch(run, done)
     run.monitor.end_progress()
+    preemption.stop_if_requested(run, done)  # a signal during the last step
     if done < run.steps_per_epoch:
         save_mid_epoch(run, done)
         return False
@@ -174,18 +176,12 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
 
 
 def end_epoch(run: Run) -> None:
-    """Epoch checkpoint, then (rank 0) the validation EER when it is due; every rank waits."""
-    cfg, epoch = run.cfg, run.state.epoch
+    """Epoch checkpoint, then the validation EER when it is due (rank 0 measures, every rank gets it); with
+    model selection (train.keep_best: speakerlab.train.selection) the checkpoint again, holding it; every rank
+    waits."""
     save_epoch_end(run)
-    if run.info.is_main and cfg.data.val and (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
-        spec = feature_spec(cfg.features, cfg.data.sample_rate)
-        try:
-            eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device)
-        except NonFiniteEmbedding as e:  # the checkpoint is written: report, and let training go on
-            run.monitor.log(f"epoch {epoch}: no validation EER: {e}")
-        else:
-            run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")
-            run.monitor.log(f"epoch {epoch}: validation EER {eer * 100:.2f}%")
+    if validate_epoch(run):
+        save_epoch_end(run)
     dist_utils.barrier(run.info)
 
 
@@ -227,14 +223,14 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="speakerlab-train", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--config",
         required=True,
         action="append",
         help="YAML config; repeat to overlay (e.g. --config base.yaml --config conf/finetune_lm.yaml)",
     )
-    ap.add_argument("--exp-dir", required=True)
+    ap.add_argument("--exp-dir", required=True, help="the run's folder: checkpoints, logs; re-run to resume")
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
     ap.add_argument(
         "--max-steps",
@@ -248,8 +244,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="resume although settings that define the schedule or data order changed (global batch, "
         "epochs, LR, margin, model, data): the interrupted epoch starts again under the new settings",
     )
-    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=2")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, its overrides, train.init and that --exp-dir and data.train can be made, then "
+        "exit (0: fine; 2: the one-line problem) without reading the data or touching the exp dir",
+    )
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. train.epochs=2")
+    return ap.parse_intermixed_args(argv)
+
+
+def path_problem(cfg, exp_dir: Path) -> Optional[str]:
+    """Why the exp dir cannot be written or data.train cannot be a folder, or None."""
+    problems = [folder_problem(exp_dir)]
+    if cfg.data.train:
+        problems.append(folder_problem(cfg.data.train, writable=False))
+    return next(filter(None, problems), None)
+
+
+def check_only(cfg, exp_dir: Path) -> int:
+    """`--check`: the config (with train.init) is loaded and the paths checked already; say so."""
+    start = f"train.init {cfg.train.init}" if cfg.train.init else "no train.init: from scratch"
+    print(f"speakerlab-train --check: config ok, model {cfg.model.name} ({start}), exp dir {exp_dir} usable")
+    return 0
 
 
 def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_new_schedule: bool) -> None:
@@ -265,34 +282,52 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
     if run.info.is_main:
         save_config(cfg, run.exp_dir / "config.yaml")
     run.monitor.resume_at(run.state.step)
+    validate_start(run, start)
     stop_at = run.state.step + max_steps if max_steps else None
-    while run.state.epoch < cfg.train.epochs and (stop_at is None or run.state.step < stop_at):
+    while run.state.epoch < cfg.train.epochs and not stopped(run) and (stop_at is None or run.state.step < stop_at):
         if not train_epoch(run, start, stop_at):
             break
         start, run.state.epoch = 0, run.state.epoch + 1
         end_epoch(run)
-    if run.state.epoch < cfg.train.epochs:
+    if stopped(run) and run.state.epoch < cfg.train.epochs:
+        sel = run.state.selection
+        run.monitor.log(
+            f"stopped early after epoch {run.state.epoch} of {cfg.train.epochs}, {run.state.step} steps: no "
+            f"validation EER below {sel.best_eer * 100:.2f}% (epoch {sel.best_epoch}) in {sel.since_best} "
+            f"validation{'s' if sel.since_best > 1 else ''} (train.patience)"
+        )
+    elif run.state.epoch < cfg.train.epochs:
         run.monitor.log(f"stopped after --max-steps at step {run.state.step}; re-run to continue")
+        return
     else:
         run.monitor.log(
             f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
             + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
         )
+    if selecting(run):
+        run.monitor.log(outcome(run))
 
 
 def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
-    (the watchdog's)."""
+    (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
+    the same command, or the requeued job, resumes; speakerlab.train.preemption)."""
     args = parse_args(argv)
     try:
         cfg, init = load_train_config(args.config, args.overrides, args.hardware)
+        problem = path_problem(cfg, Path(args.exp_dir))
+        if problem:
+            raise ConfigError(problem)
+        if args.check:
+            return check_only(cfg, Path(args.exp_dir))
         run = build_run(cfg, Path(args.exp_dir), init)
     except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)
         dist_utils.cleanup()
         return 2
     lock = ExpDirLock(run.exp_dir, run.monitor.log) if run.info.is_main else None
+    handlers = preemption.install()  # before the loader forks its workers: they inherit it
     watchdog = None
     if run.info.enabled:
         watchdog = Watchdog(run.info.rank, run.info.world_size, cfg.hardware.watchdog_s, run.monitor.log)
@@ -300,19 +335,19 @@ def main(argv=None) -> int:
     try:
         fit(run, lock, args.max_steps, args.force_new_schedule)
         return 0
-    except (ExpDirLocked, ScheduleChanged) as e:
+    except (ExpDirLocked, ScheduleChanged, RunMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
+    except preemption.Preempted:
+        return preemption.EXIT_PREEMPTED
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]
-        run.monitor.log(
-            f"error: {cause}; the audio no longer matches the lists (re-run the features stage: "
-            f"speakerlab-prepare --data {cfg.data.train}); the last checkpoint is intact"
-        )
+        rerun = rerun_features("speakerlab-prepare", cfg.data.train)
+        run.monitor.log(f"error: {cause}; the audio no longer matches the lists ({rerun}); the last checkpoint is kept")
         return 2
     finally:
         if watchdog is not None:
@@ -321,6 +356,7 @@ def main(argv=None) -> int:
         if lock is not None:
             lock.release()
         dist_utils.cleanup()
+        preemption.restore(handlers)  # last: torchrun signals the ranks still cleaning up once one has left
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ speakerlab.checkpoint's."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import List
+
 import torch
 
 from speakerlab.checkpoint import (
@@ -21,6 +24,7 @@ from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
 from speakerlab.train.freeze import same_freeze
 from speakerlab.train.init import initialise
+from speakerlab.train.validation import Selection
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
@@ -33,6 +37,7 @@ def checkpoint_of(run: Run, step_in_epoch: int) -> Checkpoint:
         skipped_steps=run.guard.total,
         rng_cpu=torch.get_rng_state(),
         rng_cuda=torch.cuda.get_rng_state_all() if run.device.type == "cuda" else [],
+        selection=run.state.selection.to_dict(),
     )
     model = run.raw.model
     # A model whose arguments name files (an SSL encoder's pretrained directory) says how to rebuild it alone.
@@ -62,6 +67,13 @@ def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
     save(run, f"partial_{run.state.epoch + 1:03d}.pt", step_in_epoch)
 
 
+def save_best(run: Run) -> None:
+    """`best.pt`: the model now, the run's result so far under model selection (speakerlab.train.selection);
+    no resume state (it is a result, not a place to resume from)."""
+    if run.info.is_main:
+        save_checkpoint(run.ckpt_dir / "best.pt", dataclasses.replace(checkpoint_of(run, 0), resume=None))
+
+
 def save_epoch_end(run: Run) -> None:
     """The epoch checkpoint; mid-epoch ones are now stale; only the newest `keep_checkpoints` stay."""
     save(run, f"epoch_{run.state.epoch:03d}.pt")
@@ -72,18 +84,48 @@ def save_epoch_end(run: Run) -> None:
         prune_checkpoints(run.ckpt_dir, run.cfg.train.keep_checkpoints)
 
 
-def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
-    """Model and classifier weights of the run's own checkpoint (same model and speakers)."""
-    if ckpt.model_name != run.cfg.model.name or ckpt.speakers != run.speakers:
-        raise RuntimeError(f"{path} was trained with another model or speaker list; use a new --exp-dir")
-    if ckpt.classifier is None:
-        raise RuntimeError(f"{path} has no classifier weights; use a new --exp-dir")
-    run.raw.model.load_state_dict(ckpt.model)
-    run.raw.classifier.load_state_dict(ckpt.classifier)
-
-
 class ScheduleChanged(RuntimeError):
     """Resuming would silently continue a different schedule or data order; the message shows how."""
+
+
+class RunMismatch(RuntimeError):
+    """The exp dir's checkpoint cannot continue as this run at all (another model or speaker list, or no
+    resume state): no flag helps, only another exp dir."""
+
+
+NEW_EXP_DIR = "use a new --exp-dir (a recipe's --exp DIR), or delete {exp} to start that run again"
+
+
+def speaker_change(before: List[str], now: List[str]) -> str:
+    """How two speaker lists differ, in words: counts gone and new with an example, or the order."""
+    gone, new = [s for s in before if s not in set(now)], [s for s in now if s not in set(before)]
+    if not gone and not new:
+        return f"the same {len(now)} speakers in another order"
+    parts = [f"{len(gone)} of its {len(before)} speakers are gone" + (f" (e.g. '{gone[0]}')" if gone else "")]
+    parts.append(f"{len(new)} of the {len(now)} now are new" + (f" (e.g. '{new[0]}')" if new else ""))
+    return ", ".join(parts)
+
+
+def _load_weights(run: Run, ckpt: Checkpoint, path) -> None:
+    """Model and classifier weights of the run's own checkpoint (same model and speakers); RunMismatch
+    naming what differs otherwise."""
+    hint = NEW_EXP_DIR.format(exp=run.exp_dir)
+    if ckpt.model_name != run.cfg.model.name:
+        raise RunMismatch(f"{path} holds model {ckpt.model_name}, this command builds {run.cfg.model.name}; {hint}")
+    if ckpt.speakers != run.speakers:
+        raise RunMismatch(
+            f"{path} was trained on another speaker list than {run.cfg.data.train or 'the shards'} holds now: "
+            f"{speaker_change(ckpt.speakers, run.speakers)} (the training data changed since); {hint}"
+        )
+    if ckpt.classifier is None:
+        raise RunMismatch(f"{path} has no classifier weights; {hint}")
+    try:
+        run.raw.model.load_state_dict(ckpt.model)
+        run.raw.classifier.load_state_dict(ckpt.classifier)
+    except RuntimeError:  # model.args changed under --force-new-schedule: the shapes differ
+        raise RunMismatch(
+            f"{path}: its weights do not fit the {run.cfg.model.name} this command builds (other model.args); {hint}"
+        ) from None
 
 
 # Settings a resumed run must share with its checkpoint: they define the schedule (LR, margin, steps per
@@ -176,14 +218,15 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
     if changes and not force_new_schedule:
         raise ScheduleChanged(
-            f"{run.exp_dir} was trained with other settings than this command's; resuming would "
-            "continue a different schedule or data order:\n  "
-            + "\n  ".join(changes)
-            + "\nRun the original command, use a new --exp-dir, or pass --force-new-schedule to "
-            "continue these weights under the new settings"
+            f"{run.exp_dir} was trained with other settings than this command's ({'; '.join(changes)}): "
+            "resuming would continue a different schedule or data order; run the original command, use a new "
+            "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these "
+            "weights under the new settings"
         )
     if ckpt.resume is None:
-        raise RuntimeError(f"{path} holds no resume state (an averaged or exported checkpoint); use a new --exp-dir")
+        raise RunMismatch(
+            f"{path} holds no resume state (an averaged or exported checkpoint); {NEW_EXP_DIR.format(exp=run.exp_dir)}"
+        )
     _load_weights(run, ckpt, path)
     scales = [g.get("lr_scale", 1.0) for g in run.optimizer.param_groups]
     run.optimizer.load_state_dict(ckpt.resume.optimizer)
@@ -191,6 +234,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         group["lr_scale"] = scale
     run.scaler.load_state_dict(ckpt.resume.scaler)
     run.state.step, run.state.epoch, run.guard.total = ckpt.step, ckpt.epoch, ckpt.resume.skipped_steps
+    run.state.selection = Selection.from_dict(ckpt.resume.selection)
     torch.set_rng_state(ckpt.resume.rng_cpu.cpu())
     restore_cuda_rng(ckpt.resume.rng_cuda, run.device, run.monitor.log)
     if changes:

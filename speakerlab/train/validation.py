@@ -1,8 +1,12 @@
-"""Validation EER during training, on the held-out trial list of `data.val`."""
+"""Validation EER during training, on the held-out trial list of `data.val`, and the model selection kept on it
+(train.keep_best, train.patience: speakerlab.train.selection)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -25,3 +29,51 @@ def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, devi
     finally:
         model.train(was_training)
     return evaluate(ids, emb, Path(val_dir) / "trials")[2]
+
+
+@dataclass
+class Selection:
+    """Model selection so far, kept in every checkpoint's resume state so that a resumed run decides as an
+    uninterrupted one. Epoch 0 is the model the run started from (train.init's), measured before the first step.
+
+    Rule: an epoch's model is the new best when its validation EER is lower than the best so far (ties keep the
+    earlier model, the start first); `since_best` counts validations in a row that were not; the run stops early
+    once that reaches train.patience (> 0)."""
+
+    best_eer: Optional[float] = None
+    best_epoch: int = -1  # -1: nothing measured yet
+    start_eer: Optional[float] = None  # epoch 0's, when the start was measured
+    last_eer: Optional[float] = None
+    last_epoch: int = -1
+    since_best: int = 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Dict[str, Any]) -> "Selection":
+        return cls(**raw)
+
+    def update(self, eer: float, epoch: int) -> bool:
+        """Record the validation EER of `epoch`'s model; True when it is the new best."""
+        self.last_eer, self.last_epoch = eer, epoch
+        if epoch == 0:
+            self.start_eer = eer
+        if self.best_eer is None or eer < self.best_eer:
+            self.best_eer, self.best_epoch, self.since_best = eer, epoch, 0
+            return True
+        self.since_best += 1
+        return False
+
+    def stopped(self, patience: int) -> bool:
+        return patience > 0 and self.since_best >= patience
+
+
+def shared(eer: Optional[float], enabled: bool, device: torch.device) -> Optional[float]:
+    """Rank 0's validation EER on every rank (None: not measured), so every rank decides alike."""
+    if not enabled:
+        return eer
+    t = torch.tensor([math.nan if eer is None else eer], dtype=torch.float64, device=device)
+    torch.distributed.broadcast(t, src=0)
+    value = float(t.item())
+    return None if math.isnan(value) else value

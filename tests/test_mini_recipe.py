@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
-from tests.helpers import assert_no_traceback
+from tests.helpers import assert_no_traceback, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
@@ -31,23 +32,20 @@ def run_recipe(tmp_path, *args, check=True):
 
 
 @pytest.mark.slow
-def test_mini_recipe_end_to_end(tmp_path):
-    # Big enough to learn in 100 steps of a small CAM++ (measured on this corpus: test EER 22.9% against the
-    # baseline's 39.6%, 144 trials), small enough for minutes on 2 cores.
-    corpus = (
-        "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
-        "--eval-utts-per-speaker 4 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
-    )
+def test_mini_recipe_end_to_end(mini_corpus, tmp_path):
+    # The session's stage 1 (tests/conftest.py), big enough to learn in 100 steps of a small CAM++ (measured on
+    # this corpus: test EER 22.9% against the baseline's 39.6%, 144 trials), small enough for minutes on 2 cores.
+    shutil.copytree(mini_corpus.data, tmp_path / "data")
     train = (
         "train.epochs=10 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
         "model.args.num_layers=[1,1,1] optim.lr=0.01 loss.margin_start_epoch=4 train.val_every=10"
     )
     r = run_recipe(
         tmp_path,
-        "--corpus_opts",
-        corpus,
         "--train_overrides",
         train,
+        "--stage",
+        "2",
         "--stop_stage",
         "7",
         "--average_last",
@@ -57,7 +55,7 @@ def test_mini_recipe_end_to_end(tmp_path):
         "--lm_overrides",
         "train.epochs=1",  # after train_overrides' 10 epochs: stage 7 is one epoch
     )
-    out = r.stdout + r.stderr
+    out = mini_corpus.log + r.stdout + r.stderr
     for n in range(1, 8):
         assert f"stage {n}:" in out
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
@@ -77,7 +75,7 @@ def test_mini_recipe_end_to_end(tmp_path):
     assert (exp / "checkpoints" / "avg.pt").exists()
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
-    r2 = run_recipe(tmp_path, "--corpus_opts", corpus, "--train_overrides", train, "--stage", "2", "--stop_stage", "5")
+    r2 = run_recipe(tmp_path, "--train_overrides", train, "--stage", "2", "--stop_stage", "5")
     assert "training done: 10 epochs" in r2.stderr
     assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
     # Training read the fbank store of stage 2; --augment true trains from the audio with speed
@@ -118,7 +116,7 @@ def test_environment_variables_are_not_options(tmp_path):
         timeout=60,
         env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
     )
-    assert r.returncode == 1 and "unknown option --http_proxy" in r.stderr
+    assert r.returncode == 2 and "unknown option --http_proxy" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -132,21 +130,13 @@ def test_environment_variables_are_not_options(tmp_path):
 )
 def test_bad_stage_numbers_are_errors(tmp_path, args, message):
     r = run_recipe(tmp_path, *args, check=False)
-    assert r.returncode == 1 and message in r.stderr
+    assert r.returncode == 2 and message in r.stderr
     assert not (tmp_path / "data").exists()  # nothing ran
 
 
 def test_recipe_help_lists_options():
     r = subprocess.run(["bash", str(RUN), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--stop_stage" in r.stdout and "--hardware cpu" in r.stdout
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

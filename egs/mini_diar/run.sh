@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# egs/mini_diar: speaker diarization with the egs/mini model on synthetic conversations of the mini corpus's
+# held-out test speakers (2-6 speakers, pauses, some overlapped speech, background noise), scored by DER.
+#   bash egs/mini_diar/run.sh                      # stages 1-5: corpus and model of egs/mini made when absent
+#   bash egs/mini_diar/run.sh --stage 4 --vad energy --diarize_opts "--window 2.0 --hop 1.0"
+# Stages (numbers as in every recipe): 1 data preparation (egs/mini's corpus if absent; the conversations,
+# their reference RTTM, reco2num_spk, uem), 3 train (egs/mini stages 2-3 when $model has no checkpoint),
+# 4 diarize (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker
+# baseline), 5 DER of each (collar 0.25 and 0, overlap scored and skipped). No stage 2: nothing to prepare.
+# Every stage can be re-run. docs/diarization.md says what the figures mean.
+set -euo pipefail
+cd "$(dirname "$0")"
+. ../tools/common.sh
+. ../tools/diarization.sh
+help_message="Usage: bash egs/mini_diar/run.sh [--stage N] [--stop_stage N] [--option value ...]"
+
+opt stage 1
+opt stop_stage 5
+opt mini_data ../mini/data         # egs/mini's corpus: its test speakers talk (made by egs/mini stage 1 if absent)
+opt model ../mini/exp/campplus     # checkpoint or exp dir (trained by egs/mini stages 2-3 if it has none)
+opt corpus_opts ""                 # egs/mini's --corpus_opts when it makes the corpus
+opt train_overrides ""             # egs/mini's --train_overrides when it trains the model
+opt data data                      # the conversations go to $data/conv
+opt exp exp/diar
+opt num_conversations 20
+opt conv_opts ""                   # more speakerlab-synth-conversations options, e.g. "--overlap 0.3 --snr 0:10"
+opt vad silero                     # silero | energy
+opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --hop 1.0"
+opt seed 0
+
+. ../tools/parse_options.sh
+export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-diarization.txt}"
+. ../tools/env.sh
+# egs/mini/run.sh works in its own folder: it gets absolute paths.
+mini=(bash ../mini/run.sh --data "$(realpath -m "$mini_data")" --corpus_opts "$corpus_opts" --train_overrides "$train_overrides")
+
+if stage_on 1; then
+  log "stage 1: data preparation: $num_conversations conversations of $mini_data/test's speakers -> $data/conv"
+  [ -f "$mini_data/test/wav.scp" ] || "${mini[@]}" --stage 1 --stop_stage 1
+  speakerlab-synth-conversations --data "$mini_data/test" --out "$data/conv" --noise "$mini_data/musan/noise" \
+    --num-conversations "$num_conversations" --seed "$seed" $conv_opts
+fi
+
+if stage_on 3; then
+  if ls "$model"/checkpoints/*.pt >/dev/null 2>&1 || [ -f "$model" ]; then
+    log "stage 3: train: $model has a checkpoint, nothing to do"
+  else
+    log "stage 3: train the egs/mini model (its stages 2-3) -> $model"
+    "${mini[@]}" --stage 2 --stop_stage 3 --exp "$(realpath -m "$model")"
+  fi
+fi
+
+if stage_on 4; then
+  log "stage 4: diarize $data/conv with $model -> $exp"
+  diarize_systems "$data/conv" "$exp" --checkpoint "$model" --seed "$seed"
+fi
+
+if stage_on 5; then
+  log "stage 5: DER against $data/conv/rttm -> $exp/der.txt"
+  score_systems "$data/conv" "$exp"
+fi
+log "done"

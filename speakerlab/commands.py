@@ -1,0 +1,46 @@
+"""What every speakerlab-* console script shares: its parser, so that `--help` reads the same everywhere
+(descriptions keep their line breaks, every option has help, and that help ends with the option's default),
+and how it ends (`run_command`: 0, or one line `error: ...` and exit code 2 for what a user can cause, never
+a traceback).
+
+    ap = CommandParser(prog="speakerlab-x", description="What the command does.")
+
+Sub-commands (`ap.add_subparsers().add_parser(...)`) are CommandParsers too (argparse makes them of the
+parent's class). tests/test_cli.py runs every script's `--help` and holds them to this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Tuple, Type
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written; `(default: X)` after an option's help, unless it has no default (None, off,
+    empty) or its help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        default = action.default
+        none = default is None or default is False or (isinstance(default, (list, tuple, str)) and not default)
+        if none or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse.ArgumentParser with the HelpFormatter."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+def run_command(work: Callable[[], object], errors: Tuple[Type[BaseException], ...]) -> int:
+    """`work()` -> 0; one of `errors` (the bad-input errors of the command's layer) -> its message as
+    `error: ...` on stderr, 2."""
+    try:
+        work()
+    except errors as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,235 @@
+"""`speakerlab-diarize`: who spoke when in audio files or the recordings of a wav.scp -> RTTM (+ JSON).
+
+    speakerlab-diarize meeting.wav --checkpoint exp/campplus                        # RTTM on stdout
+    speakerlab-diarize --wav-scp data/conv/wav.scp --checkpoint exp/campplus --rttm exp/diar/hyp.rttm \
+        --json exp/diar/hyp.json --embeddings --max-speakers 8
+    speakerlab-diarize call.wav --3dspeaker campplus --weights campplus_cn_en_common.pt --num-speakers 2
+    speakerlab-diarize --wav-scp wav.scp --redimnet2 b6-vox2-lm.pt --vad oracle --segments ref.rttm \
+        --reco2num-spk data/conv/reco2num_spk
+
+Any model `speakerlab-embed` takes (our checkpoints, 3D-Speaker state dicts, ReDimNet2 releases). The
+recording id of a file given on the command line is its name without the extension. Speakers are named
+spk00, spk01, ... per recording, in order of first appearance. The JSON holds per recording its duration,
+speech regions, turns and speaker centroids (unit-length mean embeddings); with --embeddings also every
+sub-segment with its speaker and embedding; and the model that made them (`model`, and `model_id`: a speakerlab
+checkpoint's content digest). Messages go to stderr, one line per recording.
+
+Exit codes: 0 done (a recording without speech gets no RTTM line, and a message says so); 2 bad input (a
+message naming the file, the list line or the option): nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines, write_lines
+from speakerlab.diarization.cluster import METHODS, SpeakerCount
+from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
+from speakerlab.diarization.vad import VADS, make_vad
+from speakerlab.inference.cli import BAD_INPUT, warn_stderr
+from speakerlab.inference.embedder import Embedder, add_source_args, embedder_from_args
+
+
+def recordings(args) -> List[Tuple[str, str, str]]:
+    """(recording id, audio path, where for messages) from --wav-scp or the positional files."""
+    if args.wav_scp:
+        return [
+            (reco, path, f"{args.wav_scp}:{lineno}: {reco}: ")
+            for reco, (lineno, path) in read_wav_scp(args.wav_scp).items()
+        ]
+    out, seen = [], {}
+    for path in args.audio:
+        reco = re.sub(r"\s+", "_", Path(path).stem)
+        if reco in seen:
+            raise ListError(f"{path} and {seen[reco]} share the recording id '{reco}': give a wav.scp instead")
+        seen[reco] = path
+        out.append((reco, path, ""))
+    return out
+
+
+def speaker_counts(args, recos: Sequence[str]) -> Dict[str, SpeakerCount]:
+    """Each recording's allowed speaker count from --num-speakers / --min-speakers / --max-speakers or
+    --reco2num-spk (which must name every recording)."""
+    if args.reco2num_spk:
+        table = read_reco2num_spk(args.reco2num_spk)
+        missing = [r for r in recos if r not in table]
+        if missing:
+            raise ListError(f"{args.reco2num_spk}: no speaker count for '{missing[0]}' ({len(missing)} recording(s))")
+        return {r: SpeakerCount.exactly(table[r]) for r in recos}
+    count = (
+        SpeakerCount.exactly(args.num_speakers)
+        if args.num_speakers
+        else SpeakerCount(args.min_speakers, args.max_speakers)
+    )
+    return {r: count for r in recos}
+
+
+def as_json(reco: str, path: str, d: Diarization, embeddings: bool) -> dict:
+    out = {
+        "id": reco,
+        "path": path,
+        "duration": round(d.duration, 3),
+        "speech": [[round(s, 3), round(e, 3)] for s, e in d.speech],
+        "speakers": d.speakers,
+        "turns": [{"start": round(t.start, 3), "end": round(t.end, 3), "speaker": t.speaker} for t in d.turns],
+        "centroids": {name: c.tolist() for name, c in zip(d.speakers, d.centroids)},
+    }
+    if embeddings:
+        out["subsegments"] = [
+            {"start": round(float(s), 3), "end": round(float(e), 3), "speaker": d.speakers[k], "embedding": v.tolist()}
+            for (s, e), k, v in zip(d.subsegments, d.labels, d.embeddings)
+        ]
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = CommandParser(
+        prog="speakerlab-diarize",
+        description="Who spoke when: audio files or a wav.scp -> RTTM (and JSON).",
+        epilog="docs/diarization.md: the steps, the options, the bad-input catalogue, DER.",
+    )
+    ap.add_argument("audio", nargs="*", help="audio files (any rate; the first channel of several)")
+    ap.add_argument("--wav-scp", help="'<recording> <path>' lines instead of files")
+    add_source_args(ap)
+    ap.add_argument("--rttm", help="write the RTTM here (default: stdout)")
+    ap.add_argument("--json", help="also write a JSON of segments, speech and centroids here")
+    ap.add_argument("--embeddings", action="store_true", help="the JSON also holds every sub-segment's embedding")
+    ap.add_argument(
+        "--vad",
+        choices=(*VADS, "oracle"),
+        default="silero",
+        help="speech detection; oracle: --segments (default %(default)s)",
+    )
+    ap.add_argument("--segments", help="oracle speech: an RTTM (its turns' union) or a Kaldi segments file")
+    n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
+    n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
+    n.add_argument("--min-speakers", type=int, default=1, help="at least this many speakers per recording")
+    n.add_argument("--max-speakers", type=int, default=20, help="at most this many speakers per recording")
+    n.add_argument("--reco2num-spk", metavar="FILE", help="'<recording> <count>' lines: each recording's own count")
+    d = DiarizeOptions()
+    ap.add_argument("--window", type=float, default=d.window, help="sub-segment length, seconds (default %(default)s)")
+    ap.add_argument("--hop", type=float, default=d.hop, help="sub-segment step, seconds (default %(default)s)")
+    ap.add_argument(
+        "--clustering",
+        choices=METHODS,
+        default=d.method,
+        help="spectral: count by eigengap, k-means on the eigenvectors; ahc: average linkage cut at --threshold",
+    )
+    ap.add_argument(
+        "--pruning",
+        type=float,
+        default=d.pruning,
+        help="spectral: fraction of affinities kept per row (default %(default)s)",
+    )
+    ap.add_argument(
+        "--threshold",
+        type=float,
+        default=d.threshold,
+        help="ahc: cosine distance where clusters stop joining (default %(default)s)",
+    )
+    ap.add_argument(
+        "--merge-cosine",
+        type=float,
+        default=d.merge_cosine,
+        help="estimated counts: merge speakers whose centroids' cosine exceeds this (1: never; default %(default)s)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="k-means seed: the same input and seed give the same output (default %(default)s)",
+    )
+    ap.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help="sub-segments per model call (default %(default)s)"
+    )
+    return ap
+
+
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    if bool(args.audio) == bool(args.wav_scp):
+        ap.error("give audio files or --wav-scp (one of the two)")
+    if (args.vad == "oracle") != bool(args.segments):
+        ap.error("--vad oracle and --segments go together")
+    if args.num_speakers is not None and args.num_speakers < 1:
+        ap.error(f"--num-speakers must be >= 1, got {args.num_speakers}")
+    if not 1 <= args.min_speakers <= args.max_speakers:
+        ap.error(f"need 1 <= --min-speakers <= --max-speakers, got {args.min_speakers}, {args.max_speakers}")
+    if args.reco2num_spk and args.num_speakers:
+        ap.error("--num-speakers and --reco2num-spk exclude each other")
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    """`speakerlab-diarize` without the process exit: returns the exit code."""
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args)
+    return run_command(lambda: diarize(ap, args), BAD_INPUT)
+
+
+def diarize(ap: argparse.ArgumentParser, args) -> None:
+    """Every recording, then the outputs (nothing is written when one fails)."""
+    t0 = time.time()
+    options = DiarizeOptions(
+        window=args.window,
+        hop=args.hop,
+        batch_size=args.batch_size,
+        method=args.clustering,
+        pruning=args.pruning,
+        threshold=args.threshold,
+        merge_cosine=args.merge_cosine if args.merge_cosine < 1 else None,
+        seed=args.seed,
+    )
+    items = recordings(args)
+    counts = speaker_counts(args, [r for r, _, _ in items])
+    speech = read_speech(args.segments) if args.segments else None
+    diarizer = Diarizer(embedder_from_args(ap, args), None if speech is not None else make_vad(args.vad), options)
+    results, audio_seconds = [], 0.0
+    for reco, path, where in items:
+        t1 = time.time()
+        d = diarizer.diarize_file(path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr)
+        for note in d.notes:
+            warn_stderr(f"{where}{note}")
+        audio_seconds += d.duration
+        results.append((reco, path, d))
+        print(
+            f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), {len(d.turns)} turn(s) "
+            f"in {time.time() - t1:.1f} s",
+            file=sys.stderr,
+        )
+    emit(args, results, diarizer.embedder)
+    elapsed = time.time() - t0
+    print(
+        f"speakerlab-diarize: {len(results)} recording(s), {audio_seconds / 3600:.3f} h of audio in {elapsed:.1f} s "
+        f"({elapsed / max(audio_seconds, 1e-9) * 3600:.0f} s per hour; {diarizer.embedder.name})",
+        file=sys.stderr,
+    )
+
+
+def emit(args, results, embedder: Embedder) -> None:
+    """The RTTM (file or stdout) and the JSON, each written whole; the JSON names the model (`model_id`: a
+    speakerlab checkpoint's content digest, as embeddings files record it)."""
+    lines = [line for reco, _, d in results for line in rttm_lines(reco, d.turns)]
+    if args.rttm:
+        write_lines(args.rttm, lines)
+    else:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+    if args.json:
+        doc = {
+            "model": embedder.name,
+            "model_id": embedder.model_id,
+            "recordings": [as_json(reco, path, d, args.embeddings) for reco, path, d in results],
+        }
+        write_lines(args.json, [json.dumps(doc)])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console script `speakerlab-diarize`: exits with `run`'s code."""
+    sys.exit(run(argv))

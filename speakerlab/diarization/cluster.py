@@ -1,0 +1,153 @@
+"""Speaker clustering of sub-segment embeddings: `(N, D)` -> `(N,)` integer labels, numbered by first
+appearance (the first segment is speaker 0).
+
+    labels = cluster(emb, SpeakerCount(min=1, max=20), method="spectral", seed=0)
+    labels = cluster(emb, SpeakerCount.exactly(3), method="ahc")
+
+spectral: the cosine affinities of the L2-normalised embeddings, each row pruned to its `pruning` x N
+    strongest neighbours (at least `MIN_NEIGHBOURS`; negative ones dropped), symmetrised; the normalised
+    graph Laplacian's smallest eigenvalues (`scipy.linalg.eigh`); the speaker count k is the largest
+    eigengap lambda_k - lambda_{k-1} within the allowed range (or the count given); k-means
+    (`sklearn.cluster.KMeans`, `seed`) on the rows of the first k eigenvectors, row-normalised.
+ahc: average-linkage agglomerative clustering on cosine distance (`scipy.cluster.hierarchy`), cut at
+    distance `threshold` (1 - cosine), or at the count given; a cut outside [min, max] is moved to the
+    nearest bound.
+
+Both are deterministic for a given input and seed. After estimating the count (not when it is given),
+clusters whose centroids are more alike than `merge_cosine` are merged, down to the minimum: the
+eigengap cannot say "one speaker" reliably when every eigenvalue is small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+METHODS = ("spectral", "ahc")
+MIN_NEIGHBOURS = 6  # spectral pruning keeps at least this many affinities per row
+
+
+@dataclass(frozen=True)
+class SpeakerCount:
+    """How many speakers a recording may have: `min` <= k <= `max` (`min == max`: exactly that many)."""
+
+    min: int = 1
+    max: int = 20
+
+    def __post_init__(self):
+        if not 1 <= self.min <= self.max:
+            raise ValueError(f"speaker count bounds need 1 <= min <= max, got min {self.min}, max {self.max}")
+
+    @classmethod
+    def exactly(cls, n: int) -> "SpeakerCount":
+        return cls(n, n)
+
+    @property
+    def fixed(self) -> bool:
+        return self.min == self.max
+
+
+def normalize(emb: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (float64)."""
+    emb = np.asarray(emb, dtype=np.float64)
+    return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+
+
+def first_appearance(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered 0, 1, ... in the order they first occur."""
+    _, first = np.unique(labels, return_index=True)
+    order = labels[np.sort(first)]
+    mapping = {int(old): new for new, old in enumerate(order)}
+    return np.array([mapping[int(x)] for x in labels], dtype=np.int64)
+
+
+def pruned_affinity(x: np.ndarray, pruning: float) -> np.ndarray:
+    """`(N, D)` unit rows -> `(N, N)` symmetric non-negative affinity: each row's cosines kept for its
+    max(ceil(pruning x N), MIN_NEIGHBOURS) strongest, the rest zero."""
+    n = len(x)
+    sim = np.clip(x @ x.T, 0.0, None)
+    keep = min(n, max(int(np.ceil(pruning * n)), MIN_NEIGHBOURS))
+    cut = np.argsort(-sim, axis=1, kind="stable")[:, keep:]
+    np.put_along_axis(sim, cut, 0.0, axis=1)
+    return 0.5 * (sim + sim.T)
+
+
+def spectral(x: np.ndarray, count: SpeakerCount, seed: int, pruning: float) -> np.ndarray:
+    """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring."""
+    from scipy.linalg import eigh
+    from scipy.sparse.csgraph import laplacian
+    from sklearn.cluster import KMeans
+
+    n = len(x)
+    hi = min(count.max, n - 1)
+    lo = min(count.min, hi)
+    lap = laplacian(pruned_affinity(x, pruning), normed=True)
+    values, vectors = eigh(lap, subset_by_index=[0, hi])
+    if count.fixed:
+        k = hi
+    else:
+        gaps = np.diff(values)  # gaps[k - 1] = lambda_k - lambda_{k-1}: the gap after k clusters
+        k = lo + int(np.argmax(gaps[lo - 1 : hi]))
+    if k == 1:
+        return np.zeros(n, dtype=np.int64)
+    rows = normalize(vectors[:, :k])
+    return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(rows).astype(np.int64)
+
+
+def ahc(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
+    """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    tree = linkage(x, method="average", metric="cosine")
+    labels = fcluster(tree, t=threshold, criterion="distance")
+    k = len(np.unique(labels))
+    if count.fixed or not count.min <= k <= count.max:
+        labels = fcluster(tree, t=min(max(k, count.min), count.max), criterion="maxclust")
+    return labels.astype(np.int64) - 1
+
+
+def merge_similar(x: np.ndarray, labels: np.ndarray, minimum: int, merge_cosine: float) -> np.ndarray:
+    """Merge the two clusters with the most alike centroids while their cosine exceeds `merge_cosine` and
+    more than `minimum` clusters remain."""
+    labels = labels.copy()
+    while True:
+        ids = np.unique(labels)
+        if len(ids) <= minimum:
+            return labels
+        centroids = normalize(np.stack([x[labels == i].mean(axis=0) for i in ids]))
+        sim = centroids @ centroids.T
+        np.fill_diagonal(sim, -np.inf)
+        a, b = np.unravel_index(int(np.argmax(sim)), sim.shape)
+        if sim[a, b] <= merge_cosine:
+            return labels
+        labels[labels == ids[b]] = ids[a]
+
+
+def cluster(
+    emb: np.ndarray,
+    count: SpeakerCount,
+    method: str = "spectral",
+    seed: int = 0,
+    pruning: float = 0.1,
+    threshold: float = 0.5,
+    merge_cosine: Optional[float] = 0.7,
+) -> np.ndarray:
+    """`(N, D)` embeddings -> `(N,)` labels 0..k-1 in order of first appearance, with k within `count`
+    (and at most N). `method`: spectral or ahc; `pruning` is spectral's, `threshold` ahc's;
+    `merge_cosine` None merges nothing."""
+    if method not in METHODS:
+        raise ValueError(f"unknown clustering {method!r}: one of {', '.join(METHODS)}")
+    n = len(emb)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if n == 1 or count.max == 1:
+        return np.zeros(n, dtype=np.int64)
+    x = normalize(emb)
+    if count.fixed and count.min >= n:
+        return np.arange(n, dtype=np.int64)  # every segment its own speaker: nothing to cluster
+    labels = spectral(x, count, seed, pruning) if method == "spectral" else ahc(x, count, threshold)
+    if merge_cosine is not None and not count.fixed:
+        labels = merge_similar(x, labels, count.min, merge_cosine)
+    return first_appearance(labels)

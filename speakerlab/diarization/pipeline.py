@@ -1,0 +1,206 @@
+"""Who spoke when in one recording: speech regions -> sub-segments -> embeddings -> clusters -> turns.
+
+    diarizer = Diarizer(load_embedder("exp/campplus"), vad=make_vad("silero"))
+    result = diarizer.diarize(wave, sample_rate, SpeakerCount(2, 6))    # or diarizer.diarize_file(path)
+    result.turns          # [Turn(start, end, "spk00"), ...] in time order, seconds
+    result.embeddings     # (N, D) per sub-segment, result.subsegments (N, 2) seconds, result.labels (N,)
+    result.centroids      # (K, D): the mean unit embedding of each speaker, unit length
+
+Each speech region (from the VAD, or given: oracle speech) is cut into windows of `window` seconds every
+`hop` seconds, the last one ending at the region's end; a region shorter than a window is one
+sub-segment. Sub-segments shorter than `min_embed` seconds are embedded from a window of that length
+centred on them (so a 0.3 s region still gets an embedding). All windows of a recording go through
+`Embedder.embed_waves` in batches of `batch_size` on the embedder's device. Where two sub-segments
+overlap, the boundary between their speakers is put in the middle of the overlap; adjacent pieces of
+one speaker within a region are joined.
+
+Overlapped speech is not handled: every instant gets at most one speaker, so the second speaker of an
+overlap is missed speech in the DER (docs/diarization.md gives how much on the synthetic conversations).
+
+A `Diarizer` keeps no state between calls: its embedder's model runs under `torch.no_grad` in eval mode
+and its VAD keeps none, so several threads may call one `Diarizer` at once and get what each would get
+alone (tests/test_diarization.py checks this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from speakerlab.dataio.resample import read_for_model, resample
+from speakerlab.dataio.rttm import Interval, Turn
+from speakerlab.diarization.cluster import METHODS, SpeakerCount, cluster, normalize
+from speakerlab.diarization.vad import VAD_RATE, Detector
+from speakerlab.inference.embedder import Embedder, check_finite
+
+
+@dataclass(frozen=True)
+class DiarizeOptions:
+    """Sub-segmentation and clustering settings (seconds, see the module docstrings)."""
+
+    window: float = 1.5
+    hop: float = 0.75
+    min_embed: float = 0.5
+    batch_size: int = 64
+    method: str = "spectral"
+    pruning: float = 0.1
+    threshold: float = 0.5
+    merge_cosine: Optional[float] = 0.7
+    seed: int = 0
+
+    def __post_init__(self):
+        problems = []
+        if not 0 < self.hop <= self.window:
+            problems.append(f"need 0 < hop <= window, got hop {self.hop}, window {self.window}")
+        if not 0 < self.min_embed <= self.window:
+            problems.append(f"need 0 < min_embed <= window, got {self.min_embed}")
+        if self.batch_size < 1:
+            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.method not in METHODS:
+            problems.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 0 < self.pruning <= 1:
+            problems.append(f"pruning must lie in (0, 1], got {self.pruning}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass
+class Diarization:
+    """The result for one recording (see the module docstring); `notes` are what a user should know
+    (no speech, a speaker count that could not be met)."""
+
+    duration: float
+    speech: List[Interval]
+    turns: List[Turn]
+    subsegments: np.ndarray  # (N, 2) seconds
+    labels: np.ndarray  # (N,) int, 0..K-1
+    embeddings: np.ndarray  # (N, D) float32
+    centroids: np.ndarray  # (K, D) float32, unit length
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def speakers(self) -> List[str]:
+        return [speaker_name(k) for k in range(len(self.centroids))]
+
+
+def speaker_name(k: int) -> str:
+    return f"spk{k:02d}"
+
+
+def subsegments(regions: Sequence[Interval], window: float, hop: float) -> List[Tuple[int, float, float]]:
+    """Speech regions -> (region index, start, end) windows: every `hop` from the region's start, the
+    last one ending at its end; a region of at most `window` seconds is one piece."""
+    out = []
+    for r, (start, end) in enumerate(regions):
+        if end - start <= window:
+            out.append((r, start, end))
+            continue
+        count = int(np.ceil((end - start - window) / hop - 1e-9)) + 1
+        for i in range(count):
+            s = min(start + i * hop, end - window)
+            out.append((r, s, s + window))
+    return out
+
+
+def labels_to_turns(pieces: Sequence[Tuple[int, float, float]], labels: np.ndarray) -> List[Turn]:
+    """Sub-segments with speaker labels -> turns: overlaps split in the middle, neighbours of one speaker
+    within a region joined."""
+    turns: List[Turn] = []
+    last_region = -1
+    for i, (region, start, end) in enumerate(pieces):
+        if i + 1 < len(pieces) and pieces[i + 1][0] == region:
+            end = min(end, 0.5 * (end + pieces[i + 1][1]))
+        if i > 0 and pieces[i - 1][0] == region:
+            start = max(start, 0.5 * (pieces[i - 1][2] + start))
+        name = speaker_name(int(labels[i]))
+        if turns and region == last_region and turns[-1].speaker == name:
+            turns[-1] = Turn(turns[-1].start, end, name)
+        else:
+            turns.append(Turn(start, end, name))
+        last_region = region
+    return turns
+
+
+def embed_window(wave: np.ndarray, rate: int, start: float, end: float, min_len: float) -> np.ndarray:
+    """Samples of [start, end], widened about its centre to `min_len` seconds within the wave (a wave
+    shorter than that is repeated up to it)."""
+    need = int(round(min_len * rate))
+    a, b = int(round(start * rate)), int(round(end * rate))
+    if b - a < need:
+        a = max(0, min(len(wave) - need, (a + b - need) // 2))
+        b = a + need
+    piece = wave[a:b]
+    return piece if len(piece) >= need else np.resize(piece, need)
+
+
+class Diarizer:
+    """`Embedder` + speech detector + options -> `Diarization`s (see the module docstring)."""
+
+    def __init__(self, embedder: Embedder, vad: Optional[Detector] = None, options: DiarizeOptions = DiarizeOptions()):
+        self.embedder = embedder
+        self.vad = vad
+        self.options = options
+
+    def diarize_file(
+        self,
+        path: str,
+        count: Optional[SpeakerCount] = None,
+        speech: Optional[Sequence[Interval]] = None,
+        warn: Optional[Callable[[str], None]] = None,
+    ) -> Diarization:
+        """A file of any rate (first channel of several, with a message to `warn` naming it)."""
+        wave = read_for_model(path, self.embedder.sample_rate, warn)
+        return self.diarize(wave, self.embedder.sample_rate, count, speech, name=str(path))
+
+    def diarize(
+        self,
+        wave: np.ndarray,
+        sample_rate: int,
+        count: Optional[SpeakerCount] = None,
+        speech: Optional[Sequence[Interval]] = None,
+        name: str = "",
+    ) -> Diarization:
+        """`(samples,)` float audio at `sample_rate` -> `Diarization`. `speech`: the regions to use
+        (oracle speech); otherwise the VAD's. `count`: the speakers allowed (default `SpeakerCount()`, 1 to
+        20, estimated). `name` prefixes messages."""
+        opt = self.options
+        count = count or SpeakerCount()
+        wave = np.asarray(wave, dtype=np.float32)
+        rate = self.embedder.sample_rate
+        if sample_rate != rate:
+            wave = resample(wave, sample_rate, rate)
+        duration = len(wave) / rate
+        notes: List[str] = []
+        if speech is None:
+            if self.vad is None:
+                raise ValueError("no speech regions given and no VAD to find them")
+            speech = self.vad(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
+        regions = [(max(0.0, s), min(duration, e)) for s, e in speech if min(duration, e) > max(0.0, s)]
+        pieces = subsegments(regions, opt.window, opt.hop)
+        if not pieces:
+            notes.append(f"{name}: no speech found: no turns")
+            empty = np.zeros((0, 0), np.float32)
+            return Diarization(duration, regions, [], np.zeros((0, 2)), np.zeros(0, np.int64), empty, empty, notes)
+        windows = [embed_window(wave, rate, s, e, opt.min_embed) for _, s, e in pieces]
+        emb = self.embedder.embed_waves(windows, max_batch=opt.batch_size)
+        check_finite([f"{name} {s:.2f}-{e:.2f} s" for _, s, e in pieces], emb)
+        if count.min > len(pieces):
+            notes.append(
+                f"{name}: {count.min} speakers asked for, but the speech gives only {len(pieces)} "
+                f"sub-segment(s): {len(pieces)} speaker(s) at most"
+            )
+        labels = cluster(emb, count, opt.method, opt.seed, opt.pruning, opt.threshold, opt.merge_cosine)
+        x = normalize(emb)
+        centroids = normalize(np.stack([x[labels == k].mean(axis=0) for k in range(labels.max() + 1)]))
+        return Diarization(
+            duration=duration,
+            speech=regions,
+            turns=labels_to_turns(pieces, labels),
+            subsegments=np.array([(s, e) for _, s, e in pieces]),
+            labels=labels,
+            embeddings=emb,
+            centroids=centroids.astype(np.float32),
+            notes=notes,
+        )

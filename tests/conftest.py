@@ -1,0 +1,155 @@
+"""What many test files read, built once per session. Nothing here may be changed by a test: a test that
+modifies one of these (an exp dir it resumes, a corpus it rewrites) copies it into its own tmp_path first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import pytest
+import torch
+from filelock import FileLock
+
+from tests.fake_corpora import make_synth_corpus
+from tests.helpers import ROOT, TINY_CAMPPLUS, tiny_config
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (tests/run.sh runs `-n 2`) each worker gets its share of the cores, torch's threads and
+    the OMP_NUM_THREADS of the subprocesses it starts without their own, so that the workers do not oversubscribe
+    the machine (a thread pool per worker as wide as the machine makes both slower)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory that `build(dir)` fills, built once per test run. Under pytest-xdist the workers share it:
+    the first to take the lock builds it in the run's common temp dir, the others wait and read it (a build that
+    failed leaves no `.built` mark, so the next worker tries again and reports its own error)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        directory = tmp_path_factory.mktemp(name)
+        build(directory)
+        return directory
+    common = tmp_path_factory.getbasetemp().parent
+    directory = common / name
+    with FileLock(str(common / f"{name}.lock")):
+        if not (directory / ".built").exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            build(directory)
+            (directory / ".built").touch()
+    return directory
+
+
+class TinyRun(NamedTuple):
+    """A training run of tests/helpers.tiny_config (no validation dir): its config, training data dir, exp dir."""
+
+    config: Path
+    train: Path
+    exp: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """(config, train dir) of the tiny training run, shared by the trained fixtures below."""
+    directory = built_once(tmp_path_factory, "tiny", lambda d: tiny_config(d, val=False))
+    return directory / "tiny.yaml", directory / "train"
+
+
+def _train(tiny_corpus, tmp_path_factory, name: str, *overrides: str) -> TinyRun:
+    from speakerlab.train.loop import main as train_main
+
+    config, train = tiny_corpus
+
+    def build(directory: Path) -> None:
+        assert train_main(["--config", str(config), "--exp-dir", str(directory / "exp"), *overrides]) == 0
+
+    return TinyRun(config, train, built_once(tmp_path_factory, name, build) / "exp")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_corpus, tmp_path_factory):
+    """The tiny CAM++ trained one epoch (2 steps, `train.epochs=1` in its config): checkpoints/epoch_001.pt is
+    the last, and the model that the init, bad-input, extraction and checkpoint tests start from or read."""
+    return _train(tiny_corpus, tmp_path_factory, "tiny_model", "train.epochs=1")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_corpus, tmp_path_factory):
+    """The tiny config's whole run, uninterrupted: 2 epochs of 2 steps, both epoch checkpoints kept. The
+    reference of the resume tests and the run that the averaging test averages (in a copy)."""
+    return _train(tiny_corpus, tmp_path_factory, "tiny_run")
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    """A randomly initialised 16-D tiny CAM++ (seed 0) with the default Kaldi fbank, as a checkpoint file: the
+    model of the embedding, extraction and verification tests (what they compare is path against path)."""
+    from speakerlab.checkpoint import Checkpoint, save_checkpoint
+    from speakerlab.features.fbank import FbankConfig
+    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.models import build_model
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "c.pt"
+    model = build_model("campplus", **TINY_CAMPPLUS).state_dict()
+    save_checkpoint(
+        path,
+        Checkpoint(model_name="campplus", model_args=TINY_CAMPPLUS, model=model, features=FeatureSpec(FbankConfig())),
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def synth_corpus(tmp_path_factory):
+    """The synthetic voices of `python -m speakerlab.synth` for the corpus tests: 10 training speakers x 5
+    utterances, 4 val and 4 test speakers x 4 utterances, all 1-1.4 s, with the generator's MUSAN- and
+    RIRS_NOISES-shaped trees. The recipe tests re-pack it into each corpus's release layout."""
+    return built_once(
+        tmp_path_factory,
+        "synth",
+        lambda d: make_synth_corpus(d, train_speakers=10, utts=5, eval_speakers=4, eval_utts=4, dur=(1.0, 1.4)),
+    )
+
+
+# egs/mini's corpus for the recipe's end-to-end runs (tests/test_mini_recipe.py, tests/test_ssl_train.py): big enough
+# for a small CAM++ to learn in 100 steps, small enough for minutes on 2 cores.
+MINI_CORPUS = (
+    "--num-train-speakers 20 --num-val-speakers 3 --num-test-speakers 8 --utts-per-speaker 8 "
+    "--eval-utts-per-speaker 4 --min-dur 1.0 --max-dur 1.5 --eval-min-dur 1.5 --eval-max-dur 2.0"
+)
+
+
+class MiniCorpus(NamedTuple):
+    """egs/mini's stage 1 with MINI_CORPUS: its data dir and what the stage printed."""
+
+    data: Path
+    log: str
+
+
+@pytest.fixture(scope="session")
+def mini_corpus(tmp_path_factory):
+    """`bash egs/mini/run.sh --stage 1 --stop_stage 1` once (the synthetic corpus and its MUSAN/RIR lists). Stage 2
+    writes into the data dir (indexes, fbank stores, the noise bank): a test copies it into its tmp_path and runs
+    the recipe from stage 2 (the copied lists keep naming the session's audio, which no test changes)."""
+
+    def build(directory: Path) -> None:
+        r = subprocess.run(
+            ["bash", str(ROOT / "egs" / "mini" / "run.sh"), "--data", str(directory / "data")]
+            + ["--exp", str(directory / "exp"), "--stage", "1", "--stop_stage", "1", "--corpus_opts", MINI_CORPUS],
+            env={**os.environ, "OMP_NUM_THREADS": "2"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+        (directory / "stage1.log").write_text(r.stdout + r.stderr)
+
+    directory = built_once(tmp_path_factory, "mini", build)
+    return MiniCorpus(directory / "data", (directory / "stage1.log").read_text())
