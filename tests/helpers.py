@@ -14,6 +14,9 @@ import soundfile as sf
 import torch
 import yaml
 
+from speakerlab.models import build_model, builder_defaults
+from speakerlab.models.redimnet2 import RELEASES, ReDimNet2
+
 
 def write_wav(path: Path, samples: np.ndarray, sample_rate: int = 16000, subtype: str = "PCM_16") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,3 +280,31 @@ def write_config(tmp_path, train_dir, **sections) -> str:
     path = tmp_path / "finetune.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
+
+
+# The fast lane exports ResNet34 at full size. The deep models export a shallow copy of themselves: the same class
+# and blocks (each stage keeps its strided first block and at least one repeat), fewer repeats. What the export
+# proves (every op translates, one file serves any length) is the blocks', not their count; full depth only makes
+# it slower. CPU seconds to export and check, full vs this copy, one thread on a loaded 2-core machine: CAM++ 53 vs
+# 12, Gemini DF-ResNet183 34 vs 7, ResNet221 41 vs 12. At full size each is built, scripted and run in test_models.py.
+DEEP = {"num_blocks": (2, 2, 3, 2)}
+EXPORT_ARGS = {
+    "campplus": {"num_layers": (2, 2, 2)},
+    "eres2net_base": DEEP,
+    "eres2net_large": DEEP,
+    "eres2netv2": DEEP,
+    "gemini_dfresnet114": {"depths": (2, 2, 3, 2)},
+    "gemini_dfresnet183": {"depths": (2, 2, 3, 2)},
+    "resnet221": DEEP,
+    "resnet293": DEEP,
+}
+
+
+def export_copy(name: str) -> torch.nn.Module:
+    """The model `name` as exported here: itself, or the shallow copy above. ReDimNet2's release sizes fix their
+    stages, so their copy is the release's class and stages with one block each (b6 full: ~220 s loaded)."""
+    if name.startswith("redimnet2_"):
+        release = dict(RELEASES[name.split("_")[1]])
+        release["stages"] = tuple((spec[0], 1, *spec[2:]) for spec in release["stages"])
+        return ReDimNet2(**{**builder_defaults(name), **release})
+    return build_model(name, **EXPORT_ARGS.get(name, {}))

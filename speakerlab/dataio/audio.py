@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO, Optional, Tuple, Union
+import warnings
+from typing import BinaryIO, Callable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -24,6 +25,34 @@ except ImportError as e:  # the one place that says how to get it; other modules
 
 class AudioError(ValueError):
     """An audio file cannot be used as it is; the message names the file."""
+
+
+class MultiChannelWarning(UserWarning):
+    """A multi-channel file was read as its first channel; the message names the file."""
+
+
+def read_first_channel(path: str, warn: Optional[Callable[[str], None]] = None) -> Tuple[np.ndarray, int]:
+    """A whole file of any rate and channel count -> (`(samples,)` float32 of its first channel, its rate).
+
+    A multi-channel file gives its first channel, and a message naming the file goes to `warn` (default:
+    `warnings.warn(..., MultiChannelWarning)`): the other channels are dropped, not mixed, because a mixdown
+    of a two-party call would blend two speakers. Errors (unreadable, empty) raise `AudioError` naming the
+    file. Inference tools read through this, then resample (torch: speakerlab.dataio.resample; the ONNX
+    runtime: scipy)."""
+    try:
+        wave, sr = sf.read(path, dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
+        raise AudioError(f"{path}: cannot read audio: {e}") from None
+    if wave.shape[1] > 1:
+        msg = f"{path}: {wave.shape[1]} channels, using the first"
+        if warn is None:
+            warnings.warn(msg, MultiChannelWarning, stacklevel=3)
+        else:
+            warn(msg)
+    wave = np.ascontiguousarray(wave[:, 0])
+    if wave.shape[0] == 0:
+        raise AudioError(f"{path}: empty audio file")
+    return wave, int(sr)
 
 
 def audio_info(path: str, sample_rate: int = 16000) -> int:

@@ -14,7 +14,6 @@ rate (8, 11.025, 12, 16, 22.05, 24, 32, 44.1, 48, 88.2, 96, 192 kHz) to 16 or 8 
 
 from __future__ import annotations
 
-import warnings
 from fractions import Fraction
 from functools import lru_cache
 from typing import Callable, Optional, Tuple
@@ -22,14 +21,10 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
-from speakerlab.dataio.audio import AudioError, sf
+from speakerlab.dataio.audio import AudioError, MultiChannelWarning, read_first_channel  # noqa: F401 (re-exported)
 from speakerlab.dataio.speed import ZERO_CROSSINGS, Resampler
 
 MAX_WEIGHTS = 1_000_000  # floats (4 MB) of polyphase weights; see the module docstring
-
-
-class MultiChannelWarning(UserWarning):
-    """A multi-channel file was read as its first channel; the message names the file."""
 
 
 def rate_ratio(source: int, target: int) -> Tuple[int, int]:
@@ -73,22 +68,9 @@ def resample(wave: np.ndarray, source: int, target: int) -> np.ndarray:
 def read_for_model(path: str, sample_rate: int, warn: Optional[Callable[[str], None]] = None) -> np.ndarray:
     """A whole file of any rate and channel count -> `(samples at sample_rate,)` float32.
 
-    A multi-channel file gives its first channel, and a message naming the file goes to `warn` (default:
-    `warnings.warn(..., MultiChannelWarning)`): the other channels are dropped, not mixed, because a
-    mixdown of a two-party call would blend two speakers. Errors raise `AudioError` naming the file."""
-    try:
-        wave, sr = sf.read(path, dtype="float32", always_2d=True)
-    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
-        raise AudioError(f"{path}: cannot read audio: {e}") from None
-    if wave.shape[1] > 1:
-        msg = f"{path}: {wave.shape[1]} channels, using the first"
-        if warn is None:
-            warnings.warn(msg, MultiChannelWarning, stacklevel=2)
-        else:
-            warn(msg)
-    wave = np.ascontiguousarray(wave[:, 0])
-    if wave.shape[0] == 0:
-        raise AudioError(f"{path}: empty audio file")
+    Read by `speakerlab.dataio.audio.read_first_channel` (a multi-channel file gives its first channel, a
+    message naming the file to `warn`); errors raise `AudioError` naming the file."""
+    wave, sr = read_first_channel(path, warn)
     try:
         return resample(wave, int(sr), int(sample_rate))
     except ValueError as e:

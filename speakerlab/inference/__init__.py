@@ -1,3 +1,16 @@
 """Inference: checkpoint -> embedder (the one inference path), extraction of data dirs, export to
-TorchScript / ONNX, the no-training baseline and the console scripts for files. Never imports
-speakerlab.train."""
+TorchScript / ONNX (features, or waveform in), the torch-free ONNX runtime, the no-training baseline and the
+console scripts for files. Never imports speakerlab.train."""
+
+
+def load_embedder(*args, onnx=None, **kwargs):
+    """`speakerlab.inference.embedder.load_embedder`, importable without torch: `load_embedder(onnx="m.onnx")`
+    needs only numpy, soundfile, scipy and onnxruntime (speakerlab.inference.runtime); every other source
+    imports torch."""
+    if onnx is not None and not args and not kwargs:
+        from speakerlab.inference.runtime import load_onnx
+
+        return load_onnx(onnx)
+    from speakerlab.inference.embedder import load_embedder as load
+
+    return load(*args, onnx=onnx, **kwargs)

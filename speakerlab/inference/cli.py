@@ -7,11 +7,14 @@
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --checkpoint exp/campplus
     speakerlab-embed data/test/wav.scp exp/emb/test.ark --3dspeaker campplus --weights w.pt   # + .scp, .npz
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --redimnet2 b6-vox2-lm.pt     # a ReDimNet2 release
+    speakerlab-embed data/test/wav.scp exp/emb/test.npz --onnx campplus.onnx   # torch-free (speakerlab[runtime])
 
 Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, a
 3D-Speaker state dict with its published features, or a ReDimNet2 release with its own log-mel front-end) and
 read audio with `speakerlab.dataio.resample.read_for_model`: any sample rate (resampled in torch to the model's),
-multi-channel files as their first channel (with a warning on stderr naming the file).
+multi-channel files as their first channel (with a warning on stderr naming the file). `speakerlab-embed --onnx`
+runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.runtime instead: no torch,
+resampling by scipy's resample_poly (the same filter); this module imports torch only for the other sources.
 
 `speakerlab-verify` prints three lines on stdout:
     score 0.734512                          the cosine of the two embeddings
@@ -43,32 +46,35 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from speakerlab.checkpoint import CheckpointError
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.dataio.resample import read_for_model
-from speakerlab.inference.embedder import (
-    Embedder,
-    NonFiniteEmbedding,
-    add_source_args,
-    check_finite,
-    embedder_from_args,
-)
+from speakerlab.inference.common import MIN_FRAMES, NonFiniteEmbedding, add_source_args, check_finite
 from speakerlab.scoring.metrics import eer_point, error_rates
 
+# torch is imported by the functions that load a torch model (speakerlab.inference.embedder), not here:
+# `speakerlab-embed --onnx` runs where only the [runtime] extra is installed.
+if TYPE_CHECKING:
+    from speakerlab.inference.embedder import Embedder
+    from speakerlab.inference.runtime import OnnxEmbedder
+
 DEFAULT_THRESHOLD = 0.5
-# Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
-# padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
-MIN_FRAMES = 10
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
-# ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it).
-BAD_INPUT = (CheckpointError, ListError, AudioError, NonFiniteEmbedding, ValueError, OSError, ImportError)
+# ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it). A checkpoint
+# that cannot be read is a SourceError (a ValueError) by the time it leaves speakerlab.sources.
+BAD_INPUT = (ListError, AudioError, NonFiniteEmbedding, ValueError, OSError, ImportError)
+
+
+def bad_input() -> tuple:
+    """BAD_INPUT, and speakerlab.checkpoint's CheckpointError once a torch path has loaded that module (importing
+    it here would import torch on the ONNX path)."""
+    checkpoint = sys.modules.get("speakerlab.checkpoint")
+    return BAD_INPUT + ((checkpoint.CheckpointError,) if checkpoint else ())
 
 
 class UsageError(ValueError):
@@ -79,12 +85,12 @@ def warn_stderr(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
 
 
-def read_wave(embedder: Embedder, path: str, where: str = "") -> np.ndarray:
+def read_wave(embedder: Union[Embedder, OnnxEmbedder], path: str, where: str = "") -> np.ndarray:
     """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES feature frames is an error.
     `where` prefixes messages (a wav.scp line)."""
     warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
     try:
-        wave = read_for_model(path, embedder.sample_rate, warn)
+        wave = embedder.read(path, warn)
     except AudioError as e:
         raise AudioError(f"{where}{e}") from None
     frames = embedder.num_frames(len(wave))
@@ -194,6 +200,8 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
     if bool(args.calibration) != bool(args.calibration_embeddings):
         ap.error("--calibration and --calibration-embeddings go together")
     try:
+        from speakerlab.inference.embedder import embedder_from_args
+
         embedder = embedder_from_args(ap, args)
         waves = [read_wave(embedder, args.a), read_wave(embedder, args.b)]
         emb = embedder.embed_waves(waves)
@@ -205,7 +213,7 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
         else:
             found = scored_threshold(args.checkpoint, embedder.model_id) if args.checkpoint else None
             threshold, source = found or (DEFAULT_THRESHOLD, UNTUNED)
-    except BAD_INPUT as e:
+    except bad_input() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     score = cosine(emb[0], emb[1])
@@ -224,7 +232,7 @@ def output_paths(out: str, kaldi: bool) -> Tuple[Path, bool]:
 
 
 def embed_scp(
-    embedder: Embedder, scp: str, batch_size: int = 32, pad_ratio: float = 0.0
+    embedder: Union[Embedder, OnnxEmbedder], scp: str, batch_size: int = 32, pad_ratio: float = 0.0
 ) -> Tuple[List[str], np.ndarray]:
     """The files of a wav.scp -> (ids in file order, `(N, D)` float32). Errors name the wav.scp line;
     every id whose embedding is not finite is named."""
@@ -249,7 +257,7 @@ def embed_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("wav_scp", metavar="wav.scp", help="'<id> <path>' lines (any rate, first channel)")
     ap.add_argument("out", metavar="OUT", help="output .npz (ids, embeddings); .ark: also Kaldi ark + scp")
-    add_source_args(ap)
+    add_source_args(ap, onnx=True)
     ap.add_argument("--kaldi", action="store_true", help="also write OUT's .ark and .scp (kaldiio)")
     ap.add_argument("--batch-size", type=int, default=32, help="files per model call (equal frame counts)")
     ap.add_argument(
@@ -268,10 +276,17 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     try:
         npz, kaldi = output_paths(args.out, args.kaldi)
-        embedder = embedder_from_args(ap, args)
+        if args.onnx:
+            from speakerlab.inference.runtime import load_onnx
+
+            embedder = load_onnx(args.onnx)
+        else:
+            from speakerlab.inference.embedder import embedder_from_args
+
+            embedder = embedder_from_args(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
         write_embeddings(npz, ids, emb, kaldi, embedder.model_id)
-    except BAD_INPUT as e:
+    except bad_input() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     written = ", ".join(map(str, [npz, *(kaldi_paths(npz) if kaldi else ())]))

@@ -1,27 +1,43 @@
 """Export an embedding model to TorchScript or ONNX, with a dynamic batch and time axis.
 
-    speakerlab-export --checkpoint exp/mini/checkpoints/avg.pt --format onnx --out campplus.onnx
-    speakerlab-export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript \
-        --out m.pt
+    speakerlab-export --checkpoint exp/mini --format onnx --waveform --out campplus.onnx
+    speakerlab-export --checkpoint exp/mini --format onnx --waveform --int8 static \
+        --calibration data/val --trials data/test --out campplus.int8.onnx
+    speakerlab-export --3dspeaker eres2net_base --weights pretrained.bin --format torchscript --out m.pt
 
-Both formats take the features of the model's front-end `(B, T, F)` (input name `feats`; Kaldi fbank, or the
-ReDimNet2 log-mel, as the source's feature spec says, F its width, and the export line prints) and return
-embeddings `(B, D)` (output name `embedding`); feature extraction stays outside, as in every
-deployment runtime that has its own fbank. Models on a self-supervised encoder are not exported. After writing,
-the file is loaded back and checked against PyTorch at two input lengths.
+`--waveform` (ONNX): one file from samples to embedding. Its inputs are `wave (B, N)` float samples at the
+model's rate (or the `--input-rate` declared, resampled inside the graph) and `lengths (B,)` int64 (each row's
+samples; a padded batch gives each row its own embedding), its output `embedding (B, D)`; the model's own
+front end is in the graph (Kaldi fbank without dither and its mean normalisation, or the ReDimNet2 log-mel:
+speakerlab.inference.onnx_graph), and its metadata says what it is (speakerlab.inference.runtime.META: model,
+rate, feature spec, embedding size, speakerlab version, the exp dir's calibrated threshold where scoring wrote
+one). It runs without torch (speakerlab.inference.runtime, `speakerlab-embed --onnx`). After writing, the file
+is checked against the PyTorch path (audio -> features -> model) on two lengths, alone and as a padded batch.
+
+`--int8 dynamic|static` quantises the model part (speakerlab.inference.quantize; static ranges from
+`--calibration DIR`'s audio), then compares it with the fp32 file and prints the comparison: cosine to fp32 on
+the calibration audio and, with `--trials DIR` (a data dir with wav.scp and trials), both EERs. A file whose
+int8 EER is more than `--max-eer-increase` points above fp32's, or whose mean cosine is below `--min-cosine`,
+is not written (exit 1) unless `--force`; the numbers go into its metadata either way.
+
+Without `--waveform` both formats take the features of the model's front end `(B, T, F)` (input `feats`;
+the export line prints which) and return `embedding (B, D)`; feature extraction stays outside. Models on a
+self-supervised encoder (transformers' WavLM, HuBERT, wav2vec 2.0, w2v-BERT) export with `--waveform` only.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-import warnings
 from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from speakerlab.commands import CommandParser
+from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META, MIN_FRAMES
 
 
 def export_torchscript(model: nn.Module, path, feat_dim: int) -> None:
@@ -36,34 +52,23 @@ def export_torchscript(model: nn.Module, path, feat_dim: int) -> None:
     scripted.save(str(path))
 
 
-def export_onnx(model: nn.Module, path, feat_dim: int, opset: int = 18) -> None:
+def export_onnx(model: nn.Module, path, feat_dim: int, opset: int = 18):
     """ONNX through torch.export over `(B, T, feat_dim)` features, batch and frame axes dynamic (any length >= 16
-    frames)."""
-    model = model.eval()
+    frames); written to `path` when given (with the features format in its metadata), and returned (an
+    onnx.ModelProto)."""
+    import onnx
+
+    from speakerlab.inference.onnx_graph import EMBEDDING, FEATS, set_metadata, torch_to_onnx
+
     # 537 frames: every size derived from time (e.g. CAM++ segments) is >= 2 and not a multiple of
     # anything, so torch.export does not specialise a size-1 or exactly-divisible axis.
-    example = (torch.randn(2, 537, feat_dim),)
-    batch, frames = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("frames", min=16, max=100000)
-    arg = next(iter(_forward_arg_names(model)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model,
-            example,
-            input_names=["feats"],
-            output_names=["embedding"],
-            dynamic_shapes={arg: {0: batch, 1: frames}},
-            opset_version=opset,
-            dynamo=True,
-            external_data=False,
-        )
-    program.save(str(path))
-
-
-def _forward_arg_names(model: nn.Module):
-    import inspect
-
-    return [p for p in inspect.signature(model.forward).parameters]
+    graph = torch_to_onnx(model, torch.randn(2, 537, feat_dim), (FEATS, EMBEDDING), min_length=16, opset=opset)
+    if path is not None:
+        written = onnx.ModelProto()
+        written.CopyFrom(graph)
+        set_metadata(written, {META["format"]: FEATURES_FORMAT})
+        onnx.save(written, str(path))
+    return graph
 
 
 def check_export(model: nn.Module, path, fmt: str, feat_dim: int, lengths=(200, 317), atol: float = 1e-4) -> float:
@@ -91,29 +96,206 @@ def check_export(model: nn.Module, path, fmt: str, feat_dim: int, lengths=(200, 
     return worst
 
 
+def exp_threshold(source: Path) -> Optional[Tuple[float, str]]:
+    """The cosine EER threshold of a checkpoint's exp dir (`<exp>/scores/*.json` of speakerlab-score with plain
+    cosine scoring; the first by name) and that file, or None."""
+    exp = source if source.is_dir() else source.parent
+    if exp.name == "checkpoints":
+        exp = exp.parent
+    for path in sorted((exp / "scores").glob("*.json")):
+        try:
+            summary = json.loads(path.read_text())
+            if summary["scoring"]["method"] == "cosine":
+                return float(summary["operating_points"]["eer"]["threshold"]), str(path)
+        except (ValueError, KeyError, TypeError):  # another JSON file, or an older layout
+            continue
+    return None
+
+
+def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[str, str]:
+    """The metadata of a waveform file (runtime.META) of `embedder` built from `src` (a speakerlab.sources
+    Source): what the runtime needs to batch, check and describe it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from speakerlab.dataio.resample import rate_ratio
+
+    spec = embedder.spec
+    up, down = rate_ratio(input_rate, spec.sample_rate)
+    # The shortest input whose resampled length gives MIN_FRAMES frames.
+    model_samples = next(n for n in range(1, 60 * spec.sample_rate) if embedder.num_frames(n) >= MIN_FRAMES)
+    min_samples = -(-model_samples * down // up)
+    try:
+        ours = version("speakerlab")
+    except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed
+        ours = "unknown (not installed)"
+    batching = {"by": "samples"}
+    if spec.kind == "kaldi_fbank" and spec.config.snip_edges and input_rate == spec.sample_rate:
+        batching = {"by": "frames", "window": spec.config.window_size, "shift": spec.config.window_shift}
+    meta = {
+        "format": FORMAT,
+        "model": src.model_name,
+        "source": src.describe(),
+        "version": ours,
+        "sample_rate": str(input_rate),
+        "features": json.dumps(spec.to_dict()),
+        "embedding_size": str(torch_waveform(embedder, input_rate)(np.ones((1, min_samples), np.float32)).shape[1]),
+        "batching": json.dumps(batching),
+        "min_samples": str(min_samples),
+    }
+    if threshold is not None:
+        meta["threshold"], meta["threshold_source"] = f"{threshold[0]:.6f}", threshold[1]
+    return {META[k]: v for k, v in meta.items()}
+
+
+def torch_waveform(embedder, input_rate: int):
+    """The PyTorch path a waveform file must equal: `(1, N)` samples at `input_rate` -> `(1, D)` numpy."""
+    from speakerlab.inference.onnx_graph import WaveFrontEnd
+
+    front = WaveFrontEnd(embedder.spec, input_rate).eval()
+
+    @torch.no_grad()
+    def run(wave: np.ndarray) -> np.ndarray:
+        return embedder.model(front(torch.from_numpy(wave))).float().numpy()
+
+    return run
+
+
+def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: float = 1e-4) -> float:
+    """Largest |file - PyTorch| / max(1, |PyTorch|) over waves of `seconds` alone and as one padded batch;
+    raises when above `atol`."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    waves = [(0.1 * rng.standard_normal(int(s * input_rate))).astype(np.float32) for s in seconds]
+    ref = np.concatenate([torch_waveform(embedder, input_rate)(w[None]) for w in waves])
+    lengths = np.array([len(w) for w in waves], np.int64)
+    padded = np.zeros((len(waves), lengths.max()), np.float32)
+    for i, w in enumerate(waves):
+        padded[i, : len(w)] = w
+    alone = np.concatenate(
+        [sess.run(None, {"wave": w[None], "lengths": lengths[i : i + 1]})[0] for i, w in enumerate(waves)]
+    )
+    batch = sess.run(None, {"wave": padded, "lengths": lengths})[0]
+    scale = max(1.0, float(np.abs(ref).max()))
+    worst = max(float(np.abs(alone - ref).max()), float(np.abs(batch - ref).max())) / scale
+    if worst > atol:
+        raise RuntimeError(f"{path}: waveform file differs from the PyTorch path by {worst:.2e} (> {atol})")
+    return worst
+
+
+def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List[str], List[np.ndarray]]:
+    """Up to `limit` utterances of a data dir's wav.scp (ids, waves at `input_rate`), in its order."""
+    from speakerlab.dataio.lists import ListError, read_wav_scp
+    from speakerlab.inference.runtime import resample_poly
+
+    scp = Path(data_dir) / "wav.scp"
+    if not scp.exists():
+        raise ListError(f"{data_dir}: no wav.scp (give a data dir)")
+    table = read_wav_scp(scp)
+    ids = list(table)[:limit] if limit else list(table)
+    from speakerlab.dataio.audio import read_first_channel
+
+    waves = []
+    for u in ids:
+        wave, sr = read_first_channel(table[u][1], lambda m: None)
+        waves.append(resample_poly(wave, sr, input_rate))
+    return ids, waves
+
+
+def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
+    """Build, check and write the waveform file of `args` (fp32, or int8 after its accuracy check); returns the
+    line to print. Raises QuantizeError / RuntimeError (check failed) / SystemExit(1) (int8 refused)."""
+    import copy
+    import tempfile
+
+    import onnx
+
+    from speakerlab.inference import quantize
+    from speakerlab.inference.onnx_graph import front_end_graph, merged_graph, model_graph, set_metadata, with_lengths
+
+    rate = args.input_rate or embedder.spec.sample_rate
+    front, model = front_end_graph(embedder.spec, rate), model_graph(embedder.model, embedder.spec)
+    fp32 = with_lengths(merged_graph(copy.deepcopy(front), model))
+    set_metadata(fp32, meta)
+    if not args.int8:
+        onnx.save(fp32, args.out)
+        err = check_waveform(embedder, args.out, rate)
+        return f"max |diff| vs the PyTorch path, alone and padded: {err:.2e}"
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = Path(tmp) / "fp32.onnx"
+        onnx.save(fp32, ref)
+        check_waveform(embedder, ref, rate)
+        ids, waves = calibration_audio(args.calibration, rate, args.calibration_utts)
+        feats = [_features(embedder, rate, w) for w in waves]
+        model8 = quantize.quantize_model_graph(model, args.int8, feats, name)
+        int8 = with_lengths(merged_graph(front, model8))
+        trials = None
+        if args.trials:
+            t_ids, t_waves = calibration_audio(args.trials, rate, 0)
+            trials = (t_ids, t_waves, Path(args.trials) / "trials")
+        cand = Path(tmp) / "int8.onnx"
+        onnx.save(int8, cand)
+        report = quantize.int8_report(str(ref), str(cand), waves, trials)
+        problem = quantize.refusal(report, args.max_eer_increase, args.min_cosine)
+        report.update(mode=args.int8, refused=problem or "")
+        set_metadata(int8, {**meta, META["int8"]: json.dumps(report)})
+        print(f"export: int8 {args.int8}: {quantize.describe(report)}", file=sys.stderr)
+        if problem and not args.force:
+            print(
+                f"error: int8 {args.int8} of {name} refused, {args.out} not written: {problem} "
+                "(--force writes it anyway)",
+                file=sys.stderr,
+            )
+            raise SystemExit(1)
+        onnx.save(int8, args.out)
+    return f"int8 {args.int8}{' (refused, written with --force: ' + problem + ')' if problem else ''}"
+
+
+def _features(embedder, rate: int, wave: np.ndarray) -> np.ndarray:
+    from speakerlab.inference.onnx_graph import WaveFrontEnd
+
+    with torch.no_grad():
+        return WaveFrontEnd(embedder.spec, rate)(torch.from_numpy(wave[None])).numpy()
+
+
 def main(argv=None) -> int:
     from speakerlab.frontends import FRONT_ENDS
-    from speakerlab.inference.embedder import add_source_args, embedder_from_args
+    from speakerlab.inference.embedder import Embedder, add_source_args, source_from_args
 
     ap = CommandParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
     ap.add_argument("--format", choices=["onnx", "torchscript"], required=True, help="what to write")
     ap.add_argument("--out", required=True, help="the exported file (.onnx or .pt)")
+    ap.add_argument("--waveform", action="store_true", help="ONNX from samples (B, N) + lengths (B,): front end inside")
+    ap.add_argument("--input-rate", type=int, help="with --waveform: the rate of the input samples (resampled inside)")
+    ap.add_argument("--int8", choices=["dynamic", "static"], help="with --waveform: quantise the model part")
+    ap.add_argument("--calibration", metavar="DIR", help="data dir (wav.scp) of int8 calibration and the cosine check")
+    ap.add_argument("--calibration-utts", type=int, default=200, help="utterances of --calibration used")
+    ap.add_argument("--trials", metavar="DIR", help="data dir with wav.scp and trials: the int8 EER check")
+    ap.add_argument("--max-eer-increase", type=float, default=0.2, help="int8 EER points above fp32 allowed")
+    ap.add_argument("--min-cosine", type=float, default=0.98, help="least mean cosine of int8 to fp32")
+    ap.add_argument("--force", action="store_true", help="write an int8 file the check refused")
     args = ap.parse_args(argv)
-    args.device = "cpu"  # exported graphs are traced on the CPU
+    if (args.waveform or args.int8) and args.format != "onnx":
+        ap.error("--waveform and --int8 are ONNX options (--format onnx)")
+    if args.int8 and not (args.waveform and args.calibration):
+        ap.error("--int8 needs --waveform and --calibration DIR (its audio calibrates and checks the int8 model)")
+    if args.input_rate is not None and not args.waveform:
+        ap.error("--input-rate goes with --waveform")
     try:
-        embedder = embedder_from_args(ap, args)
+        src = source_from_args(ap, args)
+        embedder = Embedder(src.build(), src.features, "cpu", src.describe())  # exported graphs are traced on the CPU
     except (ValueError, ImportError) as e:  # a SourceError names the file
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if FRONT_ENDS[embedder.spec.kind].encoder_input:
+    if FRONT_ENDS[embedder.spec.kind].encoder_input and not args.waveform:
         print(
-            f"error: export takes the fbank models over (B, T, F) features; this one is on a self-supervised "
-            f"encoder ({embedder.spec.kind})",
+            f"error: a model on a self-supervised encoder ({embedder.spec.kind} input) exports with --waveform only "
+            "(--format onnx --waveform): its input is not (B, T, F) features",
             file=sys.stderr,
         )
         return 2
-    model, feat_dim = embedder.model, embedder.spec.feat_dim
     if args.format == "onnx":
         import importlib.util
 
@@ -124,6 +306,17 @@ def main(argv=None) -> int:
             )
             return 2
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    model, feat_dim = embedder.model, embedder.spec.feat_dim
+    if args.waveform:
+        threshold = exp_threshold(Path(args.checkpoint)) if args.checkpoint else None
+        try:
+            meta = waveform_metadata(embedder, src, args.input_rate or embedder.spec.sample_rate, threshold)
+            done = write_waveform(embedder, args, meta, src.model_name)
+        except ValueError as e:  # a QuantizeError, an unreadable calibration list or audio file
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}", file=sys.stderr)
+        return 0
     (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
     err = check_export(model, args.out, args.format, feat_dim=feat_dim)
     print(

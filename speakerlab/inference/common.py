@@ -1,0 +1,103 @@
+"""The torch-free parts of inference, shared by the PyTorch embedder (speakerlab.inference.embedder) and the ONNX
+runtime (speakerlab.inference.runtime): the options that name a model, batching waves by length, the check that
+no embedding is NaN or inf. Nothing here imports torch, so `speakerlab-embed --onnx` and the runtime's Python API
+run where torch is not installed (the [runtime] extra: numpy, soundfile, scipy, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+# Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
+# padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
+MIN_FRAMES = 10
+
+
+class NonFiniteEmbedding(ValueError):
+    """Some inputs gave NaN/inf embeddings (usually NaN or inf samples in the audio); the message names them."""
+
+
+def check_finite(names: Sequence[str], emb: np.ndarray) -> None:
+    """Raise NonFiniteEmbedding naming every row of `emb` (N, D) that is not finite; `names` (N,) say
+    where each row came from (file, or list:line and utterance)."""
+    bad = [names[i] for i in np.flatnonzero(~np.isfinite(emb).all(axis=1))]
+    if bad:
+        shown = "\n  ".join(bad[:50]) + (f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else "")
+        raise NonFiniteEmbedding(
+            f"{len(bad)} input(s) gave a non-finite embedding (NaN or inf in the audio?); "
+            f"nothing was written:\n  {shown}"
+        )
+
+
+def length_batches(
+    frames: Sequence[int], max_batch: int, pad_ratio: float, max_total: Optional[int] = None
+) -> List[List[int]]:
+    """Indices of `frames`, sorted by length, in batches of <= max_batch whose longest is at most
+    (1 + pad_ratio) x their shortest and, with `max_total`, whose longest x size is at most that (a
+    bound on the padded batch, so long utterances come in small batches)."""
+    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
+    batches: List[List[int]] = []
+    for i in order:
+        if (
+            batches
+            and len(batches[-1]) < max_batch
+            and frames[i] <= frames[batches[-1][0]] * (1 + pad_ratio)
+            and (max_total is None or frames[i] * (len(batches[-1]) + 1) <= max_total)
+        ):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def embed_in_batches(
+    waves: Sequence[np.ndarray],
+    batch_length: Callable[[int], int],
+    embed: Callable[[np.ndarray], np.ndarray],
+    max_batch: int = 32,
+    pad_ratio: float = 0.0,
+) -> np.ndarray:
+    """Whole waves of any lengths -> `(N, D)` float32 in input order, `embed` mapping `(B, samples)` rows to
+    `(B, D)`. Waves of equal `batch_length` (the front end's: fbank frames, or samples) share a call; with
+    `pad_ratio` r > 0 waves up to r x longer than the shortest do too. Shorter members are repeated to the
+    longest, not zero-padded (silence would shift the statistics); at equal batch length the samples past
+    the last whole frame are never read, so each embedding is exactly the one of its wave alone."""
+    lengths = [batch_length(len(w)) for w in waves]
+    out: List[Optional[np.ndarray]] = [None] * len(waves)
+    for batch in length_batches(lengths, max_batch, pad_ratio):
+        n = max(len(waves[i]) for i in batch)
+        rows = np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
+        emb = embed(rows)
+        for j, i in enumerate(batch):
+            out[i] = emb[j]
+    return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+def add_source_args(ap: argparse.ArgumentParser, onnx: bool = False) -> None:
+    """The options every inference command takes to name its model: `--checkpoint`, `--3dspeaker NAME
+    --weights FILE` or `--redimnet2 FILE`, and `--device`; with `onnx`, also `--onnx FILE` (a waveform ONNX file
+    of speakerlab-export, run by onnxruntime without torch)."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a speakerlab checkpoint file, or an exp dir (its latest checkpoint)")
+    src.add_argument(
+        "--3dspeaker",
+        dest="threedspeaker",
+        metavar="NAME",
+        help="registered model name of a 3D-Speaker state dict given by --weights (e.g. campplus)",
+    )
+    src.add_argument(
+        "--redimnet2",
+        metavar="FILE",
+        help="a released ReDimNet2 file ({model_config, state_dict}, e.g. b6-vox2-lm.pt), with its own front-end",
+    )
+    if onnx:
+        src.add_argument(
+            "--onnx",
+            metavar="FILE",
+            help="a waveform ONNX file (speakerlab-export --waveform), run by onnxruntime: torch not needed",
+        )
+    ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
+    ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")

@@ -1,0 +1,257 @@
+"""Deployment without torch: the waveform ONNX wrapper (lengths, padded batches), its metadata, the torch-free
+runtime (`speakerlab-embed --onnx`, `load_embedder(onnx=...)`) and its bad inputs, the int8 check's verdict.
+
+The fast tests run on a small waveform graph written here with the onnx package (per row: mean and mean square
+of the samples, so every expected value is known) wrapped by the exporter's own `with_lengths`; the files the
+exporter makes from registered models are checked in tests/test_deploy_export.py (slow: torch.export).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import ROOT, write_wav
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper  # noqa: E402
+
+from speakerlab.inference.onnx_graph import set_metadata, with_lengths  # noqa: E402
+from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META, load_onnx  # noqa: E402
+
+MIN_SAMPLES = 1600  # the test file's shortest input: 0.1 s at 16 kHz
+
+
+def stats_graph() -> onnx.ModelProto:
+    """wave (B, N) -> (B, 2): each row's mean and mean square, as a merged exporter graph would be shaped."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axis"], ["mean"], keepdims=1),
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axis"], ["msq"], keepdims=1),
+        helper.make_node("Concat", ["mean", "msq"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stats",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "samples"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[helper.make_tensor("axis", TensorProto.INT64, [1], [1])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def stats(wave: np.ndarray) -> np.ndarray:
+    w = np.asarray(wave, np.float64)
+    return np.array([w.mean(), (w * w).mean()])
+
+
+def metadata(**override) -> dict:
+    values = {
+        "format": FORMAT,
+        "model": "stats",
+        "source": "tests/test_deploy.py",
+        "version": "test",
+        "sample_rate": "16000",
+        "features": json.dumps({"kind": "none"}),
+        "embedding_size": "2",
+        "batching": json.dumps({"by": "samples"}),
+        "min_samples": str(MIN_SAMPLES),
+        **override,
+    }
+    return {META[k]: v for k, v in values.items() if v is not None}
+
+
+@pytest.fixture(scope="module")
+def stats_file(tmp_path_factory) -> Path:
+    model = with_lengths(stats_graph())
+    onnx.checker.check_model(model)
+    set_metadata(model, metadata(threshold="0.5", threshold_source="exp/scores/test.json"))
+    path = tmp_path_factory.mktemp("onnx") / "stats.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_padded_batch_gives_each_row_its_own_embedding(stats_file):
+    """The Loop branch: rows cut to their lengths; the whole-batch branch when every length is N."""
+    rng = np.random.default_rng(0)
+    waves = [rng.standard_normal(n).astype(np.float32) for n in (1700, 5003, 2400, 5003)]
+    padded = np.zeros((4, 5003), np.float32)
+    for i, w in enumerate(waves):
+        padded[i, : len(w)] = w
+    embedder = load_onnx(stats_file)
+    got = embedder(padded, np.array([len(w) for w in waves]))
+    np.testing.assert_allclose(got, np.stack([stats(w) for w in waves]), rtol=1e-5, atol=1e-6)
+    full = embedder(padded)  # lengths default to N: every row whole, zeros included
+    np.testing.assert_allclose(full, np.stack([stats(r) for r in padded]), rtol=1e-5, atol=1e-6)
+
+
+def test_metadata_and_batching_follow_the_torch_path(stats_file):
+    embedder = load_onnx(stats_file)
+    assert (embedder.sample_rate, embedder.embedding_size, embedder.threshold) == (16000, 2, 0.5)
+    rng = np.random.default_rng(1)
+    waves = [rng.standard_normal(n).astype(np.float32) for n in (1600, 4000, 1600, 2500)]
+    np.testing.assert_allclose(embedder.embed_waves(waves, max_batch=2), np.stack([stats(w) for w in waves]), rtol=1e-5)
+
+
+def mixed_rate_folder(root: Path) -> Path:
+    """A wav.scp of 1.2 s files at 8, 16, 22.05, 44.1 and 48 kHz (one stereo)."""
+    rng = np.random.default_rng(2)
+    lines = []
+    for i, rate in enumerate((8000, 16000, 22050, 44100, 48000)):
+        shape = (int(1.2 * rate), 2) if rate == 22050 else int(1.2 * rate)
+        path = write_wav(root / "wavs" / f"u{i}.wav", 0.1 * rng.standard_normal(shape), rate)
+        lines.append(f"u{i} {path}\n")
+    (root / "wav.scp").write_text("".join(lines))
+    return root / "wav.scp"
+
+
+def torch_free_env(tmp_path: Path) -> dict:
+    """An environment whose Python cannot import torch: a meta-path blocker in a sitecustomize on PYTHONPATH."""
+    site = tmp_path / "no_torch"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class NoTorch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is not installed here')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+    )
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+def test_embed_onnx_runs_without_torch_on_mixed_rates(stats_file, tmp_path):
+    """speakerlab-embed --onnx and load_embedder(onnx=...) in a process where `import torch` fails; files of five
+    rates resampled by scipy's resample_poly; the stereo file's first channel, with a warning naming it."""
+    from scipy.signal import resample_poly
+
+    from speakerlab.dataio.audio import read_first_channel
+
+    scp = mixed_rate_folder(tmp_path)
+    env = torch_free_env(tmp_path)
+    assert subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True).returncode != 0
+    out = tmp_path / "emb.npz"
+    embed = "from speakerlab.inference.cli import embed; embed()"  # the console script speakerlab-embed
+    cmd = [sys.executable, "-c", embed, str(scp), str(out), "--onnx", str(stats_file)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "u2.wav: 2 channels, using the first" in run.stderr and "Traceback" not in run.stderr
+    api = (
+        "from speakerlab.inference import load_embedder; import sys; e = load_embedder(onnx=sys.argv[1]); "
+        "print(e.embed_waves([e.read(sys.argv[2])])[0].tolist()); print('torch' in sys.modules)"
+    )
+    first = scp.read_text().split()[1]
+    run_api = subprocess.run(
+        [sys.executable, "-c", api, str(stats_file), first], env=env, capture_output=True, text=True
+    )
+    assert run_api.returncode == 0, run_api.stderr
+    got = np.load(out)
+    assert list(got["ids"]) == [f"u{i}" for i in range(5)]
+    for i, line in enumerate(scp.read_text().splitlines()):
+        wave, rate = read_first_channel(line.split()[1], lambda m: None)
+        expected = stats(
+            resample_poly(wave.astype(np.float64), 16000 // np.gcd(16000, rate), rate // np.gcd(16000, rate))
+        )
+        np.testing.assert_allclose(got["embeddings"][i], expected, rtol=1e-4)
+    api_out, torch_loaded = run_api.stdout.splitlines()
+    np.testing.assert_allclose(json.loads(api_out), got["embeddings"][0], rtol=1e-6)
+    assert torch_loaded == "False"
+
+
+def embed_cli(*args) -> tuple:
+    from speakerlab.inference.cli import run_embed
+
+    return run_embed(list(map(str, args)))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a model at all\n", "not a readable ONNX file"),
+        ("foreign", "an ONNX file without speakerlab metadata (another project's?)"),
+        ("features", "this ONNX file takes features (B, T, F), not audio; export with speakerlab-export --waveform"),
+        ("newer", "ONNX format 'speakerlab.waveform/9' is not 'speakerlab.waveform/1'"),
+    ],
+)
+def test_a_file_that_is_not_ours_is_one_error_line(content, message, tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        model = with_lengths(stats_graph())
+        fmt = {"foreign": None, "features": FEATURES_FORMAT, "newer": "speakerlab.waveform/9"}[content]
+        set_metadata(model, metadata(format=fmt) if fmt else {"producer.note": "another project"})
+        onnx.save(model, path)
+    scp = tmp_path / "wav.scp"
+    scp.write_text(f"a {write_wav(tmp_path / 'a.wav', np.zeros(16000))}\n")
+    assert embed_cli(scp, tmp_path / "out.npz", "--onnx", path) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {message}") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_short_file_and_wrong_rate_without_resampling_are_errors(stats_file, tmp_path, capsys):
+    short = write_wav(tmp_path / "short.wav", 0.1 * np.ones(1599))  # one sample below 0.1 s
+    scp = tmp_path / "wav.scp"
+    scp.write_text(f"a {write_wav(tmp_path / 'a.wav', np.zeros(16000))}\nb {short}\n")
+    assert embed_cli(scp, tmp_path / "out.npz", "--onnx", stats_file) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {scp}:2: b: {short}: too short for an embedding: 0.100 s, 0 feature frame(s), need 10"
+    assert not (tmp_path / "out.npz").exists()
+    narrow = write_wav(tmp_path / "narrow.wav", np.zeros(8000), 8000)
+    from speakerlab.dataio.audio import AudioError
+
+    with pytest.raises(AudioError, match=r"narrow.wav: 8000 Hz, the model takes 16000 Hz \(resampling is off\)$"):
+        load_onnx(stats_file, resample=False).read(str(narrow))
+
+
+def test_nan_audio_writes_nothing(stats_file, tmp_path, capsys):
+    bad = write_wav(tmp_path / "nan.wav", np.full(16000, np.nan), subtype="FLOAT")
+    scp = tmp_path / "wav.scp"
+    scp.write_text(f"a {bad}\n")
+    assert embed_cli(scp, tmp_path / "out.npz", "--onnx", stats_file) == 2
+    assert "gave a non-finite embedding" in capsys.readouterr().err
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_exp_threshold_is_the_cosine_eer_threshold_of_the_exp_dir(tmp_path):
+    from speakerlab.inference.export import exp_threshold
+
+    exp = tmp_path / "exp"
+    (exp / "checkpoints").mkdir(parents=True)
+    (exp / "scores").mkdir()
+    assert exp_threshold(exp) is None
+    summary = {"scoring": {"method": "cosine"}, "operating_points": {"eer": {"threshold": 0.3125}}}
+    (exp / "scores" / "b.json").write_text(json.dumps(summary))
+    asnorm = {**summary, "scoring": {"method": "cosine+asnorm300"}}
+    (exp / "scores" / "a.json").write_text(json.dumps(asnorm))
+    assert exp_threshold(exp) == (0.3125, str(exp / "scores" / "b.json"))
+    assert exp_threshold(exp / "checkpoints" / "epoch_010.pt") == (0.3125, str(exp / "scores" / "b.json"))
+
+
+def test_int8_refusal_names_its_reasons():
+    from speakerlab.inference.quantize import refusal
+
+    ok = {"cosine_mean": 0.999, "cosine_min": 0.99, "eer_fp32": 4.10, "eer_int8": 4.25}
+    assert refusal(ok, max_eer_increase=0.2, min_cosine=0.98) is None
+    worse = {**ok, "eer_int8": 4.75, "cosine_mean": 0.9}
+    assert refusal(worse, 0.2, 0.98) == (
+        "EER 4.75% against fp32 4.10% (+0.65 points > 0.2 allowed); mean cosine to fp32 0.9000 < 0.98"
+    )
+
+
+def test_a_graph_the_quantiser_cannot_handle_is_one_error():
+    from speakerlab.inference.quantize import QuantizeError, quantize_model_graph
+
+    broken = stats_graph()
+    broken.graph.node[0].input[1] = "no_such_value"
+    with pytest.raises(QuantizeError, match=r"^int8 dynamic of stats: the quantiser failed: "):
+        quantize_model_graph(broken, "dynamic", [], "stats")
