@@ -18,7 +18,8 @@ import sys
 
 import torch
 
-import speakerlab.train.loop
+import speakerlab.train.selection
+import speakerlab.train.validation
 from speakerlab.train.loop import main
 
 
@@ -59,14 +60,16 @@ def signal_at(kind: str, n: int) -> None:
 
         torch.save = save
     elif kind == "validation":
-        real_eer = speakerlab.train.loop.validation_eer
+        real_eer = speakerlab.train.validation.validation_eer
 
         def eer(*args, **kwargs):
             if hit():
                 term()
             return real_eer(*args, **kwargs)
 
-        speakerlab.train.loop.validation_eer = eer
+        # data.val's validation (model selection's) and each corpus's own: the modules that call it.
+        speakerlab.train.selection.validation_eer = eer
+        speakerlab.train.validation.validation_eer = eer
     elif kind == "loader":
         real_iter = torch.utils.data.DataLoader.__iter__
 

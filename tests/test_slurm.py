@@ -16,7 +16,8 @@ from tests.slurm_cluster import SlurmCluster
 pytestmark = pytest.mark.slow
 
 TEMPLATE = ROOT / "egs" / "tools" / "slurm" / "train.sbatch"
-# 64 utterances in global batches of 4: 16 steps per epoch, so that a signal lands mid-epoch.
+# 256 utterances in global batches of 4: 64 steps per epoch, so that a signal lands mid-epoch (with 16 steps, a
+# job training at ~100 samples/s had finished the epoch before scancel's signal arrived).
 TRAIN = "train.epochs=2 train.global_batch_size=4 hardware.per_device_batch=2 train.save_every_steps=0"
 
 
@@ -33,7 +34,7 @@ def slurm(tmp_path_factory):
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm_data")
     cfg, _ = tiny_config(root, val=True)
-    make_data_dir(root / "train", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(16)}, seconds=0.6)
+    make_data_dir(root / "train", {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(64)}, seconds=0.6)
     return root, cfg
 
 
@@ -89,14 +90,14 @@ def test_a_signalled_job_requeues_itself_and_ends_with_the_uninterrupted_weights
         assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", output(e)[-3000:]
     text = output(exp)
     stopped = re.findall(
-        r"stopped by SIGUSR1 at step (\d+) \(epoch 1, (\d+)/16 steps\): (\S+) written; exit code 75", text
+        r"stopped by SIGUSR1 at step (\d+) \(epoch 1, (\d+)/64 steps\): (\S+) written; exit code 75", text
     )
-    assert len(stopped) == 1 and 0 < int(stopped[0][1]) < 16, text[-3000:]  # mid-epoch
+    assert len(stopped) == 1 and 0 < int(stopped[0][1]) < 64, text[-3000:]  # mid-epoch
     assert f"launch: pre-empted, checkpoint written; requeueing Slurm job {job}" in text
     log = (exp / "train.log").read_text()
     assert f"Slurm job {job} requeued, start 2; global 4 = 2 device(s) x 2 x accum 1" in log
     assert f"resumed from {stopped[0][2]}: epoch 0, step {stopped[0][0]}" in log
-    assert "training done: 2 epochs, 32 steps" in log and "Traceback" not in text
+    assert "training done: 2 epochs, 128 steps" in log and "Traceback" not in text
     assert same_weights(ref / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
 
 
@@ -123,4 +124,4 @@ def test_srun_without_torchrun_trains_with_the_ranks_slurm_gives(slurm, tiny, tm
     fields = slurm.wait(job, ended, what="finishing")
     assert fields["ExitCode"] == "0:0", output(exp)[-3000:]
     log = (exp / "train.log").read_text()
-    assert "global 4 = 2 device(s) x 2 x accum 1; 16 steps/epoch" in log and "training done: 1 epochs, 16 steps" in log
+    assert "global 4 = 2 device(s) x 2 x accum 1; 64 steps/epoch" in log and "training done: 1 epochs, 64 steps" in log
