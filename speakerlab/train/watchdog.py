@@ -50,8 +50,14 @@ class Watchdog:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread and wait for it (at most `timeout_s`, a store call's length). Left running, it can be
+        inside a store call when the interpreter exits: CPython then ends the daemon thread inside torch's C++
+        frames, which aborts the process (`terminate called without an active exception`, exit -6) after a
+        run that succeeded, and torchrun reports the whole job failed."""
         self.stopping.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout_s)
 
     def _run(self) -> None:
         beats = 0
