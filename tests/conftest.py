@@ -15,6 +15,11 @@ from filelock import FileLock
 
 from tests.fake_corpora import make_synth_corpus
 from tests.helpers import ROOT, TINY_CAMPPLUS, tiny_config
+from tests.schedule import (  # noqa: F401  (hooks: the longest files first, seconds per file at the end)
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+)
 
 
 def pytest_configure(config):

@@ -14,8 +14,10 @@ python -m ruff check --quiet .
 python -m ruff format --check --quiet .
 status=0
 # Two workers (pytest-xdist), each test file whole on one of them (--dist loadfile: a file's module fixtures are
-# built once and its tests never race each other); tests/conftest.py gives each worker its share of the cores and
-# builds the shared session fixtures once for both. `-n 0` after the command runs everything in one process.
-python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 tests "$@" || status=$?
+# built once and its tests never race each other), the longest files first (--no-loadscope-reorder keeps the order
+# of tests/schedule.py); tests/conftest.py gives each worker its share of the cores and builds the shared session
+# fixtures once for both. `-n 0` after the command runs everything in one process.
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests "$@" ||
+  status=$?
 echo "tests/run.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s wall (environment, lint and tests), pytest exit $status" >&2
 exit "$status"
