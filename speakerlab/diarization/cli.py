@@ -90,6 +90,18 @@ def as_json(reco: str, path: str, d: Diarization, embeddings: bool) -> dict:
     return out
 
 
+# The options that are DiarizeOptions fields of the same name (--merge-cosine sets merge_cosine): their help.
+TUNING = {
+    "window": "sub-segment length, seconds",
+    "hop": "sub-segment step, seconds",
+    "pruning": "spectral: fraction of affinities kept per row",
+    "threshold": "ahc: cosine distance where clusters stop joining",
+    "merge_cosine": "estimated counts: merge speakers whose centroids' cosine exceeds this (1: never)",
+    "seed": "k-means seed: the same input and seed give the same output",
+    "batch_size": "sub-segments per model call",
+}
+
+
 def parser() -> argparse.ArgumentParser:
     ap = CommandParser(
         prog="speakerlab-diarize",
@@ -115,41 +127,16 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--max-speakers", type=int, default=20, help="at most this many speakers per recording")
     n.add_argument("--reco2num-spk", metavar="FILE", help="'<recording> <count>' lines: each recording's own count")
     d = DiarizeOptions()
-    ap.add_argument("--window", type=float, default=d.window, help="sub-segment length, seconds (default %(default)s)")
-    ap.add_argument("--hop", type=float, default=d.hop, help="sub-segment step, seconds (default %(default)s)")
     ap.add_argument(
         "--clustering",
         choices=METHODS,
         default=d.method,
         help="spectral: count by eigengap, k-means on the eigenvectors; ahc: average linkage cut at --threshold",
     )
-    ap.add_argument(
-        "--pruning",
-        type=float,
-        default=d.pruning,
-        help="spectral: fraction of affinities kept per row (default %(default)s)",
-    )
-    ap.add_argument(
-        "--threshold",
-        type=float,
-        default=d.threshold,
-        help="ahc: cosine distance where clusters stop joining (default %(default)s)",
-    )
-    ap.add_argument(
-        "--merge-cosine",
-        type=float,
-        default=d.merge_cosine,
-        help="estimated counts: merge speakers whose centroids' cosine exceeds this (1: never; default %(default)s)",
-    )
-    ap.add_argument(
-        "--seed",
-        type=int,
-        default=d.seed,
-        help="k-means seed: the same input and seed give the same output (default %(default)s)",
-    )
-    ap.add_argument(
-        "--batch-size", type=int, default=d.batch_size, help="sub-segments per model call (default %(default)s)"
-    )
+    for field, text in TUNING.items():
+        default = getattr(d, field)  # DiarizeOptions' own defaults and types
+        flag = "--" + field.replace("_", "-")
+        ap.add_argument(flag, type=type(default), default=default, help=f"{text} (default %(default)s)")
     return ap
 
 
@@ -177,16 +164,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 def diarize(ap: argparse.ArgumentParser, args) -> None:
     """Every recording, then the outputs (nothing is written when one fails)."""
     t0 = time.time()
-    options = DiarizeOptions(
-        window=args.window,
-        hop=args.hop,
-        batch_size=args.batch_size,
-        method=args.clustering,
-        pruning=args.pruning,
-        threshold=args.threshold,
-        merge_cosine=args.merge_cosine if args.merge_cosine < 1 else None,
-        seed=args.seed,
-    )
+    tuning = {field: getattr(args, field) for field in TUNING}
+    if tuning["merge_cosine"] >= 1:  # 1: never merge
+        tuning["merge_cosine"] = None
+    options = DiarizeOptions(method=args.clustering, **tuning)
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None

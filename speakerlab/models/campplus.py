@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from speakerlab.models.pooling import StatsPool
-from speakerlab.models.registry import register
+from speakerlab.models.registry import class_defaults, register_variant
 
 
 class BNReLU(nn.Module):
@@ -303,36 +303,12 @@ class CAMPPlus(nn.Module):
         return self.xvector(self.head(x.transpose(1, 2)))
 
 
-@register
-def campplus(
-    feat_dim: int = 80,
-    embedding_size: int = 512,
-    growth_rate: int = 32,
-    bn_size: int = 4,
-    init_channels: int = 128,
-    m_channels: int = 32,
-    fcm_blocks: Sequence[int] = (2, 2),
-    num_layers: Sequence[int] = (12, 24, 16),
-    kernel_sizes: Sequence[int] = (3, 3, 3),
-    dilations: Sequence[int] = (1, 2, 2),
-    seg_len: int = 100,
-    memory_efficient: bool = False,
-) -> CAMPPlus:
+# The registered builder is the class itself: its arguments are `CAMPPlus.__init__`'s.
+register_variant(
+    "campplus",
+    CAMPPlus,
+    class_defaults(CAMPPlus),
     """CAM++, `(B, T, feat_dim) -> (B, embedding_size)`; 7.18 M parameters at 512-D, 6.85 M at 192-D.
 
-    `memory_efficient` recomputes each dense layer's bottleneck in backward (less memory, slower).
-    """
-    return CAMPPlus(
-        feat_dim,
-        embedding_size,
-        growth_rate,
-        bn_size,
-        init_channels,
-        m_channels,
-        fcm_blocks,
-        num_layers,
-        kernel_sizes,
-        dilations,
-        seg_len,
-        memory_efficient,
-    )
+`memory_efficient` recomputes each dense layer's bottleneck in backward (less memory, slower).""",
+)

@@ -54,6 +54,12 @@ def register_variant(
     register(builder)
 
 
+def class_defaults(cls: type) -> Dict[str, Any]:
+    """The keyword defaults of `cls.__init__`: the arguments of a model registered as the class itself."""
+    params = inspect.signature(cls).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 def register_ssl(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     """`register` for a model on a self-supervised encoder (listed by `list_ssl_models`, not `list_models`)."""
     register(builder)

@@ -20,6 +20,7 @@ in dB): the silence the source utterance begins and ends with is not speech. Eve
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -152,26 +153,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument(
         "--duration", type=float, default=90.0, help="seconds of talk per conversation (the last turn ends it)"
     )
-    p.add_argument(
-        "--turn",
-        type=lambda v: parse_range(v, "--turn"),
-        default=(1.0, 6.0),
-        help="turn length, LOW:HIGH s (default 1:6)",
-    )
-    p.add_argument(
-        "--pause",
-        type=lambda v: parse_range(v, "--pause"),
-        default=(0.2, 1.5),
-        help="pause between turns, LOW:HIGH s (default 0.2:1.5)",
-    )
+    for flag, default, text in (
+        ("--turn", (1.0, 6.0), "turn length, LOW:HIGH s"),
+        ("--pause", (0.2, 1.5), "pause between turns, LOW:HIGH s"),
+        ("--snr", (5.0, 20.0), "speech-to-noise, LOW:HIGH dB"),
+    ):
+        p.add_argument(
+            flag,
+            type=functools.partial(parse_range, name=flag),
+            default=default,
+            help=f"{text} (default {default[0]:g}:{default[1]:g})",
+        )
     p.add_argument("--overlap", type=float, default=0.15, help="probability that a turn starts before the last ends")
     p.add_argument("--noise", help="folder of noise wav files (searched recursively); none: no noise")
-    p.add_argument(
-        "--snr",
-        type=lambda v: parse_range(v, "--snr"),
-        default=(5.0, 20.0),
-        help="speech-to-noise, LOW:HIGH dB (default 5:20)",
-    )
     p.add_argument(
         "--seed", type=int, default=0, help="conversation i is drawn from (seed, i): same seed, same conversations"
     )
