@@ -158,3 +158,44 @@ def mini_corpus(tmp_path_factory):
 
     directory = built_once(tmp_path_factory, "mini", build)
     return MiniCorpus(directory / "data", (directory / "stage1.log").read_text())
+
+
+# egs/mini's training for the recipes' end-to-end tests: a small CAM++ that learns in 100 steps of MINI_CORPUS
+# (measured: test EER 22.9% against the baseline's 39.6%, 144 trials).
+MINI_TRAIN = (
+    "train.epochs=10 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
+    "model.args.num_layers=[1,1,1] optim.lr=0.01 loss.margin_start_epoch=4 train.val_every=10"
+)
+
+
+class MiniModel(NamedTuple):
+    """egs/mini's stages 2-3 with MINI_TRAIN on a copy of the session corpus: that data dir (its indexes, fbank
+    stores and noise bank made), the exp dir, and what the run printed."""
+
+    data: Path
+    exp: Path
+    log: str
+
+
+@pytest.fixture(scope="session")
+def mini_model(mini_corpus, tmp_path_factory):
+    """The egs/mini model, trained once for tests/test_mini_recipe.py (stages 4-7 on copies of it) and
+    tests/test_diarization_data.py (egs/mini_diar diarizes with it), by egs/mini_diar's stage 3: with no
+    checkpoint at --model it runs egs/mini's stages 2-3. Read-only: a test that runs stages into it copies it."""
+
+    def build(directory: Path) -> None:
+        shutil.copytree(mini_corpus.data, directory / "data")
+        r = subprocess.run(
+            ["bash", str(ROOT / "egs" / "mini_diar" / "run.sh"), "--stage", "3", "--stop_stage", "3"]
+            + ["--mini_data", str(directory / "data"), "--model", str(directory / "exp")]
+            + ["--train_overrides", MINI_TRAIN],
+            env={**os.environ, "OMP_NUM_THREADS": "2"},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+        (directory / "train.log").write_text(r.stdout + r.stderr)
+
+    directory = built_once(tmp_path_factory, "mini_model", build)
+    return MiniModel(directory / "data", directory / "exp", (directory / "train.log").read_text())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -225,21 +224,17 @@ def test_voxconverse_recipe_on_fake_archives(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages")
-def test_mini_diar_recipe_end_to_end(mini_corpus, tmp_path):
-    """egs/mini_diar on the session's egs/mini corpus (tests/conftest.py; copied: egs/mini's stage 2 writes into
-    it): egs/mini trains a small CAM++ (as tests/test_mini_recipe.py), the conversations of its test speakers
-    are diarized, and the model's DER is below the one-speaker baseline's."""
-    shutil.copytree(mini_corpus.data, tmp_path / "mini")
-    train = (
-        "train.epochs=10 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
-        "model.args.num_layers=[1,1,1] optim.lr=0.01 loss.margin_start_epoch=4 train.val_every=10"
-    )
+def test_mini_diar_recipe_end_to_end(mini_model, tmp_path):
+    """egs/mini_diar on the session's egs/mini corpus and model (tests/conftest.py: mini_model is this recipe's
+    stage 3, egs/mini training a small CAM++, shared with tests/test_mini_recipe.py): the conversations of its
+    test speakers are diarized, and the model's DER is below the one-speaker baseline's."""
     r = run_recipe(
         "mini_diar",
-        *("--mini_data", tmp_path / "mini", "--model", tmp_path / "model", "--data", tmp_path / "data"),
-        *("--exp", tmp_path / "exp", "--train_overrides", train),
-        *("--num_conversations", 3, "--conv_opts", "--max-speakers 3 --duration 40"),
+        *("--mini_data", mini_model.data, "--model", mini_model.exp, "--data", tmp_path / "data"),
+        *("--exp", tmp_path / "exp", "--num_conversations", 3, "--conv_opts", "--max-speakers 3 --duration 40"),
     )
+    # The shared model and corpus are only read: stage 3 finds the checkpoint and trains nothing.
+    assert f"stage 3: train: {mini_model.exp} has a checkpoint, nothing to do" in r.stderr + r.stdout
     result = json.loads((tmp_path / "exp" / "der.json").read_text())
     model, baseline = result["estimated"]["conditions"][0], result["one_speaker"]["conditions"][0]
     assert model["collar"] == 0.25 and not model["skip_overlap"]

@@ -11,16 +11,17 @@ import pytest
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
+from tests.conftest import MINI_TRAIN
 from tests.helpers import assert_no_traceback, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
 
 
-def run_recipe(tmp_path, *args, check=True):
+def run_recipe(tmp_path, *args, check=True, data=None):
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     r = subprocess.run(
-        ["bash", str(RUN), "--data", str(tmp_path / "data"), "--exp", str(tmp_path / "exp"), *args],
+        ["bash", str(RUN), "--data", str(data or tmp_path / "data"), "--exp", str(tmp_path / "exp"), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -32,20 +33,17 @@ def run_recipe(tmp_path, *args, check=True):
 
 
 @pytest.mark.slow
-def test_mini_recipe_end_to_end(mini_corpus, tmp_path):
-    # The session's stage 1 (tests/conftest.py), big enough to learn in 100 steps of a small CAM++ (measured on
-    # this corpus: test EER 22.9% against the baseline's 39.6%, 144 trials), small enough for minutes on 2 cores.
-    shutil.copytree(mini_corpus.data, tmp_path / "data")
-    train = (
-        "train.epochs=10 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
-        "model.args.num_layers=[1,1,1] optim.lr=0.01 loss.margin_start_epoch=4 train.val_every=10"
-    )
+def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
+    # The session's stage 1 and stages 2-3 (tests/conftest.py: mini_corpus, mini_model, shared with egs/mini_diar's
+    # test); stages 4-7 here, on a copy of the exp dir (they write into it; the data dir they only read).
+    shutil.copytree(mini_model.exp, tmp_path / "exp")
+    train = MINI_TRAIN
     r = run_recipe(
         tmp_path,
         "--train_overrides",
         train,
         "--stage",
-        "2",
+        "4",
         "--stop_stage",
         "7",
         "--average_last",
@@ -54,16 +52,19 @@ def test_mini_recipe_end_to_end(mini_corpus, tmp_path):
         str(ROOT / "conf" / "mini" / "finetune_lm.yaml"),
         "--lm_overrides",
         "train.epochs=1",  # after train_overrides' 10 epochs: stage 7 is one epoch
+        data=mini_model.data,
     )
-    out = mini_corpus.log + r.stdout + r.stderr
+    out = mini_corpus.log + mini_model.log + r.stdout + r.stderr
     for n in range(1, 8):
         assert f"stage {n}:" in out
+    # The training stage (egs/mini's stage 3, in the fixture) trained the model: its own log says so.
+    assert "] stage 3: train" in mini_model.log and "training done: 10 epochs, 100 steps" in mini_model.log
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     assert m, r.stdout
     exp = tmp_path / "exp"
     # The printed EER is the EER of the written scores, and every trial of the list was scored.
     rows = [line.split() for line in (exp / "scores" / "test.scores").read_text().splitlines()]
-    trials = (tmp_path / "data" / "test" / "trials").read_text().splitlines()
+    trials = (mini_model.data / "test" / "trials").read_text().splitlines()
     assert [r[:2] for r in rows] == [t.split()[:2] for t in trials]
     eer = compute_eer(np.array([float(r[2]) for r in rows]), np.array([r[3] == "target" for r in rows]))
     assert float(m.group(1)) == pytest.approx(100 * eer, abs=0.006)
@@ -75,12 +76,12 @@ def test_mini_recipe_end_to_end(mini_corpus, tmp_path):
     assert (exp / "checkpoints" / "avg.pt").exists()
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
-    r2 = run_recipe(tmp_path, "--train_overrides", train, "--stage", "2", "--stop_stage", "5")
+    r2 = run_recipe(tmp_path, "--train_overrides", train, "--stage", "3", "--stop_stage", "5", data=mini_model.data)
     assert "training done: 10 epochs" in r2.stderr
     assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
     # Training read the fbank store of stage 2; --augment true trains from the audio with speed
     # perturbation (3x classes), reverberation and noise from the bank instead.
-    assert (tmp_path / "data" / "train" / "feats.scp").exists() and "feature store" in r.stdout + r.stderr
+    assert (mini_model.data / "train" / "feats.scp").exists() and "feature store" in mini_model.log
     aug = tmp_path / "exp_aug"
     r3 = run_recipe(
         tmp_path,
@@ -95,6 +96,7 @@ def test_mini_recipe_end_to_end(mini_corpus, tmp_path):
         "true",
         "--exp",
         str(aug),
+        data=mini_model.data,
     )
     log = (aug / "train.log").read_text()
     assert "augmentation with probability 0.6" in log and "reverb (" in log and "babble (" in log
