@@ -138,6 +138,19 @@ class MiniCorpus(NamedTuple):
     log: str
 
 
+def recipe(name: str, *args, log: Path) -> None:
+    """`bash egs/<name>/run.sh ARGS` (2 threads), which must succeed; what it printed goes to `log`."""
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / name / "run.sh"), *map(str, args)],
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    log.write_text(r.stdout + r.stderr)
+
+
 @pytest.fixture(scope="session")
 def mini_corpus(tmp_path_factory):
     """`bash egs/mini/run.sh --stage 1 --stop_stage 1` once (the synthetic corpus and its MUSAN/RIR lists). Stage 2
@@ -145,16 +158,8 @@ def mini_corpus(tmp_path_factory):
     the recipe from stage 2 (the copied lists keep naming the session's audio, which no test changes)."""
 
     def build(directory: Path) -> None:
-        r = subprocess.run(
-            ["bash", str(ROOT / "egs" / "mini" / "run.sh"), "--data", str(directory / "data")]
-            + ["--exp", str(directory / "exp"), "--stage", "1", "--stop_stage", "1", "--corpus_opts", MINI_CORPUS],
-            env={**os.environ, "OMP_NUM_THREADS": "2"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-        (directory / "stage1.log").write_text(r.stdout + r.stderr)
+        stages = ["--stage", "1", "--stop_stage", "1", "--corpus_opts", MINI_CORPUS]
+        recipe("mini", "--data", directory / "data", "--exp", directory / "exp", *stages, log=directory / "stage1.log")
 
     directory = built_once(tmp_path_factory, "mini", build)
     return MiniCorpus(directory / "data", (directory / "stage1.log").read_text())
@@ -185,17 +190,9 @@ def mini_model(mini_corpus, tmp_path_factory):
 
     def build(directory: Path) -> None:
         shutil.copytree(mini_corpus.data, directory / "data")
-        r = subprocess.run(
-            ["bash", str(ROOT / "egs" / "mini_diar" / "run.sh"), "--stage", "3", "--stop_stage", "3"]
-            + ["--mini_data", str(directory / "data"), "--model", str(directory / "exp")]
-            + ["--train_overrides", MINI_TRAIN],
-            env={**os.environ, "OMP_NUM_THREADS": "2"},
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-        (directory / "train.log").write_text(r.stdout + r.stderr)
+        paths = ["--mini_data", directory / "data", "--model", directory / "exp"]
+        stages = ["--stage", "3", "--stop_stage", "3", "--train_overrides", MINI_TRAIN]
+        recipe("mini_diar", *paths, *stages, log=directory / "train.log")
 
     directory = built_once(tmp_path_factory, "mini_model", build)
     return MiniModel(directory / "data", directory / "exp", (directory / "train.log").read_text())
