@@ -12,6 +12,10 @@ It is torchrun itself (torch.distributed.run, its options and its restarts) with
   rank, 75 pre-empted; those torchrun itself then ended count for nothing), in one line instead of 1
   and a traceback; 1 when they differ or a signal killed them; 75 when the agent itself was signalled.
   egs/tools requeues a Slurm job on 75.
+
+and one repair: the agent that hosts the rendezvous store leaves after the others (pytorch/pytorch#69520:
+torch's exit barrier lets it exit while another node's agent is between its check-in and its wait, which
+then logs a traceback after a run that succeeded).
 """
 
 from __future__ import annotations
@@ -19,10 +23,62 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 from speakerlab.train.cluster import EXIT_PREEMPTED
 
 SHUTDOWN_S = 300  # seconds the workers get to write a checkpoint once signalled, before SIGKILL
+LEAVE_S = 60.0  # seconds the store's host waits for the other agents to leave the exit barrier
+LEFT_KEY = "speakerlab/agents_left"
+
+
+def listens_on(port: int) -> bool:
+    """Whether this process holds a listening TCP socket on `port` (it hosts the store there), from
+    Linux's /proc; False where /proc has no answer."""
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                inodes.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # listdir's own descriptor, closed by now
+                pass
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    cols = line.split()  # sl local_address rem_address st ... inode
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        if f"socket:[{cols[9]}]" in inodes:
+                            return True
+    except OSError:
+        pass
+    return False
+
+
+def leave_in_order(store, agents: int, hosting: bool, timeout_s: float = LEAVE_S) -> None:
+    """After torch's exit barrier: every agent checks out (one acknowledged `add`); the one hosting the
+    store waits until all `agents` have, so that no agent still talks to a store that is gone."""
+    store.add(LEFT_KEY, 1)
+    deadline = time.monotonic() + timeout_s
+    while hosting and store.add(LEFT_KEY, 0) < agents and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _keep_the_store_until_all_left() -> None:
+    """Wraps torch's exit barrier (SimpleElasticAgent._exit_barrier) in this process with leave_in_order."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    torch_barrier = SimpleElasticAgent._exit_barrier
+
+    def exit_barrier(agent):
+        torch_barrier(agent)  # logs its own failure (a store already gone) and returns
+        store = agent._store
+        tcp = getattr(store, "_underlying_non_prefix_store", store)
+        try:
+            leave_in_order(store, agent._worker_group.group_world_size, listens_on(getattr(tcp, "port", -1)))
+        except Exception:  # noqa: BLE001 - the host has gone: nobody is left to wait for
+            pass
+
+    SimpleElasticAgent._exit_barrier = exit_barrier
 
 
 def launch(argv=None) -> int:
@@ -32,6 +88,7 @@ def launch(argv=None) -> int:
     from torch.distributed.run import main as torchrun
 
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_S))
+    _keep_the_store_until_all_left()
 
     def forward(signum, frame):  # the agent's own SIGTERM handling: stop the workers with this signal
         raise SignalException(f"agent {os.getpid()} got {signal.Signals(signum).name}", signal.Signals(signum))
