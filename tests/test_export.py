@@ -29,3 +29,30 @@ def test_torchscript_file_round_trip_and_wrong_file_caught(tmp_path):
     b = build_model("resnet34").eval()
     with pytest.raises(RuntimeError, match="differs from PyTorch"):
         check_export(b, tmp_path / "a.pt", "torchscript", 80)
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_an_export_that_disagrees_with_pytorch_is_one_line_and_not_written(fmt, tmp_path, monkeypatch, capsys):
+    """An exporter that writes a slightly different model (standing in for a converter bug, 3D-Speaker#139): the
+    command's check catches it, exit 1 with one line, and neither the file nor its unchecked temporary is left."""
+    import copy
+
+    from speakerlab.inference import export
+    from tests.helpers import ROOT
+
+    name = "export_onnx" if fmt == "onnx" else "export_torchscript"
+    real = getattr(export, name)
+
+    def wrong(model, path, feat_dim):
+        other = copy.deepcopy(model)
+        with torch.no_grad():
+            next(other.parameters()).add_(0.5)
+        return real(other, path, feat_dim)
+
+    monkeypatch.setattr(export, name, wrong)
+    out = tmp_path / f"m.{'onnx' if fmt == 'onnx' else 'pt'}"
+    tiny = ROOT / "tests" / "data" / "legacy_checkpoint" / "campplus_tiny.pt"
+    assert export.main(["--checkpoint", str(tiny), "--format", fmt, "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out} not written: the exported model differs from PyTorch")
+    assert list(tmp_path.iterdir()) == []

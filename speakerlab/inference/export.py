@@ -28,6 +28,7 @@ self-supervised encoder (transformers' WavLM, HuBERT, wav2vec 2.0, w2v-BERT) exp
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -38,6 +39,24 @@ import torch.nn as nn
 
 from speakerlab.commands import CommandParser
 from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META, MIN_FRAMES
+
+
+class ExportMismatch(RuntimeError):
+    """The exported file does not give what the PyTorch model gives: it is not written."""
+
+
+def checked_write(out, write, check) -> float:
+    """`write(tmp)` then `check(tmp)` (-> the largest difference), next to `out`; the file becomes `out` only when
+    the check passes, so an export that disagrees with PyTorch is never left where a user would load it."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.unchecked")
+    try:
+        write(tmp)
+        err = check(tmp)
+        os.replace(tmp, out)
+        return err
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def export_torchscript(model: nn.Module, path, feat_dim: int) -> None:
@@ -89,10 +108,10 @@ def check_export(model: nn.Module, path, fmt: str, feat_dim: int, lengths=(200, 
             with torch.no_grad(), torch.jit.optimized_execution(False):
                 got = torch.jit.load(str(path))(x).numpy()
         if got.shape != ref.shape:
-            raise RuntimeError(f"{path}: output shape {got.shape} != {ref.shape} at {frames} frames")
+            raise ExportMismatch(f"output shape {got.shape} != {ref.shape} at {frames} frames")
         worst = max(worst, float(np.abs(got - ref).max()))
     if worst > atol:
-        raise RuntimeError(f"{path}: exported model differs from PyTorch by {worst:.2e} (> {atol})")
+        raise ExportMismatch(f"the exported model differs from PyTorch by {worst:.2e} (> {atol})")
     return worst
 
 
@@ -162,7 +181,7 @@ def torch_waveform(embedder, input_rate: int):
 
 def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: float = 1e-4) -> float:
     """Largest |file - PyTorch| / max(1, |PyTorch|) over waves of `seconds` alone and as one padded batch;
-    raises when above `atol`."""
+    raises ExportMismatch when above `atol`."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -180,7 +199,7 @@ def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: 
     scale = max(1.0, float(np.abs(ref).max()))
     worst = max(float(np.abs(alone - ref).max()), float(np.abs(batch - ref).max())) / scale
     if worst > atol:
-        raise RuntimeError(f"{path}: waveform file differs from the PyTorch path by {worst:.2e} (> {atol})")
+        raise ExportMismatch(f"the waveform file differs from the PyTorch path by {worst:.2e} (> {atol})")
     return worst
 
 
@@ -205,7 +224,7 @@ def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List
 
 def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
     """Build, check and write the waveform file of `args` (fp32, or int8 after its accuracy check); returns the
-    line to print. Raises QuantizeError / RuntimeError (check failed) / SystemExit(1) (int8 refused)."""
+    line to print. Raises QuantizeError / ExportMismatch (nothing written) / SystemExit(1) (int8 refused)."""
     import copy
     import tempfile
 
@@ -219,8 +238,7 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
     fp32 = with_lengths(merged_graph(copy.deepcopy(front), model))
     set_metadata(fp32, meta)
     if not args.int8:
-        onnx.save(fp32, args.out)
-        err = check_waveform(embedder, args.out, rate)
+        err = checked_write(args.out, lambda tmp: onnx.save(fp32, tmp), lambda tmp: check_waveform(embedder, tmp, rate))
         return f"max |diff| vs the PyTorch path, alone and padded: {err:.2e}"
     with tempfile.TemporaryDirectory() as tmp:
         ref = Path(tmp) / "fp32.onnx"
@@ -315,10 +333,21 @@ def main(argv=None) -> int:
         except ValueError as e:  # a QuantizeError, an unreadable calibration list or audio file
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except ExportMismatch as e:
+            print(f"error: {args.out} not written: {e}", file=sys.stderr)
+            return 1
         print(f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}", file=sys.stderr)
         return 0
-    (export_onnx if args.format == "onnx" else export_torchscript)(model, args.out, feat_dim)
-    err = check_export(model, args.out, args.format, feat_dim=feat_dim)
+    write = export_onnx if args.format == "onnx" else export_torchscript
+    try:
+        err = checked_write(
+            args.out,
+            lambda tmp: write(model, tmp, feat_dim),
+            lambda tmp: check_export(model, tmp, args.format, feat_dim=feat_dim),
+        )
+    except ExportMismatch as e:
+        print(f"error: {args.out} not written: {e}", file=sys.stderr)
+        return 1
     print(
         f"export: {args.out} ({args.format}; input: {embedder.spec.describe()}); "
         f"max |diff| vs PyTorch at 2 lengths: {err:.2e}",
