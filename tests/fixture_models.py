@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speakerlab.models import load_redimnet2
+from speakerlab.models.redimnet2 import ReDimNet2, redimnet2_kwargs
 
 REDIMNET2_DATA = Path(__file__).parent / "data" / "redimnet2"
 
@@ -59,6 +59,15 @@ def calibrate(model: torch.nn.Module, x: torch.Tensor) -> None:
     model.eval()
 
 
+def release_model(model_config: dict, state: dict) -> ReDimNet2:
+    """The model of a release's constructor settings (any the official code accepts, not only the registered
+    sizes) with `state` loaded strictly, in eval mode: the official comparisons' model. Release files as users give
+    them go through speakerlab.sources.read_source."""
+    model = ReDimNet2(**redimnet2_kwargs(model_config))
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
 @functools.lru_cache(maxsize=None)
 def load_redimnet2_fixture(size: str) -> dict:
     with open(REDIMNET2_DATA / f"{size}.json") as f:
@@ -89,7 +98,7 @@ def calibrated_embedding(
     config = dict(fixture["reference_kwargs"])
     if return_2d_output is not None:
         config["return_2d_output"] = return_2d_output
-    model = load_redimnet2(config, filled_state(size)).to(dtype)
+    model = release_model(config, filled_state(size)).to(dtype)
     assert not model.training
     x = fixture_input(fixture).to(dtype)
     calibrate(model, x)

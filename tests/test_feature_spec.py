@@ -24,8 +24,8 @@ from speakerlab.frontends import FRONT_ENDS, FeatureSettings, FeatureSpec, featu
 from speakerlab.inference.cli import embed_parser, run_embed, run_verify
 from speakerlab.inference.embedder import embedder_from_args, load_embedder
 from speakerlab.inference.extract import main as extract_main
-from speakerlab.models import build_model, load_redimnet2
-from tests.fixture_models import assert_embedding_matches, calibrate, filled_state, fixture_input
+from speakerlab.models import build_model
+from tests.fixture_models import assert_embedding_matches, calibrate, filled_state, fixture_input, release_model
 from tests.fixture_models import load_redimnet2_fixture as load_fixture
 from tests.helpers import make_data_dir, write_wav
 
@@ -176,7 +176,7 @@ def release(tmp_path_factory):
     """A b0 release file `{model_config, state_dict}`: the fixture's filled state dict after the fixture's
     BatchNorm calibration, with the front-end's `spec.*` buffers as a release holds them."""
     fixture = load_fixture("b0")
-    model = load_redimnet2(fixture["reference_kwargs"], filled_state("b0"))
+    model = release_model(fixture["reference_kwargs"], filled_state("b0"))
     calibrate(model, fixture_input(fixture))
     state = dict(model.state_dict())
     for name, shape in fixture["frontend_state_dict"]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from speakerlab.features.redimnet import ReDimNetMel
-from speakerlab.models import build_model, load_redimnet2
+from speakerlab.models import build_model
 from speakerlab.models.redimnet2 import ReDimNet2, redimnet2_kwargs
 from tests.fixture_models import (
     FLOAT32_TOL,
@@ -127,15 +127,25 @@ def test_reference_embedding_at_fixture_tolerance(size):
     torch.testing.assert_close(calibrated_embedding(size), expected, rtol=1e-3, atol=1e-3)
 
 
-def test_load_accepts_and_drops_frontend_buffers():
-    """A release's state dict also holds the front-end's `spec.*` constants: accepted and ignored."""
+def release_file(tmp_path, state: dict) -> Path:
+    """A b0 release file as PalabraAI/redimnet2 saves one: `{model_config, state_dict}`."""
+    path = tmp_path / "b0-vox2-lm.pt"
+    torch.save({"model_config": load_redimnet2_fixture("b0")["reference_kwargs"], "state_dict": state}, path)
+    return path
+
+
+def test_a_release_loads_with_or_without_its_frontend_buffers(tmp_path):
+    """A release's state dict also holds the front-end's `spec.*` constants: the one reader of pretrained files
+    (speakerlab.sources) accepts and drops them, and the model holds every other weight exactly."""
+    from speakerlab.sources import read_source
+
     fixture = load_redimnet2_fixture("b0")
     state = filled_state("b0")
     with_spec = dict(state)
     for name, shape in fixture["frontend_state_dict"]:
         with_spec[name] = torch.zeros(shape)
     for candidate in (state, with_spec):
-        model = load_redimnet2(fixture["reference_kwargs"], candidate)
+        model = read_source(release_file(tmp_path, candidate)).build()
         assert not model.training
         loaded = model.state_dict()  # once: state_dict() builds the whole dict on every call
         assert not any(k.startswith("spec.") for k in loaded)
@@ -143,19 +153,21 @@ def test_load_accepts_and_drops_frontend_buffers():
             torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
 
 
-def test_load_names_missing_unexpected_and_misshapen_keys():
-    config = load_redimnet2_fixture("b0")["reference_kwargs"]
+def test_a_release_that_does_not_fit_names_missing_unexpected_and_misshapen_keys(tmp_path):
+    from speakerlab.sources import SourceError, read_source
+
     state = dict(filled_state("b0"))
     missing = dict(state)
     del missing["backbone.stage2.0.w"]
-    with pytest.raises(ValueError, match=r"missing backbone.stage2.0.w(;|$)"):
-        load_redimnet2(config, missing)
     extra = dict(state, **{"backbone.stage9.0.w": torch.zeros(1)})
-    with pytest.raises(ValueError, match=r"unexpected backbone.stage9.0.w(;|$)"):
-        load_redimnet2(config, extra)
     wrong = dict(state, **{"linear.weight": torch.zeros(192, 7)})
-    with pytest.raises(ValueError, match=r"linear.weight: \(192, 7\) in the file, \(192, \d+\) in the model"):
-        load_redimnet2(config, wrong)
+    for weights, problem in (
+        (missing, r"missing backbone.stage2.0.w(;|$)"),
+        (extra, r"unexpected backbone.stage9.0.w(;|$)"),
+        (wrong, r"linear.weight: \(192, 7\) in the file, \(192, \d+\) in the model"),
+    ):
+        with pytest.raises(SourceError, match=r"b0-vox2-lm.pt: .*" + problem):
+            read_source(release_file(tmp_path, weights)).build()
 
 
 def test_unsupported_settings_are_named():

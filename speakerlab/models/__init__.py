@@ -6,7 +6,6 @@ model = build_model("campplus", feat_dim=80, embedding_size=192)   # (B, T, 80) 
 
 # Importing a family module registers its builders.
 from speakerlab.models import campplus, dfresnet, ecapa_tdnn, eres2net, eres2netv2, redimnet2, resnet, ssl  # noqa: F401
-from speakerlab.models.redimnet2 import load_redimnet2
 from speakerlab.models.registry import (
     build_model,
     builder_defaults,
@@ -26,7 +25,6 @@ __all__ = [
     "list_models",
     "list_ssl_models",
     "load_model",
-    "load_redimnet2",
     "model_args_problems",
     "register",
     "weight_problems",

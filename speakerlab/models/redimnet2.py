@@ -11,7 +11,7 @@ Module and parameter names follow the released checkpoints (`backbone.stage0.3.c
 `pool.linear1`, `bn`, `linear`), so their `state_dict` loads with `strict=True`; the release's
 front-end buffers (`spec.*`) are not part of this model: the front-end lives in
 speakerlab/features/redimnet.py (`ReDimNetMel`), and the model takes its features time-major.
-`load_redimnet2(model_config, state_dict)` builds the model from a release's constructor settings.
+A release file is read by speakerlab/sources.py (`read_source`), which maps its `model_config` to a registered size.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from speakerlab.models.pooling import ASTP
 from speakerlab.models.redimnet2_blocks import ReDimNet2Backbone, StageSpec
-from speakerlab.models.registry import register_variant, weight_problems
+from speakerlab.models.registry import register_variant
 
 # Settings of the VoxCeleb2 releases (`b<n>-vox2-{ptn,lm}.pt`): channels C, output head width and
 # stages. B3 and B6 are written out in the official recipes; the others come from the released
@@ -215,20 +215,3 @@ def redimnet2_kwargs(model_config: Mapping[str, Any]) -> dict:
             stacklevel=3,
         )
     return {ours: model_config.get(theirs, default) for theirs, (ours, default) in _CONFIG_KEYS.items()}
-
-
-def load_redimnet2(model_config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]) -> ReDimNet2:
-    """A released ReDimNet2 (`{"model_config": ..., "state_dict": ...}` of PalabraAI/redimnet2) as our model.
-
-    `state_dict` holds the official keys, with or without the front-end's `spec.*` buffers (dropped:
-    the front-end is `speakerlab.features.redimnet.ReDimNetMel`). Every other key must match the
-    model exactly; a ValueError names missing, unexpected and mis-shaped keys. Returns the model
-    in eval mode, mapping log-mel `(B, T, 72)` to `(B, embedding_size)`.
-    """
-    model = ReDimNet2(**redimnet2_kwargs(model_config))
-    state = {k: v for k, v in state_dict.items() if not k.startswith("spec.")}
-    problems = weight_problems(model, state)
-    if problems:
-        raise ValueError(f"ReDimNet2 state dict does not fit the model_config: {problems}")
-    model.load_state_dict(state, strict=True)
-    return model.eval()
