@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import yaml
 
-from speakerlab.frontends import FeatureSettings, feature_spec
+from speakerlab.frontends import FRONT_ENDS, FeatureSettings, feature_spec
 from speakerlab.settings import (
     ConfigError,
     build_settings,
@@ -348,7 +348,7 @@ def check_features(cfg: Config) -> None:
     if cfg.train.init and cfg.features.kind is None:
         return
     kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
-    if cfg.data.feats and kind != "kaldi_fbank":
+    if cfg.data.feats and not FRONT_ENDS[kind].storable:
         raise ConfigError(
             f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "
             "the audio); set data.feats to false"

@@ -30,7 +30,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.lists import ListError, load_data_dir, read_table, read_wav_scp, rerun_features
 from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
-from speakerlab.frontends import feature_spec
+from speakerlab.frontends import FRONT_ENDS, feature_spec
 
 FEATS_SCP, FEATS_ARK, FEATS_CONF = "feats.scp", "feats.ark", "feats.json"
 
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         raw = None if args.config else {"model": {"name": "campplus"}, "data": {"train": args.data[0]}}
         cfg = load_config(args.config, args.overrides, raw=raw)
         spec = feature_spec(cfg.features, cfg.data.sample_rate)
-        if spec.kind != "kaldi_fbank":  # other front-ends are computed from the audio every time
+        if not FRONT_ENDS[spec.kind].storable:  # the others are computed from the audio every time
             print(f"feature store: nothing to store for features.kind {spec.kind}", file=sys.stderr)
             return 0
         fbank = Fbank(spec.fbank)

@@ -33,6 +33,7 @@ class FrontEnd:
     settings_of: Callable[[Dict[str, Any], int], Any]
     keys_of: Callable[[Any], Dict[str, Any]]
     encoder_input: bool = False  # the input of a self-supervised encoder (speakerlab.models.ssl), not of fbank models
+    storable: bool = False  # the offline feature store (speakerlab.features.store) holds it; else computed from audio
 
 
 def _defaults_only(settings: Any, names: tuple) -> None:
@@ -99,6 +100,7 @@ FRONT_ENDS: Dict[str, FrontEnd] = {
         fixed={},
         settings_of=_fbank,
         keys_of=_fbank_keys,
+        storable=True,
     ),
     "redimnet_mel": FrontEnd(
         settings=ReDimNetMelConfig,

@@ -24,6 +24,7 @@ import torch.nn as nn
 from speakerlab.dataio.resample import read_for_model
 from speakerlab.devices import resolve_device
 from speakerlab.features.spec import FeatureSpec, build_features
+from speakerlab.frontends import FRONT_ENDS
 from speakerlab.inference.common import (  # noqa: F401 (the torch-free parts, imported from here too)
     NonFiniteEmbedding,
     add_source_args,
@@ -89,7 +90,7 @@ class Embedder:
     def embed_fbank(self, feats: torch.Tensor) -> torch.Tensor:
         """`(B, frames, F)` stored fbank (the offline feature store: no mean normalisation; kaldi_fbank
         front-ends only) -> `(B, D)` float32 embeddings: normalisation per this embedder's spec, then the model."""
-        if self.spec.kind != "kaldi_fbank":
+        if not FRONT_ENDS[self.spec.kind].storable:
             raise ValueError(f"stored Kaldi fbank cannot feed a model of front-end {self.spec.kind}")
         return self.model(self.features.normalize(feats.to(self.device, torch.float32))).float()
 

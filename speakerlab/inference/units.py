@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from speakerlab.dataio.audio import audio_info, read_segment
 from speakerlab.dataio.lists import DataDir, ListError
 from speakerlab.features.fbank import num_frames
+from speakerlab.frontends import FRONT_ENDS
 from speakerlab.inference.embedder import Embedder
 
 
@@ -174,7 +175,7 @@ def fitting_store(embedder: Embedder, data_dir, log: Optional[Callable[[str], No
     from speakerlab.features.store import FeatureStore
 
     say = log or (lambda m: None)
-    if embedder.spec.kind != "kaldi_fbank":
+    if not FRONT_ENDS[embedder.spec.kind].storable:
         say(f"extract: not using the feature store of {data_dir}: it holds Kaldi fbank, not {embedder.spec.kind}")
         return None
     try:
@@ -195,6 +196,6 @@ def choose_store(embedder: Embedder, data_dir, feats: str, log: Callable[[str], 
         return None
     from speakerlab.features.store import FeatureStore
 
-    if embedder.spec.kind != "kaldi_fbank":
+    if not FRONT_ENDS[embedder.spec.kind].storable:
         raise ValueError(f"--feats yes: the feature store holds Kaldi fbank, the model takes {embedder.spec.kind}")
     return FeatureStore(data_dir, embedder.spec.fbank)
