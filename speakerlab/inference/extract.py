@@ -24,7 +24,8 @@ One lifecycle (`StreamingExtractor.run`) serves the command, training-time valid
 written to `<out>.parts/` as they finish; a re-run skips the finished ones (if the checkpoint, the data
 and the settings are the same; otherwise the parts are discarded). Under torchrun each process takes
 every world-th shard; when all are done rank 0 merges them, in sorted utterance order, removes the
-parts and checks every embedding is finite: only rank 0 writes OUT, from either source.
+parts and checks every embedding is finite: only rank 0 writes OUT, from either source. Over several nodes OUT
+must be on a filesystem they share (a rank that cannot see rank 0's parts dir says so).
 
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
 read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
@@ -42,6 +43,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -168,6 +170,11 @@ class StreamingExtractor:
                 self.prepare_parts(log)
             if distributed:
                 dist.barrier()
+            if not (self.parts / "manifest.json").exists():  # rank 0 made it: this node does not share OUT's disk
+                raise ValueError(
+                    f"{self.parts}: not visible to rank {self.rank} on {socket.gethostname()}; extraction on several "
+                    "nodes writes --out on a filesystem every node shares (rank 0 merges the parts of all)"
+                )
             done = self.run_mine()
             log(f"extract: rank {self.rank} embedded {done} shard(s)")
             if distributed:
