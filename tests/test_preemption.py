@@ -206,11 +206,14 @@ def test_two_nodes_with_their_own_disks_prepare_once_each_and_train(tmp_path):
     """Two torchrun agents of 2 processes each, each in a working directory of its own standing for a
     node's local disk: `augment.lists` is relative, so each node reads its own copy of the noise lists
     and needs its own noise bank. Each node builds it exactly once (its local rank 0), the other process
-    of the node reads it, and the run trains; the exp dir is shared."""
-    cfg, _ = tiny_config(tmp_path, val=False, extra="augment: {lists: musan_rirs, prob: 1.0, speed_prob: 0.0}")
+    of the node reads it, and the run trains; the exp dir is shared. `data.train` is relative too: each node's
+    own copy of the lists gets its compact arrays (`.compact/`), the shared original none."""
+    cfg, train = tiny_config(tmp_path, val=False, extra="augment: {lists: musan_rirs, prob: 1.0, speed_prob: 0.0}")
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     lists = noise_lists(nodes[0])
     shutil.copytree(lists, nodes[1] / "musan_rirs")
+    for node in nodes:
+        shutil.copytree(train, node / "train")
     exp = tmp_path / "exp"
     port = free_port()
     procs = []
@@ -222,7 +225,7 @@ def test_two_nodes_with_their_own_disks_prepare_once_each_and_train(tmp_path):
             "--nproc_per_node=2",
             "--master_addr=127.0.0.1",
             f"--master_port={port}",
-            *train_module(cfg, exp, "train.epochs=1"),
+            *train_module(cfg, exp, "train.epochs=1", "data.train=train"),
         ]
         procs.append(
             subprocess.Popen(cmd, cwd=node, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -235,6 +238,8 @@ def test_two_nodes_with_their_own_disks_prepare_once_each_and_train(tmp_path):
     assert building[1] == ["rank 2 on " + socket.gethostname() + " (node-local preparation): "]
     for node in nodes:
         assert (node / "musan_rirs" / "bank" / "index.json").is_file()
+        assert (node / "train" / ".compact" / "meta.json").is_file()
+    assert not (train / ".compact").exists()
     log = (exp / "train.log").read_text()
     assert "global 8 = 4 device(s) x 2 x accum 1" in log and "training done: 1 epochs, 2 steps" in log
 
