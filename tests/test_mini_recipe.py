@@ -1,5 +1,6 @@
 """Smoke run of the whole egs/mini recipe on a tiny corpus, through run.sh as a user runs it."""
 
+import json
 import os
 import re
 import shutil
@@ -51,14 +52,14 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
         "--lm_config",
         str(ROOT / "conf" / "mini" / "finetune_lm.yaml"),
         "--lm_overrides",
-        "train.epochs=1",  # after train_overrides' 10 epochs: stage 7 is one epoch
+        "train.epochs=1",  # after train_overrides' 5 epochs: stage 7 is one epoch
         data=mini_model.data,
     )
     out = mini_corpus.log + mini_model.log + r.stdout + r.stderr
     for n in range(1, 8):
         assert f"stage {n}:" in out
     # The training stage (egs/mini's stage 3, in the fixture) trained the model: its own log says so.
-    assert "] stage 3: train" in mini_model.log and "training done: 10 epochs, 100 steps" in mini_model.log
+    assert "] stage 3: train" in mini_model.log and "training done: 5 epochs, 100 steps" in mini_model.log
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     assert m, r.stdout
     exp = tmp_path / "exp"
@@ -69,15 +70,18 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     eer = compute_eer(np.array([float(r[2]) for r in rows]), np.array([r[3] == "target" for r in rows]))
     assert float(m.group(1)) == pytest.approx(100 * eer, abs=0.006)
     assert (exp / "scores" / "test.result").read_text().strip() in r.stdout
-    # Training learned: the trained model's EER is clearly below the no-training baseline's on the same trials.
+    # Training learned: the trained model's EER is clearly below the no-training baseline's on the same trials,
+    # its whole 95% interval below it (an EER of 20 speakers moves by several points between runs and machines).
     baseline = re.search(r"mean log-mel baseline, \d+ trials: EER (\d+\.\d+)%", r.stdout)
     assert baseline and (exp / "scores" / "test_baseline.result").exists(), r.stdout
+    high = float(json.loads((exp / "scores" / "test.json").read_text())["eer_ci"]["high"]) * 100
     assert float(m.group(1)) < 0.75 * float(baseline.group(1)), (m.group(1), baseline.group(1))
+    assert high < float(baseline.group(1)), (high, baseline.group(1))
     assert (exp / "checkpoints" / "avg.pt").exists()
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
     r2 = run_recipe(tmp_path, "--train_overrides", train, "--stage", "3", "--stop_stage", "5", data=mini_model.data)
-    assert "training done: 10 epochs" in r2.stderr
+    assert "training done: 5 epochs" in r2.stderr
     assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
     # Training read the fbank store of stage 2; --augment true trains from the audio with speed
     # perturbation (3x classes), reverberation and noise from the bank instead.
@@ -86,7 +90,7 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     r3 = run_recipe(
         tmp_path,
         "--train_overrides",
-        "train.epochs=2 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
+        "train.epochs=1 train.global_batch_size=16 hardware.per_device_batch=8 data.crop_seconds=1.0 "
         "model.args.num_layers=[1,1,1]",
         "--stage",
         "3",
@@ -100,8 +104,8 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     )
     log = (aug / "train.log").read_text()
     assert "augmentation with probability 0.6" in log and "reverb (" in log and "babble (" in log
-    speakers = load_checkpoint(aug / "checkpoints" / "epoch_002.pt").speakers  # sped-up copies are new classes
-    assert len(speakers) == 60 and speakers[20].startswith("sp0.9-") and speakers[40].startswith("sp1.1-")
+    speakers = load_checkpoint(aug / "checkpoints" / "epoch_001.pt").speakers  # sped-up copies are new classes
+    assert len(speakers) == 120 and speakers[40].startswith("sp0.9-") and speakers[80].startswith("sp1.1-")
     assert re.search(r"EER (\d+\.\d+)%", r3.stdout) and (aug / "scores" / "test.result").exists()
 
 
