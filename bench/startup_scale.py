@@ -4,6 +4,18 @@ lists: wav.scp, utt2spk, spk2utt, utt2num_samples, every line pointing at one of
     python bench/startup_scale.py --utts 1000000 --speakers 100000 --work /tmp/startup_scale
     python bench/startup_scale.py --utts 10000000 --speakers 1000000 --work /tmp/startup_scale --steps 10000
     python bench/startup_scale.py --utts 1000000 --speakers 100000 --work /tmp/startup_scale --python-lists
+    python bench/startup_scale.py --utts 1000000 --speakers 100000 --work /tmp/startup_scale --feats
+    python bench/startup_scale.py --utts 1000000 --speakers 100000 --work /tmp/startup_scale --shards
+
+The training source is the audio files (default), the feature store (`--feats`: data.feats) or tar shards
+(`--shards`: data.shards), each fabricated cheaply for the same lists and kept in `--work`:
+
+    --feats    feats.ark holds the fbank (the config's options) of the 8 clips; every line of feats.scp points at
+               its clip's matrix; feats.json as speakerlab-feature-store writes it (options, wav.scp's digest)
+    --shards   the index of all N utterances as speakerlab-shards writes it (seed 0, PER_SHARD samples a shard),
+               but tar files only for the shards the run's loader reads in the epoch's first `--steps` steps (all
+               of them would be N x ~7 KB); each sample is one SHARD_SECONDS clip, so a worker's shuffle buffer
+               holds far less than real files' bytes would (its memory is the lists', not the buffer's)
 
 Each run is a fresh process (`--child`), as `speakerlab-train` starts:
 
@@ -19,10 +31,11 @@ Each run is a fresh process (`--child`), as `speakerlab-train` starts:
                  and dropped, no model step, so 10k steps take minutes, not hours, on a 2-core machine)
 
 `--cold` removes the lists' `.compact/` first, so they are parsed (a first start without the prepare stage);
-otherwise a run maps what the prepare stage, or an earlier run, kept there. `--python-lists` runs the worker
-phase on the same lists held as Python lists of str / int (what a loader held before speakerlab.dataio.compact):
-the reference for copy-on-write growth. Imports run from cached bytecode, as in a normal environment (this
-sandbox sets PYTHONDONTWRITEBYTECODE, which the child drops). Prints a JSON line per run and a table.
+otherwise a run maps what the prepare stage, or an earlier run, kept there (feats.scp is parsed at every start).
+`--python-lists` runs the worker phase of the audio source on the same lists held as Python lists of str / int
+(what a loader held before speakerlab.dataio.compact): the reference for copy-on-write growth. Imports run from
+cached bytecode, as in a normal environment (this sandbox sets PYTHONDONTWRITEBYTECODE, which the child drops).
+Prints a JSON line per run and a table.
 """
 
 from __future__ import annotations
@@ -41,8 +54,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CLIPS, SECONDS, SR = 8, 3.0, 16000
+SHARD_SECONDS, PER_SHARD = 0.1, 10_000
 CONFIG = """
-data: {{train: {data}, crop_seconds: 0.5}}
+data: {{train: {data}, crop_seconds: 0.5{source}}}
 features: {{num_mel_bins: 40, dither: 0.0}}
 model:
   name: campplus
@@ -65,7 +79,7 @@ def make_corpus(work: Path, utts: int, speakers: int) -> Path:
     data = work / f"data_{utts}_{speakers}"
     if (data / ".done").exists():
         return data
-    clips = work / "corpora" / "voxblink2" / "audio" / "id000000" / "DwgYRqnQZHM"
+    clips = clip_dir(work)
     clips.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for k in range(CLIPS):
@@ -85,6 +99,96 @@ def make_corpus(work: Path, utts: int, speakers: int) -> Path:
         f.close()
     (data / ".done").write_text("")
     return data
+
+
+def clip_dir(work: Path) -> Path:
+    return work / "corpora" / "voxblink2" / "audio" / "id000000" / "DwgYRqnQZHM"
+
+
+def make_store(work: Path, data: Path, cfg_path: Path) -> None:
+    """The feature store of `data` (see the module doc): CLIPS matrices, N lines of feats.scp."""
+    import dataclasses
+
+    import kaldiio
+    import torch
+
+    from speakerlab.config import load_config
+    from speakerlab.dataio.audio import read_audio
+    from speakerlab.features.fbank import Fbank
+    from speakerlab.features.store import FEATS_ARK, FEATS_CONF, FEATS_SCP, lists_digest
+    from speakerlab.frontends import feature_spec
+
+    if (data / FEATS_CONF).is_file():
+        return
+    cfg = load_config(str(cfg_path))
+    fbank = Fbank(feature_spec(cfg.features, cfg.data.sample_rate).fbank)
+    with torch.no_grad(), kaldiio.WriteHelper(f"ark,scp:{data / FEATS_ARK},{data / 'clips.scp'}") as writer:
+        for clip in sorted(clip_dir(work).glob("*.wav")):
+            writer(clip.name, fbank(torch.from_numpy(read_audio(str(clip), SR)).unsqueeze(0))[0].numpy())
+    where = dict(line.split() for line in (data / "clips.scp").read_text().splitlines())  # clip -> ark:offset
+    lines = 0
+    with open(data / "wav.scp") as scp, open(data / FEATS_SCP, "w") as out:
+        for line in scp:
+            utt, path = line.split()
+            out.write(f"{utt} {where[Path(path).name]}\n")
+            lines += 1
+    meta = {"fbank": dataclasses.asdict(fbank.config), "utterances": lines, "wav_scp_sha1": lists_digest(data)}
+    (data / FEATS_CONF).write_text(json.dumps(meta))  # last, as the store command: the store is complete
+
+
+def make_shards(work: Path, data: Path, out: Path, cfg_path: Path, steps: int) -> None:
+    """The shards of `data` under `out` (see the module doc): the whole index once, then the tar files of the
+    shards that the epoch's first `steps` steps read (written when missing)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+    import webdataset
+
+    from speakerlab.config import load_config
+    from speakerlab.dataio.compact import read_compact
+    from speakerlab.dataio.shards import FORMAT, SHARDS_JSON, TAG_SHARD_ORDER, ShardStream
+
+    lists = read_compact(data)
+    n, samples = len(lists), int(SHARD_SECONDS * SR)
+    speakers = [s.decode() for s in lists.speakers.tolist()]
+    if not (out / SHARDS_JSON).is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        order = np.random.default_rng(0).permutation(n)  # speakerlab-shards' order for seed 0
+        np.save(out / "utts.npy", lists.utts().fixed()[order])
+        np.save(out / "labels.npy", lists.labels[order])
+        np.save(out / "num_samples.npy", np.full(n, samples, dtype=np.int64))
+        files = [
+            {"file": f"shard-{k:06d}.tar", "count": min(PER_SHARD, n - a)} for k, a in enumerate(range(0, n, PER_SHARD))
+        ]
+        options = {"seed": 0, "sample_rate": SR, "shard_mb": None, "per_shard": PER_SHARD}
+        index = {"format": FORMAT, "data": str(data), "options": options, "sample_rate": SR}
+        (out / SHARDS_JSON).write_text(json.dumps({**index, "speakers": speakers, "total": n, "shards": files}))
+    cfg = load_config(str(cfg_path))
+    hw, mb = cfg.hardware, cfg.hardware.per_device_batch
+    stream = ShardStream(out, mb, mb, 1, seed=cfg.train.seed, crop_samples=samples)
+    order = np.random.default_rng([cfg.train.seed, 0, TAG_SHARD_ORDER]).permutation(len(stream.files))
+    at = np.concatenate([[0], np.cumsum(stream.counts[order])])  # epoch positions of the shards in that order
+    needed = set()
+    for worker in range(hw.num_workers):  # its run of micro-batches; what its prefetch and buffer read beyond
+        _, first, count, _ = stream.worker_plan(worker, hw.num_workers)
+        batches = min(count, -(-(steps + 1) // hw.num_workers) + hw.prefetch_factor + 2)
+        last = first + min(count * mb, batches * mb + cfg.data.shuffle_buffer)
+        needed |= {int(order[k]) for k in np.flatnonzero((at[:-1] < last) & (at[1:] > first))}
+    wave = io.BytesIO()
+    sf.write(wave, np.zeros(samples, dtype=np.int16), SR, format="WAV", subtype="PCM_16")
+    utts, labels = np.load(out / "utts.npy", mmap_mode="r"), np.load(out / "labels.npy", mmap_mode="r")
+    for s in sorted(needed):
+        path = out / stream.files[s]
+        if path.exists():
+            continue
+        with open(f"{path}.tmp", "wb") as f:
+            writer = webdataset.TarWriter(f, encoder=False)
+            for i in range(int(stream.offsets[s]), int(stream.offsets[s + 1])):
+                meta = {"utt": utts[i].decode(), "spk": speakers[labels[i]], "num_samples": samples}
+                writer.write({"__key__": f"{i:09d}", "wav": wave.getvalue(), "json": json.dumps(meta).encode()})
+            writer.close()
+        os.replace(f"{path}.tmp", path)
 
 
 def memory(pid: int) -> dict:
@@ -110,10 +214,8 @@ def child(args) -> dict:
     from speakerlab.train.resume import resume
 
     torch.set_num_threads(1)
-    cfg_path = Path(args.work) / f"config_{args.utts}.yaml"
-    cfg_path.write_text(CONFIG.format(data=args.data, batch=args.batch))
     exp = Path(args.work) / f"exp_{args.utts}_{os.getpid()}"
-    cfg, init = load_train_config([str(cfg_path)], [], None)
+    cfg, init = load_train_config([args.config], [], None)
     built = time.time()
     run = build_run(cfg, exp, init)
     resume(run)
@@ -131,6 +233,7 @@ def child(args) -> dict:
     out = {
         "utts": args.utts,
         "speakers": args.speakers,
+        "source": source(args),
         "python_lists": args.python_lists,
         "first_step_at": first,
         "build_run_s": lists_built,
@@ -147,6 +250,10 @@ def child(args) -> dict:
     return out
 
 
+def source(args) -> str:
+    return "feats" if args.feats else "shards" if args.shards else "audio"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--utts", type=int, default=1_000_000)
@@ -154,11 +261,16 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/startup_scale")
     ap.add_argument("--steps", type=int, default=10_000, help="loader steps after the first training step")
     ap.add_argument("--batch", type=int, default=16, help="global = per-device batch")
-    ap.add_argument("--python-lists", action="store_true")
+    ap.add_argument("--python-lists", action="store_true", help="the audio source's lists as Python objects")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--feats", action="store_true", help="train from a feature store of the lists (data.feats)")
+    kind.add_argument("--shards", action="store_true", help="train from tar shards of the lists (data.shards)")
     ap.add_argument("--cold", action="store_true", help="remove the lists' .compact/ first: they are parsed")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.python_lists and (args.feats or args.shards):
+        ap.error("--python-lists holds the audio source's lists (not with --feats or --shards)")
     if args.child:
         print(json.dumps(child(args)))
         return 0
@@ -166,10 +278,21 @@ def main() -> int:
     t = time.time()
     data = make_corpus(work, args.utts, args.speakers)
     print(f"# lists of {args.utts} utterances in {data} ({time.time() - t:.0f} s to write or find)", flush=True)
+    shards = work / f"shards_{args.utts}_{args.speakers}"
+    extra = {"audio": "", "feats": ", feats: true", "shards": f", shards: {shards}"}[source(args)]
+    cfg_path = work / f"config_{args.utts}_{source(args)}.yaml"
+    cfg_path.write_text(CONFIG.format(data=data, batch=args.batch, source=extra))
+    t = time.time()
+    if args.feats:
+        make_store(work, data, cfg_path)
+    if args.shards:
+        make_shards(work, data, shards, cfg_path, args.steps)
+    if args.feats or args.shards:
+        print(f"# {source(args)} of the lists ({time.time() - t:.0f} s to write or find)", flush=True)
     if args.cold:
         shutil.rmtree(data / ".compact", ignore_errors=True)
     mapped = (data / ".compact" / "meta.json").is_file()
-    cmd = [sys.executable, __file__, "--child", f"--data={data}", *sys.argv[1:]]
+    cmd = [sys.executable, __file__, "--child", f"--config={cfg_path}", *sys.argv[1:]]
     # Imports from cached bytecode, as in a normal environment (a sandbox may set PYTHONDONTWRITEBYTECODE).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["OMP_NUM_THREADS"] = "1"
@@ -184,11 +307,13 @@ def main() -> int:
     out["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}"
     print(json.dumps(out))
     steps = list(out["workers"])
-    print(f"| utterances | speakers | first step s | main peak GiB | worker RSS/anon/private GiB at steps {steps} |")
+    head = "| source | utterances | speakers | first step s | main peak GiB | worker RSS/anon/private GiB at steps"
+    print(f"{head} {steps} |")
     rows = " ; ".join(
         ", ".join(f"{w['rss']:.2f}/{w['anon']:.2f}/{w['private']:.2f}" for w in ws) for ws in out["workers"].values()
     )
-    print(f"| {args.utts:,} | {args.speakers:,} | {out['first_step_s']:.1f} | {out['main_peak_gib']:.2f} | {rows} |")
+    first, peak = out["first_step_s"], out["main_peak_gib"]
+    print(f"| {source(args)} | {args.utts:,} | {args.speakers:,} | {first:.1f} | {peak:.2f} | {rows} |")
     return 0
 
 

@@ -11,8 +11,8 @@ import yaml
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.dataio.batches import GlobalBatchSampler
-from speakerlab.dataio.compact import read_compact
-from speakerlab.dataio.lists import ListError, load_data_dir
+from speakerlab.dataio.compact import as_keys, read_compact, read_keyed
+from speakerlab.dataio.lists import ListError, load_data_dir, read_table
 from speakerlab.dataio.prepare import main as prepare_main
 from speakerlab.dataio.shards import main as shards_main
 from speakerlab.features.store import main as store_main
@@ -80,6 +80,50 @@ def test_compact_errors_are_the_validating_readers(tmp_path, file, text):
     with pytest.raises(ListError) as got:
         read_compact(root)
     assert str(got.value) == str(want.value)
+
+
+KEYED = {"ab": "/f.ark:12", "abc": "/f.ark:40", "b.1": "/g.ark:7", "ü-1": "/f.ark:99", "z/9": "/f.ark:3"}
+
+
+@pytest.mark.parametrize("form", ["sorted", "unsorted", "tabs", "comment"])
+def test_keyed_lists_find_what_the_validating_reader_reads(tmp_path, form):
+    """read_keyed (feats.scp and the like) gives read_table's key -> value, one key at a time or many (`rows`):
+    keys that are prefixes of others, longer than any, UTF-8. One space per line is read vectorised (the file
+    mapped); tabs, comments and blank lines go through read_table."""
+    lines = [f"{k} {v}" for k, v in KEYED.items()]
+    lines = lines[::-1] if form == "unsorted" else lines
+    text = {"tabs": "\n".join(ln.replace(" ", "\t") for ln in lines), "comment": "# feats\n\n" + "\n".join(lines)}
+    path = tmp_path / "feats.scp"
+    path.write_text(text.get(form, "\n".join(lines)) + "\n")
+    table = {k: f[0] for k, (_, f) in read_table(path).items()}
+    column = read_keyed(path)
+    assert isinstance(column.values.buf, np.memmap) == (form in ("sorted", "unsorted"))
+    assert list(column) == sorted(table) and len(column) == len(table) == 5
+    assert {k: column[k] for k in column} == table == KEYED
+    probes = ["", "a", "ab", "abc", "abcd", "abcdef", "b", "b.1", "ü", "ü-1", "z/9", "zz"]
+    assert [p in column for p in probes] == [p in table for p in probes]
+    assert column.rows(as_keys(probes)).tolist() == [sorted(table).index(p) if p in table else -1 for p in probes]
+    with pytest.raises(KeyError):
+        column["abcd"]
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("a x\nb y\na z\n", ":3: duplicate id 'a' (first on line 1)"),
+        ("a x\nb y z\n", ":2: expected 2 fields, got 3: 'b y z'"),
+        (b"a x\nb \xff\n", ":2: not UTF-8 text"),
+        (None, ": file does not exist"),
+    ],
+    ids=["duplicate", "fields", "not-utf8", "missing"],
+)
+def test_keyed_list_errors_name_the_file_and_line(tmp_path, text, message):
+    path = tmp_path / "feats.scp"
+    if text is not None:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ListError) as got:
+        read_keyed(path)
+    assert str(got.value).startswith(f"{path}{message}"), got.value
 
 
 def epoch_items(sampler, epoch, start=0):

@@ -1,4 +1,7 @@
-"""Offline feature store: contents, option checks, extraction and training from it."""
+"""Offline feature store: contents, option checks, its index of feats.scp (arrays, not a dict), extraction and
+training from it."""
+
+import tracemalloc
 
 import kaldiio
 import numpy as np
@@ -7,13 +10,15 @@ import torch
 
 from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.compact import FixedView
+from speakerlab.dataio.lists import ListError, read_table
 from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
 from speakerlab.features.spec import FeatureSpec
 from speakerlab.features.store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.models import build_model
+from speakerlab.train.data import JoinedStore
 from speakerlab.train.loop import main as train_main
 from tests.helpers import losses, make_data_dir, tiny_config
 
@@ -131,4 +136,74 @@ def test_a_store_of_lists_since_rewritten_says_to_rerun_stage_2(tmp_path, capsys
         f"(recipe stage 2: speakerlab-feature-store --data {train})"
     ) in err
     assert main(["--data", str(train)]) == 0  # what the message says to run
-    assert FeatureStore(train).entries.keys() == {f"s{s}-{u}" for s in range(5) for u in range(4)}
+    assert set(FeatureStore(train).entries) == {f"s{s}-{u}" for s in range(5) for u in range(4)}
+
+
+def test_odd_scp_forms_find_what_the_dict_did_and_errors_name_the_line(data):
+    """feats.scp by key (speakerlab.dataio.compact.read_keyed) gives the matrices the dict of read_table gave, in
+    the form kaldiio writes (read vectorised) and in forms only the validating reader takes (tabs, a comment, lines
+    out of order); a duplicate id is its error, with file and line."""
+    assert main(["--data", str(data)]) == 0
+    scp = data / FEATS_SCP
+    lines = scp.read_text().splitlines()
+    want = {u: kaldiio.load_mat(f[0]) for u, (_, f) in read_table(scp).items()}
+    for text in (lines, [ln.replace(" ", "\t") for ln in lines], ["# fbank", ""] + lines[::-1]):
+        scp.write_text("\n".join(text) + "\n")
+        store = FeatureStore(data)
+        assert len(store) == 3 and list(store.entries) == sorted(want) and "a-" not in store and "b-0" in store
+        for utt, matrix in want.items():
+            np.testing.assert_array_equal(store[utt], matrix)
+        with pytest.raises(ListError, match=r"^'a-00' is not in the feature store \(3 utterances\)$"):
+            store["a-00"]
+    scp.write_text("\n".join(lines + [lines[0]]) + "\n")
+    with pytest.raises(ListError, match=f"^{scp}:4: duplicate id 'a-0' \\(first on line 1\\)$"):
+        FeatureStore(data)
+
+
+def test_crops_read_by_row_and_a_missing_utterance_names_its_corpus(data, tmp_path):
+    """A dataset finds each training utterance's row once (no search per item), in one store or in the stores of
+    several corpora (`name/utt`); one not in its store is named with the command that rebuilds that store."""
+    other = make_data_dir(tmp_path / "o", {"c-0": "c", "c-1": "c"}, seconds=0.4, seed=3)
+    assert main(["--data", str(data), "--data", str(other)]) == 0
+    store, joined = FeatureStore(data), JoinedStore({"x": FeatureStore(data), "y": FeatureStore(other)})
+    ds = FeatureCropDataset(store, ["b-0", "a-0"], ["p", "q"], [1, 0], 16000, FbankConfig())
+    assert ds.rows.tolist() == [2, 0] and ds.rows.dtype == np.int32
+    utts = ["y/c-1", "x/b-0", "x/a-1"]
+    ds = FeatureCropDataset(joined, utts, ["p"] * 3, [2, 1, 0], 16000, FbankConfig())
+    assert ds.rows.tolist() == [4, 2, 1] and len(joined) == 5
+    for i, utt in enumerate(utts):
+        np.testing.assert_array_equal(joined.load(int(ds.rows[i])), joined[utt])
+    alone = FeatureCropDataset(FeatureStore(other), ["c-1"], ["p"], [2], 16000, FbankConfig())
+    assert np.array_equal(ds[(0, 3)]["feats"], alone[(0, 3)]["feats"]) and ds[(0, 3)]["label"] == 2
+    with pytest.raises(ListError) as e:
+        FeatureCropDataset(joined, ["x/a-0", "y/a-0", "y/c-9", "z/c-0"], ["p"] * 4, [0] * 4, 16000, FbankConfig())
+    assert str(e.value) == (
+        f"3 training utterance(s) not in the feature store, e.g. 'y/a-0'; re-run the features stage (recipe stage 2: "
+        f"speakerlab-feature-store --data {other})"
+    )
+
+
+def test_a_store_of_200k_utterances_holds_arrays_not_a_dict(data):
+    """What a store keeps of a feats.scp of 200k lines: the sorted fixed-width ids and two offset arrays (the
+    file itself is memory-mapped: page cache, shared by the loader workers), about width + 8 bytes an utterance;
+    the dict of str it replaces held ~190. A dataset over all of them adds its rows (4 bytes an utterance)."""
+    assert main(["--data", str(data)]) == 0
+    scp = data / FEATS_SCP
+    where = [line.split()[1] for line in scp.read_text().splitlines()]
+    n = 200_000
+    ids = [f"id{i // 20:05d}-yt{i * 7919 % 10**9:09d}-{i % 20:05d}" for i in range(n)]  # sorted, as stores are
+    scp.write_text("".join(f"{u} {where[i % 3]}\n" for i, u in enumerate(ids)))
+    paths, labels = ["p"] * n, np.zeros(n, dtype=np.int32)
+    tracemalloc.start()
+    try:
+        store = FeatureStore(data)
+        held, _ = tracemalloc.get_traced_memory()
+        ds = FeatureCropDataset(store, FixedView(store.entries.keys), paths, labels, 16000, FbankConfig())
+        added = tracemalloc.get_traced_memory()[0] - held
+    finally:
+        tracemalloc.stop()
+    assert len(store) == n and isinstance(store.entries.values.buf, np.memmap)
+    assert held < (len(ids[0]) + 16) * n, held / n
+    assert added < 8 * n, added / n
+    np.testing.assert_array_equal(store[ids[n - 1]], kaldiio.load_mat(where[(n - 1) % 3]))
+    np.testing.assert_array_equal(ds[(n - 1, 0)]["feats"], ds[(1, 0)]["feats"])  # rows of one matrix, one seed

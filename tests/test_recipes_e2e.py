@@ -11,7 +11,6 @@ put first on PATH decodes them to the 16 kHz wav the recipe asks for (test id `[
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import soundfile as sf
 import yaml
 
 from speakerlab.checkpoint import load_checkpoint
+from speakerlab.dataio.shards import load_index
 from speakerlab.scoring.metrics import compute_eer
 from tests.fake_corpora import (
     REPO,
@@ -423,8 +423,8 @@ def test_cnceleb_recipe_end_to_end(corpus, tmp_path):
     check_prepared(data, "cnceleb_train", "cnceleb_eval", train_utts, eval_utts, trials)
     rirs = (data / "musan_rirs" / "rirs.scp").read_text().splitlines()
     assert len(rirs) == len(list((corpus / "RIRS_NOISES" / "simulated_rirs").rglob("Room*-*.wav")))
-    index = json.loads((data / "cnceleb_train" / "shards" / "shards.json").read_text())
-    assert sorted(index["utts"]) == sorted(train_utts)
+    index = load_index(data / "cnceleb_train" / "shards")
+    assert sorted(u.decode() for u in index["utts"].tolist()) == sorted(train_utts)
     r = stage_3_5("cnceleb", tmp_path, "false", env, shards="true")
     assert train_config(tmp_path)["data"]["shards"] == str(data / "cnceleb_train" / "shards")
     assert f"training data {data / 'cnceleb_train' / 'shards'}:" in (tmp_path / "exp" / "train.log").read_text()

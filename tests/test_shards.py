@@ -1,5 +1,6 @@
 """Sharded corpora (speakerlab.dataio.shards): the writer's WebDataset layout, the stream's epoch split across
-ranks and loader workers, determinism and resume, items equal to CropDataset's, bad settings, torchrun."""
+ranks and loader workers, determinism and resume, items equal to CropDataset's, bad settings, torchrun, the index
+as memory-mapped arrays (format 2)."""
 
 import io
 import json
@@ -7,19 +8,23 @@ import os
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import webdataset as wds
+import yaml
 
-from speakerlab.config import ConfigError, load_config
+from speakerlab.config import ConfigError, DataSettings, load_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.batches import CropDataset
+from speakerlab.dataio.compact import read_compact
+from speakerlab.dataio.corpora import Corpus, TrainLists
 from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import prepare
-from speakerlab.dataio.shards import ShardStream, main, write_shards
+from speakerlab.dataio.shards import ARRAYS, ShardStream, load_index, load_shard_data, main, write_shards
 from speakerlab.train.loop import main as train_main
 from tests.helpers import assert_no_traceback, free_port, losses, make_data_dir, tiny_config, write_wav
 
@@ -32,6 +37,13 @@ def corpus(tmp_path, speakers=4, per_speaker=6, seconds=0.3):
     data = make_data_dir(tmp_path / "train", utts, seconds=seconds)
     write_shards(data, tmp_path / "shards", per_shard=5, log=lambda m: None)
     return data, tmp_path / "shards"
+
+
+def written(shards):
+    """The index of `shards` with its arrays as lists (ids decoded)."""
+    index = load_index(shards)
+    arrays = {"utts": [u.decode() for u in index["utts"].tolist()], "labels": index["labels"].tolist()}
+    return {**index, **arrays, "num_samples": index["num_samples"].tolist()}
 
 
 def loader_batches(stream, workers):
@@ -47,7 +59,7 @@ def epoch(shards, epoch_no=0, start=0, workers=0, rank=0, world=1, mb=2, accum=2
 
 def test_writer_layout_is_webdatasets(tmp_path):
     data, shards = corpus(tmp_path)
-    index = json.loads((shards / "shards.json").read_text())
+    index = written(shards)
     files = sorted(p.name for p in shards.glob("shard-*.tar"))
     assert files == [f"shard-{i:06d}.tar" for i in range(5)] == [s["file"] for s in index["shards"]]
     assert [s["count"] for s in index["shards"]] == [5, 5, 5, 5, 4] and index["total"] == 24
@@ -79,7 +91,8 @@ def test_writer_size_limit_rerun_and_cli(tmp_path, capsys):
     assert main(["--data", str(data), "--out", str(out), "--shard-mb", "0.03"]) == 0
     assert "nothing to do" in capsys.readouterr().err and (out / "shards.json").stat().st_mtime_ns == stamp
     assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0  # other options: rewritten
-    assert [p.name for p in sorted(out.iterdir())] == ["shard-000000.tar", "shards.json"]
+    names = ["labels.npy", "num_samples.npy", "shard-000000.tar", "shards.json", "utts.npy"]
+    assert [p.name for p in sorted(out.iterdir())] == names
     prepare(data)  # writes utt2num_samples anew
     assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0  # as stage 2 after prepare
     assert "nothing to do" in capsys.readouterr().err
@@ -142,7 +155,7 @@ def test_items_equal_crop_datasets(tmp_path):
     (root / "wav.scp").write_text("".join(scp))
     (root / "utt2spk").write_text("".join(u2s))
     write_shards(root, tmp_path / "shards", per_shard=3, log=lambda m: None)
-    index = json.loads((tmp_path / "shards" / "shards.json").read_text())
+    index = written(tmp_path / "shards")
     paths = {line.split()[0]: line.split()[1] for line in scp}
     kw = {"speed_factors": [0.9, 1.0, 1.1], "speed_prob": 0.5}
     stream, batches = epoch(tmp_path / "shards", 4, workers=2, mb=2, accum=1, **kw)
@@ -267,3 +280,77 @@ def test_a_sample_that_does_not_decode_is_named_and_skipped_or_stops(tmp_path):
     assert len(bad) == 1 and bad[0].startswith(f"{tmp_path / 'shards'}/shard-") and ".tar:s1-3: " in bad[0]
     with pytest.raises(AudioError, match=r"shard-\d+\.tar:s1-3: cannot read audio"):
         epoch(tmp_path / "shards", mb=4, accum=2)
+
+
+def test_a_format_1_index_is_refused_in_one_line_and_rewritten(tmp_path, capsys):
+    """shards.json of format 1 (the per-utterance lists inside it, no arrays beside it) stops training with one
+    line giving the command that rewrites it; that command does (newer than the lists and with the same options,
+    it is still not 'nothing to do')."""
+    cfg, train = tiny_config(tmp_path, val=False)
+    shards = tmp_path / "shards"
+    write_shards(train, shards, per_shard=6, log=lambda m: None)
+    now = written(shards)
+    for name in ARRAYS:
+        (shards / f"{name}.npy").unlink()
+    (shards / "shards.json").write_text(json.dumps({**now, "format": 1}))
+    exp = str(tmp_path / "e")
+    assert train_main(["--config", str(cfg), "--exp-dir", exp, f"data.shards={shards}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {shards / 'shards.json'}: format 1, this version reads format 2 (the per-utterance lists as arrays "
+        f"beside shards.json); rewrite the shards: speakerlab-shards --data {train} --out {shards}"
+    )
+    assert main(["--data", str(train), "--out", str(shards), "--per-shard", "6"]) == 0
+    assert "nothing to do" not in capsys.readouterr().err
+    assert written(shards) == {**now, "format": 2}
+    assert train_main(["--config", str(cfg), "--exp-dir", exp, f"data.shards={shards}", "train.epochs=1"]) == 0
+
+
+def test_a_stream_over_200k_utterances_holds_no_object_per_utterance(tmp_path):
+    """The index of 200k utterances is three memory-mapped arrays; a ShardStream over it holds Python objects per
+    shard, not per utterance (format 1's lists held two str per utterance, ids and culprit names: ~30 MB here),
+    and makes an id or a `<shard>:<utt>` name when one is read."""
+    n, per = 200_000, 10_000
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    ids = [f"id{i % 1000:05d}-yt{i * 7919 % 10**9:09d}-{i:07d}" for i in range(n)]
+    np.save(shards / "utts.npy", np.array([u.encode() for u in ids]))
+    np.save(shards / "labels.npy", np.arange(n, dtype=np.int32) % 1000)
+    np.save(shards / "num_samples.npy", np.full(n, 48000, dtype=np.int64))
+    files = [{"file": f"shard-{k:06d}.tar", "count": per} for k in range(n // per)]  # no tar needed to start
+    index = {"format": 2, "sample_rate": 16000, "speakers": [f"id{s:05d}" for s in range(1000)], "total": n}
+    (shards / "shards.json").write_text(json.dumps({**index, "shards": files}))
+    tracemalloc.start()
+    try:
+        stream = ShardStream(shards, 16, 16, 1, crop_samples=3000)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < n, held  # under a byte per utterance: the views of 20 shards
+    assert isinstance(stream.utts.array, np.memmap) and isinstance(stream.items.labels, np.memmap)
+    assert stream.utts[n - 1] == ids[n - 1] and stream.items.lengths[n - 1] == 48000
+    assert stream.paths[per] == f"{shards / 'shard-000001.tar'}:{ids[per]}"
+    assert stream.paths[n - 1] == f"{shards / 'shard-000019.tar'}:{ids[n - 1]}" and len(stream.paths) == n
+
+
+def test_the_index_is_checked_against_the_lists_as_arrays(tmp_path):
+    """load_shard_data compares the shards' utterances and labels with data.train's as arrays, in the writer's
+    order (a seeded permutation of the lists) or any other (a manifest's corpora listed in another order); an
+    utterance moved to another speaker makes the shards stale."""
+    a = make_data_dir(tmp_path / "a", {f"s{s}-{u}": f"s{s}" for s in range(3) for u in range(3)}, seconds=0.2)
+    b = make_data_dir(tmp_path / "b", {f"s{s}-{u}": f"s{s}" for s in range(2) for u in range(2)}, 0.2, seed=1)
+    manifest = tmp_path / "ab.yaml"
+    manifest.write_text(yaml.safe_dump([{"name": "a", "dir": str(a)}, {"name": "b", "dir": str(b)}]))
+    write_shards(manifest, tmp_path / "shards", per_shard=4, log=lambda m: None)
+    settings = DataSettings(train=str(manifest), shards=str(tmp_path / "shards"))
+
+    def lists(*names):
+        return TrainLists([Corpus(name=c, lists=read_compact(tmp_path / c)) for c in names])
+
+    for order in (("a", "b"), ("b", "a")):
+        logged = []
+        load_shard_data(settings, lists(*order), logged.append)
+        assert logged == [f"training data {settings.shards}: 13 utterances, 5 speakers in shards"]
+    (b / "utt2spk").write_text((b / "utt2spk").read_text().replace("s1-1 s1", "s1-1 s0"))
+    with pytest.raises(ListError, match="13 utterances, 5 speakers\\) was not written from the lists"):
+        load_shard_data(settings, lists("a", "b"), print)

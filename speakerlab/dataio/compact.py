@@ -9,6 +9,7 @@ string and writes nothing shared, so forked workers stay at what they inherited.
 
     lists = read_compact(root)             # one data dir: utterances sorted by id, speakers sorted, as DataDir
     lists.paths[i], lists.labels[i], lists.lengths[i], lists.utts[i], lists.speakers
+    feats = read_keyed(root / "feats.scp")  # any `key value` list by key: feats["utt"], feats.rows(keys)
 
 Reading is vectorised for the form our preparers and speakerlab-prepare write (`key value` lines, one space, no
 blank or comment lines, UTF-8). Anything else (tabs, comments, duplicates, an utterance without a speaker, a
@@ -27,11 +28,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, read_table
 
 NEWLINE, SPACE = 10, 32
 CHUNK = 1 << 16  # rows gathered at once into fixed-width keys: (CHUNK, width) temporaries stay in cache
@@ -56,6 +57,35 @@ class StringView:
     def __getitem__(self, i: int) -> str:
         return self.prefix + self.buf[self.start[i] : self.end[i]].tobytes().decode("utf-8")
 
+    def fixed(self) -> np.ndarray:
+        """Every string (prefix included) as one fixed-width `S<width>` array (N,), for vectorised comparisons."""
+        keys = _fixed_width(self.buf, self.start, self.end)
+        return np.char.add(self.prefix.encode("utf-8"), keys) if self.prefix else keys
+
+
+class FixedView:
+    """Strings `(N,)` held as one fixed-width `S<width>` array (e.g. memory-mapped from a .npy): `view[i] -> str`
+    (with `prefix`). As with StringView, reading writes nothing shared."""
+
+    def __init__(self, array: np.ndarray, prefix: str = ""):
+        self.array, self.prefix = array, prefix
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> str:
+        return self.prefix + self.array[i].decode("utf-8")
+
+    def fixed(self) -> np.ndarray:
+        return np.char.add(self.prefix.encode("utf-8"), self.array) if self.prefix else self.array
+
+
+def as_keys(strings) -> np.ndarray:
+    """`strings` as a fixed-width `S<width>` array (N,): a view's own (vectorised), else each one encoded."""
+    if isinstance(strings, (StringView, FixedView, JoinedView)):
+        return strings.fixed()
+    return np.array([s.encode("utf-8") for s in strings], dtype=bytes) if len(strings) else np.array([], "S1")
+
 
 def _fixed_width(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     lens = end - start
@@ -74,12 +104,13 @@ def _offsets(values: np.ndarray) -> np.ndarray:
     return values.astype(np.uint32 if (len(values) == 0 or int(values.max()) < 2**32) else np.int64)
 
 
-def read_columns(path: Path) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def read_columns(path: Path, mapped: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A `key value` file as (bytes, line start, separator, line end) arrays: key i is bytes[start:sep], its
-    value bytes[sep + 1:end]. Raises _NotFast for anything but one space per non-empty line in UTF-8."""
-    if not path.is_file():
+    value bytes[sep + 1:end]; the bytes memory-mapped when `mapped`. Raises _NotFast for anything but one space
+    per non-empty line in UTF-8."""
+    if not path.is_file() or path.stat().st_size == 0:
         raise _NotFast()
-    buf = np.fromfile(path, dtype=np.uint8)
+    buf = np.memmap(path, dtype=np.uint8, mode="r") if mapped else np.fromfile(path, dtype=np.uint8)
     if len(buf) == 0 or buf[-1] != NEWLINE:
         raise _NotFast()  # empty, or a last line without newline: the validating reader decides
     step = 1 << 26  # the byte scan in slices: its temporaries stay small
@@ -106,10 +137,10 @@ def _utf8(buf: np.ndarray) -> bool:
     return True
 
 
-def _sorted_keys(path: Path):
+def _sorted_keys(path: Path, mapped: bool = False):
     """(bytes, start, sep, end, the keys S-array sorted, the order sorting them); raises _NotFast on duplicates.
     Files written sorted (ours are) are not sorted again."""
-    buf, start, sep, end = read_columns(path)
+    buf, start, sep, end = read_columns(path, mapped)
     keys = _fixed_width(buf, start, sep)
     if (keys[1:] >= keys[:-1]).all():
         order = np.arange(len(keys))
@@ -324,7 +355,7 @@ def subset_data_dir(lists: CompactLists, indices) -> DataDir:
 
 
 class JoinedView:
-    """Several StringViews as one: item i of the whole is item i - starts[c] of view c."""
+    """Several StringViews (or FixedViews) as one: item i of the whole is item i - starts[c] of view c."""
 
     def __init__(self, views: List[StringView], starts: np.ndarray):
         self.views, self.starts = views, starts
@@ -337,3 +368,64 @@ class JoinedView:
             return self.views[0][i]
         c = int(np.searchsorted(self.starts, i, side="right")) - 1
         return self.views[c][i - int(self.starts[c])]
+
+    def fixed(self) -> np.ndarray:
+        return np.concatenate([v.fixed() for v in self.views])
+
+
+class KeyedColumn:
+    """A `key value` list (feats.scp, ...) looked up by key: `keys` (N,) sorted fixed-width (`S<width>`),
+    `values[i]` the value of key i (a StringView over the file's bytes, memory-mapped). `key in column` and
+    `column[key]` search the keys (binary search); `rows(keys)` finds many at once; iterating gives the keys (str,
+    sorted). A few arrays, not a dict of N entries: forked loader workers read it without copying it page by page."""
+
+    def __init__(self, path: Path, keys: np.ndarray, values: StringView):
+        self.path, self.keys, self.values = path, keys, values
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k.decode("utf-8") for k in self.keys)
+
+    def find(self, key: str) -> int:
+        """The row of `key`, -1 when absent."""
+        b = key.encode("utf-8")
+        i = int(np.searchsorted(self.keys, b))
+        return i if i < len(self.keys) and self.keys[i] == b else -1
+
+    def __contains__(self, key: str) -> bool:
+        return self.find(key) >= 0
+
+    def __getitem__(self, key: str) -> str:
+        i = self.find(key)
+        if i < 0:
+            raise KeyError(key)
+        return self.values[i]
+
+    def rows(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each of `keys` (an `S` array (M,)) as int64 (M,), -1 where absent."""
+        if len(keys) == len(self.keys) and (keys == self.keys).all():
+            return np.arange(len(keys))  # the usual case, a store of the very lists: no search
+        at = np.searchsorted(self.keys, keys)
+        found = at < len(self.keys)
+        found[found] = self.keys[at[found]] == keys[found]
+        return np.where(found, at, -1)
+
+
+def read_keyed(path, fallback: Optional[Callable[[Path], Dict[str, str]]] = None) -> KeyedColumn:
+    """A `key value` list as a KeyedColumn: vectorised in the one-space form (module doc), the file memory-mapped;
+    anything else through `fallback(path) -> {key: value}` (default speakerlab.dataio.lists.read_table, two
+    fields per line), whose errors name the file and line."""
+    path = Path(path)
+    try:
+        buf, _, sep, end, keys, order = _sorted_keys(path, mapped=True)
+    except _NotFast:
+        table = fallback(path) if fallback else {k: f[0] for k, (_, f) in read_table(path).items()}
+        pairs = sorted((k.encode("utf-8"), v.encode("utf-8")) for k, v in table.items())
+        ends = np.cumsum([len(v) for _, v in pairs], dtype=np.int64)
+        starts = ends - np.array([len(v) for _, v in pairs], dtype=np.int64)
+        keys = np.array([k for k, _ in pairs], dtype=bytes) if pairs else np.array([], "S1")
+        buf = np.frombuffer(b"".join(v for _, v in pairs), dtype=np.uint8)
+        return KeyedColumn(path, keys, StringView(buf, starts, ends))
+    return KeyedColumn(path, keys, StringView(buf, _offsets(sep[order] + 1), _offsets(end[order])))

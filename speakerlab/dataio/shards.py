@@ -10,9 +10,12 @@ Layout (the `webdataset` package's): `shard-000000.tar` ... hold one sample per 
 members sharing a key: `<key>.<ext>`, the audio file's original bytes (no re-encoding), and
 `<key>.json` (`utt`, `spk`, `num_samples`). The key is the utterance's running index in the
 shards, `%09d` (webdataset splits keys at the first dot: utterance ids may hold dots and slashes).
-Utterances are in a seeded shuffle of the data dir, so a shard holds many speakers. `shards.json`,
-written last (a dir with it is complete), is the index: the shard files and their sample counts,
-the speakers (data-dir order), the sample rate, and per index the utterance, its label and length.
+Utterances are in a seeded shuffle of the data dir, so a shard holds many speakers. The index is
+per written index the utterance, its label and length as arrays beside it (`utts.npy`, fixed-width
+UTF-8 bytes; `labels.npy` int32; `num_samples.npy` int64: memory-mapped by training, no Python object
+per utterance in any process), then `shards.json`, written last (a dir with it is complete): the
+shard files and their sample counts, the speakers (data-dir order), the sample rate. Format 1 held
+the per-utterance lists in shards.json; it is refused, with the command that rewrites it.
 
 Training (`ShardStream`): an epoch is the concatenation of the shards' samples, the shard order a
 permutation drawn from (seed, epoch). With N samples and global batch G it has N // G steps on every
@@ -52,12 +55,14 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.config import DataSettings
 from speakerlab.dataio.audio import audio_info, read_crop_int16
 from speakerlab.dataio.batches import CropDataset, check_split, collate
+from speakerlab.dataio.compact import FixedView, JoinedView, as_keys
 from speakerlab.dataio.corpora import joined_data_dir, resolve_corpora
 from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import index_lengths
 
 SHARDS_JSON = "shards.json"
-FORMAT = 1
+FORMAT = 2
+ARRAYS = ("utts", "labels", "num_samples")  # `<name>.npy` beside shards.json, (N,) each
 # Distinct numpy seed sequences per use; the indexed path's are (seed, epoch) and (seed, epoch, 1).
 TAG_SHARD_ORDER, TAG_CROP, TAG_BUFFER = 10, 11, 12
 
@@ -91,7 +96,8 @@ def _fresh(index_path: Path, roots: List[Path], options: dict) -> bool:
     except ValueError:
         return False
     shards_there = all((index_path.parent / s.get("file", "")).is_file() for s in index.get("shards", []))
-    return index.get("options") == options and shards_there
+    arrays_there = all((index_path.parent / f"{n}.npy").is_file() for n in ARRAYS)
+    return index.get("format") == FORMAT and index.get("options") == options and shards_there and arrays_there
 
 
 def write_shards(
@@ -158,6 +164,14 @@ def write_shards(
         shards[-1]["count"] += 1
     if writer is not None:
         close()
+    arrays = {
+        "utts": as_keys(order),
+        "labels": np.array([spk2idx[data.utt2spk[u]] for u in order], dtype=np.int32),
+        "num_samples": np.array([lengths[u] for u in order], dtype=np.int64),
+    }
+    for name, values in arrays.items():  # before shards.json, which says they are complete
+        np.save(out / f"{name}.tmp.npy", values)
+        os.replace(out / f"{name}.tmp.npy", out / f"{name}.npy")
     index = {
         "format": FORMAT,
         "data": str(root),
@@ -166,9 +180,6 @@ def write_shards(
         "speakers": data.speakers,
         "total": len(order),
         "shards": shards,
-        "utts": order,
-        "labels": [spk2idx[data.utt2spk[u]] for u in order],
-        "num_samples": [lengths[u] for u in order],
     }
     tmp = out / (SHARDS_JSON + ".tmp")
     tmp.write_text(json.dumps(index))
@@ -178,7 +189,8 @@ def write_shards(
 
 
 def load_index(shard_dir) -> dict:
-    """The checked shards.json of `shard_dir`; a missing or inconsistent one raises naming the file and key."""
+    """The checked shards.json of `shard_dir`, with its arrays (ARRAYS) memory-mapped under their names; a missing
+    or inconsistent one raises naming the file and key, and the command that rewrites it."""
     path = Path(shard_dir) / SHARDS_JSON
     if not path.is_file():
         raise ListError(f"{path}: no complete shards; run speakerlab-shards --data DIR --out {shard_dir}")
@@ -186,15 +198,23 @@ def load_index(shard_dir) -> dict:
         index = json.loads(path.read_text())
     except ValueError as e:
         raise ListError(f"{path}: not JSON: {e}") from None
-    for key in ("format", "sample_rate", "speakers", "total", "shards", "utts", "labels", "num_samples"):
+    rewrite = f"rewrite the shards: speakerlab-shards --data {index.get('data', 'DIR')} --out {shard_dir}"
+    if index.get("format") != FORMAT:
+        raise ListError(
+            f"{path}: format {index.get('format')!r}, this version reads format {FORMAT} (the per-utterance lists "
+            f"as arrays beside {SHARDS_JSON}); {rewrite}"
+        )
+    for key in ("sample_rate", "speakers", "total", "shards"):
         if key not in index:
-            raise ListError(f"{path}: no key '{key}'; rewrite the shards")
-    if index["format"] != FORMAT:
-        raise ListError(f"{path}: key 'format' is {index['format']!r}, this version reads {FORMAT}; rewrite the shards")
-    n = index["total"]
-    counted = sum(s["count"] for s in index["shards"])
+            raise ListError(f"{path}: no key '{key}'; {rewrite}")
+    for name in ARRAYS:
+        try:
+            index[name] = np.load(path.parent / f"{name}.npy", mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise ListError(f"{path.parent / name}.npy: unreadable ({e}); {rewrite}") from None
+    n, counted = index["total"], sum(s["count"] for s in index["shards"])
     if not (counted == n == len(index["utts"]) == len(index["labels"]) == len(index["num_samples"])):
-        raise ListError(f"{path}: key 'total' is {n}, the shards count {counted}, 'utts' lists {len(index['utts'])}")
+        raise ListError(f"{path}: key 'total' is {n}, the shards count {counted}, utts.npy holds {len(index['utts'])}")
     return index
 
 
@@ -226,9 +246,12 @@ class ShardStream(IterableDataset):
         self.files = [s["file"] for s in index["shards"]]
         self.counts = np.array([s["count"] for s in index["shards"]], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])  # written index of each shard's first sample
-        self.utts: List[str] = index["utts"]
-        shard_of = np.repeat(np.arange(len(self.files)), self.counts)
-        self.paths = [f"{self.root / self.files[s]}:{u}" for s, u in zip(shard_of, self.utts)]  # batch_culprits
+        # Views of the memory-mapped arrays (load_index): reading them in a loader worker copies nothing.
+        self.utts = FixedView(index["utts"])
+        # `<shard>:<utt>` of each written index, made when asked (errors, batch_culprits name samples by it).
+        shards = zip(self.files, self.offsets[:-1], self.offsets[1:])
+        views = [FixedView(index["utts"][a:b], f"{self.root / f}:") for f, a, b in shards]
+        self.paths = JoinedView(views, self.offsets)
         self.items = CropDataset(self.paths, index["labels"], index["num_samples"], **crop)
         self.crop_samples, self.sample_rate = self.items.crop_samples, self.items.sample_rate
         if index["sample_rate"] != self.sample_rate:
@@ -322,7 +345,7 @@ class ShardStream(IterableDataset):
 
     def _item(self, index: int, data: bytes) -> Dict[str, object]:
         def read(num_samples: int, rng: np.random.Generator):
-            n = self.items.lengths[index]
+            n = int(self.items.lengths[index])
             return read_crop_int16(io.BytesIO(data), num_samples, n, rng, self.sample_rate, self.paths[index])
 
         return self.items.crop_item(index, self.crop_seed(index), read)
@@ -342,17 +365,27 @@ class ShardStream(IterableDataset):
                 yield collate([self._item(index, data) for index, _, data in batch])
 
 
+def _written_from(index: dict, lists) -> bool:
+    """The shards of `index` (load_index) hold exactly the utterances of `lists` with the same labels (compared as
+    arrays). The writer's order, a seeded permutation of the lists, is tried first: one gather, no sort."""
+    utts, labels = index["utts"], index["labels"]
+    keys = as_keys(lists.utts)
+    if len(keys) != len(utts):
+        return False
+    order = np.random.default_rng(index.get("options", {}).get("seed", 0)).permutation(len(keys))
+    if (utts == keys[order]).all() and (labels == lists.labels[order]).all():
+        return True
+    have, want = np.argsort(utts, kind="stable"), np.argsort(keys, kind="stable")
+    return bool((utts[have] == keys[want]).all() and (labels[have] == lists.labels[want]).all())
+
+
 def load_shard_data(settings, lists, log) -> None:
     """Check `data.shards`' index against the lists of `data.train` (`lists`, speakerlab.dataio.corpora.TrainLists;
     not its audio: the shards hold it): the same utterances of the same speakers, else the shards are stale.
     `settings`: the config's data section (speakerlab.config.DataSettings)."""
     index = load_index(settings.shards)
-    spk, label_of = index["speakers"], dict(zip(index["utts"], index["labels"]))
-    if (
-        spk != lists.speakers
-        or len(label_of) != len(lists)
-        or any(label_of.get(lists.utts[i]) != lists.labels[i] for i in range(len(lists)))
-    ):
+    spk = index["speakers"]
+    if spk != lists.speakers or not _written_from(index, lists):
         raise ListError(
             f"{Path(settings.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
             f"written from the lists of config key 'data.train' ({len(lists)} utterances, {len(lists.speakers)} "

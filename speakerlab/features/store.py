@@ -28,7 +28,8 @@ from torch.utils.data import Dataset
 
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.lists import ListError, load_data_dir, read_table, read_wav_scp, rerun_features
+from speakerlab.dataio.compact import as_keys, read_keyed
+from speakerlab.dataio.lists import ListError, load_data_dir, read_wav_scp, rerun_features
 from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
 from speakerlab.frontends import FRONT_ENDS, feature_spec
 
@@ -93,8 +94,9 @@ def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
 
 
 class FeatureStore:
-    """Read side of a store: `store[utt]` -> `(T, F)` float32. Holds only the scp entries (picklable:
-    loader workers open the ark per read)."""
+    """Read side of a store: `store[utt]` -> `(T, F)` float32, or by row: `store.load(store.rows(keys)[i])`.
+    Holds only the scp entries, as a few arrays (speakerlab.dataio.compact.KeyedColumn; picklable: loader
+    workers open the ark per read)."""
 
     def __init__(self, data_dir, expect: Optional[FbankConfig] = None):
         root = self.root = Path(data_dir)
@@ -103,11 +105,12 @@ class FeatureStore:
             raise ListError(f"{conf}: no complete feature store; run speakerlab-feature-store --data {root}")
         meta = json.loads(conf.read_text())
         self.config = meta["fbank"]
-        self.entries: Dict[str, str] = {u: fields[0] for u, (_, fields) in read_table(root / FEATS_SCP).items()}
+        self.entries = read_keyed(root / FEATS_SCP)
         stored = meta.get("wav_scp_sha1")
         if stored is not None and stored != lists_digest(root):
-            listed = set(read_wav_scp(root / "wav.scp"))
-            new, gone = len(listed - set(self.entries)), len(set(self.entries) - listed)
+            listed = read_keyed(root / "wav.scp", lambda p: {u: v for u, (_, v) in read_wav_scp(p).items()}).keys
+            new = int((self.entries.rows(listed) < 0).sum())
+            gone = len(self.entries) - (len(listed) - new)  # ids are unique in both lists
             what = f"{new} utterance(s) of wav.scp not in it, {gone} no longer listed" if new or gone else "other files"
             raise ListError(
                 f"{root / FEATS_SCP}: the feature store was computed from another wav.scp ({what}: the data "
@@ -122,14 +125,29 @@ class FeatureStore:
                         f"asks for {key}={want.get(key)!r}; rebuild the store or change features.{key}"
                     )
 
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def root_of(self, utt: str) -> Path:
+        """The data dir whose store `utt` belongs in (as JoinedStore.root_of): this one's."""
+        return self.root
+
     def __contains__(self, utt: str) -> bool:
         return utt in self.entries
 
     def __getitem__(self, utt: str) -> np.ndarray:
-        try:
-            return np.asarray(_kaldiio().load_mat(self.entries[utt]), dtype=np.float32)
-        except KeyError:
-            raise ListError(f"'{utt}' is not in the feature store ({len(self.entries)} utterances)") from None
+        row = self.entries.find(utt)
+        if row < 0:
+            raise ListError(f"'{utt}' is not in the feature store ({len(self.entries)} utterances)")
+        return self.load(row)
+
+    def rows(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each utterance id of `keys` (an `S` array (N,)), -1 for one not in the store: int64 (N,)."""
+        return self.entries.rows(keys)
+
+    def load(self, row: int) -> np.ndarray:
+        """The features `(T, F)` float32 of row `row` (of `rows`)."""
+        return np.asarray(_kaldiio().load_mat(self.entries.values[row]), dtype=np.float32)
 
 
 class FeatureCropDataset(Dataset):
@@ -150,12 +168,15 @@ class FeatureCropDataset(Dataset):
         # Kept as given (arrays, compact views: see speakerlab.dataio.batches.CropDataset).
         self.store, self.utts, self.paths, self.labels = store, utts, paths, labels
         self.crop_samples, self.frames = crop_samples, num_frames(crop_samples, fbank)
-        missing = [u for u in self.utts if u not in store]
-        if missing:
+        # Each utterance's row in the store, found once for all (vectorised): an item reads by row, no search.
+        rows = store.rows(as_keys(utts))
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
             raise ListError(
-                f"{len(missing)} training utterance(s) not in the feature store, e.g. '{missing[0]}'; "
-                f"{rerun_features('speakerlab-feature-store', store.root)}"
+                f"{len(missing)} training utterance(s) not in the feature store, e.g. '{utts[int(missing[0])]}'; "
+                f"{rerun_features('speakerlab-feature-store', store.root_of(utts[int(missing[0])]))}"
             )
+        self.rows = rows.astype(np.int32 if len(store) < 2**31 else np.int64)
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -163,7 +184,7 @@ class FeatureCropDataset(Dataset):
     def __getitem__(self, item) -> Dict[str, object]:
         index, crop_seed = item
         rng = np.random.default_rng(crop_seed)
-        feats, n = self.store[self.utts[index]], self.frames
+        feats, n = self.store.load(int(self.rows[index])), self.frames
         total = feats.shape[0]
         if total >= n:
             start = int(rng.integers(0, total - n + 1))

@@ -8,6 +8,7 @@ length; `data.check_audio: true`, or a corpus without that index, checks every f
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -76,10 +77,19 @@ def load_train_lists(cfg: Config, log: Callable[[str], None]) -> TrainLists:
 
 
 class JoinedStore:
-    """The feature stores of several corpora as one: `store['name/utt']` is corpus `name`'s `store['utt']`."""
+    """The feature stores of several corpora as one: `store['name/utt']` is corpus `name`'s `store['utt']`, and
+    row r of the whole (FeatureStore.rows, .load) is row r - starts[c] of the c-th store."""
 
     def __init__(self, stores: Dict[str, FeatureStore]):
-        self.stores = stores
+        self.stores, self.parts = stores, list(stores.values())
+        self.starts = np.concatenate([[0], np.cumsum([len(s) for s in self.parts])]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def root_of(self, utt: str) -> Path:
+        name = utt.partition("/")[0]
+        return self.stores[name].root if name in self.stores else self.parts[0].root
 
     def __contains__(self, utt: str) -> bool:
         name, _, rest = utt.partition("/")
@@ -88,6 +98,25 @@ class JoinedStore:
     def __getitem__(self, utt: str) -> np.ndarray:
         name, _, rest = utt.partition("/")
         return self.stores[name][rest]
+
+    def rows(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each `name/utt` of `keys` (an `S` array (N,)), -1 where absent: int64 (N,)."""
+        rows = np.full(len(keys), -1, dtype=np.int64)
+        for (name, store), start in zip(self.stores.items(), self.starts):
+            prefix = f"{name}/".encode("utf-8")
+            width = keys.itemsize - len(prefix)  # of the ids after the prefix
+            mine = np.char.startswith(keys, prefix) if width > 0 else np.zeros(len(keys), dtype=bool)
+            if not mine.any():
+                continue
+            # The ids without `name/`: each fixed-width row of bytes shifted left by the prefix's length.
+            chars = keys[mine].view(np.uint8).reshape(-1, keys.itemsize)[:, len(prefix) :]
+            found = store.rows(np.ascontiguousarray(chars).view(f"S{width}").ravel())
+            rows[mine] = np.where(found >= 0, found + start, -1)
+        return rows
+
+    def load(self, row: int) -> np.ndarray:
+        c = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return self.parts[c].load(row - int(self.starts[c]))
 
 
 def feature_dataset(cfg: Config, data: TrainLists, crop: int) -> FeatureCropDataset:
