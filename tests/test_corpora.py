@@ -11,7 +11,8 @@ import yaml
 
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.dataio.batches import GlobalBatchSampler
-from speakerlab.dataio.compact import as_keys, read_compact, read_keyed
+from speakerlab.dataio.columns import as_keys, read_keyed
+from speakerlab.dataio.compact import read_compact
 from speakerlab.dataio.lists import ListError, load_data_dir, read_table
 from speakerlab.dataio.prepare import main as prepare_main
 from speakerlab.dataio.shards import main as shards_main
@@ -39,7 +40,7 @@ def same_lists(compact, data):
 def test_compact_lists_are_the_validating_readers(tmp_path, monkeypatch):
     """Shuffled lines, spk2utt and utt2num_samples (fast path, its keys built 5 rows at a time: across chunk
     boundaries); then tabs and a comment (the validating reader)."""
-    monkeypatch.setattr("speakerlab.dataio.compact.CHUNK", 5)
+    monkeypatch.setattr("speakerlab.dataio.columns.CHUNK", 5)
     root = corpus(tmp_path / "d", speakers=("b", "a", "c"))
     assert prepare_main(["--data", str(root)]) == 0
     lines = (root / "wav.scp").read_text().splitlines()

@@ -10,7 +10,7 @@ import torch
 
 from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.compact import FixedView
+from speakerlab.dataio.columns import FixedView
 from speakerlab.dataio.lists import ListError, read_table
 from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
 from speakerlab.features.spec import FeatureSpec

@@ -9,7 +9,6 @@ string and writes nothing shared, so forked workers stay at what they inherited.
 
     lists = read_compact(root)             # one data dir: utterances sorted by id, speakers sorted, as DataDir
     lists.paths[i], lists.labels[i], lists.lengths[i], lists.utts[i], lists.speakers
-    feats = read_keyed(root / "feats.scp")  # any `key value` list by key: feats["utt"], feats.rows(keys)
 
 Reading is vectorised for the form our preparers and speakerlab-prepare write (`key value` lines, one space, no
 blank or comment lines, UTF-8). Anything else (tabs, comments, duplicates, an utterance without a speaker, a
@@ -28,128 +27,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, read_table
-
-NEWLINE, SPACE = 10, 32
-CHUNK = 1 << 16  # rows gathered at once into fixed-width keys: (CHUNK, width) temporaries stay in cache
-
-
-class _NotFast(Exception):
-    """The file is not in the form the vectorised reader takes: read it with the validating reader."""
-
-
-class StringView:
-    """Strings `(N,)` held as byte ranges `[start, end)` of one uint8 buffer: `view[i] -> str` (with `prefix`).
-
-    The buffer and the offset arrays are plain numpy arrays: indexing them writes nothing, so a forked loader
-    worker keeps sharing their pages with the main process."""
-
-    def __init__(self, buf: np.ndarray, start: np.ndarray, end: np.ndarray, prefix: str = ""):
-        self.buf, self.start, self.end, self.prefix = buf, start, end, prefix
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def __getitem__(self, i: int) -> str:
-        return self.prefix + self.buf[self.start[i] : self.end[i]].tobytes().decode("utf-8")
-
-    def fixed(self) -> np.ndarray:
-        """Every string (prefix included) as one fixed-width `S<width>` array (N,), for vectorised comparisons."""
-        keys = _fixed_width(self.buf, self.start, self.end)
-        return np.char.add(self.prefix.encode("utf-8"), keys) if self.prefix else keys
-
-
-class FixedView:
-    """Strings `(N,)` held as one fixed-width `S<width>` array (e.g. memory-mapped from a .npy): `view[i] -> str`
-    (with `prefix`). As with StringView, reading writes nothing shared."""
-
-    def __init__(self, array: np.ndarray, prefix: str = ""):
-        self.array, self.prefix = array, prefix
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, i: int) -> str:
-        return self.prefix + self.array[i].decode("utf-8")
-
-    def fixed(self) -> np.ndarray:
-        return np.char.add(self.prefix.encode("utf-8"), self.array) if self.prefix else self.array
-
-
-def as_keys(strings) -> np.ndarray:
-    """`strings` as a fixed-width `S<width>` array (N,): a view's own (vectorised), else each one encoded."""
-    if isinstance(strings, (StringView, FixedView, JoinedView)):
-        return strings.fixed()
-    return np.array([s.encode("utf-8") for s in strings], dtype=bytes) if len(strings) else np.array([], "S1")
-
-
-def _fixed_width(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    lens = end - start
-    width = max(int(lens.max()) if len(lens) else 1, 1)
-    out = np.zeros((len(lens), width), dtype=np.uint8)
-    columns = np.arange(width)
-    for a in range(0, len(lens), CHUNK):  # a (chunk, width) gather at a time: memory stays O(N)
-        index = start[a : a + CHUNK, None] + columns
-        beyond = columns >= lens[a : a + CHUNK, None]
-        out[a : a + CHUNK] = np.where(beyond, 0, buf[np.minimum(index, len(buf) - 1)])
-    return out.view(f"S{width}").ravel()
-
-
-def _offsets(values: np.ndarray) -> np.ndarray:
-    """The smallest unsigned dtype that holds every offset into a buffer (uint32 below 4 GiB)."""
-    return values.astype(np.uint32 if (len(values) == 0 or int(values.max()) < 2**32) else np.int64)
-
-
-def read_columns(path: Path, mapped: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A `key value` file as (bytes, line start, separator, line end) arrays: key i is bytes[start:sep], its
-    value bytes[sep + 1:end]; the bytes memory-mapped when `mapped`. Raises _NotFast for anything but one space
-    per non-empty line in UTF-8."""
-    if not path.is_file() or path.stat().st_size == 0:
-        raise _NotFast()
-    buf = np.memmap(path, dtype=np.uint8, mode="r") if mapped else np.fromfile(path, dtype=np.uint8)
-    if len(buf) == 0 or buf[-1] != NEWLINE:
-        raise _NotFast()  # empty, or a last line without newline: the validating reader decides
-    step = 1 << 26  # the byte scan in slices: its temporaries stay small
-    cuts = np.concatenate([np.flatnonzero(buf[a : a + step] <= SPACE) + a for a in range(0, len(buf), step)])
-    kinds = buf[cuts]
-    newline = kinds == NEWLINE
-    if not (newline | (kinds == SPACE)).all() or (buf.max() >= 128 and not _utf8(buf)):
-        raise _NotFast()  # tabs, CRs, control bytes (the validating reader splits on any whitespace), not UTF-8
-    ends = cuts[newline]
-    if len(cuts) != 2 * len(ends) or newline[::2].any() or not newline[1::2].all():
-        raise _NotFast()  # a line without exactly one space
-    sep = cuts[::2]
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    if ((sep - starts) < 1).any() or ((ends - sep) < 2).any() or (buf[starts] == ord("#")).any():
-        raise _NotFast()
-    return buf, starts, sep, ends
-
-
-def _utf8(buf: np.ndarray) -> bool:
-    try:
-        buf.tobytes().decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _sorted_keys(path: Path, mapped: bool = False):
-    """(bytes, start, sep, end, the keys S-array sorted, the order sorting them); raises _NotFast on duplicates.
-    Files written sorted (ours are) are not sorted again."""
-    buf, start, sep, end = read_columns(path, mapped)
-    keys = _fixed_width(buf, start, sep)
-    if (keys[1:] >= keys[:-1]).all():
-        order = np.arange(len(keys))
-    else:
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-    if len(keys) > 1 and (keys[1:] == keys[:-1]).any():
-        raise _NotFast()
-    return buf, start, sep, end, keys, order
+from speakerlab.dataio.columns import NEWLINE, SPACE, NotFast, StringView, fixed_width, offsets, sorted_keys
+from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
 
 
 @dataclass(kw_only=True)
@@ -198,7 +81,7 @@ def read_compact(root) -> CompactLists:
         return cached
     try:
         lists = _read_fast(root)
-    except _NotFast:
+    except NotFast:
         return from_data_dir(load_data_dir(root))
     _save_cache(lists)
     return lists
@@ -251,32 +134,32 @@ def _save_cache(lists: CompactLists) -> None:
 
 
 def _read_fast(root: Path) -> CompactLists:
-    buf, start, sep, end, utts, order = _sorted_keys(root / "wav.scp")
-    u_buf, u_start, u_sep, u_end, u_utts, u_order = _sorted_keys(root / "utt2spk")
+    buf, start, sep, end, utts, order = sorted_keys(root / "wav.scp")
+    u_buf, u_start, u_sep, u_end, u_utts, u_order = sorted_keys(root / "utt2spk")
     if len(u_utts) != len(utts) or (u_utts != utts).any():
-        raise _NotFast()  # an utterance without a speaker or the reverse: the validating reader names it
-    spk = _fixed_width(u_buf, u_sep[u_order] + 1, u_end[u_order])
+        raise NotFast()  # an utterance without a speaker or the reverse: the validating reader names it
+    spk = fixed_width(u_buf, u_sep[u_order] + 1, u_end[u_order])
     speakers, labels = np.unique(spk, return_inverse=True)
     del spk, u_buf
     if (root / "spk2utt").exists():
         _check_spk2utt(root / "spk2utt", utts, speakers[labels.ravel()])
     lengths = None
     if (root / "utt2num_samples").exists():
-        n_buf, n_start, n_sep, n_end, n_utts, n_order = _sorted_keys(root / "utt2num_samples")
+        n_buf, n_start, n_sep, n_end, n_utts, n_order = sorted_keys(root / "utt2num_samples")
         if len(n_utts) != len(utts) or (n_utts != utts).any():
-            raise _NotFast()
+            raise NotFast()
         try:
-            lengths = _fixed_width(n_buf, n_sep[n_order] + 1, n_end[n_order]).astype(np.int64)
+            lengths = fixed_width(n_buf, n_sep[n_order] + 1, n_end[n_order]).astype(np.int64)
         except ValueError:
-            raise _NotFast() from None
+            raise NotFast() from None
         if (lengths <= 0).any():
-            raise _NotFast()
+            raise NotFast()
     return CompactLists(
         root=root,
         buf=buf,
-        utt_start=_offsets(start[order]),
-        sep=_offsets(sep[order]),
-        path_end=_offsets(end[order]),
+        utt_start=offsets(start[order]),
+        sep=offsets(sep[order]),
+        path_end=offsets(end[order]),
         row=order.astype(np.int32 if len(order) < 2**31 else np.int64),
         labels=labels.astype(np.int32).ravel(),
         speakers=speakers,
@@ -286,31 +169,31 @@ def _read_fast(root: Path) -> CompactLists:
 
 def _check_spk2utt(path: Path, utts: np.ndarray, spk_of_utt: np.ndarray) -> None:
     """spk2utt (`spk utt utt ...` lines) is the inverse of utt2spk: `utts` sorted, `spk_of_utt` their speakers.
-    Raises _NotFast when it is not (or not in the one-space form), for the validating reader to name the line."""
+    Raises NotFast when it is not (or not in the one-space form), for the validating reader to name the line."""
     buf = np.fromfile(path, dtype=np.uint8)
     if len(buf) == 0 or buf[-1] != NEWLINE or (buf == 9).any() or (buf == 13).any():
-        raise _NotFast()
+        raise NotFast()
     cuts = np.flatnonzero((buf == SPACE) | (buf == NEWLINE))
     start = np.concatenate([[0], cuts[:-1] + 1])
     if ((cuts - start) < 1).any():
-        raise _NotFast()  # an empty token: a double space, a blank line
+        raise NotFast()  # an empty token: a double space, a blank line
     first = (start == 0) | (buf[np.maximum(start - 1, 0)] == NEWLINE)
     line = np.cumsum(first) - 1
     spk_tokens = np.flatnonzero(first)
     if (buf[start[spk_tokens]] == ord("#")).any():
-        raise _NotFast()
+        raise NotFast()
     members = np.flatnonzero(~first)
-    listed = _fixed_width(buf, start[members], cuts[members])
+    listed = fixed_width(buf, start[members], cuts[members])
     if len(listed) != len(utts):
-        raise _NotFast()
+        raise NotFast()
     if (listed != utts).any():  # not in sorted order (ours are): sort, then compare
         order = np.argsort(listed, kind="stable")
         if (listed[order] != utts).any():
-            raise _NotFast()
+            raise NotFast()
         members = members[order]
     under = spk_tokens[line[members]]
-    if (_fixed_width(buf, start[under], cuts[under]) != spk_of_utt).any():
-        raise _NotFast()
+    if (fixed_width(buf, start[under], cuts[under]) != spk_of_utt).any():
+        raise NotFast()
 
 
 def from_data_dir(data: DataDir) -> CompactLists:
@@ -325,9 +208,9 @@ def from_data_dir(data: DataDir) -> CompactLists:
     return CompactLists(
         root=data.root,
         buf=buf,
-        utt_start=_offsets(start),
-        sep=_offsets(sep),
-        path_end=_offsets(start + sizes - 1),
+        utt_start=offsets(start),
+        sep=offsets(sep),
+        path_end=offsets(start + sizes - 1),
         row=np.array([data.wav_line[u] - 1 for u in data.utts], dtype=np.int64),
         labels=np.array([spk2idx[data.utt2spk[u]] for u in data.utts], dtype=np.int32),
         speakers=speakers,
@@ -352,80 +235,3 @@ def subset_data_dir(lists: CompactLists, indices) -> DataDir:
         wav={u: p for u, p, _ in chosen},
         wav_line={u: n for u, _, n in chosen},
     )
-
-
-class JoinedView:
-    """Several StringViews (or FixedViews) as one: item i of the whole is item i - starts[c] of view c."""
-
-    def __init__(self, views: List[StringView], starts: np.ndarray):
-        self.views, self.starts = views, starts
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def __getitem__(self, i: int) -> str:
-        if len(self.views) == 1:
-            return self.views[0][i]
-        c = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return self.views[c][i - int(self.starts[c])]
-
-    def fixed(self) -> np.ndarray:
-        return np.concatenate([v.fixed() for v in self.views])
-
-
-class KeyedColumn:
-    """A `key value` list (feats.scp, ...) looked up by key: `keys` (N,) sorted fixed-width (`S<width>`),
-    `values[i]` the value of key i (a StringView over the file's bytes, memory-mapped). `key in column` and
-    `column[key]` search the keys (binary search); `rows(keys)` finds many at once; iterating gives the keys (str,
-    sorted). A few arrays, not a dict of N entries: forked loader workers read it without copying it page by page."""
-
-    def __init__(self, path: Path, keys: np.ndarray, values: StringView):
-        self.path, self.keys, self.values = path, keys, values
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __iter__(self) -> Iterator[str]:
-        return (k.decode("utf-8") for k in self.keys)
-
-    def find(self, key: str) -> int:
-        """The row of `key`, -1 when absent."""
-        b = key.encode("utf-8")
-        i = int(np.searchsorted(self.keys, b))
-        return i if i < len(self.keys) and self.keys[i] == b else -1
-
-    def __contains__(self, key: str) -> bool:
-        return self.find(key) >= 0
-
-    def __getitem__(self, key: str) -> str:
-        i = self.find(key)
-        if i < 0:
-            raise KeyError(key)
-        return self.values[i]
-
-    def rows(self, keys: np.ndarray) -> np.ndarray:
-        """The row of each of `keys` (an `S` array (M,)) as int64 (M,), -1 where absent."""
-        if len(keys) == len(self.keys) and (keys == self.keys).all():
-            return np.arange(len(keys))  # the usual case, a store of the very lists: no search
-        at = np.searchsorted(self.keys, keys)
-        found = at < len(self.keys)
-        found[found] = self.keys[at[found]] == keys[found]
-        return np.where(found, at, -1)
-
-
-def read_keyed(path, fallback: Optional[Callable[[Path], Dict[str, str]]] = None) -> KeyedColumn:
-    """A `key value` list as a KeyedColumn: vectorised in the one-space form (module doc), the file memory-mapped;
-    anything else through `fallback(path) -> {key: value}` (default speakerlab.dataio.lists.read_table, two
-    fields per line), whose errors name the file and line."""
-    path = Path(path)
-    try:
-        buf, _, sep, end, keys, order = _sorted_keys(path, mapped=True)
-    except _NotFast:
-        table = fallback(path) if fallback else {k: f[0] for k, (_, f) in read_table(path).items()}
-        pairs = sorted((k.encode("utf-8"), v.encode("utf-8")) for k, v in table.items())
-        ends = np.cumsum([len(v) for _, v in pairs], dtype=np.int64)
-        starts = ends - np.array([len(v) for _, v in pairs], dtype=np.int64)
-        keys = np.array([k for k, _ in pairs], dtype=bytes) if pairs else np.array([], "S1")
-        buf = np.frombuffer(b"".join(v for _, v in pairs), dtype=np.uint8)
-        return KeyedColumn(path, keys, StringView(buf, starts, ends))
-    return KeyedColumn(path, keys, StringView(buf, _offsets(sep[order] + 1), _offsets(end[order])))

@@ -24,7 +24,8 @@ from typing import List, Tuple
 import numpy as np
 
 from speakerlab.config import DataSettings, TrainCorpus
-from speakerlab.dataio.compact import CompactLists, JoinedView
+from speakerlab.dataio.columns import JoinedView
+from speakerlab.dataio.compact import CompactLists
 from speakerlab.dataio.lists import DataDir, load_data_dir
 from speakerlab.settings import ConfigError, build_settings, read_yaml
 

@@ -55,7 +55,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.config import DataSettings
 from speakerlab.dataio.audio import audio_info, read_crop_int16
 from speakerlab.dataio.batches import CropDataset, check_split, collate
-from speakerlab.dataio.compact import FixedView, JoinedView, as_keys
+from speakerlab.dataio.columns import FixedView, JoinedView, as_keys
 from speakerlab.dataio.corpora import joined_data_dir, resolve_corpora
 from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import index_lengths
