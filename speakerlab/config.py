@@ -300,6 +300,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("config key 'data.train' is required")
     if cfg.optim.min_lr > cfg.optim.lr:
         raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
+    if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
+        raise ConfigError("config key 'optim.nesterov': Nesterov momentum needs optim.momentum > 0; set it false")
     if cfg.data.feats and (cfg.augment.lists or cfg.augment.speed_prob > 0):
         raise ConfigError(
             "config key 'data.feats': stored features cannot be augmented; "

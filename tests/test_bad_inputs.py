@@ -62,6 +62,7 @@ def copy_exp(trained, tmp_path) -> Path:
         (["train.val_every=0"], "config key 'train.val_every' must be >= 1, got 0"),
         (["optim.min_lr=-0.5"], "config key 'optim.min_lr' must be >= 0, got -0.5"),
         (["optim.min_lr=0.5"], "config key 'optim.min_lr' (0.5) must be <= optim.lr (0.05)"),
+        (["optim.name=sgd", "optim.momentum=0"], "config key 'optim.nesterov': Nesterov momentum needs optim.momentum"),
         (["train.epocs=1"], "unknown config key 'train.epocs'"),
         (["train.epochs=two"], "config key 'train.epochs' must be an integer, got 'two' in the command-line overrides"),
         (["model.args.embeding_size=8"], "config key 'model.args.embeding_size': model 'campplus' has no argument"),
