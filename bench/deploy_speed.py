@@ -13,7 +13,8 @@ dynamically; both with their cosine to the fp32 file on the timed waves (random 
 egs/mini model's EER is the accuracy check). Cells: 3 s and 10 s utterances, batch 1 and batch 8 (equal lengths, as the
 runtimes batch). Figures: utterances/s (median call), real-time factor (seconds of compute per second of audio)
 and peak RSS of the process that ran that model and mode (each (model, mode) in a fresh process, all its cells;
-the peak is that of its largest cell). Threads: 2 (torch.set_num_threads, onnxruntime intra-op threads).
+the peak is that of its largest cell; the ONNX modes' processes never import torch: their files are made
+beforehand in a process of their own). Threads: 2 (torch.set_num_threads, onnxruntime intra-op threads).
 
 Weights: CAM++ is 3D-Speaker's `speech_campplus_sv_zh-cn_16k-common` layout (192-dim) filled by the fixtures'
 rule (tests/fixture_models.fill_state_dict), saved as the peer's file and read by speakerlab.sources as a
@@ -151,10 +152,9 @@ def timed(call, x, min_calls: int = 3, min_seconds: float = 1.5) -> float:
 
 
 def worker(name: str, mode: str, work: Path) -> dict:
-    """Every cell of one model and mode in this process -> {cells: [...], peak_rss_mb}."""
-    import torch
-
-    torch.set_num_threads(THREADS)
+    """Every cell of one model and mode in this process -> {cells: [...], peak_rss_mb}. The ONNX modes run the
+    torch-free runtime on files made beforehand (`prepare`), so their peak RSS is the runtime's: torch is never
+    imported in their process."""
     cosine = None
     if mode in ("onnx", "int8", "int8dyn"):
         from speakerlab.inference.runtime import load_onnx
@@ -172,6 +172,9 @@ def worker(name: str, mode: str, work: Path) -> dict:
             cosine = {"mean": float(cos.mean()), "min": float(cos.min())}
 
     else:
+        import torch
+
+        torch.set_num_threads(THREADS)
         embedder = embedder_of(name, work)
         module = torch.nn.Sequential(embedder.features, embedder.model).eval()
         if mode == "compile":
@@ -190,7 +193,12 @@ def worker(name: str, mode: str, work: Path) -> dict:
 
 
 def run_worker(name: str, mode: str, work: Path) -> dict:
-    """`worker` in a fresh process (its own peak RSS)."""
+    """`worker` in a fresh process (its own peak RSS); the ONNX files of `name` are made first, in a process of
+    their own."""
+    if mode in ("onnx", "int8", "int8dyn") and not (work / f"{name}.{mode}.onnx").exists():
+        made = subprocess.run([sys.executable, __file__, "--prepare", name, "--work", str(work)], capture_output=True)
+        if made.returncode != 0:
+            return {"model": name, "mode": mode, "failed": made.stderr.decode().strip().splitlines()[-1:]}
     cmd = [sys.executable, __file__, "--worker", name, mode, "--work", str(work)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -338,11 +346,15 @@ def main() -> int:
     ap.add_argument("--peer-rounds", type=int, default=4)
     ap.add_argument("--compare", nargs="+", type=Path, help="time these waveform ONNX files side by side")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--ours-per-file", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.worker:
         print(json.dumps(worker(*args.worker, args.work)))
+        return 0
+    if args.prepare:
+        onnx_file(args.prepare, "onnx", args.work)
         return 0
     if args.ours_per_file:
         ours_per_file(args.work, args.work / "peer_wavs.list")
