@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README: sets up the environment (egs/tools/env.sh with requirements-test.txt: pip
 # only for what is missing; offline SPEAKERLAB_WHEELS=DIR installs that from wheels), checks lint and format
-# with ruff (settings in pyproject.toml), then runs pytest, lists the 15 slowest tests and prints the wall time
+# with ruff (settings in pyproject.toml), then runs pytest, lists the skipped tests with their reasons and the
+# 15 slowest tests, and prints the wall time
 # of the whole run. Extra arguments go to pytest, e.g. `bash tests/run.sh -k fbank`; the inner loop while you
 # work is the fast lane, `bash tests/run.sh -m "not slow"` (one model per family, the learning tests); CI runs
 # everything.
@@ -17,7 +18,7 @@ status=0
 # built once and its tests never race each other), the longest files first (--no-loadscope-reorder keeps the order
 # of tests/schedule.py); tests/conftest.py gives each worker its share of the cores and builds the shared session
 # fixtures once for both. `-n 0` after the command runs everything in one process.
-python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests "$@" ||
+python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests "$@" ||
   status=$?
 echo "tests/run.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s wall (environment, lint and tests), pytest exit $status" >&2
 exit "$status"
