@@ -2,10 +2,9 @@
 # The test command of the README: sets up the environment (egs/tools/env.sh with requirements-test.txt: pip
 # only for what is missing; offline SPEAKERLAB_WHEELS=DIR installs that from wheels), checks lint and format
 # with ruff (settings in pyproject.toml), then runs pytest, lists the skipped tests with their reasons and the
-# 15 slowest tests, and prints the wall time
-# of the whole run. Extra arguments go to pytest, e.g. `bash tests/run.sh -k fbank`; the inner loop while you
-# work is the fast lane, `bash tests/run.sh -m "not slow"` (one model per family, the learning tests); CI runs
-# everything.
+# 15 slowest tests, and prints the wall time of the whole run. Extra arguments go to pytest, e.g. `bash
+# tests/run.sh -k fbank`; the inner loop while you work is the fast lane, `bash tests/run.sh -m "not slow"` (one
+# model per family, the learning tests); CI runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
