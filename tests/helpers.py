@@ -308,3 +308,20 @@ def export_copy(name: str) -> torch.nn.Module:
         release["stages"] = tuple((spec[0], 1, *spec[2:]) for spec in release["stages"])
         return ReDimNet2(**{**builder_defaults(name), **release})
     return build_model(name, **EXPORT_ARGS.get(name, {}))
+
+
+def relative_errors(sess, embedder, lengths: np.ndarray, rng) -> tuple:
+    """Random waves of `lengths` samples through the ONNX session, each alone (batch 1) and all as one zero-padded
+    batch with their lengths: the largest difference of each from the PyTorch path, relative to the embedding's
+    largest value when that is above 1."""
+    waves = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
+    ref = np.concatenate([embedder(torch.from_numpy(w)[None]).numpy() for w in waves])
+    padded = np.zeros((len(waves), lengths.max()), np.float32)
+    for i, w in enumerate(waves):
+        padded[i, : len(w)] = w
+    alone = np.concatenate(
+        [sess.run(None, {"wave": w[None], "lengths": lengths[i : i + 1]})[0] for i, w in enumerate(waves)]
+    )
+    batch = sess.run(None, {"wave": padded, "lengths": lengths})[0]
+    scale = max(1.0, float(np.abs(ref).max()))
+    return np.abs(alone - ref).max() / scale, np.abs(batch - ref).max() / scale

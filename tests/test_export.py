@@ -1,24 +1,70 @@
-"""Every registered model exports to TorchScript and ONNX (dynamic time axis), checked against PyTorch."""
+"""Every registered model exports to ONNX through one torch.export of its graph over features `(B, T, F)`, checked
+as the features file (dynamic time axis, two lengths) and merged with its front end as the waveform file (random
+lengths of 0.5-30 s, alone and as a padded batch); TorchScript round trip; an export that disagrees is not written.
+(TorchScript of every model is checked in test_models.py; the waveform command end to end, int8 and the SSL models
+in test_deploy_export.py.)"""
 
+import copy
+
+import numpy as np
 import pytest
 import torch
 
-from speakerlab.inference.export import check_export, export_onnx, export_torchscript
-from speakerlab.models import build_model, builder_defaults, list_models
-from tests.helpers import export_copy, registry_params
+from speakerlab.features.spec import FeatureSpec
+from speakerlab.frontends import FbankConfig, ReDimNetMelConfig
+from speakerlab.inference.embedder import Embedder
+from speakerlab.inference.export import check_export, export_torchscript
+from speakerlab.models import build_model, list_models
+from tests.helpers import export_copy, registry_params, relative_errors
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
 
 # The fast lane exports ResNet34 at full size, the deep models a shallow copy (tests/helpers.py export_copy).
 
 
+@pytest.fixture(scope="module")
+def front_ends():
+    """The front-end graph of each spec, exported once (every fbank model shares one)."""
+    from speakerlab.inference.onnx_graph import front_end_graph
+
+    cache = {}
+
+    def get(spec: FeatureSpec):
+        if spec not in cache:
+            cache[spec] = front_end_graph(spec, spec.sample_rate)
+        return copy.deepcopy(cache[spec])
+
+    return get
+
+
+def spec_of(name: str) -> FeatureSpec:
+    return FeatureSpec(ReDimNetMelConfig() if name.startswith("redimnet2") else FbankConfig())
+
+
 @pytest.mark.parametrize("name", registry_params(list_models(), fast=("resnet34",)))
-def test_onnx_export_matches_pytorch_at_two_lengths(name, tmp_path):
-    """onnxruntime vs PyTorch at 200 and 317 frames: one file serves any length (dynamic time axis).
-    (TorchScript of every model is checked in test_models.py.)"""
+def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
+    """The model graph (speakerlab.inference.onnx_graph.model_graph, what both file kinds hold) exported once:
+    as the features file, onnxruntime vs PyTorch at 200 and 317 frames within 1e-4 (one file serves any length);
+    merged with its front end as the waveform file, four random lengths of 0.5-30 s alone (batch 1) and as one
+    padded batch with their lengths, each within 1e-4 of the PyTorch path (audio -> features -> model; relative
+    to the embedding's largest value when that is above 1)."""
+    from speakerlab.inference.onnx_graph import merged_graph, model_graph, with_lengths
+
     torch.manual_seed(0)
+    spec = spec_of(name)
     model = export_copy(name).eval()
-    feat_dim = builder_defaults(name)["feat_dim"]
-    export_onnx(model, tmp_path / "m.onnx", feat_dim)
-    assert check_export(model, tmp_path / "m.onnx", "onnx", feat_dim, lengths=(200, 317), atol=1e-4) <= 1e-4
+    graph = model_graph(model, spec)
+    onnx.save(graph, tmp_path / "feats.onnx")
+    assert check_export(model, tmp_path / "feats.onnx", "onnx", spec.feat_dim, lengths=(200, 317)) <= 1e-4
+    embedder = Embedder(model, spec)
+    onnx.save(with_lengths(merged_graph(front_ends(spec), graph)), tmp_path / "wave.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "wave.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(sum(map(ord, name)))
+    lengths = (rng.uniform(0.5, 30.0, size=4) * 16000).astype(np.int64)
+    alone, batch = relative_errors(sess, embedder, lengths, rng)
+    assert alone <= 1e-4
+    assert batch <= 1e-4
 
 
 def test_torchscript_file_round_trip_and_wrong_file_caught(tmp_path):
