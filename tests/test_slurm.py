@@ -87,7 +87,8 @@ def test_a_signalled_job_requeues_itself_and_ends_with_the_uninterrupted_weights
     slurm.start_now(job)  # Slurm holds a requeued job ~2 min before it may start again
     for j, e in ((job, exp), (ref_job, ref)):
         fields = slurm.wait(j, ended, what="finishing")
-        assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", output(e)[-3000:]
+        ok = fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0"
+        assert ok, f"{fields}\n{output(e)[-3000:]}\n{slurm.log_tail()}"
     text = output(exp)
     stopped = re.findall(
         r"stopped by SIGUSR1 at step (\d+) \(epoch 1, (\d+)/64 steps\): (\S+) written; exit code 75", text

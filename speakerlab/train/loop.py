@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -319,7 +320,22 @@ def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
     (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
-    the same command, or the requeued job, resumes; speakerlab.train.preemption)."""
+    the same command, or the requeued job, resumes; speakerlab.train.preemption).
+
+    A process of a multi-process run leaves without the interpreter's finalization once its run is over and its
+    process group destroyed: finalization ends threads that are still inside torch's C++ code (the store client,
+    gloo), which aborts the process (`terminate called without an active exception`, -6) after a run that
+    succeeded, and torchrun then reports the job failed (seen in CI under load, on one rank of a two-node run)."""
+    code = run(argv)
+    if dist_utils.discover_ranks(os.environ)[0].enabled:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run(argv=None) -> int:
+    """The command itself (main's exit codes)."""
     args = parse_args(argv)
     try:
         cfg, init = load_train_config(args.config, args.overrides, args.hardware)
