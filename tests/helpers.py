@@ -4,6 +4,7 @@ their losses. Test files import these, never each other."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Dict, Optional
@@ -73,6 +74,13 @@ model:
   args: {embedding_size: 32, growth_rate: 8, bn_size: 2, init_channels: 16, m_channels: 8,
          num_layers: [1, 1, 1]}
 """
+
+
+def threads() -> str:
+    """Threads of a subprocess a test starts (a recipe, a training run): the worker's share of the cores that
+    tests/conftest.py puts in OMP_NUM_THREADS under pytest-xdist, else 2. More threads than cores between the
+    workers and their subprocesses make OpenMP threads wait for each other."""
+    return os.environ.get("OMP_NUM_THREADS") or "2"
 
 
 TINY_CAMPPLUS = {"embedding_size": 16, "growth_rate": 8, "bn_size": 2, "init_channels": 16, "m_channels": 8}

@@ -13,14 +13,14 @@ import pytest
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
 from tests.conftest import MINI_TRAIN
-from tests.helpers import assert_no_traceback, free_port
+from tests.helpers import assert_no_traceback, free_port, threads
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
 
 
 def run_recipe(tmp_path, *args, check=True, data=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "OMP_NUM_THREADS": threads()}
     r = subprocess.run(
         ["bash", str(RUN), "--data", str(data or tmp_path / "data"), "--exp", str(tmp_path / "exp"), *args],
         env=env,
@@ -52,14 +52,14 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
         "--lm_config",
         str(ROOT / "conf" / "mini" / "finetune_lm.yaml"),
         "--lm_overrides",
-        "train.epochs=1",  # after train_overrides' 5 epochs: stage 7 is one epoch
+        "train.epochs=1",  # after train_overrides' 10 epochs: stage 7 is one epoch
         data=mini_model.data,
     )
     out = mini_corpus.log + mini_model.log + r.stdout + r.stderr
     for n in range(1, 8):
         assert f"stage {n}:" in out
     # The training stage (egs/mini's stage 3, in the fixture) trained the model: its own log says so.
-    assert "] stage 3: train" in mini_model.log and "training done: 5 epochs, 100 steps" in mini_model.log
+    assert "] stage 3: train" in mini_model.log and "training done: 10 epochs, 200 steps" in mini_model.log
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     assert m, r.stdout
     exp = tmp_path / "exp"
@@ -81,7 +81,7 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
     r2 = run_recipe(tmp_path, "--train_overrides", train, "--stage", "3", "--stop_stage", "5", data=mini_model.data)
-    assert "training done: 5 epochs" in r2.stderr
+    assert "training done: 10 epochs" in r2.stderr
     assert re.search(r"EER (\d+\.\d+)%", r2.stdout).group(1) == m.group(1)
     # Training read the fbank store of stage 2; --augment true trains from the audio with speed
     # perturbation (3x classes), reverberation and noise from the bank instead.

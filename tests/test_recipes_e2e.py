@@ -40,6 +40,7 @@ from tests.fake_corpora import (
     vox_archives,
     voxblink2_archives,
 )
+from tests.helpers import threads
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,7 +49,6 @@ pytestmark = [
 
 CONFIG = REPO / "tests" / "data" / "tiny_campplus.yaml"
 FFMPEG = shutil.which("ffmpeg")
-THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
 Trial = Tuple[str, str, bool]
 
@@ -241,7 +241,7 @@ def test_3dspeaker_recipe_end_to_end(corpus, tmp_path):
     blobs, train_utts, eval_utts, trials = threedspeaker_from_synth(corpus)
     serve(tmp_path / "have", {k: v for k, v in blobs.items() if k != "train.tar.gz"})
     serve(tmp_path / "have", musan_rirs_blobs(corpus))
-    env = recipe_env(**THREADS)
+    env = recipe_env(OMP_NUM_THREADS=threads(), MKL_NUM_THREADS=threads())
     stage_1_2("3dspeaker", tmp_path, "true", env)
     data = tmp_path / "data"
     check_prepared(data, "3dspeaker_train", "3dspeaker_test", train_utts, eval_utts, trials)
@@ -338,7 +338,7 @@ def test_voxceleb_recipe_end_to_end(corpus, tmp_path, m4a):
     """vox1_dev_wav and vox2_dev_aac as their published parts in --archive_dir; m4a -> wav (see the module doc)."""
     blobs, train_utts, eval_utts, trials = vox_from_synth(corpus, tmp_path / "m4a")
     serve(tmp_path / "have", {k: v for k, v in blobs.items() if k not in ("vox1_dev_wav.zip", "vox2_aac.zip")})
-    env = recipe_env(standin_ffmpeg(tmp_path), **THREADS)
+    env = recipe_env(standin_ffmpeg(tmp_path), OMP_NUM_THREADS=threads(), MKL_NUM_THREADS=threads())
     r = stage_1_2("voxceleb", tmp_path, "false", env)
     assert f"converting {len(train_utts)} of {len(train_utts)} m4a files" in r.stderr
     data = tmp_path / "data"
@@ -416,7 +416,7 @@ def test_cnceleb_recipe_end_to_end(corpus, tmp_path):
     blobs, train_utts, eval_utts, trials = cnceleb_from_synth(corpus)
     serve(tmp_path / "have", {k: v for k, v in blobs.items() if k != "cn-celeb2_v2.tar.gz"})
     serve(tmp_path / "have", musan_rirs_blobs(corpus))
-    env = recipe_env(**THREADS)
+    env = recipe_env(OMP_NUM_THREADS=threads(), MKL_NUM_THREADS=threads())
     stage_1_2("cnceleb", tmp_path, "true", env, shards="true")
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["cn-celeb2_v2.tar.gz"]  # joined from the parts
     data = tmp_path / "data"
@@ -457,7 +457,7 @@ def test_voxblink2_recipe_end_to_end(corpus, tmp_path):
     cnc, cnc_train, cnc_eval, cnc_trials = cnceleb_from_synth(corpus)
     whole = ("VB2_audio.tar.gz", "vox1_dev_wav.zip", "vox2_aac.zip", "cn-celeb2_v2.tar.gz")
     serve(tmp_path / "have", {k: v for k, v in {**vb2, **vox, **cnc}.items() if k not in whole})
-    env = recipe_env(standin_ffmpeg(tmp_path), **THREADS)
+    env = recipe_env(standin_ffmpeg(tmp_path), OMP_NUM_THREADS=threads(), MKL_NUM_THREADS=threads())
     stage_1_2("voxblink2", tmp_path, "false", env)
     data = tmp_path / "data"
     cnc2 = {u: s for u, s in cnc_train.items() if s >= "id10000"}  # CN-Celeb2's speakers (spk.lst)

@@ -19,7 +19,7 @@ from speakerlab.features.spec import build_features
 from speakerlab.inference.cli import run_embed
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
-from tests.helpers import free_port, losses, save_tiny_encoder, tiny_config, voice_data_dir
+from tests.helpers import free_port, losses, save_tiny_encoder, threads, tiny_config, voice_data_dir
 
 pytestmark = pytest.mark.slow  # each test trains (tens of seconds on a 2-core CPU)
 
@@ -232,7 +232,8 @@ def test_mini_recipe_trains_the_tiny_ssl_config(mini_corpus, tmp_path):
     cmd = ["bash", str(root / "egs" / "mini" / "run.sh"), "--data", str(tmp_path / "data"), "--exp", str(exp)]
     cmd += ["--config", str(root / "conf" / "mini" / "ssl_mfa.yaml"), "--stage", "2"]
     cmd += ["--train_overrides", train]
-    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "OMP_NUM_THREADS": threads()}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     baseline = re.search(r"mean log-mel baseline, \d+ trials: EER (\d+\.\d+)%", r.stdout)
