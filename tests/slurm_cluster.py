@@ -167,10 +167,12 @@ class SlurmCluster:
             raise RuntimeError(f"scancel --signal={name} {job_id}: {r.stderr}")
 
     def start_now(self, job_id: str) -> None:
-        """Let a requeued job start at once (Slurm holds it until requeue time + ~2 min)."""
-        r = _run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], self.env)
+        """Let a requeued job start in 3 s, not ~2 min (Slurm's hold after a requeue). Not at once: slurmd
+        revoked the credential of the start that was requeued, and credentials compare by the second, so a new
+        start in that same second is refused ("Job credential revoked") and the job ends FAILED (seen in CI)."""
+        r = _run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+3"], self.env)
         if r.returncode != 0:
-            raise RuntimeError(f"scontrol update jobid={job_id} StartTime=now: {r.stderr}")
+            raise RuntimeError(f"scontrol update jobid={job_id} StartTime=now+3: {r.stderr}")
 
     def job(self, job_id: str) -> Dict[str, str]:
         """`scontrol show job` as a dict (JobState, Restarts, ExitCode, Requeue, ...)."""

@@ -128,13 +128,7 @@ _launch_slurm() {
   if [ "$status" -eq 75 ]; then
     if [ "$slurm_requeue" = true ]; then
       log "launch: pre-empted, checkpoint written; requeueing Slurm job $SLURM_JOB_ID (its next start resumes)"
-      if scontrol requeue "$SLURM_JOB_ID"; then
-        # Slurm ends this start itself (CANCELLED ... DUE TO JOB REQUEUE): wait for it rather than race the
-        # requeue with an exit of our own, which Slurm may record as the job's end (FAILED, 75).
-        sleep 300
-      else
-        echo "error: scontrol requeue $SLURM_JOB_ID failed; submit the script again to resume" >&2
-      fi
+      scontrol requeue "$SLURM_JOB_ID" || echo "error: scontrol requeue $SLURM_JOB_ID failed; submit the script again to resume" >&2
     else
       log "launch: pre-empted, checkpoint written; submit the same script again to resume (sbatch --requeue does it)"
     fi
