@@ -28,8 +28,10 @@ saves an .npy, one file at a time. Its weights come from a local modelscope cach
 has no network, so `--peer-site` (bench/peer_site) puts a sitecustomize on the peer's path that asks modelscope
 for its local cache only (snapshot_download's own local_files_only) and accepts a model id found there.
 Its utterances/s are taken from the times its per-file lines arrive (first to last: no start-up, no model
-load); ours likewise per file (read, resample check, embed at batch 1) in a process of ours. Rounds
-alternate the order (peer, ours, ours, peer, ...) and the ratio is of the medians; the peer's embeddings are
+load); ours two ways, each in a process of its own: per file as the peer works (read, resample check, embed at
+batch 1), and as `speakerlab-embed --onnx` runs (its embed_scp call: files batched by equal length; the runtime
+loaded before the clock starts, as the peer's model is). Rounds alternate the order and each ratio is of the
+medians; the peer's embeddings are
 compared with ours (same weights, same files).
 """
 
@@ -267,9 +269,33 @@ def ours_per_file(work: Path, list_file: Path) -> None:
     np.savez(work / "ours_peer_files.npz", **out)
 
 
+def ours_command(work: Path, list_file: Path) -> None:
+    """Our side as `speakerlab-embed --onnx wav.scp OUT` runs it (speakerlab.inference.cli.embed_scp with its
+    defaults: files read in list order, batched by equal length, 32 a call), in its own process: prints the
+    utterances/s of that call (the runtime loaded before, as the peer's rate leaves out its start-up and model
+    load)."""
+    from speakerlab.inference.cli import embed_scp
+    from speakerlab.inference.runtime import load_onnx
+
+    runtime = load_onnx(onnx_file("campplus", "onnx", work), threads=THREADS)
+    scp = work / "peer_wavs.scp"
+    scp.write_text("".join(f"{Path(p).stem} {p}\n" for p in list_file.read_text().split()))
+    t = time.perf_counter()
+    ids, _ = embed_scp(runtime, str(scp))
+    print(f"rate {len(ids) / (time.perf_counter() - t)}", flush=True)
+
+
+def command_rate(cmd, env) -> float:
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[:3]} failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+    return float(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("rate ")))
+
+
 def peer_ratio(args, work: Path, rounds: int) -> dict:
     paths = peer_files(work, args.peer_files)
     onnx_file("campplus", "onnx", work)
+    (work / "home").mkdir(exist_ok=True)  # the peer's HOME (modelscope writes there) and our stderr logs
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(work / "home"),
@@ -290,15 +316,18 @@ def peer_ratio(args, work: Path, rounds: int) -> dict:
         str(work / "peer_out"),
     ]
     ours_cmd = [sys.executable, __file__, "--ours-per-file", "--work", str(work)]
+    batched_cmd = [sys.executable, __file__, "--ours-command", "--work", str(work)]
     ours_env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "HOME": env["HOME"]}
-    peer, ours = [], []
+    peer, ours, batched = [], [], []
     for r in range(rounds):
-        order = ["peer", "ours"] if r % 2 == 0 else ["ours", "peer"]
+        order = ["peer", "ours", "batched"] if r % 2 == 0 else ["batched", "ours", "peer"]
         for who in order:
             if who == "peer":
                 peer.append(line_rate(peer_cmd, env, "The extracted embedding", cwd=args.peer))
-            else:
+            elif who == "ours":
                 ours.append(line_rate(ours_cmd, ours_env, "embedded "))
+            else:
+                batched.append(command_rate(batched_cmd, ours_env))
     mine = np.load(work / "ours_peer_files.npz")
     theirs = {
         p.stem: np.load(work / "peer_out" / PEER_MODEL_ID.split("/")[1] / "embeddings" / f"{p.stem}.npy") for p in paths
@@ -311,6 +340,8 @@ def peer_ratio(args, work: Path, rounds: int) -> dict:
         "peer_utt_per_s": peer,
         "ours_utt_per_s": ours,
         "ratio_of_medians": statistics.median(ours) / statistics.median(peer),
+        "ours_command_utt_per_s": batched,
+        "command_ratio_of_medians": statistics.median(batched) / statistics.median(peer),
         "max_abs_diff_embeddings": diff,
         "embedding_scale": scale,
     }
@@ -348,6 +379,7 @@ def main() -> int:
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--ours-per-file", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ours-command", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.worker:
@@ -358,6 +390,9 @@ def main() -> int:
         return 0
     if args.ours_per_file:
         ours_per_file(args.work, args.work / "peer_wavs.list")
+        return 0
+    if args.ours_command:
+        ours_command(args.work, args.work / "peer_wavs.list")
         return 0
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; threads {THREADS}", flush=True

@@ -177,6 +177,22 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
     assert len(doc[0]["turns"]) == len(turns["three"])
 
 
+@pytest.mark.slow
+def test_cli_diarizes_with_a_waveform_onnx_file_as_with_its_checkpoint(capsys, tmp_path, talks, ckpt):
+    """--onnx (speakerlab-export --waveform of the checkpoint, run by onnxruntime): the RTTM of --checkpoint."""
+    from speakerlab.inference.export import main as export
+
+    pytest.importorskip("onnxruntime")
+    onnx_file = tmp_path / "m.onnx"
+    assert export(["--checkpoint", str(ckpt), "--format", "onnx", "--waveform", "--out", str(onnx_file)]) == 0
+    common = [talks["three"][0], "--vad", "energy", "--num-speakers", 3]
+    code, _, _ = diarize(capsys, *common, "--checkpoint", ckpt, "--rttm", tmp_path / "torch.rttm")
+    assert code == 0
+    code, _, err = diarize(capsys, *common, "--onnx", onnx_file, "--rttm", tmp_path / "onnx.rttm")
+    assert code == 0 and f"campplus ({onnx_file})" in err
+    assert (tmp_path / "onnx.rttm").read_text() == (tmp_path / "torch.rttm").read_text() != ""
+
+
 def test_cli_takes_each_recordings_count_and_oracle_speech(capsys, tmp_path, talks, ckpt):
     counts, ref = tmp_path / "reco2num_spk", tmp_path / "ref.rttm"
     counts.write_text("three 2\n")

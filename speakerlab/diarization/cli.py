@@ -110,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("audio", nargs="*", help="audio files (any rate; the first channel of several)")
     ap.add_argument("--wav-scp", help="'<recording> <path>' lines instead of files")
-    add_source_args(ap)
+    add_source_args(ap, onnx=True)
     ap.add_argument("--rttm", help="write the RTTM here (default: stdout)")
     ap.add_argument("--json", help="also write a JSON of segments, speech and centroids here")
     ap.add_argument("--embeddings", action="store_true", help="the JSON also holds every sub-segment's embedding")
@@ -161,6 +161,15 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     return run_command(lambda: diarize(ap, args), BAD_INPUT)
 
 
+def embedder_of(ap: argparse.ArgumentParser, args):
+    """The embedding source of the options: a waveform ONNX file on onnxruntime (`--onnx`), or a model for torch."""
+    if args.onnx:
+        from speakerlab.inference.runtime import load_onnx
+
+        return load_onnx(args.onnx)
+    return embedder_from_args(ap, args)
+
+
 def diarize(ap: argparse.ArgumentParser, args) -> None:
     """Every recording, then the outputs (nothing is written when one fails)."""
     t0 = time.time()
@@ -171,7 +180,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
-    diarizer = Diarizer(embedder_from_args(ap, args), None if speech is not None else make_vad(args.vad), options)
+    diarizer = Diarizer(embedder_of(ap, args), None if speech is not None else make_vad(args.vad), options)
     results, audio_seconds = [], 0.0
     for reco, path, where in items:
         t1 = time.time()
