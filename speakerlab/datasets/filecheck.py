@@ -48,6 +48,8 @@ def check_file(job: Tuple[str, str, int, float]) -> Checked:
     path, dest, rate, min_seconds = job
     if not os.path.isfile(path):
         return Checked(f"left out: {not_a_file(path)}")
+    if os.path.getsize(path) == 0:  # libsndfile would say "Format not recognised", which points the wrong way
+        return Checked("left out: empty (0 bytes: an interrupted copy or download?)")
     try:
         info = sf.info(path)
         wave, sr = sf.read(path, dtype="float32", always_2d=True)
