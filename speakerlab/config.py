@@ -109,8 +109,9 @@ class DataSettings:
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated
     check_audio: bool = False  # re-read every header at start even with utt2num_samples
-    feats: bool = False  # train from <train>/feats.scp (speakerlab.features.store);
-    # no augmentation or speed perturbation then
+    feats: Union[bool, str] = setting(False, check=_auto_or_bool)  # train from <train>/feats.scp
+    # (speakerlab.features.store); no augmentation or speed perturbation then. auto: the store when the front end
+    # is one it holds (Kaldi fbank, also when train.init brings it) and nothing augments; else the audio
     on_bad_audio: str = setting("skip", choices=("skip", "stop"))  # a crop that fails to read mid-training:
     # skip: the row leaves its batch, counted and named in the log; stop: the run ends (checkpoints intact)
     max_bad_audio: int = setting(100, ge=0)  # skip: stop anyway past this many failed reads (a lost mount,
@@ -302,12 +303,14 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
     if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
         raise ConfigError("config key 'optim.nesterov': Nesterov momentum needs optim.momentum > 0; set it false")
-    if cfg.data.feats and (cfg.augment.lists or cfg.augment.speed_prob > 0):
+    if cfg.data.feats == "auto" and (cfg.augment.lists or cfg.augment.speed_prob > 0 or cfg.data.shards):
+        cfg.data.feats = False
+    if cfg.data.feats is True and (cfg.augment.lists or cfg.augment.speed_prob > 0):
         raise ConfigError(
             "config key 'data.feats': stored features cannot be augmented; "
             "unset augment.lists and set augment.speed_prob to 0"
         )
-    if cfg.data.shards and cfg.data.feats:
+    if cfg.data.shards and cfg.data.feats is True:
         raise ConfigError(
             "config key 'data.shards': tar shards hold audio, stored features are read from data.train; "
             "set one of data.shards and data.feats"
@@ -344,12 +347,14 @@ def _validate_freeze(cfg: Config) -> None:
 
 
 def check_features(cfg: Config) -> None:
-    """The front-end's rules (its kind's, speakerlab.frontends) and what the feature store can hold. With
-    train.init and no features.kind, the kind is the pretrained model's: speakerlab.train.init checks the
-    section once it has filled it."""
+    """The front-end's rules (its kind's, speakerlab.frontends) and what the feature store can hold; data.feats
+    auto becomes true or false here. With train.init and no features.kind, the kind is the pretrained model's:
+    speakerlab.train.init checks the section once it has filled it."""
     if cfg.train.init and cfg.features.kind is None:
         return
     kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
+    if cfg.data.feats == "auto":
+        cfg.data.feats = FRONT_ENDS[kind].storable
     if cfg.data.feats and not FRONT_ENDS[kind].storable:
         raise ConfigError(
             f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "

@@ -114,6 +114,20 @@ def test_config_kind_and_its_rules(tmp_path):
         load_config(base, ["features.kind=kaldi_fbank", "features.fft_size=512"])
 
 
+def test_data_feats_auto_is_the_store_where_it_can_serve(tmp_path):
+    """data.feats auto: the feature store for Kaldi fbank without augmentation; the audio for a front end the
+    store does not hold, with augmentation, or with shards; anything but auto / true / false names the key."""
+    base = tmp_path / "c.yaml"
+    base.write_text("model: {name: campplus}\ndata: {train: x, feats: auto}\n")
+    assert load_config(base).data.feats is True
+    assert load_config(base, ["augment.speed_prob=0.5"]).data.feats is False
+    assert load_config(base, ["data.shards=s"]).data.feats is False
+    mel = ["model.name=redimnet2_b0", "features.kind=redimnet_mel", "features.num_mel_bins=72"]
+    assert load_config(base, mel).data.feats is False
+    with pytest.raises(ConfigError, match="'data.feats' must be auto, true or false"):
+        load_config(base, ["data.feats=maybe"])
+
+
 # One spec of every kind, none at its defaults where the kind has settings of its own.
 EVERY_KIND = [
     FeatureSpec(

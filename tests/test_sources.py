@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from speakerlab.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from speakerlab.config import ConfigError
 from speakerlab.frontends import FeatureSpec, ReDimNetMelConfig, feature_spec, section_keys
 from speakerlab.inference.cli import run_embed
 from speakerlab.inference.embedder import load_embedder
@@ -113,6 +114,16 @@ def test_a_source_embeds_and_fine_tunes_with_the_same_front_end(kind, tmp_path, 
     else:  # both paths read the embedding size from the file
         assert src.features == THREEDSPEAKER_FEATURES and builder_defaults("campplus")["embedding_size"] != 192
         assert cfg.model.args == {"embedding_size": 192} and trained.shape == embedder(wave).shape == (1, 192)
+
+
+def test_data_feats_auto_follows_the_front_end_a_source_brings(tmp_path):
+    """A ReDimNet2 release brings its own log-mel, which the feature store does not hold: data.feats auto reads the
+    audio (egs/custom's default), data.feats true is one error naming the key."""
+    config = [finetune_config(tmp_path, init=str(release_file(tmp_path)))]
+    cfg, _ = load_train_config(config, ["data.feats=auto"], None)
+    assert cfg.features.kind == "redimnet_mel" and cfg.data.feats is False
+    with pytest.raises(ConfigError, match="config key 'data.feats': the feature store holds Kaldi fbank"):
+        load_train_config(config, ["data.feats=true"], None)
 
 
 @pytest.mark.slow  # a whole run (~11 s)

@@ -3,8 +3,7 @@
 # held-out speakers next to the EER of the model you started from (docs/custom_data.md).
 #   bash egs/custom/run.sh --root /data/voices --init egs/mini/exp/campplus     # ours: an exp dir or checkpoint
 #   bash egs/custom/run.sh --csv list.csv --3dspeaker campplus --weights campplus_cn_common.bin
-#   bash egs/custom/run.sh --root /data/voices --init b2-vox2-ptn.pt \
-#     --train_overrides data.feats=false    # a ReDimNet2 release: its own log-mel, computed from the audio
+#   bash egs/custom/run.sh --root /data/voices --init b2-vox2-ptn.pt   # a ReDimNet2 release: its log-mel, from the audio
 #   bash egs/custom/run.sh --root /data/voices                                  # no --init: from scratch
 # Stages (the same numbers in every recipe): 1 data preparation (speakerlab-folder: every
 # file checked, $data/report.txt; speaker-disjoint train/, val/ and test/, val/trials and test/trials), 2 features
