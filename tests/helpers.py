@@ -319,17 +319,9 @@ def export_copy(name: str) -> torch.nn.Module:
 
 
 def relative_errors(sess, embedder, lengths: np.ndarray, rng) -> tuple:
-    """Random waves of `lengths` samples through the ONNX session, each alone (batch 1) and all as one zero-padded
-    batch with their lengths: the largest difference of each from the PyTorch path, relative to the embedding's
-    largest value when that is above 1."""
+    """Random waves of `lengths` samples through the ONNX session against the torch embedder, alone and as one
+    padded batch (speakerlab.inference.export.waveform_errors)."""
+    from speakerlab.inference.export import waveform_errors
+
     waves = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
-    ref = np.concatenate([embedder(torch.from_numpy(w)[None]).numpy() for w in waves])
-    padded = np.zeros((len(waves), lengths.max()), np.float32)
-    for i, w in enumerate(waves):
-        padded[i, : len(w)] = w
-    alone = np.concatenate(
-        [sess.run(None, {"wave": w[None], "lengths": lengths[i : i + 1]})[0] for i, w in enumerate(waves)]
-    )
-    batch = sess.run(None, {"wave": padded, "lengths": lengths})[0]
-    scale = max(1.0, float(np.abs(ref).max()))
-    return np.abs(alone - ref).max() / scale, np.abs(batch - ref).max() / scale
+    return waveform_errors(sess, lambda w: embedder(torch.from_numpy(w)).numpy(), waves)

@@ -34,8 +34,9 @@ from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines, w
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
 from speakerlab.diarization.vad import VADS, make_vad
-from speakerlab.inference.cli import BAD_INPUT, warn_stderr
-from speakerlab.inference.embedder import Embedder, add_source_args, embedder_from_args
+from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
+from speakerlab.inference.common import add_source_args
+from speakerlab.inference.embedder import Embedder
 
 
 def recordings(args) -> List[Tuple[str, str, str]]:
@@ -161,15 +162,6 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     return run_command(lambda: diarize(ap, args), BAD_INPUT)
 
 
-def embedder_of(ap: argparse.ArgumentParser, args):
-    """The embedding source of the options: a waveform ONNX file on onnxruntime (`--onnx`), or a model for torch."""
-    if args.onnx:
-        from speakerlab.inference.runtime import load_onnx
-
-        return load_onnx(args.onnx)
-    return embedder_from_args(ap, args)
-
-
 def diarize(ap: argparse.ArgumentParser, args) -> None:
     """Every recording, then the outputs (nothing is written when one fails)."""
     t0 = time.time()
@@ -180,7 +172,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
-    diarizer = Diarizer(embedder_of(ap, args), None if speech is not None else make_vad(args.vad), options)
+    diarizer = Diarizer(source_embedder(ap, args), None if speech is not None else make_vad(args.vad), options)
     results, audio_seconds = [], 0.0
     for reco, path, where in items:
         t1 = time.time()

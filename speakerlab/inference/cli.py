@@ -269,6 +269,18 @@ def embed_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def source_embedder(ap: argparse.ArgumentParser, args):
+    """The embedder the options of `add_source_args` name: a waveform ONNX file on onnxruntime (`--onnx`, torch
+    never imported), else `speakerlab.inference.embedder.embedder_from_args` (torch)."""
+    if getattr(args, "onnx", None):
+        from speakerlab.inference.runtime import load_onnx
+
+        return load_onnx(args.onnx)
+    from speakerlab.inference.embedder import embedder_from_args
+
+    return embedder_from_args(ap, args)
+
+
 def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     """`speakerlab-embed` without the process exit: returns the exit code."""
     ap = embed_parser()
@@ -276,14 +288,7 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     try:
         npz, kaldi = output_paths(args.out, args.kaldi)
-        if args.onnx:
-            from speakerlab.inference.runtime import load_onnx
-
-            embedder = load_onnx(args.onnx)
-        else:
-            from speakerlab.inference.embedder import embedder_from_args
-
-            embedder = embedder_from_args(ap, args)
+        embedder = source_embedder(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
         write_embeddings(npz, ids, emb, kaldi, embedder.model_id)
     except bad_input() as e:

@@ -179,15 +179,11 @@ def torch_waveform(embedder, input_rate: int):
     return run
 
 
-def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: float = 1e-4) -> float:
-    """Largest |file - PyTorch| / max(1, |PyTorch|) over waves of `seconds` alone and as one padded batch;
-    raises ExportMismatch when above `atol`."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    waves = [(0.1 * rng.standard_normal(int(s * input_rate))).astype(np.float32) for s in seconds]
-    ref = np.concatenate([torch_waveform(embedder, input_rate)(w[None]) for w in waves])
+def waveform_errors(sess, reference, waves) -> Tuple[float, float]:
+    """A waveform file's session against `reference` (`(1, N)` samples -> `(1, D)` embedding, the PyTorch path) on
+    `waves`, each alone (batch 1) and all as one zero-padded batch with their lengths: the largest |file -
+    reference| of each, over max(1, the reference's largest |value|)."""
+    ref = np.concatenate([reference(w[None]) for w in waves])
     lengths = np.array([len(w) for w in waves], np.int64)
     padded = np.zeros((len(waves), lengths.max()), np.float32)
     for i, w in enumerate(waves):
@@ -197,7 +193,18 @@ def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: 
     )
     batch = sess.run(None, {"wave": padded, "lengths": lengths})[0]
     scale = max(1.0, float(np.abs(ref).max()))
-    worst = max(float(np.abs(alone - ref).max()), float(np.abs(batch - ref).max())) / scale
+    return float(np.abs(alone - ref).max()) / scale, float(np.abs(batch - ref).max()) / scale
+
+
+def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: float = 1e-4) -> float:
+    """Largest waveform_errors over waves of `seconds` alone and as one padded batch; raises ExportMismatch when
+    above `atol`."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    waves = [(0.1 * rng.standard_normal(int(s * input_rate))).astype(np.float32) for s in seconds]
+    worst = max(waveform_errors(sess, torch_waveform(embedder, input_rate), waves))
     if worst > atol:
         raise ExportMismatch(f"the waveform file differs from the PyTorch path by {worst:.2e} (> {atol})")
     return worst
