@@ -303,8 +303,6 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
     if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
         raise ConfigError("config key 'optim.nesterov': Nesterov momentum needs optim.momentum > 0; set it false")
-    if cfg.data.feats == "auto" and (cfg.augment.lists or cfg.augment.speed_prob > 0 or cfg.data.shards):
-        cfg.data.feats = False
     if cfg.data.feats is True and (cfg.augment.lists or cfg.augment.speed_prob > 0):
         raise ConfigError(
             "config key 'data.feats': stored features cannot be augmented; "
@@ -354,7 +352,8 @@ def check_features(cfg: Config) -> None:
         return
     kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
     if cfg.data.feats == "auto":
-        cfg.data.feats = FRONT_ENDS[kind].storable
+        augmented = bool(cfg.augment.lists) or cfg.augment.speed_prob > 0
+        cfg.data.feats = FRONT_ENDS[kind].storable and not augmented and not cfg.data.shards
     if cfg.data.feats and not FRONT_ENDS[kind].storable:
         raise ConfigError(
             f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "
