@@ -20,13 +20,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # that config can read it. sources: the one reader of pretrained models (ours, 3D-Speaker, ReDimNet2
 # releases), between checkpoint and inference, because it needs models and the front-end registry and both
 # inference and train read through it.
-# `commands` (the parser and the ending of every console script) is a leaf every layer with a script may import.
+# `commands` (the parser and the ending of every console script) and `outputs` (the one writer of output files) are
+# leaves that every layer may import.
+LEAVES = {"commands", "outputs"}
 LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "frontends": {"settings"},
     "config": {"settings", "frontends"},
     "devices": set(),
     "commands": set(),
+    "outputs": set(),
     "dataio": {"config", "settings", "devices", "commands"},
     "features": {"dataio", "config", "devices", "frontends", "commands"},
     "models": set(),
@@ -121,7 +124,7 @@ def test_every_import_follows_the_layer_table():
         f"{m} ({layer(m)}) imports {d} ({layer(d)})"
         for m, deps in sorted(graph.items())
         for d in sorted(deps)
-        if layer(m) and layer(d) != layer(m) and layer(d) not in LAYERS[layer(m)]
+        if layer(m) and layer(d) != layer(m) and layer(d) not in LAYERS[layer(m)] | LEAVES
     ]
     assert not bad, "\n".join(bad)
 

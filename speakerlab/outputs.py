@@ -1,0 +1,129 @@
+"""The one writer of speakerlab's output files: whole or not at all, and never over something that is not a file.
+
+    with output_file("exp/scores/test.txt") as f:        # text; mode="wb" for bytes (torch.save, np.savez, ...)
+        f.write(...)
+    with output_path("model.onnx") as tmp:               # for writers that need a path (onnx external data, ...)
+        onnx.save(model, tmp)
+
+A regular target (or one that does not exist yet) is written to a hidden temporary file beside it, flushed to disk
+and renamed over it when the block ends without an error: a reader never sees half a file, and a crash or a full
+disk leaves what was there before. A symbolic link is followed, so the link stays and the file it points at is
+replaced. A target that exists and is not a regular file (a character device such as /dev/null, a FIFO, a terminal,
+/dev/stdout on a pipe) is never renamed over: running as root, a rename would replace the machine's /dev/null with a
+plain file. `output_file` writes such a target straight through; `output_path` refuses it in one line, because the
+writers that take a path may add suffixes or seek. `-` means standard output where a command's output is text
+(`output_file(path, allow_stdout=True)`). A folder as the target is an OutputError naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import IO, Iterator, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written as asked (a folder, a device for a path-taking writer, ...)."""
+
+
+def _kind(path: Path) -> str:
+    """'missing', 'file', 'dir' or 'special' (character/block device, FIFO, socket), links followed."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "special"
+
+
+def is_special(path: PathLike) -> bool:
+    """Whether `path` exists and is neither a regular file nor a folder (a device, a FIFO, ...)."""
+    return _kind(Path(path)) == "special"
+
+
+def _temporary(real: Path) -> Path:
+    return real.with_name(f".{real.name}.tmp{os.getpid()}")
+
+
+def _commit(tmp: Path, real: Path) -> None:
+    os.replace(tmp, real)
+
+
+@contextlib.contextmanager
+def output_file(
+    path: PathLike, mode: str = "w", *, allow_stdout: bool = False, encoding: str = "utf-8", fsync: bool = True
+) -> Iterator[IO]:
+    """Open `path` to write it whole: yields a file object (`mode` "w" text or "wb" bytes).
+
+    `-` with `allow_stdout` (text modes only) is sys.stdout, flushed and left open. A device or FIFO is opened and
+    written straight through. Anything else goes through a temporary file renamed over the target at the end (with
+    an fsync first unless `fsync=False`, for large folders of small files that are checked later anyway)."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"output_file mode must be 'w' or 'wb', got {mode!r}")
+    if str(path) == "-":
+        if not allow_stdout or mode != "w":
+            raise OutputError("'-' (standard output) is not an output this command can write: give a file path")
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    real = Path(os.path.realpath(path))
+    kind = _kind(real)
+    if kind == "dir":
+        raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
+    text = {"encoding": encoding} if mode == "w" else {}
+    if kind == "special":
+        with open(real, mode, **text) as f:
+            yield f
+        return
+    real.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(real)
+    try:
+        with open(tmp, mode, **text) as f:
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        _commit(tmp, real)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def output_path(path: PathLike, suffix: str = "") -> Iterator[Path]:
+    """A temporary path beside `path` (ending in `suffix`, for writers that choose the format by name) for a writer
+    that takes a path; renamed over `path` when the block ends without an error, removed otherwise. A target that
+    exists and is not a regular file is refused (OutputError naming it), before anything is written."""
+    real = Path(os.path.realpath(path))
+    kind = _kind(real)
+    if kind == "dir":
+        raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
+    if kind == "special":
+        raise OutputError(f"{path} is not a regular file (a device or a pipe): this output is written only to a file")
+    real.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(real).with_name(_temporary(real).name + suffix)
+    try:
+        yield tmp
+        _commit(tmp, real)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: PathLike, text: str, *, allow_stdout: bool = False) -> None:
+    """`text` as the whole content of `path` (see output_file)."""
+    with output_file(path, "w", allow_stdout=allow_stdout) as f:
+        f.write(text)
+
+
+def write_lines(path: PathLike, lines, *, allow_stdout: bool = False) -> None:
+    """Each of `lines` (without newlines) as one line of `path` (see output_file)."""
+    with output_file(path, "w", allow_stdout=allow_stdout) as f:
+        for line in lines:
+            f.write(f"{line}\n")

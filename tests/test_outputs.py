@@ -1,0 +1,73 @@
+"""speakerlab.outputs, the one writer of output files: whole or not at all, never over a device."""
+
+import os
+import stat
+
+import pytest
+
+from speakerlab.outputs import OutputError, output_file, output_path, write_lines, write_text
+
+
+def char_device(tmp_path):
+    """A character device of our own (the null device's numbers) where mknod is allowed, else a FIFO."""
+    dev = tmp_path / "null"
+    try:
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError):
+        pytest.skip("mknod is not allowed here")
+    return dev
+
+
+def test_a_file_is_replaced_whole_and_an_error_keeps_the_old_one(tmp_path):
+    out = tmp_path / "sub" / "a.txt"
+    write_text(out, "one\n")
+    assert out.read_text() == "one\n"
+    with pytest.raises(RuntimeError):
+        with output_file(out) as f:
+            f.write("half")
+            raise RuntimeError("disk full")
+    assert out.read_text() == "one\n"
+    assert [p.name for p in out.parent.iterdir()] == ["a.txt"]
+
+
+def test_a_device_is_written_through_and_stays_a_device(tmp_path):
+    dev = char_device(tmp_path)
+    write_lines(dev, ["a", "b"])
+    with output_file(dev, "wb") as f:
+        f.write(b"\0" * 10)
+    assert stat.S_ISCHR(os.stat(dev).st_mode)
+    with pytest.raises(OutputError, match="not a regular file"):
+        with output_path(dev):
+            pass
+    assert stat.S_ISCHR(os.stat(dev).st_mode)
+
+
+def test_a_link_stays_a_link(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+
+def test_stdout_and_folders(tmp_path, capsys):
+    write_text("-", "to stdout\n", allow_stdout=True)
+    assert capsys.readouterr().out == "to stdout\n"
+    with pytest.raises(OutputError, match="standard output"):
+        write_text("-", "x")
+    with pytest.raises(OutputError, match="is a folder"):
+        write_text(tmp_path, "x")
+
+
+def test_output_path_renames_only_on_success(tmp_path):
+    out = tmp_path / "m.bin"
+    with output_path(out, suffix=".bin") as tmp:
+        assert tmp.name.endswith(".bin") and tmp.parent == tmp_path
+        tmp.write_bytes(b"ok")
+    assert out.read_bytes() == b"ok"
+    with pytest.raises(KeyError):
+        with output_path(out) as tmp:
+            tmp.write_bytes(b"bad")
+            raise KeyError
+    assert out.read_bytes() == b"ok" and sorted(p.name for p in tmp_path.iterdir()) == ["m.bin"]
