@@ -8,7 +8,7 @@
     fbank + mean normalisation of the one sample.
 (b) ours: the loader worker reads the int16 crop and draws (speakerlab.dataio.batches.CropDataset +
     collate, noise and RIR audio sliced from the memory-mapped bank); the batched arithmetic
-    (speakerlab.train.frontend.Frontend: speed, RIR convolution, mixing, fbank) runs on the training
+    (speakerlab.train.inputs.pipeline.InputPipeline: speed, RIR convolution, mixing, fbank) runs on the training
     device, here timed on this machine's CPU with a batch of `--batch`.
 Worker-side figures run with one torch thread, as in a DataLoader worker. Every figure is the best
 of `--repeats` (the machine is shared: the best run is the least disturbed one). The inputs (speech,
@@ -38,9 +38,10 @@ from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa
 from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
 from speakerlab.dataio.noise_bank import NoiseBank, build_bank  # noqa: E402
 from speakerlab.dataio.speed import input_length, resample_ratio  # noqa: E402
-from speakerlab.features.fbank import Fbank, FbankConfig, mean_normalize  # noqa: E402
+from speakerlab.features.fbank import Fbank, mean_normalize  # noqa: E402
 from speakerlab.features.spec import KaldiFeatures  # noqa: E402
-from speakerlab.train.frontend import Frontend  # noqa: E402
+from speakerlab.frontends import FbankConfig  # noqa: E402
+from speakerlab.train.inputs.pipeline import InputPipeline  # noqa: E402
 
 SR, CROP = 16000, 3 * 16000
 FACTORS = (0.9, 1.1)  # every sample is sped up (the worst case of speed_prob 1)
@@ -124,7 +125,7 @@ def best_of(repeats: int, fn) -> float:
 
 
 def wait_fraction(utts, aug, args, device: torch.device) -> str:
-    """CAM++ training steps fed by the real loader (workers, pinned memory, the frontend on `device`):
+    """CAM++ training steps fed by the real loader (workers, pinned memory, the input pipeline on `device`):
     the share of step time spent in next(loader). Meant for CUDA; `--wait-on-cpu` runs it on the CPU
     only to check the code path."""
     from speakerlab.models import build_model
@@ -140,7 +141,7 @@ def wait_fraction(utts, aug, args, device: torch.device) -> str:
         pin_memory=cuda,
         prefetch_factor=4 if args.workers else None,
     )
-    frontend = Frontend(KaldiFeatures(FbankConfig(), True), CROP, FACTORS).to(device)
+    pipeline = InputPipeline(KaldiFeatures(FbankConfig(), True), CROP, FACTORS).to(device)
     model = build_model("campplus").to(device)
     with torch.no_grad():
         dim = model.eval()(torch.zeros(1, 200, 80, device=device)).shape[-1]
@@ -154,7 +155,7 @@ def wait_fraction(utts, aug, args, device: torch.device) -> str:
         if step == 3:  # warm-up steps (cuDNN autotuning, worker start) are not counted; the clock starts
             wait, t0 = 0.0, t_ready  # where step 2 ended, so this step's fetch counts in wait and in total
         wait += fetched - t_ready
-        feats, labels = frontend(batch)
+        feats, labels = pipeline(batch)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = torch.nn.functional.cross_entropy(head(model(feats)).float(), labels % 8)
         loss.backward()
@@ -205,10 +206,10 @@ def main(argv=None) -> int:
         a = best_of(args.repeats, lambda: [peers(i, s) for i, s in items[: args.samples]]) / args.samples
         b_worker = best_of(args.repeats, lambda: collate([ds[it] for it in items])) / args.batch
         torch.set_num_threads(threads)
-        frontend = Frontend(KaldiFeatures(FbankConfig(), True), CROP, FACTORS)
+        pipeline = InputPipeline(KaldiFeatures(FbankConfig(), True), CROP, FACTORS)
         batch = collate([ds[it] for it in items])
         with torch.no_grad():
-            b_device = best_of(args.repeats, lambda: frontend(batch)) / args.batch
+            b_device = best_of(args.repeats, lambda: pipeline(batch)) / args.batch
         print(f"(a) per-sample pipeline (worker, 1 thread): {1000 * a:.2f} ms/sample")
         print(
             f"(b) ours, worker (int16 crop + draws + bank slices + collate, 1 thread): {1000 * b_worker:.3f} ms/sample"

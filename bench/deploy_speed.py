@@ -79,8 +79,7 @@ def embedder_of(name: str, work: Path):
     """The torch Embedder of a bench model (see the module docstring for the weights)."""
     import torch
 
-    from speakerlab.features.spec import FeatureSpec
-    from speakerlab.frontends import FbankConfig, ReDimNetMelConfig
+    from speakerlab.frontends import FbankConfig, FeatureSpec, ReDimNetMelConfig
     from speakerlab.inference.embedder import Embedder, load_embedder
     from speakerlab.models import build_model
 

@@ -91,7 +91,7 @@ def extract(out: Path, data_dir: Path, models, model_args: str, batch_size: int,
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
     from speakerlab.dataio.audio import audio_info
     from speakerlab.dataio.lists import read_wav_scp
-    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.frontends import FeatureSpec
     from speakerlab.inference.extract import main as extract_main
     from speakerlab.models import build_model
 

@@ -1,6 +1,6 @@
 """The classifier at 100k and 1M classes on gloo ranks (CPU): peak RSS per rank and time per optimizer step of the
 full AAM head (every rank holds all rows, DDP averages their gradient), the head sharded over the ranks
-(speakerlab.train.sharded, sample rate 1: the same loss and gradients) and sharded with Partial FC sampling at
+(speakerlab.train.losses.sharded, sample rate 1: the same loss and gradients) and sharded with Partial FC sampling at
 rate 0.1.
 
     python bench/partial_fc.py [--classes 100000 1000000] [--world 2] [--dim 128] [--batch 64] [--steps 3]
@@ -37,8 +37,8 @@ def child(args) -> None:
     import torch.nn as nn
 
     from speakerlab.train.build import SpeakerNet
-    from speakerlab.train.loss import AAMSoftmax
-    from speakerlab.train.sharded import ShardedAAM, keep_out_of_ddp
+    from speakerlab.train.losses.margin import AAMSoftmax
+    from speakerlab.train.losses.sharded import ShardedAAM, keep_out_of_ddp
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

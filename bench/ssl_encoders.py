@@ -75,10 +75,10 @@ def run_case(name: str, args) -> dict:
     """One case in this process: {median_s, min_s, max_s, samples_per_s, peak_gb, params_m, trainable_m}."""
     import torch
 
-    from speakerlab.features.spec import FeatureSpec, WaveformConfig, build_features
-    from speakerlab.features.w2vbert import W2VBertFbankConfig
+    from speakerlab.features.spec import build_features
+    from speakerlab.frontends import FeatureSpec, W2VBertFbankConfig, WaveformConfig
     from speakerlab.models import build_model
-    from speakerlab.train.loss import AAMSoftmax
+    from speakerlab.train.losses.margin import AAMSoftmax
 
     model_name, encoder, backend, stage = CASES[name]
     device = torch.device(args.device)

@@ -20,7 +20,7 @@ The training source is the audio files (default), the feature store (`--feats`: 
 Each run is a fresh process (`--child`), as `speakerlab-train` starts:
 
     first step   seconds from the process start to the end of the first optimizer step: interpreter and imports,
-                 the config, the lists read and checked (speakerlab.train.data), the model and an AAM head of S
+                 the config, the lists read and checked (speakerlab.train.inputs.loader), the model and an AAM head of S
                  classes (embedding 192) built, the loader's workers started, one step of CAM++ (tiny) on CPU
     main peak    the main process's peak RSS (ru_maxrss) at that moment
     worker       each loader worker's RSS, its anonymous and file-backed parts (RssAnon, RssFile: memory-mapped
@@ -210,8 +210,8 @@ def child(args) -> dict:
     import torch
 
     from speakerlab.train.build import build_run, load_train_config
-    from speakerlab.train.loop import train_step
-    from speakerlab.train.resume import resume
+    from speakerlab.train.step import train_step
+    from speakerlab.train.state.resume import resume
 
     torch.set_num_threads(1)
     exp = Path(args.work) / f"exp_{args.utts}_{os.getpid()}"

@@ -6,7 +6,7 @@
 
 Each row times full optimizer steps (features -> model -> AAM loss -> backward -> SGD) after warm-up
 (compilation happens there): "synthetic" feeds random waves already on the device through the fbank (the
-loader excluded); "loader" feeds the real DataLoader of `--data` through the training frontend (audio
+loader excluded); "loader" feeds the real DataLoader of `--data` through the training input pipeline (audio
 reading, crops, fbank). Crops are 3 s, the recipes' length. Prints the command and the machine.
 
 Precisions: `bf16`, `fp16` (autocast, GradScaler), `tf32` (fp32 with TF32 matmul/convolution),
@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 from bench.models import macs  # noqa: E402
 from speakerlab.config import load_config  # noqa: E402
 from speakerlab.train import build as setup  # noqa: E402
-from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, probe_sizes  # noqa: E402
-from speakerlab.train.data import load_train_lists, make_loader  # noqa: E402
-from speakerlab.train.distributed import DistInfo  # noqa: E402
-from speakerlab.train.precision import resolve_precision  # noqa: E402
-from speakerlab.train.speedups import apply_switches, resolve_switches  # noqa: E402
+from speakerlab.train.hardware.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, probe_sizes  # noqa: E402
+from speakerlab.train.hardware.precision import resolve_precision  # noqa: E402
+from speakerlab.train.hardware.speedups import apply_switches, resolve_switches  # noqa: E402
+from speakerlab.train.inputs.loader import load_train_lists, make_loader  # noqa: E402
+from speakerlab.train.launch.distributed import DistInfo  # noqa: E402
 
 # Dense (no sparsity) peak TFLOP/s per GPU, by precision: bf16/fp16 and tf32 on tensor cores, fp32 on the
 # CUDA cores. Matched in this order against torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3" is the
@@ -108,7 +108,7 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
             while True:
                 waves = torch.randn(batch, crop, device=device) * 0.1
                 yield features(waves), torch.randint(0, num_speakers, (batch,), device=device)
-        frontend = setup.build_frontend(cfg, features, num_speakers)
+        pipeline = setup.build_inputs(cfg, features, num_speakers)
         steps = len(data) // batch
         plan = BatchPlan(batch * steps, 1, batch, steps)
         loader, sampler = make_loader(cfg, data, plan, DistInfo(), device.type == "cuda")
@@ -116,7 +116,7 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
         while True:
             sampler.set_epoch(epoch)
             for b in loader:
-                yield frontend(b)
+                yield pipeline(b)
             epoch += 1
 
     it = batches()

@@ -67,7 +67,7 @@ def _speed_factors(v) -> Optional[str]:
     return None if v else "must not be empty"
 
 
-# torch.compile's modes (hardware.compile); speakerlab.train.speedups applies them.
+# torch.compile's modes (hardware.compile); speakerlab.train.hardware.speedups applies them.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -91,7 +91,7 @@ def _batch(v) -> Optional[str]:
 
 @dataclass
 class TrainCorpus:
-    """One corpus of data.train given as a list (speakerlab.train.data reads them)."""
+    """One corpus of data.train given as a list (speakerlab.train.inputs.loader reads them)."""
 
     name: str = ""  # speaker-id namespace: its speakers are `name/spk` (two corpora's id00012 stay two speakers)
     dir: str = ""  # Kaldi data dir with wav.scp, utt2spk
@@ -156,7 +156,7 @@ class LossSettings:
     subcenters: int = setting(1, ge=1)  # aam: directions per speaker, its cosine the nearest's (sub-center ArcFace)
     inter_topk: int = setting(0, ge=0)  # aam: the k hardest non-target speakers get an extra margin (inter-top-k)
     inter_topk_margin: float = setting(0.06, ge=0, lt=1.5708)  # ... of this at the final margin (rising with it)
-    # Large speaker sets (speakerlab.train.sharded): each rank holds 1/W of the classifier rows (same results);
+    # Large speaker sets (speakerlab.train.losses.sharded): each rank holds 1/W of the classifier rows (same results);
     # sample_rate < 1: Partial FC, each step's softmax over the batch's speakers and this share of the others
     shard_classes: bool = False
     sample_rate: float = setting(1.0, gt=0, le=1)
@@ -179,7 +179,7 @@ class OptimSettings:
     layer_decay: float = setting(1.0, gt=0, le=1)
 
 
-# The parts a freeze rule may name (speakerlab.train.freeze finds their parameters).
+# The parts a freeze rule may name (speakerlab.train.optim.freeze finds their parameters).
 FREEZE_PARTS = ("trunk", "encoder")
 
 
@@ -225,13 +225,13 @@ class TrainSettings:
     # first step and after each validated epoch; the lowest so far is checkpoints/best.pt, the run's result
     patience: int = setting(0, ge=0)  # with keep_best: stop early after this many validations in a row without a
     # lower EER than the best so far (0: never); a stopped run stays stopped when re-run
-    init: Optional[str] = None  # start from a pretrained model (speakerlab.train.init): a checkpoint or exp dir,
+    init: Optional[str] = None  # start from a pretrained model (speakerlab.train.state.init): a checkpoint or exp dir,
     # a ReDimNet2 release file, or a 3D-Speaker state dict (with init_3dspeaker); ignored once the run has its own
     # checkpoint. model.name / model.args may then be left out: they are taken from it
     init_3dspeaker: Optional[str] = None  # train.init is a 3D-Speaker state dict of this registered model (campplus)
     init_match_speakers: bool = False  # new speaker set: start the classifier rows of speakers the init checkpoint
     # also had (same id) from its classifier
-    # Parts of the network that take no gradient from the start until a bound (speakerlab.train.freeze): a part
+    # Parts of the network that take no gradient from the start until a bound (speakerlab.train.optim.freeze): a part
     # is frozen while any rule naming it holds. trunk, the whole embedding model (with train.init: the new
     # classifier settles before the pretrained trunk moves; BatchNorm statistics kept, dropout off); encoder, a
     # self-supervised model's encoder (its back-end and the classifier train). E.g.
@@ -259,7 +259,7 @@ class HardwareSettings:
     dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout
     watchdog_s: int = setting(300, ge=5)  # multi-process: a rank not running this long ends the job
     memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of free memory
-    # Speed switches (speakerlab.train.speedups); none changes results beyond float rounding.
+    # Speed switches (speakerlab.train.hardware.speedups); none changes results beyond float rounding.
     compile: Union[bool, str] = setting(False, check=_compile)  # torch.compile the embedding model:
     # false | true | a mode (default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs) | auto
     # (compile on CUDA, eager on CPU; a failed compile falls back to eager, logged); a failure under true or a
@@ -324,7 +324,7 @@ def _validate(cfg: Config) -> None:
 def _validate_freeze(cfg: Config) -> None:
     """Each train.freeze rule: exactly one bound, within train.epochs; a frozen trunk needs the pretrained
     model to keep fixed. (A bound in steps beyond the run, or an encoder the model lacks, is known when the run
-    is built: speakerlab.train.freeze.)"""
+    is built: speakerlab.train.optim.freeze.)"""
     for i, rule in enumerate(cfg.train.freeze):
         key = f"train.freeze[{i}]"
         if not rule.modules:
@@ -347,7 +347,7 @@ def _validate_freeze(cfg: Config) -> None:
 def check_features(cfg: Config) -> None:
     """The front-end's rules (its kind's, speakerlab.frontends) and what the feature store can hold; data.feats
     auto becomes true or false here. With train.init and no features.kind, the kind is the pretrained model's:
-    speakerlab.train.init checks the section once it has filled it."""
+    speakerlab.train.state.init checks the section once it has filled it."""
     if cfg.train.init and cfg.features.kind is None:
         return
     kind = feature_spec(cfg.features, cfg.data.sample_rate).kind

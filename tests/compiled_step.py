@@ -10,7 +10,7 @@ import torch
 
 from speakerlab.config import load_config
 from speakerlab.train.build import build_net, build_optimizer
-from speakerlab.train.speedups import apply_switches, resolve_switches
+from speakerlab.train.hardware.speedups import apply_switches, resolve_switches
 
 TINY = {
     "campplus": {

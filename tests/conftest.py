@@ -97,8 +97,7 @@ def ckpt(tmp_path_factory):
     """A randomly initialised 16-D tiny CAM++ (seed 0) with the default Kaldi fbank, as a checkpoint file: the
     model of the embedding, extraction and verification tests (what they compare is path against path)."""
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
-    from speakerlab.features.fbank import FbankConfig
-    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.frontends import FbankConfig, FeatureSpec
     from speakerlab.models import build_model
 
     torch.manual_seed(0)

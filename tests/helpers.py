@@ -109,8 +109,7 @@ def save_tiny_checkpoint(path: Path, seed: int = 0, **fields) -> Path:
     """A checkpoint of a random CAM++ of ~15 k parameters (TINY_CAMPPLUS, 80-bin fbank, mean norm), no classifier;
     `fields`: other Checkpoint fields (step, epoch, ...)."""
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
-    from speakerlab.features.fbank import FbankConfig
-    from speakerlab.features.spec import FeatureSpec
+    from speakerlab.frontends import FbankConfig, FeatureSpec
     from speakerlab.models import build_model
 
     torch.manual_seed(seed)

@@ -1,5 +1,5 @@
-"""`torchrun --nproc_per_node=W tests/sharded_ranks.py MODE[,MODE...] OUT`: speakerlab.train.sharded on W gloo ranks,
-in float64; rank 0 writes OUT/MODE.json per mode (tests/test_sharded.py runs it and asserts on it; nothing in
+"""`torchrun --nproc_per_node=W tests/sharded_ranks.py MODE[,MODE...] OUT`: speakerlab.train.losses.sharded on W gloo
+ranks, in float64; rank 0 writes OUT/MODE.json per mode (tests/test_sharded.py runs it and asserts on it; nothing in
 speakerlab knows of it; several modes share one start of the ranks). The global batch is every rank's 3 rows; a
 linear layer stands for the embedding model.
 
@@ -27,9 +27,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speakerlab.train.build import SpeakerNet
-from speakerlab.train.loss import AAMSoftmax, SphereFace2
-from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, keep_out_of_ddp
-from speakerlab.train.sharded_state import _gather_rows, head_state, load_optimizer_state, optimizer_state
+from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2
+from speakerlab.train.losses.sharded import ShardedAAM, ShardedSphereFace2, keep_out_of_ddp
+from speakerlab.train.losses.sharded_state import _gather_rows, head_state, load_optimizer_state, optimizer_state
 
 S, D, IN, B, MARGIN = 23, 6, 5, 3, 0.3  # 23 speakers: uneven shards on 2 and 3 ranks
 CASES = {

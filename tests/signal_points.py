@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-import speakerlab.train.selection
-import speakerlab.train.validation
+import speakerlab.train.state.selection
+import speakerlab.train.state.validation
 from speakerlab.train.loop import main
 
 
@@ -60,7 +60,7 @@ def signal_at(kind: str, n: int) -> None:
 
         torch.save = save
     elif kind == "validation":
-        real_eer = speakerlab.train.validation.validation_eer
+        real_eer = speakerlab.train.state.validation.validation_eer
 
         def eer(*args, **kwargs):
             if hit():
@@ -68,8 +68,8 @@ def signal_at(kind: str, n: int) -> None:
             return real_eer(*args, **kwargs)
 
         # data.val's validation (model selection's) and each corpus's own: the modules that call it.
-        speakerlab.train.selection.validation_eer = eer
-        speakerlab.train.validation.validation_eer = eer
+        speakerlab.train.state.selection.validation_eer = eer
+        speakerlab.train.state.validation.validation_eer = eer
     elif kind == "loader":
         real_iter = torch.utils.data.DataLoader.__iter__
 

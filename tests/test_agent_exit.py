@@ -1,5 +1,5 @@
 """The agent hosting the rendezvous store leaves torch's exit barrier after the other agents
-(speakerlab.train.agent; pytorch/pytorch#69520): a second node's agent held between its check-in and its
+(speakerlab.train.launch.agent; pytorch/pytorch#69520): a second node's agent held between its check-in and its
 wait must still get its answer, not a closed connection (which failed the two-node recipe test in CI)."""
 
 import datetime
@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.utils import store as store_util
 
-from speakerlab.train.agent import leave_in_order, listens_on
+from speakerlab.train.launch.agent import leave_in_order, listens_on
 
 # Node 0's agent: hosts the store, goes through the agent's exit barrier (torch's own, or with the repair
 # when "repaired" is given) once its workers are done, then exits, which takes the store down.
@@ -21,7 +21,7 @@ HOST = textwrap.dedent(
     import datetime, sys, types
     import torch.distributed as dist
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-    from speakerlab.train import agent
+    from speakerlab.train.launch import agent
 
     if sys.argv[1] == "repaired":
         agent._keep_the_store_until_all_left()
@@ -68,7 +68,11 @@ def test_the_host_is_the_process_listening_on_the_port():
     leave_in_order(client, 1, hosting=True)  # alone: nobody to wait for
     assert time.monotonic() - started < 5
     other = subprocess.run(
-        [sys.executable, "-c", f"from speakerlab.train.agent import listens_on; print(listens_on({server.port}))"],
+        [
+            sys.executable,
+            "-c",
+            f"from speakerlab.train.launch.agent import listens_on; print(listens_on({server.port}))",
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -11,10 +11,10 @@ from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.augment import INT16_SCALE, Augmenter, power, reference_wave
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
 from speakerlab.dataio.noise_bank import NoiseBank, build_bank
-from speakerlab.features.fbank import FbankConfig
 from speakerlab.features.spec import KaldiFeatures
-from speakerlab.train.build import build_frontend, build_net, class_names
-from speakerlab.train.frontend import Frontend
+from speakerlab.frontends import FbankConfig
+from speakerlab.train.build import build_inputs, build_net, class_names
+from speakerlab.train.inputs.pipeline import InputPipeline
 from speakerlab.train.loop import main as train_main
 from tests.helpers import losses, tiny_config, write_wav
 
@@ -70,8 +70,8 @@ def dataset(utts, augmenter=None, speed=()):
     return CropDataset(utts, [0, 1, 2, 3], [SR] * 4, CROP, SR, augmenter, speed, 0.8 if speed else 0.0)
 
 
-def frontend(speed=(), num_speakers=None):
-    return Frontend(KaldiFeatures(FbankConfig(), True), CROP, speed, num_speakers)
+def pipeline(speed=(), num_speakers=None):
+    return InputPipeline(KaldiFeatures(FbankConfig(), True), CROP, speed, num_speakers)
 
 
 def batch_of(ds, seeds):
@@ -86,7 +86,7 @@ def clean(item):
 @pytest.mark.parametrize("kind,lo,hi", [("noise", 0, 15), ("music", 5, 15), ("babble", 13, 20)])
 def test_mixed_snr_is_the_drawn_snr(lists, utts, kind, lo, hi):
     items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=1.0, kinds=[kind])), range(12))
-    y = frontend().waves(batch).double().numpy()
+    y = pipeline().waves(batch).double().numpy()
     drawn = []
     for item, row in zip(items, y):
         d = item["picked"].draw
@@ -108,7 +108,7 @@ def test_delta_rir_leaves_the_signal_unchanged(tmp_path, utts):
         ),
         range(4),
     )
-    y = frontend().waves(batch).double().numpy()
+    y = pipeline().waves(batch).double().numpy()
     for item, row in zip(items, y):
         assert item["picked"].draw.kind == "reverb"
         np.testing.assert_allclose(row, clean(item), atol=1e-6)
@@ -116,7 +116,7 @@ def test_delta_rir_leaves_the_signal_unchanged(tmp_path, utts):
 
 def test_reverb_keeps_length_power_and_alignment(lists, utts):
     items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=1.0, kinds=["reverb"])), range(6))
-    y = frontend().waves(batch).double().numpy()
+    y = pipeline().waves(batch).double().numpy()
     for item, row in zip(items, y):
         x = clean(item)
         assert power(row) == pytest.approx(power(x), rel=1e-4) and np.abs(row - x).max() > 0.01
@@ -129,7 +129,7 @@ def test_batched_device_path_equals_the_per_sample_reference(lists, utts):
     aug = Augmenter(bank_of(lists), prob=0.9, reverb_noise_prob=0.5)
     ds = dataset(utts, aug, speed=[0.9, 1.0, 1.1])
     items, batch = batch_of(ds, range(100, 140))
-    y = frontend(speed=[0.9, 1.1]).waves(batch).double().numpy()
+    y = pipeline(speed=[0.9, 1.1]).waves(batch).double().numpy()
     kinds, speeds = set(), set()
     for item, row in zip(items, y):
         ref = reference_wave(item["wave"], ds.factors[item["speed"]], CROP, item["picked"])
@@ -162,7 +162,7 @@ def test_draws_identical_for_any_number_of_workers(lists, utts):
 
 def test_prob_zero_and_no_speed_leave_the_crop(lists, utts):
     items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=0.0)), range(6))
-    y = frontend().waves(batch).double().numpy()
+    y = pipeline().waves(batch).double().numpy()
     for item, row in zip(items, y):
         assert item["picked"].draw.kind is None and np.array_equal(row, clean(item).astype(np.float32))
     # Augmentation draws after the crop: the crops are those of a dataset without augmentation.
@@ -182,11 +182,11 @@ def test_perturbed_speaker_ids_and_classifier_size_agree(tmp_path, lists, utts):
     assert net.classifier.weight.shape[0] == 12
     # One training step on CPU with speed + reverb + noise: labels index the expanded classes.
     aug = Augmenter(bank_of(lists), prob=1.0, reverb_noise_prob=0.5)
-    fe = build_frontend(config, KaldiFeatures(FbankConfig(), True), len(speakers))
-    fe.crop = CROP  # the tiny config's crop is 0.5 s; this dataset reads 0.25 s crops
+    pipe = build_inputs(config, KaldiFeatures(FbankConfig(), True), len(speakers))
+    pipe.crop = CROP  # the tiny config's crop is 0.5 s; this dataset reads 0.25 s crops
     ds = CropDataset(utts, [0, 1, 2, 3], [SR] * 4, CROP, SR, aug, config.augment.speed_factors, 1.0)
     items, batch = batch_of(ds, range(8))
-    feats, labels = fe(batch)
+    feats, labels = pipe(batch)
     expected = [it["label"] + it["speed"] * 4 for it in items]
     assert labels.tolist() == expected and all(names[c].startswith("sp") for c in expected)
     loss, top1 = net(feats, labels)

@@ -18,12 +18,12 @@ import torch
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from speakerlab.dataio.noise_bank import main as bank_main
 from speakerlab.dataio.prepare import main as prepare_main
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.frontends import FeatureSpec
 from speakerlab.inference.cli import run_verify
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model
-from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
+from speakerlab.train.state.average import main as average_main
 from tests.helpers import ROOT, damaged_copy, make_data_dir, tiny_config, write_wav
 from tests.helpers import TINY_CAMPPLUS as TINY
 
@@ -131,7 +131,7 @@ def test_stale_length_index_found_at_start(tmp_path, capsys):
 def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys, monkeypatch):
     """A stale length the start-up sample missed: the crop read fails mid-epoch; the error names the file,
     says what to do, and the checkpoints before it stay."""
-    import speakerlab.train.data as setup
+    import speakerlab.train.inputs.loader as setup
 
     monkeypatch.setattr(setup, "SPOT_CHECKS", 1)  # only the first and the last utterance are checked
     cfg, train = tiny_config(tmp_path, val=False)
@@ -146,7 +146,7 @@ def test_stale_entry_outside_the_start_check_is_one_clear_error(tmp_path, capsys
 def test_unreadable_utterance_skipped_counted_and_named(tmp_path, capsys, monkeypatch):
     """data.on_bad_audio skip (the default): an utterance that fails to read mid-epoch leaves its batch,
     every failed read is named and counted, and training finishes; past data.max_bad_audio it stops."""
-    import speakerlab.train.data as setup
+    import speakerlab.train.inputs.loader as setup
 
     monkeypatch.setattr(setup, "SPOT_CHECKS", 1)
     cfg, train = tiny_config(tmp_path, val=False)

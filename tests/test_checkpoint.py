@@ -23,8 +23,7 @@ from speakerlab.checkpoint import (
     save_checkpoint,
 )
 from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
 from tests.helpers import TINY_CAMPPLUS as TINY

@@ -1,5 +1,5 @@
 """The cluster path without a cluster: rank discovery (torchrun, srun, a batch shell), what a Slurm allocation
-becomes (speakerlab.train.cluster), the one-line errors of a launch that cannot work (through the recipes'
+becomes (speakerlab.train.launch.slurm), the one-line errors of a launch that cannot work (through the recipes'
 `launch`), the restart log line and the exp-dir lock across restarts of one job."""
 
 import os
@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from speakerlab.train.cluster import (
+from speakerlab.train.launch.distributed import DistInfo, discover_ranks, restart_note
+from speakerlab.train.launch.lock import ExpDirLock, ExpDirLocked
+from speakerlab.train.launch.slurm import (
     LaunchError,
     first_host,
     main,
@@ -16,8 +18,6 @@ from speakerlab.train.cluster import (
     slurm_plan,
     tasks_per_node,
 )
-from speakerlab.train.distributed import DistInfo, discover_ranks, restart_note
-from speakerlab.train.lock import ExpDirLock, ExpDirLocked
 from tests.helpers import ROOT
 
 HOST = "localhost"  # resolves everywhere

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from speakerlab.dataio.speed import Resampler, resample_ratio
-from speakerlab.features.fbank import Fbank, FbankConfig
+from speakerlab.features.fbank import Fbank
+from speakerlab.frontends import FbankConfig
 from speakerlab.models import build_model
-from speakerlab.train.loss import AAMSoftmax
-from speakerlab.train.precision import resolve_precision
-from speakerlab.train.stability import NonFiniteGuard
+from speakerlab.train.hardware.precision import resolve_precision
+from speakerlab.train.losses.margin import AAMSoftmax
+from speakerlab.train.optim.stability import NonFiniteGuard
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

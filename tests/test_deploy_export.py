@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.features.spec import FeatureSpec
-from speakerlab.frontends import WaveformConfig
+from speakerlab.frontends import FeatureSpec, WaveformConfig
 from speakerlab.inference.embedder import Embedder
 from speakerlab.models import build_model, list_ssl_models
 from tests.helpers import ROOT, make_data_dir, relative_errors, write_wav

@@ -21,8 +21,7 @@ from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_
 from speakerlab.diarization.cli import run
 from speakerlab.diarization.cluster import cluster
 from speakerlab.diarization.der import der
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.sources import read_source
 from speakerlab.synth.conversations import trim

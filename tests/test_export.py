@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.features.spec import FeatureSpec
-from speakerlab.frontends import FbankConfig, ReDimNetMelConfig
+from speakerlab.frontends import FbankConfig, FeatureSpec, ReDimNetMelConfig
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.export import check_export, export_torchscript
 from speakerlab.models import build_model, list_models

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder, length_batches, load_embedder
 from speakerlab.inference.extract import embed_data_dir, main
 from speakerlab.models import build_model

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.features.fbank import Fbank, FbankConfig, fbank, mean_normalize, num_frames
+from speakerlab.features.fbank import Fbank, fbank, mean_normalize, num_frames
+from speakerlab.frontends import FbankConfig
 from tests.helpers import FlagsSeen
 
 DATA = Path(__file__).parent / "data" / "kaldi_fbank"

@@ -16,11 +16,20 @@ import torch
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.features.fbank import Fbank, FbankConfig, mean_normalize
-from speakerlab.features.redimnet import ReDimNetMel, ReDimNetMelConfig, release_mel_config
-from speakerlab.features.spec import KaldiFeatures, WaveformConfig, build_features
-from speakerlab.features.w2vbert import W2VBertFbankConfig
-from speakerlab.frontends import FRONT_ENDS, FeatureSettings, FeatureSpec, feature_spec, section_keys
+from speakerlab.features.fbank import Fbank, mean_normalize
+from speakerlab.features.redimnet import ReDimNetMel, release_mel_config
+from speakerlab.features.spec import KaldiFeatures, build_features
+from speakerlab.frontends import (
+    FRONT_ENDS,
+    FbankConfig,
+    FeatureSettings,
+    FeatureSpec,
+    ReDimNetMelConfig,
+    W2VBertFbankConfig,
+    WaveformConfig,
+    feature_spec,
+    section_keys,
+)
 from speakerlab.inference.cli import embed_parser, run_embed, run_verify
 from speakerlab.inference.embedder import embedder_from_args, load_embedder
 from speakerlab.inference.extract import main as extract_main

@@ -12,13 +12,13 @@ from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.columns import FixedView
 from speakerlab.dataio.lists import ListError, read_table
-from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.features.fbank import Fbank, num_frames
 from speakerlab.features.store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
+from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.models import build_model
-from speakerlab.train.data import JoinedStore
+from speakerlab.train.inputs.loader import JoinedStore
 from speakerlab.train.loop import main as train_main
 from tests.helpers import losses, make_data_dir, tiny_config
 
@@ -106,7 +106,7 @@ def test_rerun_keeps_an_up_to_date_store_and_rebuilds_a_stale_one(data, tmp_path
 
 
 def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):
-    from speakerlab.train import validation
+    from speakerlab.train.state import validation
 
     cfg, _ = tiny_config(tmp_path, val=True)
     val = tmp_path / "val"

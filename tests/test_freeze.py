@@ -1,4 +1,4 @@
-"""The freeze schedule (`train.freeze`, speakerlab.train.freeze): which parts of the network take gradients at
+"""The freeze schedule (`train.freeze`, speakerlab.train.optim.freeze): which parts of the network take gradients at
 each step, the same whichever order the rules are listed in and whether the run was resumed; its config rules;
 the retired keys train.freeze_epochs / train.freeze_encoder_steps."""
 
@@ -19,9 +19,9 @@ from speakerlab.config import FREEZE_PARTS, ConfigError, FeatureSettings, Freeze
 from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model
 from speakerlab.train.build import build_run, load_train_config
-from speakerlab.train.freeze import PARTS, check_freeze, frozen_parts, rule_end
-from speakerlab.train.optim import parameter_groups
-from speakerlab.train.resume import schedule_changes
+from speakerlab.train.optim.freeze import PARTS, check_freeze, frozen_parts, rule_end
+from speakerlab.train.optim.groups import parameter_groups
+from speakerlab.train.state.resume import schedule_changes
 from tests.helpers import ROOT, TINY_ENCODERS, assert_no_traceback, fit_watched, free_port, losses, voice_data_dir
 
 TRUNK = FreezeRule(modules=["trunk"], until_epoch=1)

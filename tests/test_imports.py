@@ -154,3 +154,30 @@ def test_config_imports_no_implementation_module():
     code = "import speakerlab.config, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_front_end_settings_have_one_import_path():
+    """FeatureSpec and the front ends' settings live in speakerlab.frontends, and everything (the package, the tests,
+    bench/) imports them from there, never through a module that happens to import them too."""
+    names = {"FeatureSpec", "FbankConfig", "ReDimNetMelConfig", "W2VBertFbankConfig", "WaveformConfig"}
+    root = PACKAGE.parent
+    bad = []
+    for path in [*PACKAGE.rglob("*.py"), *(root / "tests").glob("*.py"), *(root / "bench").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("speakerlab"):
+                if not node.module.startswith("speakerlab.frontends"):
+                    bad += [f"{path.relative_to(root)}:{node.lineno} {a.name}" for a in node.names if a.name in names]
+    assert not bad, "import these from speakerlab.frontends: " + ", ".join(bad)
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it is: two `cluster.py` (a Slurm plan and speaker clustering) read as one. Names of
+    a role that a layer may have once (its commands, its registry, its settings, its shared helpers, its pipeline)
+    are the exception."""
+    roles = {"__init__", "__main__", "cli", "common", "pipeline", "registry", "settings"}
+    seen: Dict[str, list] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem not in roles:
+            seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, twice

@@ -1,4 +1,4 @@
-"""Starting a run from a pretrained model (`train.init`, speakerlab.train.init): the model section taken from
+"""Starting a run from a pretrained model (`train.init`, speakerlab.train.state.init): the model section taken from
 the source, the weights loaded, a new classifier (or the rows of matching speakers), the trunk frozen for the
 first epochs, a lower LR for it; from our checkpoints, 3D-Speaker state dicts and ReDimNet2 release files."""
 
@@ -18,8 +18,8 @@ from speakerlab.frontends import FeatureSpec, ReDimNetMelConfig
 from speakerlab.sources import read_source
 from speakerlab.train.build import build_optimizer, build_run, load_train_config
 from speakerlab.train.loop import main as train_main
-from speakerlab.train.optim import parameter_groups
-from speakerlab.train.resume import resume
+from speakerlab.train.optim.groups import parameter_groups
+from speakerlab.train.state.resume import resume
 from tests.fixture_models import fill_state_dict, load_fixture, load_redimnet2_fixture
 from tests.helpers import ROOT, assert_no_traceback, free_port, losses, new_data, tiny_config, write_config
 

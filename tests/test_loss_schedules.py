@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speakerlab.train.loss import AAMSoftmax, SphereFace2
-from speakerlab.train.schedules import lr_at, margin_at
+from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2
+from speakerlab.train.optim.schedules import lr_at, margin_at
 
 
 def test_aam_logits_apply_margin_to_target_only():

@@ -22,7 +22,7 @@ from speakerlab.train.loop import main as train_main
 from tests.helpers import ROOT, assert_no_traceback, free_port, losses, same_weights, tiny_config, write_wav
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-AGENT = [sys.executable, "-m", "speakerlab.train.agent"]
+AGENT = [sys.executable, "-m", "speakerlab.train.launch.agent"]
 
 
 def test_signals_in_a_step_stop_after_it_with_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, monkeypatch):
@@ -246,7 +246,7 @@ def test_two_nodes_with_their_own_disks_prepare_once_each_and_train(tmp_path):
 
 @pytest.mark.slow
 def test_the_agent_passes_the_workers_exit_code_on_and_forwards_sigusr1(tmp_path):
-    """speakerlab.train.agent over stand-in workers (bash): the code of the failed worker, not torchrun's 1 (the
+    """speakerlab.train.launch.agent over stand-in workers (bash): the code of the failed worker, not torchrun's 1 (the
     other worker, ended by torchrun, counts for nothing); SIGUSR1 to the agent reaches every worker, and the
     agent exits 75."""
     port = free_port()

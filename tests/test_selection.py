@@ -1,5 +1,5 @@
-"""Model selection on the validation split (train.keep_best, train.patience; speakerlab.train.selection): the start
-measured before the first step, the best kept as checkpoints/best.pt, early stop on a plateau, a run that does not
+"""Model selection on the validation split (train.keep_best, train.patience; speakerlab.train.state.selection): the
+start measured before the first step, the best kept as checkpoints/best.pt, early stop on a plateau, a run that does not
 help handing back its start and saying so, and all of it resumed exactly."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import speakerlab.train.selection as selection
+import speakerlab.train.state.selection as selection
 from speakerlab.checkpoint import load_checkpoint, run_result
 from speakerlab.train.loop import main as train_main
-from speakerlab.train.validation import Selection
+from speakerlab.train.state.validation import Selection
 from tests.helpers import losses, make_data_dir, new_data, write_config
 
 

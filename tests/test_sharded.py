@@ -1,4 +1,4 @@
-"""The margin heads sharded over ranks (speakerlab.train.sharded): the same loss and gradients as the full head,
+"""The margin heads sharded over ranks (speakerlab.train.losses.sharded): the same loss and gradients as the full head,
 checkpoints that load on another number of ranks, Partial FC sampling, and speaker rows carried over to a new
 speaker set. The multi-rank checks run tests/sharded_ranks.py under torchrun (gloo, CPU)."""
 
@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-import speakerlab.train.sharded as sharded
+import speakerlab.train.losses.sharded as sharded
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.config import ConfigError, load_config
-from speakerlab.train.average import main as average_main
 from speakerlab.train.loop import main as train_main
-from speakerlab.train.loss import AAMSoftmax, SphereFace2
-from speakerlab.train.sharded import ShardedAAM, ShardedSphereFace2, shard_range
-from speakerlab.train.sharded_state import start_rows
+from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2
+from speakerlab.train.losses.sharded import ShardedAAM, ShardedSphereFace2, shard_range
+from speakerlab.train.losses.sharded_state import start_rows
+from speakerlab.train.state.average import main as average_main
 from tests.helpers import ROOT, TINY_MODEL, assert_no_traceback, free_port, losses, make_data_dir
 
 AAM_VARIANT = {"scale": 8.0, "subcenters": 3, "inter_topk": 2, "inter_topk_margin": 0.1, "final_margin": 0.3}

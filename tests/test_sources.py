@@ -20,7 +20,7 @@ from speakerlab.models import build_model, builder_defaults
 from speakerlab.sources import THREEDSPEAKER_FEATURES, SourceError, read_source
 from speakerlab.train.build import build_run, load_train_config
 from speakerlab.train.loop import main as train_main
-from speakerlab.train.resume import resume
+from speakerlab.train.state.resume import resume
 from tests.fixture_models import fill_state_dict, filled_state, load_fixture, load_redimnet2_fixture
 from tests.helpers import TINY_MODEL, make_data_dir, write_wav
 
@@ -104,7 +104,7 @@ def test_a_source_embeds_and_fine_tunes_with_the_same_front_end(kind, tmp_path, 
     wave = torch.from_numpy(0.1 * np.random.default_rng(5).standard_normal((1, 12000)).astype(np.float32))
     model = run.raw.model.eval()
     with torch.no_grad():
-        trained = model(run.frontend.features(wave))
+        trained = model(run.inputs.features(wave))
     embedder = load_embedder(**embedder_args(path), device="cpu")
     assert embedder.spec == src.features and embedder.model.__class__ is model.__class__
     torch.testing.assert_close(trained, embedder(wave), rtol=1e-5, atol=1e-5 * float(trained.abs().max()))

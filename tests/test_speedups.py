@@ -1,4 +1,4 @@
-"""The speed switches of `hardware` (speakerlab.train.speedups): their resolution, torch.compile's
+"""The speed switches of `hardware` (speakerlab.train.hardware.speedups): their resolution, torch.compile's
 failure paths, and a compiled training step against the eager one (inductor on the CPU; gcc builds it)."""
 
 import contextlib
@@ -8,9 +8,9 @@ import torch
 
 from speakerlab.config import ConfigError, load_config
 from speakerlab.models import build_model
-from speakerlab.train import speedups
 from speakerlab.train.build import build_net
-from speakerlab.train.speedups import CompileFailed, apply_switches, resolve_switches
+from speakerlab.train.hardware import speedups
+from speakerlab.train.hardware.speedups import CompileFailed, apply_switches, resolve_switches
 from tests.compiled_step import TINY, compare_compiled_step
 
 

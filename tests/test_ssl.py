@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from speakerlab.config import ConfigError, OptimSettings, load_config
-from speakerlab.features.spec import FeatureSpec, WaveformConfig, build_features
-from speakerlab.features.w2vbert import W2VBertFbank, W2VBertFbankConfig
-from speakerlab.frontends import feature_spec
+from speakerlab.features.spec import build_features
+from speakerlab.features.w2vbert import W2VBertFbank
+from speakerlab.frontends import FeatureSpec, W2VBertFbankConfig, WaveformConfig, feature_spec
 from speakerlab.models import build_model, list_models, list_ssl_models
 from speakerlab.models.ssl.encoders import require_ssl
-from speakerlab.train.optim import check_encoder_settings, parameter_groups
+from speakerlab.train.optim.groups import check_encoder_settings, parameter_groups
 from tests.helpers import TINY_ENCODERS, save_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,7 +236,7 @@ def test_training_without_transformers_stops_naming_the_extra(tmp_path, monkeypa
 def test_each_back_end_fits_a_batch_of_encoder_layers(backend, encoder_dirs):
     """The back-ends learn: over a fixed batch of the tiny encoder's hidden layers (4 speakers x 2), 40 AdamW steps
     with an AAM head (margin 0) bring the loss below a tenth of its start."""
-    from speakerlab.train.loss import AAMSoftmax
+    from speakerlab.train.losses.margin import AAMSoftmax
 
     torch.manual_seed(0)
     model = build_model(backend, pretrained=str(encoder_dirs["wavlm"]), **BACKENDS[backend])

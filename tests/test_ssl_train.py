@@ -154,7 +154,7 @@ def test_lora_stage_hands_merged_weights_to_the_joint_stage(tmp_path, monkeypatc
     read, and its adapters merged, once for the run (config and initialisation share the source)."""
     from speakerlab.models.ssl.speaker import SSLSpeakerModel
     from speakerlab.train.build import build_run, load_train_config
-    from speakerlab.train.resume import resume
+    from speakerlab.train.state.resume import resume
 
     cfg, train, overrides = ssl_config(tmp_path, "wav2vec2-bert")
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "s1"), "train.epochs=1", *overrides]) == 0

@@ -50,7 +50,7 @@ def test_a_run_of_two_gpus_resumes_on_one_and_on_the_cpu(tiny_run, tmp_path, mon
     the same schedule and data order, equal to the uninterrupted run, warning once; with 1 GPU (faked)
     the state of GPU 0 is restored and the warning names the counts."""
     from speakerlab.checkpoint import save_checkpoint
-    from speakerlab.train.resume import restore_cuda_rng
+    from speakerlab.train.state.resume import restore_cuda_rng
 
     cfg = tiny_run.config  # tiny_run.exp: the uninterrupted run (tests/conftest.py)
     assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "b"), "--max-steps", "3"]) == 0
@@ -255,7 +255,7 @@ def test_torchrun_two_processes(tmp_path):
 
 
 def test_average_then_large_margin_finetune(tiny_run, tmp_path):
-    from speakerlab.train.average import main as average_main
+    from speakerlab.train.state.average import main as average_main
 
     cfg, exp = tiny_run.config, tmp_path / "base"
     shutil.copytree(tiny_run.exp, exp)  # both epoch checkpoints of the 2-epoch run; averaging writes avg.pt

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from speakerlab.config import ConfigError, load_config
-from speakerlab.train.batch_plan import MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.build import build_net, build_optimizer
-from speakerlab.train.loss import AAMSoftmax, SphereFace2
-from speakerlab.train.precision import resolve_precision
+from speakerlab.train.hardware.batch_plan import MemoryProbe, find_max_batch, plan_batches, probe_sizes
+from speakerlab.train.hardware.precision import resolve_precision
+from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2
 
 
 def test_precision_gets_device_type_from_any_device_string():
@@ -20,7 +20,7 @@ def test_precision_gets_device_type_from_any_device_string():
 
 
 def test_precision_resolution_on_cpu(tmp_path, monkeypatch):
-    from speakerlab.train import precision
+    from speakerlab.train.hardware import precision
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f\n")

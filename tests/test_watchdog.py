@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 CHILDREN = textwrap.dedent(
     """
     import os, sys, torch
-    from speakerlab.train.watchdog import Watchdog
+    from speakerlab.train.launch.watchdog import Watchdog
 
     class Store:
         def __init__(self): self.kv = {}
@@ -50,7 +50,7 @@ EXIT_DURING_A_STORE_CALL = textwrap.dedent(
     """
     import datetime, time
     import torch.distributed as dist
-    from speakerlab.train.watchdog import Watchdog
+    from speakerlab.train.launch.watchdog import Watchdog
 
     store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=30))
     dog = Watchdog(0, 2, 60.0, log=lambda m: None, store=store, interval_s=1e-4)

@@ -64,7 +64,7 @@ visible_gpu_count() {
 }
 
 # launch COMMAND ARGS...: the console script `COMMAND ARGS` for one process, torchrun's agent
-# (speakerlab.train.agent) for several, or under Slurm srun with one agent per node; says how many
+# (speakerlab.train.launch.agent) for several, or under Slurm srun with one agent per node; says how many
 # processes it starts and on what. Its exit code is the training's: 75 means pre-empted with the
 # checkpoint written (a Slurm job then requeues itself when allowed; the same command resumes).
 launch() {
@@ -103,10 +103,10 @@ _launch_local() {
   elif [ "$nnodes" -gt 1 ]; then
     nodes=" on node $node_rank of $nnodes (master $master_addr:$master_port)"
   fi
-  [ "$nnodes" = 1 ] || python -m speakerlab.train.cluster host "$master_addr" --port "$master_port" || exit 2
+  [ "$nnodes" = 1 ] || python -m speakerlab.train.launch.slurm host "$master_addr" --port "$master_port" || exit 2
   log "launch: $n process(es) on $where$nodes: $1"
   if [ "$n" -gt 1 ] || [ "$nnodes" != 1 ] || [ "$max_restarts" -gt 0 ]; then
-    python -m speakerlab.train.agent --nnodes="$nnodes" --nproc_per_node="$n" --max-restarts="$max_restarts" \
+    python -m speakerlab.train.launch.agent --nnodes="$nnodes" --nproc_per_node="$n" --max-restarts="$max_restarts" \
       "${rdzv[@]}" --no-python "$@"
   else
     "$@"
@@ -115,14 +115,14 @@ _launch_local() {
 
 # One torchrun agent per node of the allocation (srun), each with a process per GPU Slurm granted on its
 # node (per task when there is none, or with --gpus none), meeting at the first node
-# (speakerlab.train.cluster reads and checks the allocation).
+# (speakerlab.train.launch.slurm reads and checks the allocation).
 _launch_slurm() {
   local plan status=0
-  plan="$(python -m speakerlab.train.cluster slurm --gpus "$gpus" --nnodes "$nnodes" --requeue "$requeue")" || exit 2
+  plan="$(python -m speakerlab.train.launch.slurm slurm --gpus "$gpus" --nnodes "$nnodes" --requeue "$requeue")" || exit 2
   eval "$plan"
   log "launch: $slurm_where: $1"
   srun --nodes="$slurm_nodes" --ntasks="$slurm_nodes" --ntasks-per-node=1 --cpus-per-task="$slurm_cpus" \
-    --kill-on-bad-exit=0 python -m speakerlab.train.agent --nnodes="$slurm_nnodes" --nproc_per_node="$slurm_nproc" \
+    --kill-on-bad-exit=0 python -m speakerlab.train.launch.agent --nnodes="$slurm_nnodes" --nproc_per_node="$slurm_nproc" \
     --max-restarts="$max_restarts" --rdzv_backend=c10d --rdzv_endpoint="$slurm_rdzv" --rdzv_id="$SLURM_JOB_ID" \
     --no-python "$@" || status=$?
   if [ "$status" -eq 75 ]; then

@@ -1,6 +1,6 @@
 """Training-time augmentation, worker side: every random draw, and the int16 audio those draws pick.
 
-Kinds (unchanged from the per-sample CPU augmenter this replaces; `speakerlab.train.frontend` does
+Kinds (unchanged from the per-sample CPU augmenter this replaces; `speakerlab.train.inputs.pipeline` does
 the arithmetic, batched on the training device). With probability `prob` a crop gets exactly ONE
 augmentation, drawn uniformly among the enabled kinds:
   reverb  convolution with a random RIR, aligned on its direct path, input power kept

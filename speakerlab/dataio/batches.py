@@ -40,7 +40,7 @@ class CropDataset(Dataset):
     1), the crop offset, then the augmentation (`augment.pick`). The worker reads
     `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
     (the most any factor needs) so that items stack; the arithmetic happens batched on the
-    training device (`speakerlab.train.frontend.Frontend`). With `skip_bad`, a read that fails gives
+    training device (`speakerlab.train.inputs.pipeline.InputPipeline`). With `skip_bad`, a read that fails gives
     a silent item whose `bad` names the file and the reason (the training step drops that row);
     otherwise the AudioError propagates.
     """

@@ -16,8 +16,8 @@ import importlib
 import torch
 from torch import Tensor
 
-from speakerlab.features.fbank import Fbank, FbankConfig, mean_normalize, num_frames
-from speakerlab.frontends import FRONT_ENDS, FeatureSpec, WaveformConfig
+from speakerlab.features.fbank import Fbank, mean_normalize, num_frames
+from speakerlab.frontends import FRONT_ENDS, FbankConfig, FeatureSpec, WaveformConfig
 
 
 class KaldiFeatures(torch.nn.Module):

@@ -30,8 +30,8 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.columns import as_keys, read_keyed
 from speakerlab.dataio.lists import ListError, load_data_dir, read_wav_scp, rerun_features
-from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
-from speakerlab.frontends import FRONT_ENDS, feature_spec
+from speakerlab.features.fbank import Fbank, num_frames
+from speakerlab.frontends import FRONT_ENDS, FbankConfig, feature_spec
 
 FEATS_SCP, FEATS_ARK, FEATS_CONF = "feats.scp", "feats.ark", "feats.json"
 

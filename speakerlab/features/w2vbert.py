@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from speakerlab.features.fbank import Fbank, FbankConfig, num_frames
-from speakerlab.frontends import W2VBertFbankConfig
+from speakerlab.features.fbank import Fbank, num_frames
+from speakerlab.frontends import FbankConfig, W2VBertFbankConfig
 
 INT16_SCALE = 32768.0
 

@@ -15,8 +15,7 @@ import torch
 
 from speakerlab.commands import CommandParser
 from speakerlab.devices import resolve_device
-from speakerlab.features.fbank import FbankConfig
-from speakerlab.features.spec import FeatureSpec
+from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.scoring.score import evaluate

@@ -23,8 +23,8 @@ import torch.nn as nn
 
 from speakerlab.dataio.resample import read_for_model
 from speakerlab.devices import resolve_device
-from speakerlab.features.spec import FeatureSpec, build_features
-from speakerlab.frontends import FRONT_ENDS
+from speakerlab.features.spec import build_features
+from speakerlab.frontends import FRONT_ENDS, FeatureSpec
 from speakerlab.inference.common import (  # noqa: F401 (the torch-free parts, imported from here too)
     NonFiniteEmbedding,
     add_source_args,

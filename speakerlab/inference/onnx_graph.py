@@ -29,7 +29,8 @@ from onnx import TensorProto, helper
 
 from speakerlab.dataio.resample import rate_ratio
 from speakerlab.dataio.speed import Resampler
-from speakerlab.features.spec import FeatureSpec, build_features
+from speakerlab.features.spec import build_features
+from speakerlab.frontends import FeatureSpec
 
 WAVE, LENGTHS, FEATS, EMBEDDING = "wave", "lengths", "feats", "embedding"
 

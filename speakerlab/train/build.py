@@ -25,20 +25,27 @@ from speakerlab.features.spec import build_features
 from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model, model_args_problems
 from speakerlab.sources import Source, input_problem
-from speakerlab.train import distributed as dist_utils
-from speakerlab.train.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, plan_batches, probe_sizes
-from speakerlab.train.data import load_train_lists, make_loader
-from speakerlab.train.distributed import DistInfo, wrap_ddp
-from speakerlab.train.freeze import check_freeze
-from speakerlab.train.frontend import Frontend
-from speakerlab.train.init import resolve_config
+from speakerlab.train.hardware.batch_plan import (
+    BatchPlan,
+    CudaMemory,
+    MemoryProbe,
+    find_max_batch,
+    plan_batches,
+    probe_sizes,
+)
+from speakerlab.train.hardware.precision import Precision, resolve_precision
+from speakerlab.train.hardware.speedups import apply_switches, resolve_switches
+from speakerlab.train.inputs.loader import load_train_lists, make_loader
+from speakerlab.train.inputs.pipeline import InputPipeline
+from speakerlab.train.launch import distributed as dist_utils
+from speakerlab.train.launch.distributed import DistInfo, wrap_ddp
+from speakerlab.train.losses.sharded import clip_grad_norm, keep_out_of_ddp, make_head
 from speakerlab.train.monitor import Monitor
-from speakerlab.train.optim import check_encoder_settings, parameter_groups
-from speakerlab.train.precision import Precision, resolve_precision
-from speakerlab.train.sharded import clip_grad_norm, keep_out_of_ddp, make_head
-from speakerlab.train.speedups import apply_switches, resolve_switches
-from speakerlab.train.stability import NonFiniteGuard
-from speakerlab.train.validation import Selection
+from speakerlab.train.optim.freeze import check_freeze
+from speakerlab.train.optim.groups import check_encoder_settings, parameter_groups
+from speakerlab.train.optim.stability import NonFiniteGuard
+from speakerlab.train.state.init import resolve_config
+from speakerlab.train.state.validation import Selection
 
 
 def load_train_config(
@@ -57,8 +64,8 @@ def load_train_config(
 
 
 class SpeakerNet(nn.Module):
-    """Features -> embedding model -> margin classifier (speakerlab.train.loss, or sharded over the ranks:
-    speakerlab.train.sharded), one module so DDP sees every parameter.
+    """Features -> embedding model -> margin classifier (speakerlab.train.losses.margin, or sharded over the ranks:
+    speakerlab.train.losses.sharded), one module so DDP sees every parameter.
 
     `forward(feats (B, T, F), labels (B,)) -> (loss, (B,) the class of the largest cosine)`; autocast applies to
     the embedding model only: the classifier computes in fp32.
@@ -67,7 +74,8 @@ class SpeakerNet(nn.Module):
     def __init__(self, model: nn.Module, classifier: nn.Module, autocast: Callable):
         super().__init__()
         self.model, self.classifier, self._autocast = model, classifier, autocast
-        self.compiled: Optional[Callable] = None  # hardware.compile: the compiled `model` (speakerlab.train.speedups)
+        # hardware.compile: the compiled `model` (speakerlab.train.hardware.speedups)
+        self.compiled: Optional[Callable] = None
 
     def forward(self, feats: torch.Tensor, labels: torch.Tensor):
         with self._autocast():
@@ -96,11 +104,11 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     return open_augmenter(a, cfg.data.sample_rate, log)
 
 
-def build_frontend(cfg: Config, features: nn.Module, num_speakers: int) -> Frontend:
+def build_inputs(cfg: Config, features: nn.Module, num_speakers: int) -> InputPipeline:
     """Loader batch -> (features, labels) on the device of `features` (`make_features`): speed, reverb,
     noise, then the front-end."""
     a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
-    return Frontend(
+    return InputPipeline(
         features,
         crop,
         a.speed_factors if a.speed_prob > 0 else (),
@@ -144,7 +152,7 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
 
 
 def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
-    """The optimizer of `cfg.optim` over the groups of speakerlab.train.optim (weight decay, LR scale): the
+    """The optimizer of `cfg.optim` over the groups of speakerlab.train.optim.groups (weight decay, LR scale): the
     embedding model at `optim.backbone_lr_scale` x the scheduled LR (an SSL encoder further scaled there),
     the classifier at the LR itself."""
     o = cfg.optim
@@ -225,7 +233,7 @@ class Run:
     raw: SpeakerNet  # the SpeakerNet itself
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    frontend: Frontend  # loader batch -> (features, labels): speed, augmentation, front-end
+    inputs: InputPipeline  # loader batch -> (features, labels): speed, augmentation, features
     loader: torch.utils.data.DataLoader
     sampler: Union[GlobalBatchSampler, ShardStream]  # set_epoch(epoch, start_step), steps_per_epoch
     plan: BatchPlan
@@ -264,7 +272,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
             f"{len(speakers)} classes{' (sped-up copies are new speakers)' if new else ''}"
         )
     net = build_net(cfg, len(speakers), precision.autocast).to(device)
-    frontend = build_frontend(cfg, make_features(cfg, device), len(data.speakers))
+    inputs = build_inputs(cfg, make_features(cfg, device), len(data.speakers))
     probe = None
     if device.type == "cuda" and cfg.hardware.per_device_batch == "auto":
         crop_shape = tuple(example_input(cfg).shape[1:])  # one training crop's model input
@@ -304,7 +312,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         raw=net,
         optimizer=build_optimizer(cfg, net),
         scaler=precision.grad_scaler(),
-        frontend=frontend,
+        inputs=inputs,
         loader=loader,
         sampler=sampler,
         plan=plan,

@@ -10,14 +10,11 @@ Re-running the same command resumes from the latest checkpoint under <exp-dir>/c
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -27,120 +24,17 @@ from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.corpora import train_corpora
 from speakerlab.dataio.lists import ListError, folder_problem, rerun_features
-from speakerlab.train import distributed as dist_utils
-from speakerlab.train import preemption
 from speakerlab.train.build import Run, build_run, load_train_config
-from speakerlab.train.freeze import apply_freeze
-from speakerlab.train.lock import ExpDirLock, ExpDirLocked
+from speakerlab.train.launch import distributed as dist_utils
+from speakerlab.train.launch import preemption
+from speakerlab.train.launch.lock import ExpDirLock, ExpDirLocked
+from speakerlab.train.launch.watchdog import Watchdog
 from speakerlab.train.monitor import Meter
-from speakerlab.train.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
-from speakerlab.train.schedules import lr_at, margin_at
-from speakerlab.train.selection import outcome, selecting, stopped, validate_epoch, validate_start
-from speakerlab.train.stability import TrainingStopped, batch_culprits
-from speakerlab.train.validation import validate_corpora
-from speakerlab.train.watchdog import Watchdog
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step reports (host values, read once per step)."""
-
-    updated: bool  # False when the guard skipped the step
-    loss: float
-    accuracy: float
-    grad_norm: float
-    lr: float
-    margin: float
-    data_wait_s: float
-
-
-def set_schedules(run: Run) -> tuple:
-    """LR, margin and freeze (speakerlab.train.freeze) of the current global step (functions of the step alone:
-    hardware-independent). Each optimizer group gets the LR x its `lr_scale` (speakerlab.train.optim)."""
-    o, loss = run.cfg.optim, run.cfg.loss
-    total = run.cfg.train.epochs * run.steps_per_epoch
-    lr = lr_at(run.state.step, total, int(o.warmup_epochs * run.steps_per_epoch), o.lr, o.min_lr)
-    margin = margin_at(
-        run.state.step, run.steps_per_epoch, loss.margin, loss.margin_start_epoch, loss.margin_warmup_epochs
-    )
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)
-    run.raw.classifier.set_margin(margin)
-    run.raw.classifier.set_step(run.state.step)  # a sampled (Partial FC) head draws its classes from it
-    apply_freeze(run)
-    return lr, margin
-
-
-def drop_unreadable(run: Run, batch: dict, feats: torch.Tensor, labels: torch.Tensor, index: torch.Tensor):
-    """Rows whose audio failed to read (data.on_bad_audio: skip) leave the micro-batch: `(B, T, F), (B,),
-    (B,) -> (B', T, F), (B',), (B',)`. Each is named in the log and counted; past data.max_bad_audio, or
-    when no row is left, training stops (a lost mount must not quietly train on nothing)."""
-    bad = batch.get("bad") or []
-    if not any(bad):
-        return feats, labels, index
-    for why in filter(None, bad):
-        run.state.bad_reads += 1
-        line = f"skipped an unreadable training utterance ({run.state.bad_reads} so far): {why}"
-        if run.info.is_main:
-            run.monitor.log(line)
-        else:  # the monitor writes on rank 0 only
-            print(f"rank {run.info.rank}: {line}", file=sys.stderr, flush=True)
-    limit = run.cfg.data.max_bad_audio
-    if run.state.bad_reads > limit:
-        raise TrainingStopped(
-            f"{run.state.bad_reads} training reads failed, more than data.max_bad_audio ({limit}); "
-            f"the last: {[b for b in bad if b][-1]}"
-        )
-    keep = torch.tensor([not b for b in bad])
-    if not keep.any():
-        raise TrainingStopped(f"no utterance of a micro-batch could be read, e.g. {bad[0]}")
-    return feats[keep.to(feats.device)], labels[keep.to(labels.device)], index[keep]
-
-
-def train_step(run: Run, batches: Iterator) -> StepResult:
-    """One optimizer step over `accumulation` micro-batches of `batches`.
-
-    Each micro-batch: loader batch -> fp32 features `(B, T, F)` -> loss / accumulation, backward. Under DDP
-    gradients are all-reduced on the last micro-batch only. Then unscale, clip, ask the guard, update.
-    Loss and hits stay on the device until the step ends (one host sync per step)."""
-    cfg, accum = run.cfg, run.plan.accumulation
-    lr, margin = set_schedules(run)
-    loss_sum = torch.zeros((), device=run.device)
-    hits = torch.zeros((), device=run.device)
-    seen, wait, pending = 0, 0.0, []
-    for micro in range(accum):
-        t0 = time.perf_counter()
-        batch = next(batches)
-        wait += time.perf_counter() - t0
-        feats, labels = run.frontend(batch)  # on the device: speed, augmentation, fbank, mean norm
-        feats, labels, index = drop_unreadable(run, batch, feats, labels, batch["index"])
-        pending.append((index, run.guard.nonfinite_rows(feats)))
-        last = micro == accum - 1
-        with contextlib.nullcontext() if last or not run.info.enabled else run.net.no_sync():
-            loss, top1 = run.net(feats, labels)
-            run.scaler.scale(loss / accum).backward()
-        loss_sum += loss.detach().float() / accum
-        hits += (top1 == labels).sum()
-        seen += labels.numel()
-    run.scaler.unscale_(run.optimizer)
-    max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
-    params = [p for p in run.raw.parameters() if p.requires_grad]
-    grad_norm = run.raw.clip_grad_norm(params, max_norm).item()
-    loss_value, correct = torch.stack([loss_sum, hits.float()]).tolist()
-    overflow = run.precision.use_scaler and run.scaler.get_scale() >= 1.0
-    ok = run.guard.check(
-        run.state.step,
-        loss_value,
-        grad_norm,
-        lambda: batch_culprits(pending, run.loader.dataset.paths, run.info),
-        overflow,
-    )
-    if ok:
-        run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.state.step += 1
-    return StepResult(ok, loss_value, correct / seen, grad_norm, lr, margin, wait)
+from speakerlab.train.optim.stability import TrainingStopped
+from speakerlab.train.state.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.state.selection import outcome, selecting, stopped, validate_epoch, validate_start
+from speakerlab.train.state.validation import validate_corpora
+from speakerlab.train.step import StepResult, train_step
 
 
 def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
@@ -181,7 +75,7 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
 
 def end_epoch(run: Run) -> None:
     """Epoch checkpoint, then the validation EER when it is due (rank 0 measures, every rank gets it); with
-    model selection (train.keep_best: speakerlab.train.selection) the checkpoint again, holding it; every rank
+    model selection (train.keep_best: speakerlab.train.state.selection) the checkpoint again, holding it; every rank
     waits."""
     save_epoch_end(run)
     if validate_epoch(run):
@@ -320,7 +214,7 @@ def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
     (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
-    the same command, or the requeued job, resumes; speakerlab.train.preemption).
+    the same command, or the requeued job, resumes; speakerlab.train.launch.preemption).
 
     A process of a multi-process run leaves without the interpreter's finalization once its run is over and its
     process group destroyed: finalization ends threads that are still inside torch's C++ code (the store client,

@@ -42,7 +42,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, FreezeRule, load_config
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.settings import parse_overrides
-from speakerlab.train.freeze import trunk_frozen_until
+from speakerlab.train.optim.freeze import trunk_frozen_until
 
 STEPS = 600  # optimizer steps a fine-tuning run aims at
 MIN_EPOCHS, MAX_EPOCHS = 4, 30

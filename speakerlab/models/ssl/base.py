@@ -3,9 +3,9 @@ the only way it asks (`isinstance(model, SSLModel)`, never by probing attributes
 
     asked by                          for
     speakerlab.sources.input_problem  input_kind, do_normalize: the front-end the encoder takes
-    speakerlab.train.optim, .freeze   encoder_layers, encoder_depth, encoder_parameters: layer-wise LR;
+    speakerlab.train.optim.groups, .freeze   encoder_layers, encoder_depth, encoder_parameters: layer-wise LR;
                                       encoder_frozen, set_encoder_frozen: an `encoder` rule of train.freeze
-    speakerlab.train.resume           standalone_args: a checkpoint that rebuilds without the encoder's directory
+    speakerlab.train.state.resume           standalone_args: a checkpoint that rebuilds without the encoder's directory
     speakerlab.sources                merge_lora: a LoRA checkpoint fine-tuned without LoRA
 """
 

@@ -1,5 +1,5 @@
 """Validation EER during training, on the held-out trial list of `data.val`, and the model selection kept on it
-(train.keep_best, train.patience: speakerlab.train.selection)."""
+(train.keep_best, train.patience: speakerlab.train.state.selection)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from speakerlab.dataio.corpora import train_corpora
-from speakerlab.features.spec import FeatureSpec
-from speakerlab.frontends import feature_spec
+from speakerlab.frontends import FeatureSpec, feature_spec
 from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.inference.units import fitting_store

@@ -16,7 +16,7 @@ Rank r of W holds the rows of speakers [lo_r, hi_r) (contiguous, sizes differing
        model's gradients over the W ranks.
 
 The full `(N, S)` logit matrix and the `(S, D)` weight never exist on one rank. At `sample_rate` 1 the loss
-and every gradient are those of the full head (speakerlab.train.loss) on the global batch; with DDP the
+and every gradient are those of the full head (speakerlab.train.losses.margin) on the global batch; with DDP the
 classifier rows are left out of its gradient averaging (each rank's are its own) and the gradient norm for
 clipping is the global one (`clip_grad_norm`), so the ranks stay in step.
 
@@ -26,7 +26,7 @@ always kept) and each other speaker of its shard with probability p, drawn from 
 micro-batch, rank); the softmax (or SphereFace2's sum, its sampled negative terms scaled by 1/p to keep their
 expected total) runs over those. Accuracy is then measured among the sampled classes.
 
-Checkpoints hold the full head (speakerlab.train.sharded_state: rank 0 gathers the rows and the optimizer's
+Checkpoints hold the full head (speakerlab.train.losses.sharded_state: rank 0 gathers the rows and the optimizer's
 per-row state): the same file as the unsharded head's, so resume on another number of ranks (each takes its rows),
 checkpoint averaging, large-margin fine-tuning and train.init read it as they read any. The rows start from values
 drawn per block of speakers from (train.seed, block): the same start on any number of ranks.
@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speakerlab.config import LossSettings
-from speakerlab.train.loss import AAMSoftmax, SphereFace2, fp32, sphereface2_terms
+from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2, fp32, sphereface2_terms
 
 INIT_BLOCK = 65536  # speakers per independently seeded block of initial rows
 
@@ -150,8 +150,8 @@ class _ShardedCrossEntropy(torch.autograd.Function):
 
 
 class _Sharded:
-    """What the sharded AAM and SphereFace2 heads share (a mixin over speakerlab.train.loss's heads): the shard,
-    the gathering, the sampled columns, the cosines and the top-1 over all ranks."""
+    """What the sharded AAM and SphereFace2 heads share (a mixin over speakerlab.train.losses.margin's heads): the
+    shard, the gathering, the sampled columns, the cosines and the top-1 over all ranks."""
 
     def __init__(self, embedding_size: int, num_classes: int, *, sample_rate: float = 1.0, seed: int = 0, **head):
         super().__init__(embedding_size, 1, **head)  # the head's own settings, then this rank's rows

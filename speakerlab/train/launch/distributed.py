@@ -20,7 +20,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from speakerlab.train.cluster import first_host, rendezvous_port
+from speakerlab.train.launch.slurm import first_host, rendezvous_port
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def discover_ranks(env: Mapping[str, str]) -> Tuple[DistInfo, Optional[str]]:
       RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE;
     - srun without torchrun (inside a job step: SLURM_STEP_ID, SLURM_PROCID): SLURM_PROCID,
       SLURM_LOCALID, SLURM_NTASKS (the step's tasks); rank 0 runs on the first host of
-      SLURM_STEP_NODELIST and hosts the group at the job's port (speakerlab.train.cluster);
+      SLURM_STEP_NODELIST and hosts the group at the job's port (speakerlab.train.launch.slurm);
     - anything else (a Slurm batch shell included, whose SLURM_PROCID=0 describes no step): one process."""
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])

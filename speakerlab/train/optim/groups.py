@@ -1,6 +1,6 @@
 """Which weights train and at which share of the LR: the optimizer's parameter groups, decided here only
 (speakerlab.train.build builds the optimizer from `parameter_groups`; the training step sets each group's LR to
-the schedule's x its `lr_scale`; when they train is speakerlab.train.freeze's).
+the schedule's x its `lr_scale`; when they train is speakerlab.train.optim.freeze's).
 
     group of a parameter        lr_scale
     classifier                  1
@@ -31,7 +31,7 @@ def has_encoder(model: nn.Module) -> bool:
 
 def check_encoder_settings(model: nn.Module, o: OptimSettings, name: str) -> None:
     """The encoder settings are an error for a model without an encoder (they would do nothing; an encoder
-    freeze rule: speakerlab.train.freeze.check_freeze)."""
+    freeze rule: speakerlab.train.optim.freeze.check_freeze)."""
     if has_encoder(model):
         return
     for key, value, default in (

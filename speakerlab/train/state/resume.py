@@ -1,5 +1,5 @@
 """A run's checkpoints: what it writes at a step, and how it starts again from one (resume; a fresh run
-with `train.init` starts from a pretrained model: speakerlab.train.init). The file schema itself is
+with `train.init` starts from a pretrained model: speakerlab.train.state.init). The file schema itself is
 speakerlab.checkpoint's."""
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from speakerlab.frontends import feature_spec
 from speakerlab.models import SSLModel
 from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
-from speakerlab.train.freeze import same_freeze
-from speakerlab.train.init import initialise
-from speakerlab.train.sharded_state import head_state, load_optimizer_state, optimizer_state
-from speakerlab.train.validation import Selection
+from speakerlab.train.losses.sharded_state import head_state, load_optimizer_state, optimizer_state
+from speakerlab.train.optim.freeze import same_freeze
+from speakerlab.train.state.init import initialise
+from speakerlab.train.state.validation import Selection
 
 
 def checkpoint_of(run: Run, step_in_epoch: int) -> Optional[Checkpoint]:
     """Everything to rebuild the model alone (name, arguments, weights, features) and to resume the run. Every
-    rank calls it (a classifier sharded over the ranks is gathered in full, speakerlab.train.sharded_state); rank 0
-    gets the checkpoint, the others None."""
+    rank calls it (a classifier sharded over the ranks is gathered in full, speakerlab.train.losses.sharded_state);
+    rank 0 gets the checkpoint, the others None."""
     cfg = run.cfg
     classifier = head_state(run.raw.classifier)
     optimizer = optimizer_state(run.optimizer, run.raw.classifier)
@@ -76,7 +76,7 @@ def save_mid_epoch(run: Run, step_in_epoch: int) -> None:
 
 
 def save_best(run: Run) -> None:
-    """`best.pt`: the model now, the run's result so far under model selection (speakerlab.train.selection);
+    """`best.pt`: the model now, the run's result so far under model selection (speakerlab.train.state.selection);
     no resume state (it is a result, not a place to resume from). Every rank calls it (see checkpoint_of)."""
     ckpt = checkpoint_of(run, 0)
     if ckpt is not None:

@@ -1,4 +1,4 @@
-"""A classifier's rows in checkpoints: a sharded head (speakerlab.train.sharded) is saved whole, its rows and the
+"""A classifier's rows in checkpoints: a sharded head (speakerlab.train.losses.sharded) is saved whole, its rows and the
 optimizer's per-row state (momentum, Adam's moments) gathered on rank 0, so the file is the unsharded head's;
 each rank of a resumed run, on any number of ranks, takes its own rows back. `start_rows` starts a head's rows
 from another classifier's (train.init with matching speakers), sub-centers and shards included.
@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speakerlab.train.sharded import Sharded, shard_range
+from speakerlab.train.losses.sharded import Sharded, shard_range
 
 
 def _gather_rows(local: torch.Tensor, head) -> Optional[torch.Tensor]:

@@ -20,9 +20,9 @@ namespaced `name/spk` for runs on several corpora, speakerlab.dataio.corpora) st
 others, speakers the source never saw, keep the fresh head's random rows (xavier-uniform, as in a run from
 scratch), so a pre-training on VoxBlink2 + VoxCeleb2 fine-tuned on VoxCeleb2 alone (or its large-margin stage on a
 subset of the speakers) starts every known speaker where the pre-training left it. Sub-centers and shards:
-speakerlab.train.sharded_state.start_rows. The initialised model goes to `<exp>/pretrained.pt` (no classifier):
+speakerlab.train.losses.sharded_state.start_rows. The initialised model goes to `<exp>/pretrained.pt` (no classifier):
 recipes embed with it to show the EER before fine-tuning. Keeping the pretrained trunk fixed while the new
-classifier settles: `train.freeze` (a `trunk` rule, speakerlab.train.freeze).
+classifier settles: `train.freeze` (a `trunk` rule, speakerlab.train.optim.freeze).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from speakerlab.config import Config, ConfigError, check_features
 from speakerlab.frontends import feature_spec, section_keys
 from speakerlab.models import model_args_problems
 from speakerlab.sources import Source, SourceError, plain, read_source
-from speakerlab.train.sharded_state import start_rows
+from speakerlab.train.losses.sharded_state import start_rows
 
 
 def resolve_config(cfg: Config) -> Optional[Source]:

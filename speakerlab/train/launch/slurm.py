@@ -1,10 +1,10 @@
 """What a Slurm allocation gives a training launch, read from its environment, and the checks that turn a
 wrong allocation into one line before anything starts. `launch` in egs/tools/common.sh calls it:
 
-    python -m speakerlab.train.cluster slurm --gpus all|none --nnodes N|MIN:MAX --requeue auto|true|false
+    python -m speakerlab.train.launch.slurm slurm --gpus all|none --nnodes N|MIN:MAX --requeue auto|true|false
         -> shell assignments (slurm_nodes, slurm_nnodes, slurm_nproc, slurm_cpus, slurm_rdzv, slurm_requeue,
            slurm_where), or `error: ...` and exit 2
-    python -m speakerlab.train.cluster host NAME
+    python -m speakerlab.train.launch.slurm host NAME
         -> exit 2 with `error: ...` when NAME does not resolve here (plain multi-node torchrun's master)
 
 Layout of a Slurm launch: one torchrun agent per node (`srun --ntasks-per-node=1`), each starting a
@@ -27,7 +27,7 @@ from typing import Callable, List, Mapping, Optional
 from speakerlab.commands import CommandParser
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999)
-# The exit code of a run stopped by a pre-emption signal after its checkpoint (speakerlab.train.preemption),
+# The exit code of a run stopped by a pre-emption signal after its checkpoint (speakerlab.train.launch.preemption),
 # on which the launch requeues the job: sysexits.h's EX_TEMPFAIL, "a temporary failure, try again later".
 EXIT_PREEMPTED = 75
 

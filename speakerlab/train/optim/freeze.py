@@ -23,8 +23,8 @@ from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Sequence
 import torch.nn as nn
 
 from speakerlab.config import ConfigError, FreezeRule
-from speakerlab.train.distributed import wrap_ddp
-from speakerlab.train.optim import has_encoder
+from speakerlab.train.launch.distributed import wrap_ddp
+from speakerlab.train.optim.groups import has_encoder
 
 # config.FREEZE_PARTS -> the parameters of the embedding model each names.
 PARTS: Dict[str, Callable[[nn.Module], Iterable[nn.Parameter]]] = {
@@ -42,7 +42,7 @@ def rule_end(rule: FreezeRule, steps_per_epoch: int) -> float:
 
 def trunk_frozen_until(rules: Sequence[FreezeRule], steps_per_epoch: int) -> float:
     """The first optimizer step the whole embedding model trains at (0: no trunk rule; inf: never): until then
-    it is the start's (speakerlab.train.selection, speakerlab.train.scaled)."""
+    it is the start's (speakerlab.train.state.selection, speakerlab.train.scaled)."""
     return max((rule_end(r, steps_per_epoch) for r in rules if "trunk" in r.modules), default=0)
 
 

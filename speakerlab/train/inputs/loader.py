@@ -24,8 +24,8 @@ from speakerlab.dataio.prepare import index_lengths
 from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.frontends import feature_spec
-from speakerlab.train.batch_plan import BatchPlan
-from speakerlab.train.distributed import DistInfo
+from speakerlab.train.hardware.batch_plan import BatchPlan
+from speakerlab.train.launch.distributed import DistInfo
 
 SPOT_CHECKS = 32  # audio files checked at every start when the length index exists
 

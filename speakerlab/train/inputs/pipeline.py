@@ -1,7 +1,7 @@
-"""The training step's front end, batched on the training device: loader batch -> (features, labels).
+"""The training step's input pipeline, batched on the training device: loader batch -> (features, labels).
 
-    frontend = Frontend(features, crop_samples, speed_factors=[0.9, 1.1], num_speakers=S)
-    feats, labels = frontend(batch)    # batch: `speakerlab.dataio.batches.collate` output, on the host or device
+    pipeline = InputPipeline(features, crop_samples, speed_factors=[0.9, 1.1], num_speakers=S)
+    feats, labels = pipeline(batch)    # batch: `speakerlab.dataio.batches.collate` output, on the host or device
 
 The loader workers only read int16 audio and draw (speakerlab.dataio.batches, speakerlab.dataio.augment); here,
 for the whole batch at once and on whatever device the module sits on (CPU tensors for CPU
@@ -70,7 +70,7 @@ def add_noise_batch(x: Tensor, noise: Tensor, owner: Tensor, snr_db: Tensor) -> 
     return x + gain.unsqueeze(1) * mix
 
 
-class Frontend(torch.nn.Module):
+class InputPipeline(torch.nn.Module):
     """`forward(batch) -> (feats (B, T, F) float32, labels (B,) int64)`, see the module docstring.
 
     `features`: wave `(B, samples)` -> model input, from `speakerlab.features.spec.build_features` (with

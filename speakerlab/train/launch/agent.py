@@ -1,11 +1,11 @@
 """torchrun's elastic agent as the recipes start it (`launch` in egs/tools/common.sh):
 
-    python -m speakerlab.train.agent <torchrun options> --no-python speakerlab-train ...
+    python -m speakerlab.train.launch.agent <torchrun options> --no-python speakerlab-train ...
 
 It is torchrun itself (torch.distributed.run, its options and its restarts) with two differences:
 
 - SIGUSR1, Slurm's `--signal=USR1@...` ahead of a time limit, is handled like SIGTERM: the agent passes
-  it to every worker (which finish their step, checkpoint and exit, speakerlab.train.preemption) and
+  it to every worker (which finish their step, checkpoint and exit, speakerlab.train.launch.preemption) and
   waits for them up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (set to SHUTDOWN_S here unless you set it)
   instead of dying at once and leaving them to a SIGKILL;
 - its exit code: the one its failed workers exited with (2 bad input, 3 training stopped, 4 a stalled
@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 
-from speakerlab.train.cluster import EXIT_PREEMPTED
+from speakerlab.train.launch.slurm import EXIT_PREEMPTED
 
 SHUTDOWN_S = 300  # seconds the workers get to write a checkpoint once signalled, before SIGKILL
 LEAVE_S = 60.0  # seconds the store's host waits for the other agents to leave the exit barrier

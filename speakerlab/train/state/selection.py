@@ -27,9 +27,9 @@ import torch
 from speakerlab.frontends import feature_spec
 from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train.build import Run
-from speakerlab.train.freeze import describe, trunk_frozen_until
-from speakerlab.train.resume import save_best, save_epoch_end
-from speakerlab.train.validation import shared, validation_eer
+from speakerlab.train.optim.freeze import describe, trunk_frozen_until
+from speakerlab.train.state.resume import save_best, save_epoch_end
+from speakerlab.train.state.validation import shared, validation_eer
 
 
 def measure(run: Run, epoch: int) -> Optional[float]:

@@ -20,10 +20,10 @@ from typing import Dict, List
 import torch
 
 from speakerlab.checkpoint import latest_checkpoint
-from speakerlab.train import distributed as dist_utils
 from speakerlab.train.build import Run
-from speakerlab.train.cluster import EXIT_PREEMPTED
-from speakerlab.train.resume import save_mid_epoch
+from speakerlab.train.launch import distributed as dist_utils
+from speakerlab.train.launch.slurm import EXIT_PREEMPTED
+from speakerlab.train.state.resume import save_mid_epoch
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 

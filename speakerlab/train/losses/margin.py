@@ -4,7 +4,7 @@ penalty) and SphereFace2.
 Both map `(B, D)` embeddings and `(B,)` labels to a scalar loss and `(B, S)` cosine logits, and take
 the margin of the schedule through `set_margin` (a buffer, so it is part of the checkpoint). The formulas are
 functions of the cosines (`angular_target`, `widened`, `hardest`, `sphereface2_terms`), so that the head sharded
-over ranks (speakerlab.train.sharded) computes exactly these on its share of the classes.
+over ranks (speakerlab.train.losses.sharded) computes exactly these on its share of the classes.
 """
 
 from __future__ import annotations
