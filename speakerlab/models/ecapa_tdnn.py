@@ -66,11 +66,13 @@ class TDNNBlock(nn.Module):
         return self.norm(F.relu(self.conv(x), inplace=True))
 
 
-class Res2NetBlock(nn.Module):
+class DilatedRes2Net(nn.Module):
     """Res2Net with dilation: `(B, C, T) -> (B, C, T)`.
 
     The channels are cut into `scale` groups; group 0 passes through, group 1 goes through a
     TDNN block, group i > 1 through a TDNN block after adding the previous group's output.
+    Not speakerlab.models.blocks.Res2NetBlock, ERes2Net's 2-D bottleneck (1x1 convs in and out, every group
+    convolved, optional AFF fusion, a shortcut): the two share only the idea of split groups.
     """
 
     def __init__(self, channels: int, scale: int = 8, kernel_size: int = 3, dilation: int = 1):
@@ -120,7 +122,7 @@ class SERes2NetBlock(nn.Module):
     ):
         super().__init__()
         self.tdnn1 = TDNNBlock(in_channels, out_channels, 1)
-        self.res2net_block = Res2NetBlock(out_channels, res2net_scale, kernel_size, dilation)
+        self.res2net_block = DilatedRes2Net(out_channels, res2net_scale, kernel_size, dilation)
         self.tdnn2 = TDNNBlock(out_channels, out_channels, 1)
         self.se_block = SEBlock(out_channels, se_channels)
         # A projection only when the widths differ (never in the published settings).
@@ -140,6 +142,9 @@ class AttentiveStatsPool(nn.Module):
     std, i.e. `tdnn(cat([x, mean, std]))` with the statistics repeated over time. Its 1x1 conv is
     split instead: frame part `W_x @ x` plus a per-utterance term `W_s @ [mean, std] + b`,
     broadcast over time, which is the same result without building the (B, 3C, T) input.
+    Not speakerlab.models.pooling.ASTP (WeSpeaker's and ReDimNet2's layout: two plain 1x1 convs, unbiased variance,
+    1e-7): ECAPA's released weights have a TDNN block with BatchNorm before the tanh and a biased variance, and
+    each pooling keeps its source's keys and arithmetic so that released weights give their published embeddings.
     """
 
     def __init__(self, channels: int, attention_channels: int = 128, global_context: bool = True):

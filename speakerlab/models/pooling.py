@@ -69,7 +69,8 @@ class ASTP(nn.Module):
     `global_context`, `[x; mean; std]` (the utterance's mean and unbiased std over time, + 1e-7
     under the root, repeated over frames); softmax over time; weighted mean and std, the
     variance clamped at 1e-7. Statistics in float32 (also under autocast), returned in the input's dtype.
-    Needs T >= 2.
+    Needs T >= 2. ECAPA-TDNN has its own (speakerlab.models.ecapa_tdnn.AttentiveStatsPool): its released weights
+    hold a BatchNorm inside the attention and a biased variance.
     """
 
     def __init__(self, in_dim: int, bottleneck_dim: int = 128, global_context: bool = True):
