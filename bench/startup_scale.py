@@ -210,8 +210,8 @@ def child(args) -> dict:
     import torch
 
     from speakerlab.train.build import build_run, load_train_config
-    from speakerlab.train.step import train_step
     from speakerlab.train.state.resume import resume
+    from speakerlab.train.step import train_step
 
     torch.set_num_threads(1)
     exp = Path(args.work) / f"exp_{args.utts}_{os.getpid()}"
