@@ -34,9 +34,10 @@ def source_env(tmp_path, requirements: str, root: Path = ROOT, scripts=SCRIPTS, 
         (bin_dir / name).write_text("#!/bin/sh\n")
         (bin_dir / name).chmod(0o755)
     (tmp_path / "reqs.txt").write_text(requirements)
-    env = {**os.environ, "VIRTUAL_ENV": str(tmp_path / "venv"), "PATH": f"{bin_dir}:{os.environ['PATH']}", **extra}
+    env = {**os.environ, "VIRTUAL_ENV": str(tmp_path / "venv"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("CONDA_PREFIX", None)
     env.pop("PYTHONPATH", None)
+    env.update(extra)
     env["SPEAKERLAB_REQUIREMENTS"] = os.path.relpath(tmp_path / "reqs.txt", root)
     r = subprocess.run(
         ["bash", "-c", f'source {root}/egs/tools/env.sh && echo "PYTHONPATH=${{PYTHONPATH:-}}" && {then or ":"}'],
@@ -88,6 +89,24 @@ def test_another_checkouts_install_is_left_alone_and_this_checkouts_code_runs(tm
     assert len(lines) == 1 and str(ROOT) in lines[0] and str(other) in lines[0]
     assert f"pip install --no-deps -e {other}" in lines[0]
     assert r.stdout.splitlines()[-1] == str(other / "speakerlab" / "__init__.py")
+
+
+def test_3d_speakers_package_in_the_environment_is_refused_in_one_line(tmp_path):
+    """PyPI's `speakerlab` (3D-Speaker's toolkit) also imports as speakerlab: env.sh says to use another
+    environment instead of installing this checkout beside it."""
+    site = tmp_path / "site"
+    (site / "speakerlab").mkdir(parents=True)
+    (site / "speakerlab" / "__init__.py").write_text("")
+    (site / "speakerlab-0.0.6.dist-info").mkdir()
+    (site / "speakerlab-0.0.6.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: speakerlab\nVersion: 0.0.6\nSummary: 3D-Speaker is an open-source toolkit\n"
+    )
+    pip, r = source_env(tmp_path, "numpy>=1.0\n", rc=2, PYTHONPATH=str(site))
+    assert pip == ""
+    assert said(r) == [
+        f"error: this environment's speakerlab ({site}) is 3D-Speaker's package (PyPI's speakerlab), another "
+        "project that also imports as speakerlab; use a separate virtual environment for this checkout"
+    ]
 
 
 def test_another_checkout_with_a_console_script_the_environment_lacks_is_refused(tmp_path):

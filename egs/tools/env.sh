@@ -81,6 +81,13 @@ for _sl_script in $(sed -n '/^\[project\.scripts\]/,/^\[/s/^\(speakerlab-[A-Za-z
   [ -x "$(dirname "$_sl_python")/$_sl_script" ] || _sl_lacking="$_sl_lacking $_sl_script"
 done
 if [ -n "$_sl_where" ] && [ "$_sl_where" != "$SPEAKERLAB_ROOT" ]; then
+  # PyPI's `speakerlab` is 3D-Speaker's toolkit (ours is the distribution speakerlab-recipes): both import as
+  # speakerlab, so one environment cannot hold both.
+  # (An install of this project from before the rename is also called speakerlab: the summary tells them apart.)
+  if "$_sl_python" -c "import sys; from importlib.metadata import metadata as m; sys.exit('3D-Speaker' not in (m('speakerlab')['Summary'] or ''))" 2>/dev/null; then
+    _sl_log "error: this environment's speakerlab ($_sl_where) is 3D-Speaker's package (PyPI's speakerlab), another project that also imports as speakerlab; use a separate virtual environment for this checkout"
+    return 2 2>/dev/null || exit 2
+  fi
   if [ -n "$_sl_lacking" ]; then
     _sl_log "error: this checkout's console script(s)$_sl_lacking are not in $(dirname "$_sl_python"), whose speakerlab is $_sl_where; switch it to this checkout with: $_sl_python -m pip install --no-deps -e $SPEAKERLAB_ROOT (or use another environment)"
     return 2 2>/dev/null || exit 2

@@ -34,7 +34,9 @@ def _pyannote():
         from pyannote.core import Annotation, Segment, Timeline
         from pyannote.metrics.diarization import DiarizationErrorRate
     except ImportError as e:
-        raise ImportError(f"DER scoring needs pyannote.metrics ({e}): pip install 'speakerlab[diarization]'") from None
+        raise ImportError(
+            f"DER scoring needs pyannote.metrics ({e}): pip install -e '.[diarization]' in the speakerlab clone"
+        ) from None
     return Annotation, Segment, Timeline, DiarizationErrorRate
 
 

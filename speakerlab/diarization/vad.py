@@ -103,7 +103,7 @@ def _load_silero():
         except ImportError as e:
             raise ImportError(
                 f"the Silero VAD needs the silero-vad and onnxruntime packages ({e}): "
-                "pip install 'speakerlab[diarization]', or use --vad energy"
+                "pip install -e '.[diarization]' in the speakerlab clone, or use --vad energy"
             ) from None
         finally:
             torch.set_num_threads(threads)  # silero_vad.model sets 1 at import

@@ -7,7 +7,7 @@
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --checkpoint exp/campplus
     speakerlab-embed data/test/wav.scp exp/emb/test.ark --3dspeaker campplus --weights w.pt   # + .scp, .npz
     speakerlab-embed data/test/wav.scp exp/emb/test.npz --redimnet2 b6-vox2-lm.pt     # a ReDimNet2 release
-    speakerlab-embed data/test/wav.scp exp/emb/test.npz --onnx campplus.onnx   # torch-free (speakerlab[runtime])
+    speakerlab-embed data/test/wav.scp exp/emb/test.npz --onnx campplus.onnx   # torch-free (pip install ./runtime)
 
 Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, a
 3D-Speaker state dict with its published features, or a ReDimNet2 release with its own log-mel front-end) and
@@ -58,7 +58,7 @@ from speakerlab.inference.common import MIN_FRAMES, NonFiniteEmbedding, add_sour
 from speakerlab.scoring.metrics import eer_point, error_rates
 
 # torch is imported by the functions that load a torch model (speakerlab.inference.embedder), not here:
-# `speakerlab-embed --onnx` runs where only the [runtime] extra is installed.
+# `speakerlab-embed --onnx` runs in the torch-free install (runtime/pyproject.toml).
 if TYPE_CHECKING:
     from speakerlab.inference.embedder import Embedder
     from speakerlab.inference.runtime import OnnxEmbedder

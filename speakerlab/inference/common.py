@@ -1,7 +1,8 @@
 """The torch-free parts of inference, shared by the PyTorch embedder (speakerlab.inference.embedder) and the ONNX
 runtime (speakerlab.inference.runtime): the options that name a model, batching waves by length, the check that
 no embedding is NaN or inf. Nothing here imports torch, so `speakerlab-embed --onnx` and the runtime's Python API
-run where torch is not installed (the [runtime] extra: numpy, soundfile, scipy, onnxruntime).
+run where torch is not installed (the torch-free install, runtime/pyproject.toml: numpy, soundfile, scipy,
+onnxruntime).
 """
 
 from __future__ import annotations

@@ -134,8 +134,7 @@ def exp_threshold(source: Path) -> Optional[Tuple[float, str]]:
 def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[str, str]:
     """The metadata of a waveform file (runtime.META) of `embedder` built from `src` (a speakerlab.sources
     Source): what the runtime needs to batch, check and describe it."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    from speakerlab import __version__
     from speakerlab.dataio.resample import rate_ratio
 
     spec = embedder.spec
@@ -143,10 +142,6 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[st
     # The shortest input whose resampled length gives MIN_FRAMES frames.
     model_samples = next(n for n in range(1, 60 * spec.sample_rate) if embedder.num_frames(n) >= MIN_FRAMES)
     min_samples = -(-model_samples * down // up)
-    try:
-        ours = version("speakerlab")
-    except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed
-        ours = "unknown (not installed)"
     batching = {"by": "samples"}
     if spec.kind == "kaldi_fbank" and spec.config.snip_edges and input_rate == spec.sample_rate:
         batching = {"by": "frames", "window": spec.config.window_size, "shift": spec.config.window_shift}
@@ -154,7 +149,7 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[st
         "format": FORMAT,
         "model": src.model_name,
         "source": src.describe(),
-        "version": ours,
+        "version": __version__,
         "sample_rate": str(input_rate),
         "features": json.dumps(spec.to_dict()),
         "embedding_size": str(torch_waveform(embedder, input_rate)(np.ones((1, min_samples), np.float32)).shape[1]),
