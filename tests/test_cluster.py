@@ -234,3 +234,22 @@ def test_lock_of_an_earlier_start_of_the_same_job_on_another_host_is_taken_over(
     ]
     assert (tmp_path / ".lock").read_text().split()[-1] == "job=812:0:1"
     lock.release()
+
+
+def test_the_batch_script_stops_in_one_line_where_the_environment_is_not_active(tmp_path):
+    """egs/tools/slurm/train.sbatch on a compute node whose `python` is not the environment that installs
+    speakerlab (a job started with a clean environment): exit 2 with one line saying what to activate, before the
+    recipe runs; with the environment it goes on to the recipe (here its usage line)."""
+    template = ROOT / "egs" / "tools" / "slurm" / "train.sbatch"
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").write_text("#!/bin/sh\nexit 1\n")  # a python without speakerlab
+    (bare / "python").chmod(0o755)
+    recipe = ["bash", str(template), str(ROOT / "egs" / "mini" / "run.sh"), "--no_such_option", "1"]
+    env = {**os.environ, "PATH": f"{bare}:{os.environ['PATH']}"}
+    r = subprocess.run(recipe, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"the python on {os.uname().nodename} ({bare / 'python'}) does not import this speakerlab" in r.stderr
+    here = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    r = subprocess.run(recipe, env=here, capture_output=True, text=True, timeout=60)
+    assert "does not import" not in r.stderr and "Slurm job ? start 1" in r.stderr, r.stderr

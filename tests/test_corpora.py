@@ -13,6 +13,7 @@ from speakerlab.checkpoint import load_checkpoint
 from speakerlab.dataio.batches import GlobalBatchSampler
 from speakerlab.dataio.columns import as_keys, read_keyed
 from speakerlab.dataio.compact import read_compact
+from speakerlab.dataio.corpora import read_manifest
 from speakerlab.dataio.lists import ListError, load_data_dir, read_table
 from speakerlab.dataio.prepare import main as prepare_main
 from speakerlab.dataio.shards import main as shards_main
@@ -262,3 +263,43 @@ def test_bad_corpora_are_one_line_naming_the_key(two, tmp_path, capsys, corpora,
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert message.replace("NOUTT2SPK", str(no_utt2spk)).replace("FILE", str(two / "corpora.yaml")) in err, err
     assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_a_manifest_reads_its_relative_dirs_from_its_own_folder(two, tmp_path, monkeypatch):
+    """`dir: a` in conf/corpora.yaml is conf/a, wherever the command runs: the check passes and the corpus read
+    is the one beside the manifest (from another directory, `a` names nothing)."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for name in ("a", "b"):
+        (conf / name).symlink_to(two / name)
+    (conf / "corpora.yaml").write_text("- {name: a, dir: a}\n- {name: b, dir: ./b, val: ../conf/b}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = write_config(tmp_path, conf / "corpora.yaml")
+    assert train_main(["--config", cfg, "--exp-dir", str(tmp_path / "x"), "--check"]) == 0
+    read = read_manifest(conf / "corpora.yaml")
+    assert [load_data_dir(c.dir).utts for c in read] == [load_data_dir(two / n).utts for n in ("a", "b")]
+    assert read[1].val == str(conf / "../conf/b")
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "start"])
+def test_a_listed_dir_that_does_not_exist_is_found_by_the_check(two, tmp_path, capsys, check):
+    """--check finds what the start finds: the manifest's file and line, or the inline list's key."""
+    manifest = tmp_path / "corpora.yaml"
+    manifest.write_text(f"# two corpora\n- {{name: a, dir: {two / 'a'}}}\n- {{name: b, dir: no_such_dir}}\n")
+    inline = [{"name": "a", "dir": str(two / "a")}, {"name": "b", "dir": str(tmp_path / "gone")}]
+    cases = [
+        (manifest, f"{manifest}:3: dir {tmp_path / 'no_such_dir'} does not exist (config key 'data.train[1].dir')"),
+        (
+            yaml.safe_dump(inline, default_flow_style=True).strip(),
+            f"{tmp_path / 'gone'} does not exist (config key 'data.train[1]')",
+        ),
+    ]
+    for i, (train, message) in enumerate(cases):
+        cfg = write_config(tmp_path, train, name=f"c{i}.yaml")
+        exp = tmp_path / f"x{i}"
+        assert train_main(["--config", cfg, "--exp-dir", str(exp)] + (["--check"] if check else [])) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {message}", err
+        assert not exp.exists()

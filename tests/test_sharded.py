@@ -66,16 +66,25 @@ def test_shards_cover_every_speaker_once():
 
 
 def test_rows_start_alike_on_any_number_of_ranks(monkeypatch):
-    """The initial rows are drawn per block of speakers from the seed: 3 ranks hold exactly the rows of 1."""
+    """The initial rows are the plain head's for the same torch seed, drawn in blocks of rows: 3 ranks hold
+    exactly the rows of 1, which are AAMSoftmax's, and torch's generator is left where the plain head leaves it
+    (so whatever draws next draws the same)."""
     monkeypatch.setattr(sharded, "INIT_BLOCK", 4)  # several blocks per shard
-    one = ShardedAAM(5, 13, seed=9, subcenters=2).weight.detach()
+
+    def built(make):
+        torch.manual_seed(9)
+        return make().weight.detach(), torch.rand(3)
+
+    plain, after = built(lambda: AAMSoftmax(5, 13, subcenters=2))
+    one, one_after = built(lambda: ShardedAAM(5, 13, seed=9, subcenters=2))
+    assert torch.equal(one, plain) and torch.equal(one_after, after) and one.shape == (26, 5)
     parts = []
     for rank in range(3):
         monkeypatch.setattr(sharded, "_world", lambda rank=rank: (rank, 3))
-        parts.append(ShardedAAM(5, 13, seed=9, subcenters=2).weight.detach())
+        part, part_after = built(lambda: ShardedAAM(5, 13, seed=9, subcenters=2))
+        assert torch.equal(part_after, after)
+        parts.append(part)
     torch.testing.assert_close(torch.cat(parts), one, rtol=0, atol=0)
-    bound = (6.0 / (5 + 26)) ** 0.5  # xavier-uniform of the full (13 x 2, 5) weight
-    assert one.abs().max() <= bound and one.shape == (26, 5)
 
 
 def test_speaker_rows_carry_over_to_a_new_speaker_set(monkeypatch):
@@ -206,3 +215,24 @@ hardware: {{device: cpu, precision: fp32, num_workers: 0, pin_memory: false}}
     assert load_checkpoint(exp / "checkpoints" / "avg.pt").classifier["weight"].shape == (12, 32)
     assert train_main([*lm, f"train.init={exp / 'checkpoints' / 'avg.pt'}", "hardware.per_device_batch=12"]) == 0
     assert "classifier kept (6 speakers, as in the source)" in (tmp_path / "lm" / "train.log").read_text()
+
+
+def test_on_one_process_a_sharded_run_is_the_plain_run(tiny_corpus, tmp_path):
+    """loss.shard_classes on one process, the same seed: the tiny config's whole run (4 steps, at a tenth of its LR)
+    has the plain head's losses, steps 1-2 bit for bit (the rows start alike, the generator is left alike; drawn
+    from numpy they gave another step-1 loss), steps 3-4 to float32 rounding (the sharded softmax sums in another
+    order; float64 equality is test_on_one_rank_the_sharded_head_is_the_full_head's). train.log says the head is
+    sharded, and sampled below loss.sample_rate 1."""
+    config = str(tiny_corpus[0])
+    runs = {"plain": [], "sharded": ["loss.shard_classes=true"], "sampled": ["loss.sample_rate=0.5"]}
+    for name, overrides in runs.items():
+        assert train_main(["--config", config, "--exp-dir", str(tmp_path / name), "optim.lr=0.005", *overrides]) == 0
+    plain, ours = losses(tmp_path / "plain"), losses(tmp_path / "sharded")
+    assert sorted(ours) == sorted(plain) == [1, 2, 3, 4]
+    assert ours[1] == plain[1] and ours[2] == plain[2], (ours, plain)
+    assert all(abs(ours[s] - plain[s]) <= 1e-3 * abs(plain[s]) for s in (3, 4)), (ours, plain)
+    head = "classifier sharded over 1 process (speakers 0-3 of 4 here)"
+    assert f"{head}; every speaker in each step's softmax" in (tmp_path / "sharded" / "train.log").read_text()
+    sampled = (tmp_path / "sampled" / "train.log").read_text()
+    assert f"{head}; sampled: each other speaker kept with probability 0.5 per micro-batch" in sampled
+    assert "classifier sharded" not in (tmp_path / "plain" / "train.log").read_text()

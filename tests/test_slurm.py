@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
 
 def submit(slurm, tiny, exp: Path, *sbatch_options: str, recipe_options=()) -> str:
     """sbatch of the shipped template, its #SBATCH lines overridden for this one-host CPU cluster as a
-    user's edit would: 2 tasks (CPU processes) on the node, no GPU, the test partition."""
+    user's edit would: 2 tasks (CPU processes) on the node, no GPU, the test partition, memory it has."""
     root, cfg = tiny
     job = slurm.sbatch(
         [
@@ -48,6 +48,7 @@ def submit(slurm, tiny, exp: Path, *sbatch_options: str, recipe_options=()) -> s
             "--gpus-per-node=0",
             "--ntasks-per-node=2",
             "--cpus-per-task=1",
+            "--mem=1000",
             "--time=30",
             f"--output={exp}.out",
             *sbatch_options,

@@ -6,7 +6,7 @@ that list), their speaker-id namespaces, and the joined training set.
         - {name: vb2, dir: data/vb2}
         - {name: vox2, dir: data/vox2_dev, weight: 2.0, val: data/vox1_test}
         - {name: cnc2, dir: data/cnceleb_train}
-      # or: train: conf/corpora.yaml, a file holding that list
+      # or: train: conf/corpora.yaml, a file holding that list (its relative dirs are relative to its folder)
 
 Each corpus's utterance and speaker ids are read as `name/id`: `vox2/id00012` and `vb2/id00012` are two
 speakers, and the classifier's classes (the checkpoint's speaker list) carry the namespace. A run on one data dir
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import numpy as np
+import yaml
 
 from speakerlab.config import DataSettings, TrainCorpus
 from speakerlab.dataio.columns import JoinedView
@@ -32,8 +33,17 @@ from speakerlab.settings import ConfigError, build_settings, read_yaml
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 
 
+def _record_lines(path: Path) -> List[int]:
+    """The line (1-based) where each record of the YAML list in `path` starts (read_yaml has checked the YAML)."""
+    with open(path) as f:
+        node = yaml.compose(f, Loader=yaml.SafeLoader)
+    return [item.start_mark.line + 1 for item in node.value] if isinstance(node, yaml.SequenceNode) else []
+
+
 def read_manifest(path: Path) -> List[TrainCorpus]:
-    """A YAML file holding the list of data.train's records; errors name the file and the record's key."""
+    """A YAML file holding the list of data.train's records; errors name the file and the record's key. A
+    relative `dir` or `val` is relative to the manifest's folder (the list moves with its corpora, whatever the
+    current directory); a `dir` or `val` that is not an existing folder is an error naming the file and line."""
     try:
         raw = read_yaml(path, "manifest")
     except ConfigError as e:
@@ -41,9 +51,20 @@ def read_manifest(path: Path) -> List[TrainCorpus]:
     if not isinstance(raw, list):
         raise ConfigError(f"config key 'data.train': manifest {path} must hold a list of {{name, dir}} records")
     try:
-        return [build_settings(TrainCorpus, item, f"data.train[{i}]") for i, item in enumerate(raw)]
+        records = [build_settings(TrainCorpus, item, f"data.train[{i}]") for i, item in enumerate(raw)]
     except ConfigError as e:
         raise ConfigError(f"{e} (in the manifest {path})") from None
+    for i, (record, line) in enumerate(zip(records, _record_lines(path))):
+        for key in ("dir", "val"):
+            folder = getattr(record, key)
+            if not folder:
+                continue
+            folder = str(path.parent / folder)  # an absolute `folder` stays as it is
+            setattr(record, key, folder)
+            if not Path(folder).is_dir():
+                what = "is not a folder" if Path(folder).exists() else "does not exist"
+                raise ConfigError(f"{path}:{line}: {key} {folder} {what} (config key 'data.train[{i}].{key}')")
+    return records
 
 
 def resolve_corpora(data: DataSettings) -> None:

@@ -39,7 +39,7 @@ from speakerlab.train.inputs.loader import load_train_lists, make_loader
 from speakerlab.train.inputs.pipeline import InputPipeline
 from speakerlab.train.launch import distributed as dist_utils
 from speakerlab.train.launch.distributed import DistInfo, wrap_ddp
-from speakerlab.train.losses.sharded import clip_grad_norm, keep_out_of_ddp, make_head
+from speakerlab.train.losses.sharded import Sharded, clip_grad_norm, keep_out_of_ddp, make_head
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim.freeze import check_freeze
 from speakerlab.train.optim.groups import check_encoder_settings, parameter_groups
@@ -327,6 +327,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         f"{precision.describe()}; {plan.describe()}; {run.steps_per_epoch} steps/epoch; "
         f"model {cfg.model.name} {sum(p.numel() for p in net.model.parameters()):,} params; optimizer {optimizer}"
     )
+    if isinstance(net.classifier, Sharded):
+        monitor.log(net.classifier.describe())
     monitor.log(switches.describe())
     restart = dist_utils.restart_note(info, os.environ)
     if restart:

@@ -160,6 +160,8 @@ def path_problem(cfg, exp_dir: Path) -> Optional[str]:
     if cfg.data.train:
         for key, corpus in train_corpora(cfg.data):
             problem = folder_problem(corpus.dir, writable=False)
+            if not problem and key != "data.train" and not Path(corpus.dir).exists():
+                problem = f"{corpus.dir} does not exist"  # one data dir may be made later; a list names made ones
             problems.append(problem and (problem if key == "data.train" else f"{problem} (config key '{key}')"))
     return next(filter(None, problems), None)
 

@@ -28,8 +28,9 @@ expected total) runs over those. Accuracy is then measured among the sampled cla
 
 Checkpoints hold the full head (speakerlab.train.losses.sharded_state: rank 0 gathers the rows and the optimizer's
 per-row state): the same file as the unsharded head's, so resume on another number of ranks (each takes its rows),
-checkpoint averaging, large-margin fine-tuning and train.init read it as they read any. The rows start from values
-drawn per block of speakers from (train.seed, block): the same start on any number of ranks.
+checkpoint averaging, large-margin fine-tuning and train.init read it as they read any. The rows start as the plain
+head's (the same draws from torch's generator): the same start on any number of ranks, and on one process the
+whole run of the plain head for the same seed.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 from speakerlab.config import LossSettings
 from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2, fp32, sphereface2_terms
 
-INIT_BLOCK = 65536  # speakers per independently seeded block of initial rows
+INIT_BLOCK = 65536  # rows drawn at a time at the start (memory only: the values do not depend on it)
 
 
 def shard_range(num_classes: int, rank: int, world: int) -> Tuple[int, int]:
@@ -154,8 +155,19 @@ class _Sharded:
     shard, the gathering, the sampled columns, the cosines and the top-1 over all ranks."""
 
     def __init__(self, embedding_size: int, num_classes: int, *, sample_rate: float = 1.0, seed: int = 0, **head):
+        state = torch.get_rng_state()  # the base head's placeholder row must not move torch's generator
         super().__init__(embedding_size, 1, **head)  # the head's own settings, then this rank's rows
+        torch.set_rng_state(state)
         self._shard(num_classes, sample_rate, seed)
+
+    def describe(self) -> str:
+        """The log line of a sharded head: its shard, and the class sampling when there is one."""
+        where = f"classifier sharded over {self.world} process{'es' if self.world > 1 else ''}"
+        rows = f"speakers {self.lo}-{self.hi - 1} of {self.num_classes} here"
+        if self.sample_rate >= 1.0:
+            return f"{where} ({rows}); every speaker in each step's softmax"
+        kept = f"each other speaker kept with probability {self.sample_rate:g} per micro-batch"
+        return f"{where} ({rows}); sampled: {kept}"
 
     def loss_and_top1(self, emb: torch.Tensor, labels: torch.Tensor):
         emb, labels, valid, own = self._gather(emb, labels)
@@ -169,15 +181,17 @@ class _Sharded:
         self.num_classes, self.lo, self.hi = num_classes, *shard_range(num_classes, self.rank, self.world)
         self.sample_rate, self.seed, self.step, self.micro = sample_rate, seed, 0, 0
         k, dim = self.subcenters, self.weight.shape[1]
-        bound = math.sqrt(6.0 / (dim + num_classes * k))  # xavier_uniform of the full (S x K, D) weight
+        total, first, last = num_classes * k, self.lo * k, self.hi * k
+        # As the plain head's xavier_uniform_ of the full (S x K, D) weight: the same bound, the same draws from
+        # torch's generator in the same order (its CPU uniform_ draws element by element, so blocks of rows give
+        # the values of one draw), every rank drawing all rows and keeping its own: for the same seed the rows of
+        # the plain head on any number of ranks, and the generator left where the plain head leaves it.
+        bound = math.sqrt(3.0) * math.sqrt(2.0 / float(dim + total))
         rows = []
-        for block in range(self.lo // INIT_BLOCK, -(-self.hi // INIT_BLOCK)):
-            start = block * INIT_BLOCK
-            drawn = np.random.default_rng([seed, 31, block]).uniform(-bound, bound, (INIT_BLOCK * k, dim))
-            first, last = max(self.lo, start) - start, min(self.hi, start + INIT_BLOCK) - start
-            rows.append(drawn[first * k : last * k])
-        local = np.concatenate(rows) if rows else np.zeros((0, dim))
-        self.weight = nn.Parameter(torch.from_numpy(local.astype(np.float32)))
+        for start in range(0, total, INIT_BLOCK):
+            drawn = torch.empty(min(INIT_BLOCK, total - start), dim).uniform_(-bound, bound)
+            rows.append(drawn[max(first - start, 0) : max(min(last - start, len(drawn)), 0)])
+        self.weight = nn.Parameter(torch.cat(rows) if rows else torch.zeros(0, dim))
 
     def set_step(self, step: int) -> None:
         self.step, self.micro = step, 0
