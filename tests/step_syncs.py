@@ -48,7 +48,7 @@ COLLECTIVES = (
 )
 PACKAGE = str(Path(loop.__file__).resolve().parents[1])  # .../speakerlab
 
-intervals = []  # {"step": the global step the interval's train_step made, "logging": bool, "syncs": [], "collectives": []}
+intervals = []  # {"step": what its train_step makes, "logging": bool, "syncs": [...], "collectives": [...]}
 
 
 def where() -> str:
