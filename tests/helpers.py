@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Dict, Optional
@@ -59,6 +60,8 @@ def assert_no_traceback(*outputs: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# The last stage number of every recipe (egs/tools/common.sh), for the tests of stage-number errors.
+LAST_STAGE = int(re.search(r"^LAST_STAGE=(\d+)", (ROOT / "egs/tools/common.sh").read_text(), re.M).group(1))
 # The 16-D tiny CAM++ of the checkpoint, extraction and embedding tests (tests/conftest.py's `ckpt`).
 TINY_CAMPPLUS = {
     "embedding_size": 16,

@@ -24,7 +24,7 @@ from speakerlab.inference.extract import main as extract_main
 from speakerlab.models import build_model
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.state.average import main as average_main
-from tests.helpers import ROOT, damaged_copy, make_data_dir, tiny_config, write_wav
+from tests.helpers import LAST_STAGE, ROOT, damaged_copy, make_data_dir, tiny_config, write_wav
 from tests.helpers import TINY_CAMPPLUS as TINY
 
 
@@ -568,8 +568,11 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
-        (["--stop_stage", "9"], "--stop_stage must be a stage number from 1 to 7, got '9'"),
+        (["--stage", "x"], f"--stage must be a stage number from 1 to {LAST_STAGE}, got 'x'"),
+        (
+            ["--stop_stage", str(LAST_STAGE + 1)],
+            f"--stop_stage must be a stage number from 1 to {LAST_STAGE}, got '{LAST_STAGE + 1}'",
+        ),
         (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),

@@ -13,7 +13,7 @@ import pytest
 from speakerlab.checkpoint import load_checkpoint
 from speakerlab.scoring.metrics import compute_eer
 from tests.conftest import MINI_TRAIN
-from tests.helpers import assert_no_traceback, free_port, threads
+from tests.helpers import LAST_STAGE, assert_no_traceback, free_port, threads
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "egs" / "mini" / "run.sh"
@@ -128,9 +128,12 @@ def test_environment_variables_are_not_options(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
-        (["--stop_stage", "8"], "--stop_stage must be a stage number from 1 to 7, got '8'"),
-        (["--stage", "0"], "--stage must be a stage number from 1 to 7, got '0'"),
+        (["--stage", "x"], f"--stage must be a stage number from 1 to {LAST_STAGE}, got 'x'"),
+        (
+            ["--stop_stage", str(LAST_STAGE + 1)],
+            f"--stop_stage must be a stage number from 1 to {LAST_STAGE}, got '{LAST_STAGE + 1}'",
+        ),
+        (["--stage", "0"], f"--stage must be a stage number from 1 to {LAST_STAGE}, got '0'"),
         (["--stage", "4", "--stop_stage", "3"], "--stage 4 is after --stop_stage 3"),
     ],
 )

@@ -30,6 +30,7 @@ opt exp exp/eres2net_base
 opt config ../../conf/3dspeaker/eres2net_base.yaml
 opt hardware auto                  # profile in conf/hardware/
 launch_options                     # --gpus (default: all visible) --nproc --nnodes --node_rank --master_addr --master_port
+calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
@@ -110,5 +111,9 @@ if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" $train_data $train_overrides $lm_overrides
+fi
+if stage_on 8; then
+  lists=(); for t in $trials; do lists+=("$data/$eval_set/trials_$t"); done
+  calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-${val_set:+$data/$val_set}}" "$data/$eval_set" "${lists[@]}"
 fi
 log "done"

@@ -39,6 +39,7 @@ opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
 opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
+calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 
@@ -183,5 +184,8 @@ if stage_on 7; then
   launch speakerlab-train "${configs[@]}" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     data.train="$data/train" ${val[@]+"${val[@]}"} train.init="$exp/checkpoints/avg.pt" $store_opts \
     $train_overrides $lm_overrides
+fi
+if stage_on 8; then
+  calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-$data/val}" "$data/test" "$data/test/trials"
 fi
 log "done"

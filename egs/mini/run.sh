@@ -7,6 +7,7 @@
 # training, validation and extraction read instead of decoding audio), 3 train, 4 embeddings, 5 scoring (and the
 # no-training baseline); optional: 6 average the last checkpoints, 7 large-margin fine-tuning, then
 #   bash egs/mini/run.sh --stage 4 --stop_stage 5 --exp exp/campplus_lm
+# and 8 calibration (fitted on val/trials, measured on test/trials: $exp/calibration.json).
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,6 +31,7 @@ opt seed 1234
 opt jobs 2                         # corpus generation processes
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 launch_options none                # --gpus (none: the CPU profile) --nproc --nnodes --node_rank --master_addr --master_port
+calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 
 . ../tools/parse_options.sh
@@ -98,5 +100,8 @@ if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides $lm_overrides
+fi
+if stage_on 8; then
+  calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-$data/val}" "$data/test" "$data/test/trials"
 fi
 log "done"

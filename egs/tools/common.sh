@@ -9,7 +9,9 @@
 #   5 scoring of every trial list
 #   6 checkpoint averaging
 #   7 large-margin fine-tuning (then stages 4-5 with --exp ${exp}_lm)
-LAST_STAGE=7
+#   8 calibration (`calibration_stage`): LLRs and operating points fitted on a held-out set, into the exp dir
+# Reserved for every recipe alike: 9 the stress table, 10 pseudo-label rounds.
+LAST_STAGE=8
 
 log() { echo "[$(date '+%Y-%m-%d %H:%M:%S')] $*" >&2; }
 
@@ -56,6 +58,30 @@ preflight() {
   stage_on 3 || return 0
   log "pre-flight: config, overrides, pretrained model and exp dir of stage 3 (speakerlab-train --check)"
   speakerlab-train --check "$@" >&2
+}
+
+# calibration_options: declare the options of stage 8. --cal_set: a data dir with `trials`, held out from training
+# and from the test lists ("": the recipe's validation set); --p_target: the priors of its costs.
+calibration_options() {
+  opt cal_set ""                     # stage 8: held-out data dir whose trials fit the calibration ("": the val set)
+  opt p_target "0.01 0.05"           # stage 8: priors of actDCF / minDCF; the first is the calibration's fit prior
+}
+
+# calibration_stage EXP MODEL CAL_DIR EVAL_DIR TRIALS...: stage 8. Embeds CAL_DIR (held out: not the test set) with
+# MODEL (a checkpoint or exp dir), fits speakerlab-calibrate on its trials (durations from both data dirs'
+# utt2num_samples) and measures the fit on the held-out TRIALS of EVAL_DIR, scored on stage 4's
+# $EXP/embeddings/<EVAL_DIR name>.npz; writes $EXP/calibration.json, which speakerlab-export --waveform carries into
+# the ONNX file and speakerlab-verify reads.
+calibration_stage() {
+  local exp="$1" model="$2" cal_set="$3" eval_dir="$4"; shift 4
+  [ -n "$cal_set" ] || { echo "error: stage 8 needs --cal_set DIR: a held-out data dir with trials (not the test set)" >&2; exit 2; }
+  [ -f "$cal_set/trials" ] || { echo "error: --cal_set $cal_set: no trials file there (stage 8 fits on its trials)" >&2; exit 2; }
+  local cal_npz="$exp/embeddings/calibration_$(basename "$cal_set").npz"
+  log "stage 8: calibration: fit on $cal_set/trials, measured on $* -> $exp/calibration.json"
+  speakerlab-extract --checkpoint "$model" --data "$cal_set" --out "$cal_npz"
+  speakerlab-calibrate --trials "$cal_set/trials" --embeddings "$cal_npz" --durations "$cal_set" "$eval_dir" \
+    --eval-trials "$@" --eval-embeddings "$exp/embeddings/$(basename "$eval_dir").npz" --p-target $p_target \
+    --out "$exp/calibration.json"
 }
 
 # visible_gpu_count: the CUDA devices this shell's python sees (CUDA_VISIBLE_DEVICES applied), 0 without any.

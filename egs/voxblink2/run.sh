@@ -30,6 +30,7 @@ opt exp exp/redimnet2_b6
 opt config ../../conf/voxblink2/redimnet2_b6.yaml
 opt hardware auto                  # profile in conf/hardware/
 launch_options                     # --gpus (default: all visible) --nproc --nnodes --node_rank --master_addr --master_port
+calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt shards false                   # stage 2 also writes tar shards of the corpora; stages 3, 7 stream them
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
 opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $exp/checkpoints/avg.pt)
@@ -139,5 +140,10 @@ if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm (speakers mapped by id)"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" train.init_match_speakers=true $train_data $train_overrides $lm_overrides
+fi
+if stage_on 8; then   # fitted on the held-out set, measured on the first evaluation set's lists
+  e="${eval_sets%% *}"
+  lists=(); for t in $(trials_of "$e"); do lists+=("$data/$e/trials_$t"); done
+  calibration_stage "$exp" "${checkpoint:-$exp}" "$cal_set" "$data/$e" "${lists[@]}"
 fi
 log "done"

@@ -11,7 +11,10 @@ a few exact Newton steps converge and no solver dependency (scikit-learn) is nee
 keeps the Hessian invertible when a feature is constant. Features are standardised with the training
 list's mean and std. The output is a natural-log LLR for a prior of `prior` (default 0.5).
 
-`cllr` and `act_dcf` measure how well LLRs are calibrated.
+`cllr` and `act_dcf` measure how well LLRs are calibrated; `min_cllr` is the Cllr of the best monotone
+recalibration of the same scores (pool-adjacent-violators), what calibration can at most reach: Cllr - min_cllr is
+the cost of miscalibration. PAV is written here (a dozen lines of numpy) because scikit-learn, whose
+IsotonicRegression does the same, is not a dependency of the core.
 """
 
 from __future__ import annotations
@@ -147,3 +150,33 @@ def act_dcf(llr: np.ndarray, labels: np.ndarray, p_target: float, c_miss: float 
     p_miss = float(np.mean(~accept[y]))
     p_fa = float(np.mean(accept[~y]))
     return (c_miss * p_target * p_miss + c_fa * (1 - p_target) * p_fa) / min(c_miss * p_target, c_fa * (1 - p_target))
+
+
+def pav(y: np.ndarray) -> np.ndarray:
+    """Pool adjacent violators: `y (n,)` in score order -> `(n,)` the non-decreasing fit of least squares (each
+    pooled block takes its mean). A stack of blocks, merged while the last two are out of order."""
+    sums: List[float] = []
+    counts: List[int] = []
+    for v in np.asarray(y, np.float64):
+        sums.append(float(v))
+        counts.append(1)
+        while len(sums) > 1 and sums[-2] / counts[-2] >= sums[-1] / counts[-1]:
+            s, c = sums.pop(), counts.pop()
+            sums[-1] += s
+            counts[-1] += c
+    return np.repeat(np.array(sums) / np.array(counts), counts)
+
+
+def min_cllr(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Cllr (bits) after the optimal monotone map of `scores (n,)` to LLRs: PAV posteriors of the labels in score
+    order (ties pooled), less the list's prior log-odds. Lower than or equal to the Cllr of any LLRs that
+    order the trials as `scores` does."""
+    y = np.asarray(labels, bool)
+    order = np.lexsort((y, np.asarray(scores, np.float64)))  # within a tie, nontargets first: PAV pools them
+    post = pav(y[order].astype(np.float64))
+    n_tar, n_non = int(y.sum()), int((~y).sum())
+    with np.errstate(divide="ignore"):
+        llr = np.log(post) - np.log1p(-post) - math.log(n_tar / n_non)
+    out = np.empty_like(llr)
+    out[order] = llr
+    return cllr(out, y)

@@ -230,3 +230,44 @@ def eer_interval(
         "replicates": int(boot.size),
         "trials_used": len(trials.tar_spk) + len(trials.non_enrol),
     }
+
+
+def far_interval(
+    accept: np.ndarray,
+    target: np.ndarray,
+    speakers: TrialSpeakers,
+    level: float = CI_LEVEL,
+    replicates: int = CI_REPLICATES,
+    seed: int = 0,
+) -> Optional[Dict]:
+    """The speaker-bootstrap interval of a false-alarm rate: the share of nontarget trials `accept`ed (`accept`,
+    `target` (N,) bool, their `speakers`) -> {"level", "low", "high", "method", "replicates"}, or None with fewer
+    than CI_MIN_SPEAKERS speakers. Replicates weigh the nontarget trial of s and t by c_s * c_t as `eer_interval`
+    does; the interval is the expanded percentile one (module docstring), without BCa: a rate is a ratio of two
+    weighted sums, whose bootstrap is nearly unbiased."""
+    non = ~np.asarray(target, bool)
+    if speakers.count < CI_MIN_SPEAKERS or replicates < 1 or not non.any():
+        return None
+    s = speakers.count
+    e, t, a = speakers.enrol[non], speakers.test[non], np.asarray(accept, bool)[non]
+    counts = np.random.default_rng([seed, 11]).multinomial(s, np.full(s, 1.0 / s), size=replicates)
+    block = max(1, _CELLS // max(len(e), 1))
+    rates = []
+    for lo in range(0, replicates, block):
+        w = (counts[lo : lo + block, e] * counts[lo : lo + block, t]).astype(np.float64)
+        total = w.sum(axis=1)
+        rates.append(np.where(total > 0, (w * a).sum(axis=1) / np.maximum(total, 1), np.nan))
+    boot = np.concatenate(rates)
+    boot = boot[np.isfinite(boot)]
+    if boot.size == 0:
+        return None
+    q = _NORMAL.cdf(math.sqrt(s / (s - 1)) * _t_quantile(1 - (1 - level) / 2, s - 1))
+    low, high = np.quantile(boot, [1 - q, q])
+    far = float(a.mean())
+    return {
+        "level": level,
+        "low": float(min(low, far)),
+        "high": float(max(high, far)),
+        "method": f"speaker bootstrap, percentile, expanded for {s} speakers",
+        "replicates": int(boot.size),
+    }
