@@ -36,8 +36,8 @@ def too_short(samples: int, embedder) -> Optional[str]:
     if samples >= need:
         return None
     return (
-        f"too short for an embedding: {samples / rate:.3f} s, this model's shortest input is {need / rate:.3f} s "
-        f"({need} samples at {rate} Hz)"
+        f"too short for an embedding: {samples} samples ({samples / rate:.3f} s) at {rate} Hz, this model's shortest "
+        f"input is {need} ({need / rate:.3f} s)"
     )
 
 
