@@ -327,7 +327,12 @@ def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
     nan = write_wav(tmp_path / "nan.wav", np.full(16000, np.nan, np.float32), subtype="FLOAT")
     fails(run_verify, [wavs[0], str(missing), *model], missing)
     fails(run_verify, [str(text), wavs[0], *model], text)
-    fails(run_verify, [str(short), wavs[0], *model], short, "too short for an embedding: 0.115 s, 9 feature frame(s)")
+    fails(
+        run_verify,
+        [str(short), wavs[0], *model],
+        short,
+        "too short for an embedding: 1839 samples (0.115 s) at 16000 Hz, this model's shortest input is 1840 (0.115 s)",
+    )
     fails(run_verify, [wavs[0], str(nan), *model], nan, "non-finite")
     fails(run_verify, [*wavs[:2], "--checkpoint", str(tmp_path / "nothing.pt")], tmp_path / "nothing.pt")
     torch.save({"not": torch.zeros(1)}, tmp_path / "w.bin")

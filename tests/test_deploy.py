@@ -204,7 +204,10 @@ def test_short_file_and_wrong_rate_without_resampling_are_errors(stats_file, tmp
     scp.write_text(f"a {write_wav(tmp_path / 'a.wav', np.zeros(16000))}\nb {short}\n")
     assert embed_cli(scp, tmp_path / "out.npz", "--onnx", stats_file) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {scp}:2: b: {short}: too short for an embedding: 0.100 s, 0 feature frame(s), need 10"
+    assert err == (
+        f"error: {scp}:2: b: {short}: too short for an embedding: 1599 samples (0.100 s) at 16000 Hz, this model's "
+        "shortest input is 1600 (0.100 s)"
+    )
     assert not (tmp_path / "out.npz").exists()
     narrow = write_wav(tmp_path / "narrow.wav", np.zeros(8000), 8000)
     from speakerlab.dataio.audio import AudioError

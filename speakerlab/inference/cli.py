@@ -54,7 +54,13 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.inference.common import MIN_FRAMES, NonFiniteEmbedding, add_source_args, check_finite
+from speakerlab.inference.common import (  # noqa: F401 (MIN_FRAMES re-exported)
+    MIN_FRAMES,
+    NonFiniteEmbedding,
+    add_source_args,
+    check_finite,
+    too_short,
+)
 from speakerlab.scoring.metrics import eer_point, error_rates
 
 # torch is imported by the functions that load a torch model (speakerlab.inference.embedder), not here:
@@ -86,19 +92,16 @@ def warn_stderr(msg: str) -> None:
 
 
 def read_wave(embedder: Union[Embedder, OnnxEmbedder], path: str, where: str = "") -> np.ndarray:
-    """`path` at the embedder's rate, `(samples,)` float32; fewer than MIN_FRAMES feature frames is an error.
+    """`path` at the embedder's rate, `(samples,)` float32; shorter than the model's `min_samples` is an error.
     `where` prefixes messages (a wav.scp line)."""
     warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
     try:
         wave = embedder.read(path, warn)
     except AudioError as e:
         raise AudioError(f"{where}{e}") from None
-    frames = embedder.num_frames(len(wave))
-    if frames < MIN_FRAMES:
-        raise AudioError(
-            f"{where}{path}: too short for an embedding: {len(wave) / embedder.sample_rate:.3f} s, {frames} feature "
-            f"frame(s), need {MIN_FRAMES}"
-        )
+    short = too_short(len(wave), embedder)
+    if short:
+        raise AudioError(f"{where}{path}: {short}")
     return wave
 
 

@@ -17,6 +17,31 @@ import numpy as np
 MIN_FRAMES = 10
 
 
+def shortest_input(num_frames: Callable[[int], int], limit: int) -> int:
+    """The fewest samples n <= `limit` with `num_frames(n)` >= MIN_FRAMES (a non-decreasing function): the
+    shortest input a model embeds. Binary search; `limit` when even that is too short."""
+    lo, hi = 1, int(limit)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if num_frames(mid) >= MIN_FRAMES:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def too_short(samples: int, embedder) -> Optional[str]:
+    """The one-line refusal of `samples` samples for `embedder` (its `min_samples`, `sample_rate`), or None
+    when they are enough: every command says the same about a short input."""
+    need, rate = embedder.min_samples, embedder.sample_rate
+    if samples >= need:
+        return None
+    return (
+        f"too short for an embedding: {samples} samples ({samples / rate:.3f} s) at {rate} Hz, this model's shortest "
+        f"input is {need} ({need / rate:.3f} s)"
+    )
+
+
 class NonFiniteEmbedding(ValueError):
     """Some inputs gave NaN/inf embeddings (usually NaN or inf samples in the audio); the message names them."""
 

@@ -31,6 +31,7 @@ from speakerlab.inference.common import (  # noqa: F401 (the torch-free parts, i
     check_finite,
     embed_in_batches,
     length_batches,
+    shortest_input,
 )
 from speakerlab.sources import Source, read_source
 
@@ -57,6 +58,7 @@ class Embedder:
         self.spec = spec
         self.features = build_features(spec).to(self.device)
         self.name, self.model_id = name, model_id
+        self._min_samples: Optional[int] = None
 
     @property
     def sample_rate(self) -> int:
@@ -65,6 +67,14 @@ class Embedder:
     def num_frames(self, num_samples: int) -> int:
         """Frames of model input for `num_samples` samples."""
         return self.features.num_frames(num_samples)
+
+    @property
+    def min_samples(self) -> int:
+        """The shortest input this model embeds, in samples at `sample_rate` (MIN_FRAMES feature frames): what
+        a waveform ONNX export states as `min_samples`, and what every command refuses below."""
+        if self._min_samples is None:
+            self._min_samples = shortest_input(self.num_frames, 60 * self.sample_rate)
+        return self._min_samples
 
     def read(self, path: str, warn=None) -> np.ndarray:
         """A whole file at this embedder's sample rate: `(samples,)` float32. Other rates are resampled

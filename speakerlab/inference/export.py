@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 
 from speakerlab.commands import CommandParser
-from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META, MIN_FRAMES
+from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META
 
 
 class ExportMismatch(RuntimeError):
@@ -140,7 +140,7 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[st
     spec = embedder.spec
     up, down = rate_ratio(input_rate, spec.sample_rate)
     # The shortest input whose resampled length gives MIN_FRAMES frames.
-    model_samples = next(n for n in range(1, 60 * spec.sample_rate) if embedder.num_frames(n) >= MIN_FRAMES)
+    model_samples = embedder.min_samples
     min_samples = -(-model_samples * down // up)
     batching = {"by": "samples"}
     if spec.kind == "kaldi_fbank" and spec.config.snip_edges and input_rate == spec.sample_rate:

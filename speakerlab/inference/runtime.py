@@ -107,6 +107,11 @@ class OnnxEmbedder:
     def int8(self) -> Optional[Dict]:
         return json.loads(self.meta["int8"]) if "int8" in self.meta else None
 
+    @property
+    def min_samples(self) -> int:
+        """The shortest input the file embeds, in samples at `sample_rate` (its `min_samples` metadata)."""
+        return int(self.meta["min_samples"])
+
     def num_frames(self, num_samples: int) -> int:
         """Feature frames for `num_samples` samples (or, for files batched by samples, whether there are
         enough: MIN_FRAMES when `num_samples` >= the file's shortest input, else 0)."""
