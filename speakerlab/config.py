@@ -67,6 +67,15 @@ def _speed_factors(v) -> Optional[str]:
     return None if v else "must not be empty"
 
 
+# Training objectives that learn without speaker labels (loss.name); the others classify the speakers of utt2spk.
+SELF_SUPERVISED = ("dino",)
+
+
+def needs_labels(cfg: "Config") -> bool:
+    """Whether the run's objective trains on the speakers of utt2spk (config data.labels, loss.name)."""
+    return cfg.loss.name not in SELF_SUPERVISED
+
+
 # torch.compile's modes (hardware.compile); speakerlab.train.hardware.speedups applies them.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -119,6 +128,9 @@ class DataSettings:
     shards: Optional[str] = None  # stream tar shards of data.train from this dir (speakerlab-shards);
     # data.train's lists must be those the shards were written from; its audio is not read
     shuffle_buffer: int = setting(1000, ge=1)  # data.shards: samples each loader worker shuffles among
+    labels: Union[bool, str] = setting("auto", check=_auto_or_bool)  # the speakers of utt2spk: auto, read when the
+    # objective needs them (loss.name aam, sphereface2) and ignored by a self-supervised one (dino), whose data dirs
+    # may have no utt2spk; false: ignored (a labelled corpus trained on as unlabelled); true: required
 
 
 @dataclass
@@ -146,7 +158,9 @@ class ModelSettings:
 
 @dataclass
 class LossSettings:
-    name: str = setting("aam", choices=("aam", "sphereface2"))  # classifier head: additive angular margin | SphereFace2
+    # classifier head: additive angular margin | SphereFace2; or dino, self-distillation without speaker labels
+    # (its settings: the dino section)
+    name: str = setting("aam", choices=("aam", "sphereface2", *SELF_SUPERVISED))
     scale: float = setting(32.0, gt=0)  # cosine logits are multiplied by this
     margin: float = setting(0.2, ge=0, lt=1.5708)  # final margin: angular (aam, radians) or cosine (sphereface2)
     margin_start_epoch: float = setting(0.0, ge=0)  # margin is 0 before this epoch ...
@@ -295,6 +309,7 @@ def _validate(cfg: Config) -> None:
         if value and not cfg.train.init:
             raise ConfigError(f"config key '{key}' ({value}) needs train.init ({needs})")
     _validate_freeze(cfg)
+    _validate_labels(cfg)
     if cfg.loss.name != "aam" and (cfg.loss.subcenters > 1 or cfg.loss.inter_topk):
         raise ConfigError("config key 'loss.subcenters' / 'loss.inter_topk': sub-centers and inter-top-k are aam's")
     if not cfg.data.train:
@@ -318,6 +333,21 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"config key 'augment.speed_factors' needs a factor other than 1 when "
             f"augment.speed_prob > 0, got {cfg.augment.speed_factors}"
+        )
+
+
+def _validate_labels(cfg: Config) -> None:
+    """data.labels against the objective: a labelled objective cannot ignore the labels, a self-supervised one
+    never reads them."""
+    if cfg.data.labels is False and needs_labels(cfg):
+        raise ConfigError(
+            f"config key 'data.labels' (false): loss.name {cfg.loss.name} classifies speakers and needs their labels; "
+            f"to learn without them set loss.name to {' or '.join(SELF_SUPERVISED)}"
+        )
+    if cfg.data.labels is True and not needs_labels(cfg):
+        raise ConfigError(
+            f"config key 'data.labels' (true): loss.name {cfg.loss.name} learns without speaker labels and reads no "
+            "utt2spk; set data.labels to auto or false, or a labelled loss.name (aam, sphereface2)"
         )
 
 

@@ -236,7 +236,11 @@ def test_two_corpora_from_feature_stores_and_from_shards(two, tmp_path):
     [
         ([{"name": "a", "dir": "A"}, {"name": "a", "dir": "B"}], "config key 'data.train[1].name': 'a' is also the"),
         ([{"name": "a", "dir": "A", "weight": 0}], "config key 'data.train[0].weight' must be > 0, got 0"),
-        ([{"name": "a", "dir": "NOUTT2SPK"}], "NOUTT2SPK/utt2spk: file does not exist (config key 'data.train[0]')"),
+        (
+            [{"name": "a", "dir": "NOUTT2SPK"}],
+            "NOUTT2SPK/utt2spk: file does not exist, and loss.name aam classifies speakers "
+            "(config key 'data.train[0]')",
+        ),
         ([{"name": "a/b", "dir": "A"}], "config key 'data.train[0].name' must be a speaker-id namespace without"),
         ([{"name": "a", "dir": "A", "weight": 2.0}], "config key 'data.train[0].weight' (2): tar shards"),
         (

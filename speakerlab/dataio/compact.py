@@ -23,6 +23,7 @@ shared by the loader workers and by every rank on the node.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -40,8 +41,9 @@ class CompactLists:
     """One data dir's training lists, utterances sorted by id (as DataDir.utts), speakers sorted (DataDir.speakers).
 
     `buf`: wav.scp's bytes; utterance i is buf[utt_start[i]:sep[i]], its audio path buf[sep[i] + 1:path_end[i]],
-    on line `row[i] + 1` of wav.scp. `labels` (N,) int32 index `speakers` (S,) (an `S<width>` array);
-    `lengths` (N,) int64 samples from utt2num_samples, or None without one."""
+    on line `row[i] + 1` of wav.scp. `labels` (N,) int32 index `speakers` (S,) (an `S<width>` array); an
+    unlabelled data dir (no utt2spk, or its labels dropped by `without_labels`) has no speakers and every label
+    UNLABELLED; `lengths` (N,) int64 samples from utt2num_samples, or None without one."""
 
     root: Path
     buf: np.ndarray
@@ -67,9 +69,26 @@ class CompactLists:
         """The wav.scp line of utterance i."""
         return int(self.row[i]) + 1
 
+    @property
+    def labelled(self) -> bool:
+        return len(self.speakers) > 0
+
+
+UNLABELLED = -1  # the label of every utterance of an unlabelled data dir
+
+
+def no_speakers() -> np.ndarray:
+    return np.array([], dtype="S1")
+
+
+def without_labels(lists: CompactLists) -> CompactLists:
+    """The same lists with no speaker: a labelled data dir trained on as unlabelled (config data.labels)."""
+    return dataclasses.replace(lists, labels=np.full(len(lists), UNLABELLED, dtype=np.int32), speakers=no_speakers())
+
 
 def read_compact(root) -> CompactLists:
-    """`root`'s wav.scp, utt2spk (and utt2num_samples when present) as CompactLists, cross-checked as
+    """`root`'s wav.scp, utt2spk (when present: without it the lists are unlabelled) and utt2num_samples (when
+    present) as CompactLists, cross-checked as
     speakerlab.dataio.lists.load_data_dir checks them (whose errors it raises). The arrays of a read in the fast
     form are kept in `root/.compact/` (when it can be written), and memory-mapped by the next read as long as
     the lists have the same sizes and times: the prepare stage reads once, every training start maps."""
@@ -82,7 +101,7 @@ def read_compact(root) -> CompactLists:
     try:
         lists = _read_fast(root)
     except NotFast:
-        return from_data_dir(load_data_dir(root))
+        return from_data_dir(load_data_dir(root, need_speakers=(root / "utt2spk").exists()))
     _save_cache(lists)
     return lists
 
@@ -135,14 +154,10 @@ def _save_cache(lists: CompactLists) -> None:
 
 def _read_fast(root: Path) -> CompactLists:
     buf, start, sep, end, utts, order = sorted_keys(root / "wav.scp")
-    u_buf, u_start, u_sep, u_end, u_utts, u_order = sorted_keys(root / "utt2spk")
-    if len(u_utts) != len(utts) or (u_utts != utts).any():
-        raise NotFast()  # an utterance without a speaker or the reverse: the validating reader names it
-    spk = fixed_width(u_buf, u_sep[u_order] + 1, u_end[u_order])
-    speakers, labels = np.unique(spk, return_inverse=True)
-    del spk, u_buf
-    if (root / "spk2utt").exists():
-        _check_spk2utt(root / "spk2utt", utts, speakers[labels.ravel()])
+    if (root / "utt2spk").exists():
+        speakers, labels = _read_speakers(root, utts)
+    else:
+        speakers, labels = no_speakers(), np.full(len(utts), UNLABELLED)
     lengths = None
     if (root / "utt2num_samples").exists():
         n_buf, n_start, n_sep, n_end, n_utts, n_order = sorted_keys(root / "utt2num_samples")
@@ -165,6 +180,19 @@ def _read_fast(root: Path) -> CompactLists:
         speakers=speakers,
         lengths=lengths,
     )
+
+
+def _read_speakers(root: Path, utts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(speakers (S,) sorted, labels (N,) indexing them) of utt2spk, for `utts` (sorted wav.scp ids)."""
+    u_buf, u_start, u_sep, u_end, u_utts, u_order = sorted_keys(root / "utt2spk")
+    if len(u_utts) != len(utts) or (u_utts != utts).any():
+        raise NotFast()  # an utterance without a speaker or the reverse: the validating reader names it
+    spk = fixed_width(u_buf, u_sep[u_order] + 1, u_end[u_order])
+    speakers, labels = np.unique(spk, return_inverse=True)
+    del spk, u_buf
+    if (root / "spk2utt").exists():
+        _check_spk2utt(root / "spk2utt", utts, speakers[labels.ravel()])
+    return speakers, labels
 
 
 def _check_spk2utt(path: Path, utts: np.ndarray, spk_of_utt: np.ndarray) -> None:
@@ -203,7 +231,7 @@ def from_data_dir(data: DataDir) -> CompactLists:
     sizes = np.array([len(b) for b in lines], dtype=np.int64)
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     sep = start + np.array([len(u.encode("utf-8")) for u in data.utts], dtype=np.int64)
-    speakers = np.array([s.encode("utf-8") for s in data.speakers]) if data.speakers else np.array([], dtype="S1")
+    speakers = np.array([s.encode("utf-8") for s in data.speakers]) if data.speakers else no_speakers()
     spk2idx = data.spk2idx
     return CompactLists(
         root=data.root,
@@ -212,7 +240,7 @@ def from_data_dir(data: DataDir) -> CompactLists:
         sep=offsets(sep),
         path_end=offsets(start + sizes - 1),
         row=np.array([data.wav_line[u] - 1 for u in data.utts], dtype=np.int64),
-        labels=np.array([spk2idx[data.utt2spk[u]] for u in data.utts], dtype=np.int32),
+        labels=np.array([spk2idx.get(data.utt2spk.get(u), UNLABELLED) for u in data.utts], dtype=np.int32),
         speakers=speakers,
         lengths=np.array([data.num_samples[u] for u in data.utts], dtype=np.int64) if data.num_samples else None,
     )

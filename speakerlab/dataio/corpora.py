@@ -140,19 +140,24 @@ class TrainLists:
     i - starts[c] of corpus c, speaker ids namespaced so that two corpora's `id00012` are two speakers.
 
     `speakers` are all corpora's namespaced speaker ids, sorted (as a DataDir's, and as the tar shards written from
-    the same corpora list them); `labels` (N,) int32 index them; `lengths` (N,) int64 or None; `paths[i]`,
-    `utts[i]` (namespaced) decode one string; `blocks` = [(utterances, weight)] per corpus, for the sampler
-    (speakerlab.dataio.batches)."""
+    the same corpora list them); `labels` (N,) int32 index them (all UNLABELLED, -1, when the corpora are);
+    `lengths` (N,) int64 or None; `paths[i]`, `utts[i]` (namespaced) decode one string; `blocks` = [(utterances,
+    weight)] per corpus, for the sampler (speakerlab.dataio.batches)."""
 
     def __init__(self, corpora: List[Corpus]):
         self.corpora = corpora
         self.starts = np.concatenate([[0], np.cumsum([len(c.lists) for c in corpora])]).astype(np.int64)
+        if len({c.lists.labelled for c in corpora}) > 1:
+            raise ValueError("the corpora of a run are all labelled or all unlabelled (compact.without_labels)")
         names = np.concatenate([np.char.add(c.prefix.encode(), c.lists.speakers) for c in corpora])
         order = np.argsort(names, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         offsets = np.concatenate([[0], np.cumsum([len(c.lists.speakers) for c in corpora])])
-        self.labels = np.concatenate([rank[c.lists.labels + o] for c, o in zip(corpora, offsets)]).astype(np.int32)
+        if corpora[0].lists.labelled:
+            self.labels = np.concatenate([rank[c.lists.labels + o] for c, o in zip(corpora, offsets)]).astype(np.int32)
+        else:  # every label UNLABELLED, as each corpus's
+            self.labels = np.concatenate([c.lists.labels for c in corpora]).astype(np.int32)
         self.speakers: List[str] = [s.decode("utf-8") for s in names[order].tolist()]
         known = all(c.lists.lengths is not None for c in corpora)
         self.lengths = np.concatenate([c.lists.lengths for c in corpora]) if known else None
@@ -168,7 +173,8 @@ class TrainLists:
 
     def describe(self) -> str:
         parts = [
-            f"{c.name or c.lists.root}: {len(c.lists)} utterances, {len(c.lists.speakers)} speakers"
+            f"{c.name or c.lists.root}: {len(c.lists)} utterances, "
+            + (f"{len(c.lists.speakers)} speakers" if c.lists.labelled else "unlabelled")
             + (f", weight {c.weight:g}" if c.weight != 1.0 else "")
             for c in self.corpora
         ]

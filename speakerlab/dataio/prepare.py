@@ -58,10 +58,10 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
         for u in data.utts:
             spk2utt[data.utt2spk[u]].append(u)
         write_table(root / "spk2utt", sorted(spk2utt.items()))
-    if data.utt2spk:  # training's compact lists, read once here (speakerlab.dataio.compact): its starts map them
-        read_compact(root)
+    read_compact(root)  # training's compact lists, read once here (speakerlab.dataio.compact): its starts map them
     hours = sum(lengths.values()) / sample_rate / 3600
-    return f"{root}: {len(data.utts)} utterances, {len(data.speakers)} speakers, {hours:.2f} h"
+    speakers = f"{len(data.speakers)} speakers" if data.utt2spk else "unlabelled (no utt2spk)"
+    return f"{root}: {len(data.utts)} utterances, {speakers}, {hours:.2f} h"
 
 
 def main(argv=None) -> int:

@@ -14,10 +14,10 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import torch
 
-from speakerlab.config import Config
+from speakerlab.config import SELF_SUPERVISED, Config, needs_labels
 from speakerlab.dataio.augment import Augmenter
 from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.compact import CompactLists, read_compact, subset_data_dir
+from speakerlab.dataio.compact import CompactLists, read_compact, subset_data_dir, without_labels
 from speakerlab.dataio.corpora import Corpus, TrainLists, train_corpora
 from speakerlab.dataio.lists import ListError, rerun_features
 from speakerlab.dataio.prepare import index_lengths
@@ -67,6 +67,13 @@ def load_train_lists(cfg: Config, log: Callable[[str], None]) -> TrainLists:
                 check_audio(lists, cfg)
         except ListError as e:
             raise ListError(f"{e} (config key '{key}')" if c.name else str(e)) from None
+        if needs_labels(cfg) and not lists.labelled:
+            raise ListError(
+                f"{Path(c.dir) / 'utt2spk'}: file does not exist, and loss.name {cfg.loss.name} classifies speakers "
+                f"(config key '{key}'); to train on unlabelled audio set loss.name to {' or '.join(SELF_SUPERVISED)}"
+            )
+        if not needs_labels(cfg):  # a self-supervised objective: the speakers of a labelled dir are not read
+            lists = without_labels(lists)
         corpora.append(Corpus(name=c.name, lists=lists, weight=c.weight))
     data = TrainLists(corpora)
     if cfg.data.shards:

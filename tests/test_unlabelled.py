@@ -1,0 +1,69 @@
+"""Unlabelled data dirs (wav.scp, no utt2spk): prepared, read into training's compact lists without speakers,
+and the one-line errors of a labelled objective given unlabelled data and of a self-supervised one told to read
+labels."""
+
+import numpy as np
+import pytest
+
+from speakerlab.config import ConfigError, load_config
+from speakerlab.dataio.compact import UNLABELLED, read_compact, without_labels
+from speakerlab.dataio.corpora import Corpus, TrainLists
+from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.prepare import prepare
+from speakerlab.train.inputs.loader import load_train_lists
+from tests.helpers import make_data_dir
+
+
+def unlabelled_dir(path, n=5):
+    root = make_data_dir(path, {f"u{i}": "x" for i in range(n)}, seconds=0.25)
+    (root / "utt2spk").unlink()
+    return root
+
+
+def test_an_unlabelled_dir_is_prepared_and_read_without_speakers(tmp_path):
+    root = unlabelled_dir(tmp_path / "d")
+    assert prepare(root, jobs=1) == f"{root}: 5 utterances, unlabelled (no utt2spk), 0.00 h"
+    assert not (root / "spk2utt").exists()
+    for _ in range(2):  # the fast read, then the memory-mapped cache it left
+        lists = read_compact(root)
+        assert not lists.labelled and len(lists.speakers) == 0
+        assert lists.labels.tolist() == [UNLABELLED] * 5
+        assert lists.lengths.tolist() == [4000] * 5
+        assert [lists.utts()[i] for i in range(5)] == [f"u{i}" for i in range(5)]
+
+
+def test_a_labelled_dir_without_its_labels_joins_an_unlabelled_one(tmp_path):
+    a = read_compact(make_data_dir(tmp_path / "a", {"a-1": "a", "b-1": "b"}, seconds=0.25))
+    b = read_compact(unlabelled_dir(tmp_path / "b", 3))
+    assert a.labelled and a.labels.tolist() == [0, 1]
+    joined = TrainLists([Corpus(name="a", lists=without_labels(a)), Corpus(name="b", lists=b)])
+    assert joined.speakers == [] and np.all(joined.labels == UNLABELLED) and len(joined) == 5
+    assert "unlabelled" in joined.describe()
+    with pytest.raises(ValueError, match="all labelled or all unlabelled"):
+        TrainLists([Corpus(name="a", lists=a), Corpus(name="b", lists=b)])
+
+
+def config(tmp_path, train, *overrides):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"data: {{train: {train}, crop_seconds: 0.2}}\nmodel: {{name: campplus}}\n")
+    return load_config(path, list(overrides))
+
+
+def test_a_labelled_objective_given_unlabelled_data_names_the_missing_utt2spk(tmp_path):
+    root = unlabelled_dir(tmp_path / "d")
+    with pytest.raises(ListError) as e:
+        load_train_lists(config(tmp_path, root), print)
+    message = str(e.value)
+    assert "\n" not in message and str(root / "utt2spk") in message
+    assert "loss.name aam classifies speakers" in message and "loss.name to dino" in message
+
+
+def test_data_labels_against_the_objective(tmp_path):
+    root = unlabelled_dir(tmp_path / "d")
+    with pytest.raises(ConfigError, match=r"'data.labels' \(true\): loss.name dino learns without speaker labels"):
+        config(tmp_path, root, "loss.name=dino", "data.labels=true")
+    with pytest.raises(ConfigError, match=r"'data.labels' \(false\): loss.name aam classifies speakers"):
+        config(tmp_path, root, "data.labels=false")
+    labelled = make_data_dir(tmp_path / "l", {"a-1": "a", "b-1": "b"}, seconds=0.25)
+    data = load_train_lists(config(tmp_path, labelled, "loss.name=dino"), print)  # auto: labels not read
+    assert data.speakers == [] and data.labels.tolist() == [UNLABELLED] * 2
