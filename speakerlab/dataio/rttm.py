@@ -4,7 +4,7 @@
     turns = read_rttm("ref.rttm")            # {recording: [Turn(start, end, speaker), ...]} in file order
     speech = read_speech("ref.rttm")         # {recording: [(start, end), ...]}: the union of its turns
     speech = read_speech("data/segments")    # or Kaldi `<segment> <recording> <start> <end>` lines
-    write_lines("hyp.rttm", rttm_lines("conv0001", turns))
+    write_lines("hyp.rttm", rttm_lines("conv0001", turns))   # speakerlab.outputs.write_lines
 
 RTTM lines: `SPEAKER <recording> <channel> <onset> <duration> <NA> <NA> <speaker> <NA> <NA>`, times in
 seconds; only SPEAKER lines are read (other types, e.g. SPKR-INFO, are skipped). Every reader raises
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from speakerlab.dataio.lists import ListError, read_table
 
@@ -130,12 +130,3 @@ def read_uem(path) -> Dict[str, List[Interval]]:
         start, end = _number(f[2], "the start", where), _number(f[3], "the end", where)
         out.setdefault(f[0], []).append((start, end))
     return {r: merge_intervals(v) for r, v in out.items()}
-
-
-def write_lines(path, lines: Sequence[str]) -> None:
-    """Text lines to `path`, written beside it and renamed: never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(path)

@@ -2,15 +2,9 @@
 
 Speeding up by a factor f (sox `speed f`) = resampling the signal from sr to sr/f and playing it at
 sr: the duration becomes 1/f of the input and every frequency (F0, formants) is multiplied by f. The
-factors are rationals (0.9 = 9/10), so this is a polyphase resampler with ratio up/down = 1/f:
-
-    y[m] = sum_n x[n] h[m * down + L - n * up],   m = 0 .. ceil(N * up / down) - 1
-
-with h a Kaiser-windowed (beta 5) sinc low-pass of 2L + 1 taps, L = 10 * max(up, down), cut off at
-the lower of the two Nyquist rates and scaled by `up`: the filter and the alignment of
-`scipy.signal.resample_poly`, which the tests compare against. The outputs m = q * up + r of one
-phase r share one sub-filter of h, so the whole batch is one strided `conv1d` with `up` output
-channels, on any device.
+factors are rationals (0.9 = 9/10), so this is a polyphase resampler with ratio up/down = 1/f: the filter
+and phase weights of speakerlab.dataio.polyphase (those of `scipy.signal.resample_poly`), applied to a
+whole batch as one strided `conv1d` with `up` output channels, on any device.
 
 With `speed_new_speakers`, each speaker at each factor is its own class (a speaker sped up by 10 %
 sounds like another person to the model): class = speaker index + factor class x num_speakers,
@@ -22,15 +16,13 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speakerlab.dataio.polyphase import output_length, phase_weights
 from speakerlab.devices import in_exact_fp32
 
-KAISER_BETA = 5.0  # scipy.signal.resample_poly's default window ('kaiser', 5.0)
-ZERO_CROSSINGS = 10  # half-length of the filter in units of the slower rate's period, as resample_poly
 MAX_DENOMINATOR = 100
 
 
@@ -44,23 +36,6 @@ def resample_ratio(factor: float) -> Tuple[int, int]:
     if abs(float(ratio) - 1 / factor) > 1e-9 * (1 / factor):
         raise ValueError(f"speed factor {factor} is not a ratio of integers <= {MAX_DENOMINATOR}")
     return ratio.numerator, ratio.denominator
-
-
-def lowpass_filter(up: int, down: int) -> np.ndarray:
-    """The anti-aliasing filter h, (2L + 1,) float64, L = 10 * max(up, down), DC gain `up`.
-
-    The same taps as `scipy.signal.firwin(2L + 1, 1 / max(up, down), window=('kaiser', 5.0)) * up`;
-    written out (a sinc times numpy's Kaiser window) so that training does not need scipy."""
-    rate = max(up, down)
-    half = ZERO_CROSSINGS * rate
-    n = np.arange(-half, half + 1, dtype=np.float64)
-    h = np.sinc(n / rate) * np.kaiser(2 * half + 1, KAISER_BETA)
-    return h * (up / h.sum())  # unit DC gain before the zero stuffing, as firwin's scale=True
-
-
-def output_length(num_samples: int, up: int, down: int) -> int:
-    """ceil(num_samples * up / down): the resampled length, as resample_poly."""
-    return -(-num_samples * up // down)
 
 
 def input_length(num_samples: int, factor: float) -> int:
@@ -78,18 +53,8 @@ class Resampler(torch.nn.Module):
     def __init__(self, up: int, down: int):
         super().__init__()
         self.up, self.down = up, down
-        h = lowpass_filter(up, down)
-        half = (h.shape[0] - 1) // 2
-        # Phase r uses taps h[r * down + half - j * up] for input offsets j in [j_lo, j_hi].
-        self.j_lo = -(half // up)
-        j_hi = ((up - 1) * down + half) // up
-        size = j_hi - self.j_lo + 1
-        weight = np.zeros((up, 1, size), dtype=np.float64)
-        for r in range(up):
-            for t in range(size):
-                k = r * down + half - (self.j_lo + t) * up
-                if 0 <= k < h.shape[0]:
-                    weight[r, 0, t] = h[k]
+        self.j_lo, weight = phase_weights(up, down)
+        weight = weight[:, None, :]  # (up, 1, taps): one conv1d output channel per phase
         self.register_buffer("weight", torch.from_numpy(weight).float(), persistent=False)
 
     def extra_repr(self) -> str:

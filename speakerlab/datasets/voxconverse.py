@@ -24,9 +24,10 @@ from typing import Dict, List, Sequence
 
 from speakerlab.dataio.audio import sf
 from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.rttm import read_rttm, rttm_lines, write_lines
+from speakerlab.dataio.rttm import read_rttm, rttm_lines
 from speakerlab.datasets.common import CorpusCommand, DatasetError, check_count, require_dir
 from speakerlab.datasets.download import Archive, log
+from speakerlab.outputs import write_lines
 
 VGG = "https://www.robots.ox.ac.uk/~vgg/data/voxconverse/data"
 ANNOTATIONS = "https://github.com/joonson/voxconverse/archive/refs/heads"

@@ -14,8 +14,12 @@ speech regions, turns and speaker centroids (unit-length mean embeddings); with 
 sub-segment with its speaker and embedding; and the model that made them (`model`, and `model_id`: a speakerlab
 checkpoint's content digest). Messages go to stderr, one line per recording.
 
+Every file of the list is checked before any work ("no such file: PATH (wav.scp line N)"), and the RTTM is
+written after each recording, so a failure in a later one loses none that finished (the JSON, written once,
+holds those too).
+
 Exit codes: 0 done (a recording without speech gets no RTTM line, and a message says so); 2 bad input (a
-message naming the file, the list line or the option): nothing is written then.
+message naming the file, the list line or the option).
 """
 
 from __future__ import annotations
@@ -26,34 +30,61 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines, write_lines
+from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
-from speakerlab.inference.embedder import Embedder
+from speakerlab.outputs import write_lines
+
+if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder (--onnx): neither imported here
+    from speakerlab.inference.embedder import Embedder
 
 
 def recordings(args) -> List[Tuple[str, str, str]]:
-    """(recording id, audio path, where for messages) from --wav-scp or the positional files."""
+    """(recording id, audio path, where for messages) from --wav-scp or the positional files; every file is
+    checked before any work starts (`check_files`)."""
     if args.wav_scp:
-        return [
+        out = [
             (reco, path, f"{args.wav_scp}:{lineno}: {reco}: ")
             for reco, (lineno, path) in read_wav_scp(args.wav_scp).items()
         ]
-    out, seen = [], {}
-    for path in args.audio:
-        reco = re.sub(r"\s+", "_", Path(path).stem)
-        if reco in seen:
-            raise ListError(f"{path} and {seen[reco]} share the recording id '{reco}': give a wav.scp instead")
-        seen[reco] = path
-        out.append((reco, path, ""))
+    else:
+        out, seen = [], {}
+        for path in args.audio:
+            reco = re.sub(r"\s+", "_", Path(path).stem)
+            if reco in seen:
+                raise ListError(f"{path} and {seen[reco]} share the recording id '{reco}': give a wav.scp instead")
+            seen[reco] = path
+            out.append((reco, path, ""))
+    check_files(args, out)
     return out
+
+
+def check_files(args, items: Sequence[Tuple[str, str, str]]) -> None:
+    """Every audio file exists and is readable audio, before the first recording is diarized: a bad last line
+    of a long list costs nothing. The message names the file and its wav.scp line."""
+    import soundfile as sf
+
+    lines = (
+        {reco: f" ({args.wav_scp} line {n})" for reco, (n, _) in read_wav_scp(args.wav_scp).items()}
+        if args.wav_scp
+        else {}
+    )
+    for reco, path, _ in items:
+        line = lines.get(reco, "")
+        if not Path(path).is_file():
+            raise ListError(f"no such file: {path}{line}")
+        try:
+            sf.info(path)
+        except (RuntimeError, sf.LibsndfileError) as e:
+            raise AudioError(f"{path}: cannot read audio: {e}{line}") from None
 
 
 def speaker_counts(args, recos: Sequence[str]) -> Dict[str, SpeakerCount]:
@@ -65,11 +96,10 @@ def speaker_counts(args, recos: Sequence[str]) -> Dict[str, SpeakerCount]:
         if missing:
             raise ListError(f"{args.reco2num_spk}: no speaker count for '{missing[0]}' ({len(missing)} recording(s))")
         return {r: SpeakerCount.exactly(table[r]) for r in recos}
-    count = (
-        SpeakerCount.exactly(args.num_speakers)
-        if args.num_speakers
-        else SpeakerCount(args.min_speakers, args.max_speakers)
-    )
+    if args.num_speakers:
+        count = SpeakerCount.exactly(args.num_speakers)
+    else:
+        count = SpeakerCount(args.min_speakers or 1, args.max_speakers or DEFAULT_MAX_SPEAKERS)
     return {r: count for r in recos}
 
 
@@ -90,6 +120,8 @@ def as_json(reco: str, path: str, d: Diarization, embeddings: bool) -> dict:
         ]
     return out
 
+
+DEFAULT_MAX_SPEAKERS = 20
 
 # The options that are DiarizeOptions fields of the same name (--merge-cosine sets merge_cosine): their help.
 TUNING = {
@@ -124,8 +156,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--segments", help="oracle speech: an RTTM (its turns' union) or a Kaldi segments file")
     n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
     n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
-    n.add_argument("--min-speakers", type=int, default=1, help="at least this many speakers per recording")
-    n.add_argument("--max-speakers", type=int, default=20, help="at most this many speakers per recording")
+    n.add_argument("--min-speakers", type=int, help="at least this many speakers per recording (default 1)")
+    n.add_argument(
+        "--max-speakers",
+        type=int,
+        help=f"at most this many speakers per recording (default {DEFAULT_MAX_SPEAKERS})",
+    )
     n.add_argument("--reco2num-spk", metavar="FILE", help="'<recording> <count>' lines: each recording's own count")
     d = DiarizeOptions()
     ap.add_argument(
@@ -148,10 +184,13 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--vad oracle and --segments go together")
     if args.num_speakers is not None and args.num_speakers < 1:
         ap.error(f"--num-speakers must be >= 1, got {args.num_speakers}")
-    if not 1 <= args.min_speakers <= args.max_speakers:
-        ap.error(f"need 1 <= --min-speakers <= --max-speakers, got {args.min_speakers}, {args.max_speakers}")
+    low, high = args.min_speakers or 1, args.max_speakers or DEFAULT_MAX_SPEAKERS
+    if not 1 <= low <= high:
+        ap.error(f"need 1 <= --min-speakers <= --max-speakers, got {low}, {high}")
     if args.reco2num_spk and args.num_speakers:
         ap.error("--num-speakers and --reco2num-spk exclude each other")
+    if args.num_speakers is not None and not low <= args.num_speakers <= high:
+        ap.error(f"--num-speakers {args.num_speakers} contradicts --min-speakers {low} / --max-speakers {high}")
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
@@ -163,7 +202,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def diarize(ap: argparse.ArgumentParser, args) -> None:
-    """Every recording, then the outputs (nothing is written when one fails)."""
+    """Every recording, its RTTM written as it finishes; the JSON at the end (or when one fails)."""
     t0 = time.time()
     tuning = {field: getattr(args, field) for field in TUNING}
     if tuning["merge_cosine"] >= 1:  # 1: never merge
@@ -174,19 +213,24 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     speech = read_speech(args.segments) if args.segments else None
     diarizer = Diarizer(source_embedder(ap, args), None if speech is not None else make_vad(args.vad), options)
     results, audio_seconds = [], 0.0
-    for reco, path, where in items:
-        t1 = time.time()
-        d = diarizer.diarize_file(path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr)
-        for note in d.notes:
-            warn_stderr(f"{where}{note}")
-        audio_seconds += d.duration
-        results.append((reco, path, d))
-        print(
-            f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), {len(d.turns)} turn(s) "
-            f"in {time.time() - t1:.1f} s",
-            file=sys.stderr,
-        )
-    emit(args, results, diarizer.embedder)
+    try:
+        for reco, path, where in items:
+            t1 = time.time()
+            d = diarizer.diarize_file(path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr)
+            for note in d.notes:
+                warn_stderr(f"{where}{note}")
+            audio_seconds += d.duration
+            results.append((reco, path, d))
+            write_rttm(args, results)
+            print(
+                f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), "
+                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s",
+                file=sys.stderr,
+            )
+    finally:  # a recording that fails keeps the ones before it: their RTTM is written, and the JSON here
+        if results and len(results) < len(items):
+            print(f"speakerlab-diarize: {len(results)} of {len(items)} recording(s) done and written", file=sys.stderr)
+        write_json(args, results, diarizer.embedder)
     elapsed = time.time() - t0
     print(
         f"speakerlab-diarize: {len(results)} recording(s), {audio_seconds / 3600:.3f} h of audio in {elapsed:.1f} s "
@@ -195,15 +239,22 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     )
 
 
-def emit(args, results, embedder: Embedder) -> None:
-    """The RTTM (file or stdout) and the JSON, each written whole; the JSON names the model (`model_id`: a
-    speakerlab checkpoint's content digest, as embeddings files record it)."""
-    lines = [line for reco, _, d in results for line in rttm_lines(reco, d.turns)]
+def write_rttm(args, results) -> None:
+    """The RTTM of the recordings done so far, after each one (a file rewritten whole; on stdout, the newest
+    recording's lines): a later failure or a kill loses nothing finished."""
     if args.rttm:
-        write_lines(args.rttm, lines)
+        write_lines(args.rttm, [line for reco, _, d in results for line in rttm_lines(reco, d.turns)])
     else:
-        sys.stdout.write("".join(line + "\n" for line in lines))
-    if args.json:
+        reco, _, d = results[-1]
+        sys.stdout.write("".join(line + "\n" for line in rttm_lines(reco, d.turns)))
+        sys.stdout.flush()
+
+
+def write_json(args, results, embedder: Embedder) -> None:
+    """The JSON of the recordings done (written whole once, at the end or when one fails: with --embeddings it
+    is large), naming the model (`model_id`: a speakerlab checkpoint's content digest, as embeddings files
+    record it)."""
+    if args.json and results:
         doc = {
             "model": embedder.name,
             "model_id": embedder.model_id,

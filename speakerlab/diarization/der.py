@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.rttm import Interval, Turn, read_rttm, read_uem, write_lines
+from speakerlab.dataio.rttm import Interval, Turn, read_rttm, read_uem
+from speakerlab.outputs import write_lines
 
 CONDITIONS = ((0.25, False), (0.25, True), (0.0, False), (0.0, True))  # (collar, skip overlap)
 PARTS = ("missed detection", "false alarm", "confusion")

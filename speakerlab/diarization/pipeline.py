@@ -25,7 +25,7 @@ alone (tests/test_diarization.py checks this).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,7 +33,10 @@ from speakerlab.dataio.resample import read_for_model, resample
 from speakerlab.dataio.rttm import Interval, Turn
 from speakerlab.diarization.cluster import METHODS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.vad import VAD_RATE, Detector
-from speakerlab.inference.embedder import Embedder, check_finite
+from speakerlab.inference.common import check_finite
+
+if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder: this module imports neither
+    from speakerlab.inference.embedder import Embedder
 
 
 @dataclass(frozen=True)

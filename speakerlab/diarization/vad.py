@@ -6,12 +6,12 @@ seconds, sorted and disjoint.
     regions = vad(wave16k)
 
 Silero runs the package's sequence ONNX model (`silero_vad_16k_sequence.onnx`: every 32 ms frame of a
-block in one onnxruntime call, the same probabilities as the frame-by-frame model) and the package's own
-threshold / hangover logic (`get_speech_timestamps_from_probs` via `get_speech_timestamps_sequence`).
-Measured on the loaded 2-core machine: 0.62 s per minute of audio against 7.2 s for the TorchScript
-model's frame loop, the same speech found (bench/diarization_vad.py; bench/RESULTS.md, "Diarization").
-Importing `silero_vad` sets torch's thread count to 1 as a side effect; `SileroVad` puts the caller's
-count back.
+block in one onnxruntime call, the same probabilities as the frame-by-frame model) with the package's
+threshold / hangover rule written out here (`hysteresis_regions`; tests/test_diarization.py checks it
+against the package's `get_speech_timestamps_sequence`). The package itself is never imported: its
+`__init__` imports torch, and diarization with an ONNX embedder runs without torch. Measured on the loaded
+2-core machine: 0.62 s per minute of audio against 7.2 s for the TorchScript model's frame loop, the same
+speech found (bench/diarization_vad.py; bench/RESULTS.md, "Diarization").
 
 Both detectors are stateless between calls (onnxruntime sessions may be run from several threads at
 once), so one detector serves concurrent diarizations.
@@ -19,9 +19,10 @@ once), so one detector serves concurrent diarizations.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
-import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, List, Tuple
 
 import numpy as np
@@ -89,56 +90,118 @@ class EnergyVad:
         return smooth_regions(regions, self.min_speech, self.min_silence, self.pad, len(x) / VAD_RATE)
 
 
-_SILERO_LOCK = threading.Lock()
+SILERO_FRAME, SILERO_CONTEXT = 512, 64  # samples at 16 kHz: one probability per frame, read with its context
+SILERO_BLOCK = 512  # frames per onnxruntime call (16.4 s of audio)
+SILERO_STATE = (1, 1, 128)  # the LSTM's h and c, carried from block to block
 
 
-def _load_silero():
-    """(the sequence model, `get_speech_timestamps_sequence`); ImportError naming the extra when absent."""
-    import torch
+def silero_model_path() -> Path:
+    """The sequence model file the silero-vad package ships. Found without importing the package, whose
+    `__init__` imports torch."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "the Silero VAD needs the silero-vad package: pip install -e '.[diarization]' in the speakerlab clone, "
+            "or use --vad energy"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "silero_vad_16k_sequence.onnx"
+    if not path.is_file():
+        raise ImportError(f"{path} is missing: the Silero VAD needs silero-vad >= 6.2 (its sequence model)")
+    return path
 
-    with _SILERO_LOCK:
-        threads = torch.get_num_threads()
-        try:
-            from silero_vad import get_speech_timestamps_sequence, load_silero_vad
-        except ImportError as e:
-            raise ImportError(
-                f"the Silero VAD needs the silero-vad and onnxruntime packages ({e}): "
-                "pip install -e '.[diarization]' in the speakerlab clone, or use --vad energy"
-            ) from None
-        finally:
-            torch.set_num_threads(threads)  # silero_vad.model sets 1 at import
-        try:
-            with warnings.catch_warnings():  # its importlib.resources.path call is deprecated in 3.11
-                warnings.simplefilter("ignore", DeprecationWarning)
-                return load_silero_vad(sequence=True), get_speech_timestamps_sequence
-        except ImportError as e:
-            raise ImportError(
-                f"the Silero VAD's sequence model runs on onnxruntime ({e}): pip install onnxruntime"
-            ) from None
+
+def silero_session():
+    """An onnxruntime session of `silero_model_path()` on one thread (the model is tiny: threads cost more
+    than they bring)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise ImportError(f"the Silero VAD runs on onnxruntime ({e}): pip install onnxruntime") from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(silero_model_path()), options, providers=["CPUExecutionProvider"])
+
+
+def silero_probabilities(session, wave: np.ndarray) -> np.ndarray:
+    """`(samples,)` at 16 kHz -> `(ceil(samples / 512),)` speech probabilities, one per 32 ms frame (the last
+    frame zero-padded). Each frame is fed with the 64 samples before it (zeros before the first)."""
+    x = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
+    count = -(-x.size // SILERO_FRAME)
+    frames = np.zeros((count, SILERO_FRAME), np.float32)
+    frames.reshape(-1)[: x.size] = x
+    context = np.zeros((count, SILERO_CONTEXT), np.float32)
+    context[1:] = frames[:-1, -SILERO_CONTEXT:]
+    inputs = np.concatenate([context, frames], axis=1)
+    h, c = np.zeros(SILERO_STATE, np.float32), np.zeros(SILERO_STATE, np.float32)
+    out = []
+    for a in range(0, count, SILERO_BLOCK):
+        p, h, c = session.run(["speech_probs", "hn", "cn"], {"input": inputs[a : a + SILERO_BLOCK], "h": h, "c": c})
+        out.append(np.asarray(p, np.float32).reshape(-1))
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def hysteresis_regions(
+    probs: np.ndarray, num_samples: int, threshold: float, min_speech: int, min_silence: int, pad: int
+) -> List[Tuple[int, int]]:
+    """Frame probabilities -> speech `[start, end)` in samples, as the silero-vad package decides them.
+
+    Speech starts at a frame >= `threshold`; it ends where the probability falls below threshold - 0.15
+    (at least 0.01) and stays below `threshold` for `min_silence` samples; a region of at most `min_speech`
+    samples is dropped. Each region is then widened by `pad` on both sides, a gap narrower than 2 x pad
+    being split in the middle."""
+    low = max(threshold - 0.15, 0.01)
+    regions: List[List[int]] = []
+    start, quiet_from = None, None  # quiet_from: where the current dip below `low` began
+    for i, p in enumerate(np.asarray(probs, np.float64).tolist()):
+        at = i * SILERO_FRAME
+        if p >= threshold:
+            quiet_from = None
+            if start is None:
+                start = at
+            continue
+        if start is not None and p < low:
+            quiet_from = at if quiet_from is None else quiet_from
+            if at - quiet_from >= min_silence:
+                if quiet_from - start > min_speech:
+                    regions.append([start, quiet_from])
+                start, quiet_from = None, None
+    if start is not None and num_samples - start > min_speech:
+        regions.append([start, num_samples])
+    for i, r in enumerate(regions):
+        if i == 0:
+            r[0] = max(0, r[0] - pad)
+        if i + 1 < len(regions):
+            gap = regions[i + 1][0] - r[1]
+            widen = gap // 2 if gap < 2 * pad else pad
+            r[1] = min(num_samples, r[1] + widen)
+            regions[i + 1][0] = max(0, regions[i + 1][0] - widen)
+        else:
+            r[1] = min(num_samples, r[1] + pad)
+    return [(a, b) for a, b in regions]
 
 
 class SileroVad:
-    """Silero VAD with the package's post-processing: speech probability >= `threshold` (leaving speech
-    below threshold - 0.15), regions shorter than `min_speech` dropped, pauses shorter than `min_silence`
-    kept inside, `pad` seconds added on each side. The model is loaded at the first call."""
+    """Silero VAD: the silero-vad package's sequence ONNX model on onnxruntime (torch-free) and its decision
+    rule (`hysteresis_regions`): speech probability >= `threshold`, regions of at most `min_speech` seconds
+    dropped, pauses shorter than `min_silence` kept inside, `pad` seconds added on each side. The model is
+    loaded at the first call."""
 
     def __init__(self, threshold: float = 0.5, min_speech: float = 0.25, min_silence: float = 0.1, pad: float = 0.03):
-        self.options = {
-            "threshold": threshold,
-            "min_speech_duration_ms": int(round(1000 * min_speech)),
-            "min_silence_duration_ms": int(round(1000 * min_silence)),
-            "speech_pad_ms": int(round(1000 * pad)),
+        self.threshold = threshold
+        self.samples = {
+            k: int(round(VAD_RATE * v))
+            for k, v in (("min_speech", min_speech), ("min_silence", min_silence), ("pad", pad))
         }
-        self._model = None
+        self._session = None
         self._lock = threading.Lock()
 
     def __call__(self, wave: np.ndarray) -> List[Interval]:
         with self._lock:
-            if self._model is None:
-                self._model = _load_silero()
-        model, timestamps = self._model
-        stamps = timestamps(np.ascontiguousarray(wave, dtype=np.float32), model, sampling_rate=VAD_RATE, **self.options)
-        return [(s["start"] / VAD_RATE, s["end"] / VAD_RATE) for s in stamps]
+            if self._session is None:
+                self._session = silero_session()
+        probs = silero_probabilities(self._session, wave)
+        found = hysteresis_regions(probs, len(wave), self.threshold, **self.samples)
+        return [(a / VAD_RATE, b / VAD_RATE) for a, b in found]
 
 
 VADS = ("silero", "energy")

@@ -31,7 +31,8 @@ import numpy as np
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, read_audio, sf
 from speakerlab.dataio.lists import ListError, load_data_dir
-from speakerlab.dataio.rttm import Turn, rttm_lines, write_lines
+from speakerlab.dataio.rttm import Turn, rttm_lines
+from speakerlab.outputs import write_lines
 
 SR = 16000
 LEVEL_DB = -26.0
