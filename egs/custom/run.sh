@@ -10,7 +10,7 @@
 # (validate lists, index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one;
 # epochs, patience and frozen start scaled to the data; the best epoch on val/ kept, early stop on a plateau),
 # 4 embeddings of test/ with the run's result and with the pretrained model, 5 scoring (both EERs with their
-# confidence intervals, trial and speaker counts); optional: 6 average the last checkpoints, 7 large-margin
+# confidence intervals, trial and speaker counts); optional: 9 stress table (speakerlab-stress), 6 average the last checkpoints, 7 large-margin
 # fine-tuning, then stages 4-5 with --exp ${exp}_lm.
 # Before stage 1 (when stage 3 is to run) a pre-flight `speakerlab-train --check` stops what stage 3 would refuse.
 # Every stage can be re-run; training resumes from its latest checkpoint.
@@ -41,6 +41,7 @@ opt jobs 4                         # processes reading the audio (stage 1), inde
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
+opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
 args=()
@@ -183,5 +184,10 @@ if stage_on 7; then
   launch speakerlab-train "${configs[@]}" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     data.train="$data/train" ${val[@]+"${val[@]}"} train.init="$exp/checkpoints/avg.pt" $store_opts \
     $train_overrides $lm_overrides
+fi
+
+if stage_on 9; then  # the first trial list, every condition on its test side
+  which="$(python -m speakerlab.inference.which "${checkpoint:-$exp}")"   # the run's result, as stage 4
+  stress_stage "${which%%$'\t'*}" "$data/test" "$data/test/trials" test "$exp"
 fi
 log "done"

@@ -5,7 +5,7 @@
 # Stages (the same numbers in every recipe): 1 data preparation (synthetic corpus, MUSAN/RIR lists),
 # 2 features (validate lists, check audio, index lengths; the fbank store of every set, which
 # training, validation and extraction read instead of decoding audio), 3 train, 4 embeddings, 5 scoring (and the
-# no-training baseline); optional: 6 average the last checkpoints, 7 large-margin fine-tuning, then
+# no-training baseline); optional: 9 stress table (speakerlab-stress), 6 average the last checkpoints, 7 large-margin fine-tuning, then
 #   bash egs/mini/run.sh --stage 4 --stop_stage 5 --exp exp/campplus_lm
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
@@ -31,6 +31,8 @@ opt jobs 2                         # corpus generation processes
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 launch_options none                # --gpus (none: the CPU profile) --nproc --nnodes --node_rank --master_addr --master_port
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
+opt stress false                  # true: also stage 9, the stress table, after the stages asked for
+opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -98,5 +100,9 @@ if stage_on 7; then
   log "stage 7: large-margin fine-tuning from $exp/checkpoints/avg.pt -> ${exp}_lm"
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" $train_data $store_opts $train_overrides $lm_overrides
+fi
+
+if stage_on 9 || [ "$stress" = true ]; then  # the first trial list, every condition on its test side
+  stress_stage "${checkpoint:-$exp}" "$data/test" "$data/test/trials" test "$exp" "$data/musan_rirs/bank"
 fi
 log "done"
