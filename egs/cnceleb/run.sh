@@ -5,7 +5,7 @@
 # Stages (the same numbers in every recipe): 1 data preparation (download, extract, Kaldi lists and
 # trials, MUSAN/RIR lists), 2 features (validate lists, check audio, index lengths),
 # 3 train (two runs with --ft_config),
-# 4 embeddings, 5 score; optional: 6 average checkpoints, 7 large-margin fine-tuning, then stages
+# 4 embeddings, 5 score; optional: 9 stress table (speakerlab-stress), 6 average checkpoints, 7 large-margin fine-tuning, then stages
 # 4-5 with --exp ${exp}_lm.
 # Enrolment follows the official protocol: one embedding of eval/enroll/<spk>-enroll.flac, the
 # release's concatenation of each speaker's enrolment utterances (see README.md here).
@@ -38,6 +38,7 @@ opt ft_config ""                   # stage 3 in two runs (SSL encoders): $config
                                    # joint fine-tuning overlay from its averaged checkpoints -> $exp
 opt lm_config ../../conf/finetune_lm.yaml   # stage 7: large-margin fine-tuning overlay -> ${exp}_lm
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
+opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -114,5 +115,11 @@ fi
 if stage_on 8; then
   lists=(); for t in $trials; do lists+=("$data/$eval_set/trials_$t"); done
   calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-${val_set:+$data/$val_set}}" "$data/$eval_set" "${lists[@]}"
+fi
+
+if stage_on 9; then  # the first trial list, every condition on its test side
+  first="${trials%% *}"
+  stress_stage "${checkpoint:-$exp}" "$data/$eval_set" "$data/$eval_set/trials_$first" "$first" "$exp" \
+    "$data/musan_rirs/bank"
 fi
 log "done"

@@ -10,7 +10,7 @@
 # (validate lists, index lengths, fbank stores), 3 fine-tune from the pretrained model (from scratch without one;
 # epochs, patience and frozen start scaled to the data; the best epoch on val/ kept, early stop on a plateau),
 # 4 embeddings of test/ with the run's result and with the pretrained model, 5 scoring (both EERs with their
-# confidence intervals, trial and speaker counts); optional: 6 average the last checkpoints, 7 large-margin
+# confidence intervals, trial and speaker counts); optional: 9 stress table (speakerlab-stress), 6 average the last checkpoints, 7 large-margin
 # fine-tuning, then stages 4-5 with --exp ${exp}_lm.
 # Before stage 1 (when stage 3 is to run) a pre-flight `speakerlab-train --check` stops what stage 3 would refuse.
 # Every stage can be re-run; training resumes from its latest checkpoint.
@@ -42,6 +42,7 @@ launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --h
 calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
+opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
 
 # --3dspeaker, as the inference commands spell it (a shell variable cannot start with a digit).
 args=()
@@ -187,5 +188,10 @@ if stage_on 7; then
 fi
 if stage_on 8; then
   calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-$data/val}" "$data/test" "$data/test/trials"
+fi
+
+if stage_on 9; then  # the first trial list, every condition on its test side
+  which="$(python -m speakerlab.inference.which "${checkpoint:-$exp}")"   # the run's result, as stage 4
+  stress_stage "${which%%$'\t'*}" "$data/test" "$data/test/trials" test "$exp"
 fi
 log "done"

@@ -7,7 +7,8 @@
 # training, validation and extraction read instead of decoding audio), 3 train, 4 embeddings, 5 scoring (and the
 # no-training baseline); optional: 6 average the last checkpoints, 7 large-margin fine-tuning, then
 #   bash egs/mini/run.sh --stage 4 --stop_stage 5 --exp exp/campplus_lm
-# and 8 calibration (fitted on val/trials, measured on test/trials: $exp/calibration.json).
+# 8 calibration (fitted on val/trials, measured on test/trials: $exp/calibration.json) and 9 the stress table
+# (speakerlab-stress; also after the default pass with --stress true).
 # Every stage can be re-run; training resumes from its latest checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -33,6 +34,8 @@ opt shards false                   # stage 2 also writes tar shards of the train
 launch_options none                # --gpus (none: the CPU profile) --nproc --nnodes --node_rank --master_addr --master_port
 calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt train_overrides ""             # e.g. "train.epochs=2 optim.lr=0.2"
+opt stress false                  # true: also stage 9, the stress table, after the stages asked for
+opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -103,5 +106,9 @@ if stage_on 7; then
 fi
 if stage_on 8; then
   calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-$data/val}" "$data/test" "$data/test/trials"
+fi
+
+if stage_on 9 || [ "$stress" = true ]; then  # the first trial list, every condition on its test side
+  stress_stage "${checkpoint:-$exp}" "$data/test" "$data/test/trials" test "$exp" "$data/musan_rirs/bank"
 fi
 log "done"

@@ -10,8 +10,9 @@
 #   6 checkpoint averaging
 #   7 large-margin fine-tuning (then stages 4-5 with --exp ${exp}_lm)
 #   8 calibration (`calibration_stage`): LLRs and operating points fitted on a held-out set, into the exp dir
-# Reserved for every recipe alike: 9 the stress table, 10 pseudo-label rounds.
-LAST_STAGE=8
+#   9 stress table: EER / minDCF under short, telephone, codec, noisy and reverberant test audio (stress_stage)
+# Reserved for every recipe alike: 10 pseudo-label rounds.
+LAST_STAGE=9
 
 log() { echo "[$(date '+%Y-%m-%d %H:%M:%S')] $*" >&2; }
 
@@ -82,6 +83,20 @@ calibration_stage() {
   speakerlab-calibrate --trials "$cal_set/trials" --embeddings "$cal_npz" --durations "$cal_set" "$eval_dir" \
     --eval-trials "$@" --eval-embeddings "$exp/embeddings/$(basename "$eval_dir").npz" --p-target $p_target \
     --out "$exp/calibration.json"
+}
+
+# stress_stage MODEL DATA TRIALS NAME EXP [BANK]: stage 9, the same in every recipe. The stress table
+# (speakerlab-stress) of MODEL (a checkpoint or exp dir) on the list TRIALS of the data dir DATA: the
+# conditions of speakerlab.dataio.degrade on the test side, those with noise and RIRs from the noise bank
+# BANK when it was built -> EXP/stress/NAME.md and NAME.json. $stress_opts (when the recipe declares it)
+# adds options, e.g. "--both-sides" or "--conditions clean trunc1 gsm".
+stress_stage() {
+  local model="$1" data="$2" trials="$3" name="$4" exp="$5" bank="${6:-}" extra=()
+  [ -n "$bank" ] && [ -f "$bank/index.json" ] && extra=(--noise-bank "$bank")
+  log "stage 9: stress table of $model on $trials -> $exp/stress/$name.md"
+  mkdir -p "$exp/stress"
+  speakerlab-stress --checkpoint "$model" --data "$data" --trials "$trials" "${extra[@]}" ${stress_opts:-} \
+    --out "$exp/stress/$name.md" --json "$exp/stress/$name.json"
 }
 
 # visible_gpu_count: the CUDA devices this shell's python sees (CUDA_VISIBLE_DEVICES applied), 0 without any.

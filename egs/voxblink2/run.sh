@@ -8,7 +8,7 @@
 # Stages (the same numbers in every recipe): 1 data preparation (VoxBlink2, VoxCeleb1+2 with the m4a -> wav
 # conversion, CN-Celeb1+2, MUSAN/RIR lists), 2 features (validate lists, check audio, index lengths),
 # 3 train on the corpora list $data/train_corpora.yaml (data.train), 4 embeddings of every evaluation set,
-# 5 score every trial list; optional: 6 average checkpoints, 7 large-margin fine-tuning (speakers mapped by id
+# 5 score every trial list; optional: 9 stress table (speakerlab-stress), 6 average checkpoints, 7 large-margin fine-tuning (speakers mapped by id
 # onto the pre-training's rows), then stages 4-5 with --exp ${exp}_lm. Every stage can be re-run.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,6 +37,7 @@ opt checkpoint ""                  # stage 4 model ("" = latest of $exp; e.g. $e
 opt average_last 10                # stage 6: epoch checkpoints averaged into $exp/checkpoints/avg.pt
 opt lm_config ../../conf/voxblink2/redimnet2_b6_lm.yaml   # stage 7: large-margin overlay -> ${exp}_lm
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
+opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -145,5 +146,10 @@ if stage_on 8; then   # fitted on the held-out set, measured on the first evalua
   e="${eval_sets%% *}"
   lists=(); for t in $(trials_of "$e"); do lists+=("$data/$e/trials_$t"); done
   calibration_stage "$exp" "${checkpoint:-$exp}" "$cal_set" "$data/$e" "${lists[@]}"
+fi
+
+if stage_on 9; then  # the first trial list, every condition on its test side
+  e="${eval_sets%% *}"; t="$(trials_of "$e")"; t="${t%% *}"
+  stress_stage "${checkpoint:-$exp}" "$data/$e" "$data/$e/trials_$t" "$t" "$exp" "$data/musan_rirs/bank"
 fi
 log "done"
