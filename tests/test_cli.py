@@ -27,7 +27,8 @@ from speakerlab.dataio.resample import (
     resample,
 )
 from speakerlab.features.fbank import Fbank
-from speakerlab.inference.cli import DEFAULT_THRESHOLD, MIN_FRAMES, eer_threshold, run_embed, run_verify
+from speakerlab.inference.cli import DEFAULT_THRESHOLD, eer_threshold, run_embed, run_verify
+from speakerlab.inference.common import MIN_FRAMES
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
 from tests.helpers import write_wav

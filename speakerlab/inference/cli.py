@@ -16,11 +16,19 @@ multi-channel files as their first channel (with a warning on stderr naming the 
 runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.runtime instead: no torch,
 resampling by scipy's resample_poly (the same filter); this module imports torch only for the other sources.
 
-`speakerlab-verify` prints three lines on stdout:
+`speakerlab-verify` decides with the model's calibration when it has one (speakerlab.inference.verify: `--calibration-
+file`, else the one an ONNX file carries, else `<exp>/calibration.json` of `--checkpoint`; another model's is
+refused), at the false-alarm rate `--far` (default 1 %):
     score 0.734512                          the cosine of the two embeddings
+    llr 4.2130 (calibration <file>: <the lists it was fitted on, the model digest>)
+    probability 0.9854 (same speaker, at prior 0.5)
+    threshold llr 2.1080 at FAR 1 % (measured on the calibration lists)
+    same speaker                            or: different speakers (same iff llr >= threshold)
+Without a calibration, or with `--threshold` / `--calibration`, it prints three lines:
+    score 0.734512
     threshold 0.412300 (<where it came from>)
-    same speaker                            or: different speakers (same iff score >= threshold)
-The threshold is, first found of:
+    same speaker                            (same iff score >= threshold)
+The cosine threshold is, first found of:
   1. `--threshold`;
   2. the EER threshold of `--calibration` (a trial list, `enrol test target|nontarget`) scored by cosine on
      `--calibration-embeddings` (an .npz of the same model, e.g. from `speakerlab-embed`): among the list's
@@ -54,13 +62,9 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.inference.common import (  # noqa: F401 (MIN_FRAMES re-exported)
-    MIN_FRAMES,
-    NonFiniteEmbedding,
-    add_source_args,
-    check_finite,
-    too_short,
-)
+from speakerlab.inference.common import NonFiniteEmbedding, add_source_args, check_finite, read_wave, warn_stderr
+from speakerlab.inference.verify import Decision, decide, exp_dir_of, find_calibration
+from speakerlab.scoring.calibration_file import CalibrationError
 from speakerlab.scoring.metrics import eer_point, error_rates
 
 # torch is imported by the functions that load a torch model (speakerlab.inference.embedder), not here:
@@ -73,7 +77,7 @@ DEFAULT_THRESHOLD = 0.5
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
 # ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it). A checkpoint
 # that cannot be read is a SourceError (a ValueError) by the time it leaves speakerlab.sources.
-BAD_INPUT = (ListError, AudioError, NonFiniteEmbedding, ValueError, OSError, ImportError)
+BAD_INPUT = (ListError, AudioError, NonFiniteEmbedding, CalibrationError, ValueError, OSError, ImportError)
 
 
 def bad_input() -> tuple:
@@ -85,24 +89,6 @@ def bad_input() -> tuple:
 
 class UsageError(ValueError):
     """An argument combination or value the parser cannot check; exit 2 with the message."""
-
-
-def warn_stderr(msg: str) -> None:
-    print(f"warning: {msg}", file=sys.stderr)
-
-
-def read_wave(embedder: Union[Embedder, OnnxEmbedder], path: str, where: str = "") -> np.ndarray:
-    """`path` at the embedder's rate, `(samples,)` float32; shorter than the model's `min_samples` is an error.
-    `where` prefixes messages (a wav.scp line)."""
-    warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
-    try:
-        wave = embedder.read(path, warn)
-    except AudioError as e:
-        raise AudioError(f"{where}{e}") from None
-    short = too_short(len(wave), embedder)
-    if short:
-        raise AudioError(f"{where}{path}: {short}")
-    return wave
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -139,14 +125,6 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
     )
 
 
-def exp_dir_of(checkpoint: str) -> Path:
-    """The exp dir of `--checkpoint`: the folder itself, or the run a checkpoint file belongs to."""
-    p = Path(checkpoint)
-    if p.is_dir():
-        return p.parent if p.name == "checkpoints" else p
-    return p.parent.parent if p.parent.name == "checkpoints" else p.parent
-
-
 def scored_threshold(checkpoint: str, model_id: str) -> Optional[Tuple[float, str]]:
     """The EER threshold of the first `<exp>/scores/**/*.json` (by name) scored by plain cosine on embeddings
     of the model `model_id` -> (t, where it came from), or None (no such scoring, or no model id)."""
@@ -175,15 +153,20 @@ UNTUNED = (
 def verify_parser() -> argparse.ArgumentParser:
     ap = CommandParser(
         prog="speakerlab-verify",
-        description="Cosine score of two audio files and the decision at a threshold.",
-        epilog="Threshold: --threshold, else the EER threshold of --calibration (the score where miss and false-alarm "
-        "rates cross on that list), else the EER threshold the scoring stage found for this --checkpoint "
-        f"(<exp>/scores/*.json), else {DEFAULT_THRESHOLD} (untuned). 'same speaker' iff score >= threshold.",
+        description="Score of two audio files and the decision: calibrated at a false-alarm rate, or at a threshold.",
+        epilog="Calibrated (the model's calibration: --calibration-file, the ONNX file's, <exp>/calibration.json): "
+        "'same speaker' iff llr >= the threshold of --far. Else the cosine threshold: --threshold, else the EER "
+        "threshold of --calibration (the score where miss and false-alarm rates cross on that list), else the EER "
+        f"threshold the scoring stage found for this --checkpoint (<exp>/scores/*.json), else {DEFAULT_THRESHOLD} "
+        "(untuned). 'same speaker' iff score >= threshold.",
     )
     ap.add_argument("a", help="first audio file (any rate, first channel)")
     ap.add_argument("b", help="second audio file")
-    add_source_args(ap)
+    add_source_args(ap, onnx=True)
+    ap.add_argument("--far", type=float, default=0.01, help="calibrated: the false-alarm rate of the decision")
+    ap.add_argument("--prior", type=float, default=0.5, help="calibrated: prior of 'same speaker' in the probability")
     th = ap.add_mutually_exclusive_group()
+    th.add_argument("--calibration-file", metavar="CAL.json", help="a calibration of this model (speakerlab-calibrate)")
     th.add_argument("--threshold", type=float, help="decide 'same speaker' iff score >= this")
     th.add_argument(
         "--calibration", metavar="TRIALS", help="trial list whose EER threshold to use (with --calibration-embeddings)"
@@ -202,27 +185,32 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     if bool(args.calibration) != bool(args.calibration_embeddings):
         ap.error("--calibration and --calibration-embeddings go together")
+    if not 0 < args.far < 1 or not 0 < args.prior < 1:
+        ap.error("--far and --prior must lie in (0, 1)")
     try:
-        from speakerlab.inference.embedder import embedder_from_args
-
-        embedder = embedder_from_args(ap, args)
+        embedder = source_embedder(ap, args)
         waves = [read_wave(embedder, args.a), read_wave(embedder, args.b)]
         emb = embedder.embed_waves(waves)
         check_finite([args.a, args.b], emb)
-        if args.threshold is not None:
-            threshold, source = args.threshold, "--threshold"
-        elif args.calibration:
-            threshold, source = calibration_threshold(args.calibration, args.calibration_embeddings, emb.shape[1])
+        found = None
+        if args.threshold is None and not args.calibration:
+            found = find_calibration(embedder, args.calibration_file, args.checkpoint, warn_stderr)
+        if found is not None:
+            decision = decide(emb, tuple(len(w) / embedder.sample_rate for w in waves), found, args.far, args.prior)
         else:
-            found = scored_threshold(args.checkpoint, embedder.model_id) if args.checkpoint else None
-            threshold, source = found or (DEFAULT_THRESHOLD, UNTUNED)
+            if args.threshold is not None:
+                threshold, source = args.threshold, "--threshold"
+            elif args.calibration:
+                threshold, source = calibration_threshold(args.calibration, args.calibration_embeddings, emb.shape[1])
+            else:
+                found_t = scored_threshold(args.checkpoint, embedder.model_id) if args.checkpoint else None
+                threshold, source = found_t or (DEFAULT_THRESHOLD, UNTUNED)
+            score = cosine(emb[0], emb[1])
+            decision = Decision(score, threshold, score >= threshold, source)
     except bad_input() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    score = cosine(emb[0], emb[1])
-    print(f"score {score:.6f}")
-    print(f"threshold {threshold:.6f} ({source})")
-    print("same speaker" if score >= threshold else "different speakers")
+    print("\n".join(decision.lines()))
     return 0
 
 

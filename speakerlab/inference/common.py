@@ -8,9 +8,12 @@ onnxruntime).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
+
+from speakerlab.dataio.audio import AudioError
 
 # Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
 # padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
@@ -127,3 +130,22 @@ def add_source_args(ap: argparse.ArgumentParser, onnx: bool = False) -> None:
         )
     ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
     ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")
+
+
+def warn_stderr(msg: str) -> None:
+    """One `warning:` line on stderr."""
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def read_wave(embedder, path: str, where: str = "") -> np.ndarray:
+    """`path` at the rate of `embedder` (an Embedder or OnnxEmbedder), `(samples,)` float32; fewer than MIN_FRAMES
+    feature frames (its `min_samples`) is an error. `where` prefixes messages (a wav.scp line)."""
+    warn = (lambda m: warn_stderr(f"{where}{m}")) if where else warn_stderr
+    try:
+        wave = embedder.read(path, warn)
+    except AudioError as e:
+        raise AudioError(f"{where}{e}") from None
+    short = too_short(len(wave), embedder)
+    if short:
+        raise AudioError(f"{where}{path}: {short}")
+    return wave

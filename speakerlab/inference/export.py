@@ -11,8 +11,10 @@ samples; a padded batch gives each row its own embedding), its output `embedding
 front end is in the graph (Kaldi fbank without dither and its mean normalisation, or the ReDimNet2 log-mel:
 speakerlab.inference.onnx_graph), and its metadata says what it is (speakerlab.inference.runtime.META: model,
 rate, feature spec, embedding size, speakerlab version, the exp dir's calibrated threshold where scoring wrote
-one). It runs without torch (speakerlab.inference.runtime, `speakerlab-embed --onnx`). After writing, the file
-is checked against the PyTorch path (audio -> features -> model) on two lengths, alone and as a padded batch.
+one; the checkpoint's digest and the exp dir's calibration.json when it is this checkpoint's: LLRs and operating
+points, speakerlab.scoring.calibration_file; neither for int8 files, whose scores differ). It runs without torch
+(speakerlab.inference.runtime, `speakerlab-embed --onnx`). After writing, the file is checked against the PyTorch
+path (audio -> features -> model) on two lengths, alone and as a padded batch.
 
 `--int8 dynamic|static` quantises the model part (speakerlab.inference.quantize; static ranges from
 `--calibration DIR`'s audio), then compares it with the fp32 file and prints the comparison: cosine to fp32 on
@@ -39,6 +41,7 @@ import torch.nn as nn
 
 from speakerlab.commands import CommandParser
 from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META
+from speakerlab.inference.verify import exp_calibration
 
 
 class ExportMismatch(RuntimeError):
@@ -131,9 +134,10 @@ def exp_threshold(source: Path) -> Optional[Tuple[float, str]]:
     return None
 
 
-def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[str, str]:
+def waveform_metadata(embedder, src, input_rate: int, threshold=None, calibration=None) -> Dict[str, str]:
     """The metadata of a waveform file (runtime.META) of `embedder` built from `src` (a speakerlab.sources
-    Source): what the runtime needs to batch, check and describe it."""
+    Source): what the runtime needs to batch, check and describe it; the checkpoint's digest and `calibration` (a
+    scoring.calibration_file.Calibration of that checkpoint) when given."""
     from speakerlab import __version__
     from speakerlab.dataio.resample import rate_ratio
 
@@ -158,6 +162,10 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None) -> Dict[st
     }
     if threshold is not None:
         meta["threshold"], meta["threshold_source"] = f"{threshold[0]:.6f}", threshold[1]
+    if src.digest:
+        meta["model_id"] = src.digest
+    if calibration is not None:
+        meta["calibration"] = calibration.to_json()
     return {META[k]: v for k, v in meta.items()}
 
 
@@ -259,7 +267,9 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
         report = quantize.int8_report(str(ref), str(cand), waves, trials)
         problem = quantize.refusal(report, args.max_eer_increase, args.min_cosine)
         report.update(mode=args.int8, refused=problem or "")
-        set_metadata(int8, {**meta, META["int8"]: json.dumps(report)})
+        # int8 embeddings are not the checkpoint's: neither its digest nor its calibration goes with them.
+        fp32_only = (META["model_id"], META["calibration"])
+        set_metadata(int8, {**{k: v for k, v in meta.items() if k not in fp32_only}, META["int8"]: json.dumps(report)})
         print(f"export: int8 {args.int8}: {quantize.describe(report)}", file=sys.stderr)
         if problem and not args.force:
             print(
@@ -330,7 +340,11 @@ def main(argv=None) -> int:
     if args.waveform:
         threshold = exp_threshold(Path(args.checkpoint)) if args.checkpoint else None
         try:
-            meta = waveform_metadata(embedder, src, args.input_rate or embedder.spec.sample_rate, threshold)
+            found = None
+            if args.checkpoint and not args.int8:
+                found = exp_calibration(args.checkpoint, src.digest, lambda m: print(f"warning: {m}", file=sys.stderr))
+            rate = args.input_rate or embedder.spec.sample_rate
+            meta = waveform_metadata(embedder, src, rate, threshold, found[0] if found else None)
             done = write_waveform(embedder, args, meta, src.model_name)
         except ValueError as e:  # a QuantizeError, an unreadable calibration list or audio file
             print(f"error: {e}", file=sys.stderr)
@@ -338,7 +352,8 @@ def main(argv=None) -> int:
         except ExportMismatch as e:
             print(f"error: {args.out} not written: {e}", file=sys.stderr)
             return 1
-        print(f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}", file=sys.stderr)
+        carried = f"; calibration {found[1]} carried" if found else ""
+        print(f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}{carried}", file=sys.stderr)
         return 0
     write = export_onnx if args.format == "onnx" else export_torchscript
     try:

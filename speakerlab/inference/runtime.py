@@ -7,7 +7,9 @@
 A file of `speakerlab-export --waveform` holds the model's own front end and the model: `wave (B, N)` float
 samples at its input rate and `lengths (B,)` int64 -> `embedding (B, D)` (speakerlab.inference.onnx_graph), and
 its metadata (`META`): format, model, input rate, feature spec, embedding size, project version, how to batch,
-the shortest input, a calibrated threshold where the exp dir had one, the int8 check where quantised.
+the shortest input, a calibrated threshold where the exp dir had one, the int8 check where quantised; for fp32 files
+the checkpoint's digest and, where the exp dir had one of that checkpoint, its calibration (`OnnxEmbedder.calibration`:
+LLRs and operating points, speakerlab.scoring.calibration_file).
 
 `OnnxEmbedder` answers what `speakerlab.inference.embedder.Embedder` does for files: `read` (any rate, resampled
 with `scipy.signal.resample_poly`, the same polyphase filter as the torch path's Resampler, so both give the
@@ -47,6 +49,8 @@ META = {
     "threshold": "speakerlab.threshold",  # cosine EER threshold of the exp dir's scoring, when there was one
     "threshold_source": "speakerlab.threshold_source",
     "int8": "speakerlab.int8",  # JSON: mode, cosine to fp32, EERs, when quantised
+    "model_id": "speakerlab.model_id",  # the checkpoint's content digest (fp32 files: the same embeddings to 1e-4)
+    "calibration": "speakerlab.calibration",  # JSON calibration file of that checkpoint (scoring.calibration_file)
 }
 
 
@@ -86,9 +90,10 @@ class OnnxEmbedder:
         self.meta = read_metadata(self.session.get_modelmeta().custom_metadata_map, self.path)
         self.resample = resample
         self.name = f"{self.meta['model']} ({self.path}{', int8 ' + self.int8['mode'] if self.int8 else ''})"
-        # Embeddings files record a checkpoint's digest (Embedder.model_id) for speakerlab-verify to match; an ONNX
-        # file is not those weights (int8 ones least of all), so its embeddings record none.
-        self.model_id = ""
+        # Embeddings files record a checkpoint's digest (Embedder.model_id) for speakerlab-verify and calibrations to
+        # match. An fp32 file carries its checkpoint's (checked against PyTorch to 1e-4 when exported); an int8 file
+        # gives other embeddings, so it names no model and no calibration of fp32 scores applies to it.
+        self.model_id = "" if self.int8 else self.meta.get("model_id", "")
 
     @property
     def sample_rate(self) -> int:
@@ -102,6 +107,15 @@ class OnnxEmbedder:
     def threshold(self) -> Optional[float]:
         """The cosine EER threshold of the exp dir's scoring (`threshold_source` says which list), else None."""
         return float(self.meta["threshold"]) if "threshold" in self.meta else None
+
+    @property
+    def calibration(self):
+        """The calibration the file carries (a speakerlab.scoring.calibration_file.Calibration), else None."""
+        if "calibration" not in self.meta or self.int8:
+            return None
+        from speakerlab.scoring.calibration_file import Calibration
+
+        return Calibration.from_json(self.meta["calibration"], f"{self.path} (metadata {META['calibration']})")
 
     @property
     def int8(self) -> Optional[Dict]:
