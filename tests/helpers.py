@@ -327,3 +327,18 @@ def relative_errors(sess, embedder, lengths: np.ndarray, rng) -> tuple:
 
     waves = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
     return waveform_errors(sess, lambda w: embedder(torch.from_numpy(w)).numpy(), waves)
+
+
+def torch_free_env(tmp_path: Path) -> dict:
+    """An environment whose Python cannot import torch: a meta-path blocker in a sitecustomize on PYTHONPATH."""
+    site = tmp_path / "no_torch"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class NoTorch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is not installed here')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+    )
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}

@@ -9,7 +9,6 @@ exporter makes from registered models are checked in tests/test_deploy_export.py
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, write_wav
+from tests.helpers import torch_free_env, write_wav
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -111,21 +110,6 @@ def mixed_rate_folder(root: Path) -> Path:
         lines.append(f"u{i} {path}\n")
     (root / "wav.scp").write_text("".join(lines))
     return root / "wav.scp"
-
-
-def torch_free_env(tmp_path: Path) -> dict:
-    """An environment whose Python cannot import torch: a meta-path blocker in a sitecustomize on PYTHONPATH."""
-    site = tmp_path / "no_torch"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import importlib.abc, sys\n"
-        "class NoTorch(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'torch' or name.startswith('torch.'):\n"
-        "            raise ImportError('torch is not installed here')\n"
-        "sys.meta_path.insert(0, NoTorch())\n"
-    )
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
 
 
 def test_embed_onnx_runs_without_torch_on_mixed_rates(stats_file, tmp_path):
