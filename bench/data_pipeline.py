@@ -14,6 +14,7 @@ Worker-side figures run with one torch thread, as in a DataLoader worker. Every 
 of `--repeats` (the machine is shared: the best run is the least disturbed one). The inputs (speech,
 noise, RIRs) are synthetic files written to a temporary folder. With CUDA present it also trains
 CAM++ for a few steps at full speed and reports the fraction of step time spent waiting for data.
+(c) the channel augmentation of `augment.channel_prob`, each kind on every crop, on top of (b)'s worker item.
 The last line reads `worker CPU ms/sample: per-sample pipeline A, ours B, ratio B/A = R`.
 """
 
@@ -34,8 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from speakerlab.config import CHANNEL_KINDS  # noqa: E402
 from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
 from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
+from speakerlab.dataio.degrade import ChannelAugment  # noqa: E402
 from speakerlab.dataio.noise_bank import NoiseBank, build_bank  # noqa: E402
 from speakerlab.dataio.speed import input_length, resample_ratio  # noqa: E402
 from speakerlab.features.fbank import Fbank, mean_normalize  # noqa: E402
@@ -218,6 +221,17 @@ def main(argv=None) -> int:
             f"(b) ours, device part on this CPU ({threads} thread(s), batch {args.batch}): "
             f"{1000 * b_device:.2f} ms/sample"
         )
+        # (c) the channel augmentation (speakerlab.dataio.degrade.ChannelAugment), worker side, per coded crop:
+        # each kind alone with probability 1, on top of (b)'s worker item.
+        for kind in CHANNEL_KINDS:
+            coded = CropDataset(utts, [0] * len(utts), [8 * SR] * len(utts), CROP, SR, aug, FACTORS, 1.0)
+            coded.channel = ChannelAugment(1.0, {kind: 1.0}, 0.0, [0.5, 1.5], SR)
+            c = best_of(args.repeats, lambda d=coded, few=items[: args.samples]: collate([d[i] for i in few]))
+            c /= args.samples
+            print(
+                f"(c) ours + channel {kind} on every crop, worker (1 thread): {1000 * c:.2f} ms/sample "
+                f"(+{1000 * (c - b_worker):.2f} over (b); x{c / a:.2f} of (a))"
+            )
         if torch.cuda.is_available() or args.wait_on_cpu:
             print(wait_fraction(utts, aug, args, torch.device("cuda" if torch.cuda.is_available() else "cpu")))
         else:

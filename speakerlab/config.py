@@ -34,6 +34,8 @@ from speakerlab.settings import (
 # WeSpeaker's), in dB; speakerlab.dataio.augment implements them.
 AUGMENT_KINDS = ("reverb", "noise", "music", "babble")
 DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
+# Telephone channels and codecs of the worker-side channel augmentation (speakerlab.dataio.degrade.ChannelAugment).
+CHANNEL_KINDS = ("tel", "ulaw", "gsm", "opus", "mp3")
 DEFAULT_BABBLE_SPEAKERS = (3, 7)
 
 
@@ -53,6 +55,14 @@ def _pair(lo_min: Optional[float] = None) -> Callable[[Any], Optional[str]]:
 def _kinds(v) -> Optional[str]:
     if not v or len(set(v)) != len(v) or any(k not in AUGMENT_KINDS for k in v):
         return f"must list distinct kinds among {', '.join(AUGMENT_KINDS)}, got {v}"
+    return None
+
+
+def _channel_mix(v) -> Optional[str]:
+    if not isinstance(v, dict) or not v or any(k not in CHANNEL_KINDS for k in v):
+        return f"must map kinds among {', '.join(CHANNEL_KINDS)} to weights, got {v}"
+    if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 for w in v.values()) or not sum(v.values()):
+        return f"weights must be numbers >= 0, not all 0, got {v}"
     return None
 
 
@@ -148,6 +158,13 @@ class AugmentSettings:
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
     speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off
     speed_new_speakers: bool = True  # sped-up copies are new classes: speaker + factor class x num speakers
+    # Channel augmentation in the loader workers (speakerlab.dataio.degrade.ChannelAugment): with channel_prob a crop
+    # goes through one telephone channel or codec, drawn by the weights of channel_mix; with short_prob its first
+    # short_seconds (uniform in the range) are repeated over the crop (short-utterance statistics at a fixed crop)
+    channel_prob: float = setting(0.0, ge=0, le=1)
+    channel_mix: Dict[str, float] = setting({k: 1.0 for k in CHANNEL_KINDS}, check=_channel_mix)
+    short_prob: float = setting(0.0, ge=0, le=1)
+    short_seconds: List[float] = setting([0.5, 1.5], check=_pair(0.1))
 
 
 @dataclass
@@ -318,10 +335,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'optim.min_lr' ({cfg.optim.min_lr:g}) must be <= optim.lr ({cfg.optim.lr:g})")
     if cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0:
         raise ConfigError("config key 'optim.nesterov': Nesterov momentum needs optim.momentum > 0; set it false")
-    if cfg.data.feats is True and (cfg.augment.lists or cfg.augment.speed_prob > 0):
+    if cfg.data.feats is True and audio_augmented(cfg):
         raise ConfigError(
-            "config key 'data.feats': stored features cannot be augmented; "
-            "unset augment.lists and set augment.speed_prob to 0"
+            "config key 'data.feats': stored features cannot be augmented; unset augment.lists and set "
+            "augment.speed_prob, augment.channel_prob and augment.short_prob to 0"
         )
     if cfg.data.shards and cfg.data.feats is True:
         raise ConfigError(
@@ -374,6 +391,12 @@ def _validate_freeze(cfg: Config) -> None:
             )
 
 
+def audio_augmented(cfg: Config) -> bool:
+    """Whether training changes the audio (noise lists, speed, channels, short crops): the store cannot serve it."""
+    a = cfg.augment
+    return bool(a.lists) or a.speed_prob > 0 or a.channel_prob > 0 or a.short_prob > 0
+
+
 def check_features(cfg: Config) -> None:
     """The front-end's rules (its kind's, speakerlab.frontends) and what the feature store can hold; data.feats
     auto becomes true or false here. With train.init and no features.kind, the kind is the pretrained model's:
@@ -382,8 +405,7 @@ def check_features(cfg: Config) -> None:
         return
     kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
     if cfg.data.feats == "auto":
-        augmented = bool(cfg.augment.lists) or cfg.augment.speed_prob > 0
-        cfg.data.feats = FRONT_ENDS[kind].storable and not augmented and not cfg.data.shards
+        cfg.data.feats = FRONT_ENDS[kind].storable and not audio_augmented(cfg) and not cfg.data.shards
     if cfg.data.feats and not FRONT_ENDS[kind].storable:
         raise ConfigError(
             f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "

@@ -135,3 +135,56 @@ def test_bad_condition_names_the_step_and_missing_audio_is_refused():
     assert [s.kind for s in parse_condition("mp3+noise5+trunc2")] == ["trunc", "noise", "mp3"]
     with pytest.raises(ConditionError, match="needs noise audio"):
         check_conditions(["clean", "noise5"], None)
+
+
+def test_channel_augment_codes_and_shortens_crops_repeatably():
+    from speakerlab.dataio.degrade import ChannelAugment
+
+    crop = np.round(speechlike(2.0) * 32767).astype(np.int16)
+    gsm = ChannelAugment(1.0, {"gsm": 1.0}, 0.0, [0.5, 1.5], SR)
+    a = gsm.apply(crop.copy(), np.random.default_rng(5))
+    assert a.dtype == np.int16 and a.shape == crop.shape
+    assert np.array_equal(a, gsm.apply(crop.copy(), np.random.default_rng(5)))
+    assert band_energy(a.astype(np.float64), 4100, 8000) < 1e-3 * band_energy(crop.astype(np.float64), 4100, 8000)
+    short = ChannelAugment(0.0, {"tel": 1.0}, 1.0, [0.5, 0.5], SR)
+    b = short.apply(crop.copy(), np.random.default_rng(0))
+    assert np.array_equal(b, np.resize(crop[: SR // 2], crop.shape[0]))  # the first 0.5 s, repeated
+    # Never: the crop unchanged; the mix's weights choose the channel (tel only: no codec error beyond it).
+    assert np.array_equal(
+        ChannelAugment(0.0, {"gsm": 1.0}, 0.0, [0.5, 1], SR).apply(crop, np.random.default_rng(1)), crop
+    )
+
+
+BASE = "model:\n  name: campplus\ndata:\n  train: data/train\n"
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("augment:\n  channel_prob: 1.5\n", "config key 'augment.channel_prob' must be in \\[0, 1\\]"),
+        ("augment:\n  channel_mix: {gsm: 1, fax: 1}\n", "config key 'augment.channel_mix' must map kinds"),
+        ("augment:\n  channel_mix: {gsm: 0}\n", "config key 'augment.channel_mix' weights must be"),
+        ("augment:\n  short_seconds: [1.0, 0.5]\n", "config key 'augment.short_seconds' must be \\[lo, hi\\]"),
+        ("augment:\n  short_prob: -1\n", "config key 'augment.short_prob' must be in \\[0, 1\\]"),
+        ("  feats: true\naugment:\n  channel_prob: 0.5\n", "config key 'data.feats': stored features cannot"),
+    ],
+)
+def test_bad_channel_config_names_the_key(tmp_path, text, match):
+    from speakerlab.config import ConfigError, load_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text(BASE + text)
+    with pytest.raises(ConfigError, match=match):
+        load_config(p)
+
+
+def test_channel_config_defaults_and_audio_path(tmp_path):
+    from speakerlab.config import CHANNEL_KINDS, load_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text(BASE)
+    a = load_config(p).augment
+    assert (a.channel_prob, a.short_prob, a.short_seconds) == (0.0, 0.0, [0.5, 1.5])
+    assert a.channel_mix == {k: 1.0 for k in CHANNEL_KINDS}
+    cfg = load_config(p, ["augment.channel_prob=0.3"])
+    assert cfg.augment.channel_prob == 0.3 and cfg.data.feats is False  # channel augmentation reads audio

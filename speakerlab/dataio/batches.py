@@ -37,7 +37,7 @@ class CropDataset(Dataset):
 
     Draws, in this order, from `np.random.default_rng(crop seed)`: the speed class (only when
     `speed_prob` > 0: with that probability a factor drawn uniformly among the factors other than
-    1), the crop offset, then the augmentation (`augment.pick`). The worker reads
+    1), the crop offset, then the augmentation (`augment.pick`), then the channel's (`channel.apply`). The worker reads
     `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
     (the most any factor needs) so that items stack; the arithmetic happens batched on the
     training device (`speakerlab.train.inputs.pipeline.InputPipeline`). With `skip_bad`, a read that fails gives
@@ -56,6 +56,7 @@ class CropDataset(Dataset):
         speed_factors: Sequence[float] = (),
         speed_prob: float = 0.0,
         skip_bad: bool = False,
+        channel=None,
     ):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
@@ -64,7 +65,7 @@ class CropDataset(Dataset):
         self.paths, self.labels, self.lengths = paths, labels, lengths
         self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
         self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
-        self.skip_bad = skip_bad
+        self.skip_bad, self.channel = skip_bad, channel  # channel: a speakerlab.dataio.degrade.ChannelAugment
         if self.speed_prob > 0 and len(self.factors) < 2:
             raise ValueError(f"speed_prob {speed_prob} needs a speed factor other than 1, got {list(speed_factors)}")
         self.read_samples = max(input_length(crop_samples, f) for f in self.factors)
@@ -98,6 +99,8 @@ class CropDataset(Dataset):
                 raise
             bad, finite = str(e), True
         picked = self.augment.pick(rng, self.crop_samples) if self.augment is not None else None
+        if self.channel is not None:
+            wave[:need] = self.channel.apply(wave[:need], rng)
         return {
             "wave": wave,
             "finite": finite,

@@ -35,6 +35,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
+from speakerlab.config import CHANNEL_KINDS
 from speakerlab.dataio.augment import INT16_SCALE, add_at_snr, babble_mix, reverberate
 from speakerlab.dataio.noise_bank import NoiseBank
 from speakerlab.dataio.resample import resample
@@ -245,3 +246,58 @@ def check_conditions(names: Sequence[str], bank: Optional[NoiseBank]) -> None:
                 _bank_audio(bank, step.kind, name)
             if step.kind in CODECS and codec_problem(step.kind):
                 raise ConditionError(f"condition {name!r}: {codec_problem(step.kind)}")
+
+
+class ChannelAugment:
+    """Training's channel augmentation, in the loader worker (soundfile codecs need the CPU): an int16 crop
+    `(n,)` -> int16 `(n,)`.
+
+    Draws, from the item's generator after the noise augmenter's (so runs without this draw as before): one
+    uniform for `short_prob`, then (when short) the kept length; one uniform for `prob`, then (when coded) the
+    channel, by the weights of `mix` ({kind: weight} over CHANNEL_KINDS). Short: the first
+    `short_seconds` (uniform in [lo, hi]) of the crop repeated over it, as inference repeats a short input.
+    The channel runs on the clean crop; speed, reverberation and noise follow on the training device (a
+    stress condition runs the channel last: the cost of keeping codecs off the device)."""
+
+    def __init__(self, prob: float, mix: dict, short_prob: float, short_seconds: Sequence[float], rate: int):
+        for kind in mix:
+            if mix[kind] > 0 and kind != "tel" and codec_problem(kind):
+                raise ConditionError(f"augment.channel_mix: {codec_problem(kind)}")
+        kinds = [k for k in CHANNEL_KINDS if mix.get(k, 0) > 0]
+        weights = np.array([mix[k] for k in kinds], np.float64)
+        self.prob, self.kinds, self.weights = float(prob), kinds, weights / weights.sum()
+        self.short_prob, self.short_seconds, self.rate = float(short_prob), tuple(map(float, short_seconds)), rate
+
+    def describe(self) -> str:
+        """One line for the training log."""
+        mix = ", ".join(f"{k} {w:.2g}" for k, w in zip(self.kinds, self.weights))
+        return (
+            f"channel augmentation with probability {self.prob:g} ({mix}); short crops with probability "
+            f"{self.short_prob:g} ({self.short_seconds[0]:g}-{self.short_seconds[1]:g} s repeated)"
+        )
+
+    def apply(self, wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        n = wave.shape[0]
+        out = wave
+        if self.short_prob > 0 and rng.random() < self.short_prob:
+            keep = int(rng.uniform(*self.short_seconds) * self.rate)
+            if 0 < keep < n:
+                out = np.resize(out[:keep], n)
+        if self.prob > 0 and rng.random() < self.prob:
+            kind = self.kinds[int(rng.choice(len(self.kinds), p=self.weights))]
+            x = out.astype(np.float32) * INT16_SCALE
+            y = telephone(x, self.rate) if kind == "tel" else codec(x, self.rate, kind)
+            out = np.clip(np.round(y * 32768.0), -32768, 32767).astype(np.int16)
+        return out
+
+
+def channel_augment(settings, sample_rate: int, log=print) -> Optional[ChannelAugment]:
+    """The ChannelAugment of config section `augment` (speakerlab.config.AugmentSettings), None when both its
+    probabilities are 0."""
+    if settings.channel_prob == 0 and settings.short_prob == 0:
+        return None
+    aug = ChannelAugment(
+        settings.channel_prob, settings.channel_mix, settings.short_prob, settings.short_seconds, sample_rate
+    )
+    log(aug.describe())
+    return aug

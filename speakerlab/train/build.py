@@ -18,6 +18,7 @@ from speakerlab.config import Config, ConfigError, load_config
 from speakerlab.dataio.augment import Augmenter, open_augmenter
 from speakerlab.dataio.batches import GlobalBatchSampler
 from speakerlab.dataio.corpora import resolve_corpora
+from speakerlab.dataio.degrade import channel_augment
 from speakerlab.dataio.shards import ShardStream
 from speakerlab.dataio.speed import speed_speaker_names
 from speakerlab.devices import resolve_device
@@ -283,7 +284,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     switches = resolve_switches(hw.compile, hw.channels_last, hw.cudnn_benchmark, net.model, device)
     apply_switches(switches, net, monitor.log)
     pin = cfg.hardware.pin_memory and device.type == "cuda"
-    loader, sampler = make_loader(cfg, data, plan, info, pin, augmenter)
+    channel = channel_augment(cfg.augment, cfg.data.sample_rate, monitor.log)
+    loader, sampler = make_loader(cfg, data, plan, info, pin, augmenter, channel)
     check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,

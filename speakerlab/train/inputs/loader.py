@@ -141,6 +141,7 @@ def make_loader(
     info: DistInfo,
     pin_memory: bool,
     augmenter: Optional[Augmenter] = None,
+    channel=None,
 ):
     """(DataLoader, sampler) of this rank: crops of the indexed lists, of the feature store, or a stream
     of tar shards (which batches itself and is the run's sampler)."""
@@ -152,6 +153,7 @@ def make_loader(
         speed_factors=cfg.augment.speed_factors,
         speed_prob=cfg.augment.speed_prob,
         skip_bad=cfg.data.on_bad_audio == "skip",
+        channel=channel,
     )
     hw = cfg.hardware
     # A generator of its own: without one, every iter(DataLoader) draws its workers' base seed from torch's
