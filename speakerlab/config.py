@@ -20,6 +20,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 import yaml
 
 from speakerlab.frontends import FRONT_ENDS, FeatureSettings, feature_spec
+from speakerlab.objectives import DinoSettings
 from speakerlab.settings import (
     ConfigError,
     build_settings,
@@ -310,6 +311,7 @@ class Config:
     optim: OptimSettings = field(default_factory=OptimSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     hardware: HardwareSettings = field(default_factory=HardwareSettings)
+    dino: DinoSettings = field(default_factory=DinoSettings)  # loss.name dino (speakerlab.objectives)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -366,6 +368,18 @@ def _validate_labels(cfg: Config) -> None:
             f"config key 'data.labels' (true): loss.name {cfg.loss.name} learns without speaker labels and reads no "
             "utt2spk; set data.labels to auto or false, or a labelled loss.name (aam, sphereface2)"
         )
+    if needs_labels(cfg):
+        return
+    d = cfg.dino
+    for key, seconds in (("dino.global_seconds", d.global_seconds), ("dino.local_seconds", d.local_seconds)):
+        if seconds > cfg.data.crop_seconds:
+            raise ConfigError(
+                f"config key '{key}' ({seconds:g}) must be <= data.crop_seconds ({cfg.data.crop_seconds:g}): the crops "
+                "are cut from the loaded training crop"
+            )
+    for key, value in (("data.feats", cfg.data.feats is True), ("data.shards", cfg.data.shards)):
+        if value:
+            raise ConfigError(f"config key '{key}': loss.name dino cuts its crops from the audio; unset {key}")
 
 
 def _validate_freeze(cfg: Config) -> None:
@@ -405,7 +419,9 @@ def check_features(cfg: Config) -> None:
         return
     kind = feature_spec(cfg.features, cfg.data.sample_rate).kind
     if cfg.data.feats == "auto":
-        cfg.data.feats = FRONT_ENDS[kind].storable and not audio_augmented(cfg) and not cfg.data.shards
+        cfg.data.feats = (
+            FRONT_ENDS[kind].storable and not audio_augmented(cfg) and not cfg.data.shards and needs_labels(cfg)
+        )
     if cfg.data.feats and not FRONT_ENDS[kind].storable:
         raise ConfigError(
             f"config key 'data.feats': the feature store holds Kaldi fbank, the front-end is {kind} (computed from "

@@ -286,7 +286,7 @@ def test_an_installed_wheel_resolves_the_hardware_profiles_by_name(tmp_path):
     shutil.copy(CONF.parent / "pyproject.toml", src)
     pip = [sys.executable, "-m", "pip", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path)], check=True)
-    wheel = next(tmp_path.glob("speakerlab-*.whl"))
+    wheel = next(tmp_path.glob("speakerlab_recipes-*.whl"))
     subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True)
     code = "from speakerlab.config import resolve_hardware as r; p = r('h100-80g'); print(p, p.read_text())"
     out = subprocess.run(

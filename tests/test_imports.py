@@ -17,16 +17,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # -> features -> models -> training -> checkpoint -> inference -> scores; a lower layer never reaches up,
 # so inference runs without anything of the training side.
 # frontends: the front-end registry (kinds, their settings and the config's features section), torch-free so
-# that config can read it. sources: the one reader of pretrained models (ours, 3D-Speaker, ReDimNet2
-# releases), between checkpoint and inference, because it needs models and the front-end registry and both
-# inference and train read through it.
+# that config can read it; objectives, the self-supervised objectives' settings (the config's dino section),
+# alike. sources: the one reader of pretrained models (ours, 3D-Speaker, ReDimNet2 releases), between
+# checkpoint and inference, because it needs models and the front-end registry and both inference and train read
+# through it.
 # `commands` (the parser and the ending of every console script) and `outputs` (the one writer of output files) are
 # leaves that every layer may import.
 LEAVES = {"commands", "outputs"}
 LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "frontends": {"settings"},
-    "config": {"settings", "frontends"},
+    "objectives": {"settings"},
+    "config": {"settings", "frontends", "objectives"},
     "devices": set(),
     "commands": set(),
     "outputs": set(),
@@ -52,6 +54,7 @@ LAYERS: Dict[str, Set[str]] = {
     "diarization": {"inference", "dataio", "commands"},
     "train": {
         "config",
+        "objectives",
         "settings",
         "devices",
         "dataio",
@@ -148,8 +151,8 @@ def test_config_imports_no_implementation_module():
     """The config reads the front-end registry (its features section and rules) and nothing else: loading a
     config never loads torch."""
     graph = import_graph()
-    assert graph["speakerlab.config"] == {"speakerlab.settings", "speakerlab.frontends"}
-    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == {"settings", "frontends"}
+    assert graph["speakerlab.config"] == {"speakerlab.settings", "speakerlab.frontends", "speakerlab.objectives"}
+    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == {"settings", "frontends", "objectives"}
     assert graph["speakerlab.settings"] == set()
     code = "import speakerlab.config, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

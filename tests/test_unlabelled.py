@@ -58,12 +58,20 @@ def test_a_labelled_objective_given_unlabelled_data_names_the_missing_utt2spk(tm
     assert "loss.name aam classifies speakers" in message and "loss.name to dino" in message
 
 
+DINO = ("loss.name=dino", "dino.global_seconds=0.2", "dino.local_seconds=0.1")
+
+
 def test_data_labels_against_the_objective(tmp_path):
     root = unlabelled_dir(tmp_path / "d")
     with pytest.raises(ConfigError, match=r"'data.labels' \(true\): loss.name dino learns without speaker labels"):
-        config(tmp_path, root, "loss.name=dino", "data.labels=true")
+        config(tmp_path, root, *DINO, "data.labels=true")
+    with pytest.raises(ConfigError, match=r"'dino.global_seconds' \(3\) must be <= data.crop_seconds \(0.2\)"):
+        config(tmp_path, root, "loss.name=dino")
+    with pytest.raises(ConfigError, match=r"'data.feats': loss.name dino cuts its crops from the audio"):
+        config(tmp_path, root, *DINO, "data.feats=true")
+    assert config(tmp_path, root, *DINO, "data.feats=auto").data.feats is False
     with pytest.raises(ConfigError, match=r"'data.labels' \(false\): loss.name aam classifies speakers"):
         config(tmp_path, root, "data.labels=false")
     labelled = make_data_dir(tmp_path / "l", {"a-1": "a", "b-1": "b"}, seconds=0.25)
-    data = load_train_lists(config(tmp_path, labelled, "loss.name=dino"), print)  # auto: labels not read
+    data = load_train_lists(config(tmp_path, labelled, *DINO), print)  # auto: labels not read
     assert data.speakers == [] and data.labels.tolist() == [UNLABELLED] * 2

@@ -8,13 +8,13 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.config import Config, ConfigError, load_config
+from speakerlab.config import Config, ConfigError, load_config, needs_labels
 from speakerlab.dataio.augment import Augmenter, open_augmenter
 from speakerlab.dataio.batches import GlobalBatchSampler
 from speakerlab.dataio.corpora import resolve_corpora
@@ -40,6 +40,8 @@ from speakerlab.train.inputs.loader import load_train_lists, make_loader
 from speakerlab.train.inputs.pipeline import InputPipeline
 from speakerlab.train.launch import distributed as dist_utils
 from speakerlab.train.launch.distributed import DistInfo, wrap_ddp
+from speakerlab.train.losses.dino import DinoObjective
+from speakerlab.train.losses.multicrop import DinoNet, WaveInputs
 from speakerlab.train.losses.sharded import Sharded, clip_grad_norm, keep_out_of_ddp, make_head
 from speakerlab.train.monitor import Monitor
 from speakerlab.train.optim.freeze import check_freeze
@@ -88,6 +90,18 @@ class SpeakerNet(nn.Module):
         rows counted over all ranks)."""
         return clip_grad_norm(params, max_norm, self.classifier)
 
+    # What a self-supervised objective (DinoNet) does around the optimizer step; nothing for a classifier.
+    def end_step(self, updated: bool) -> None:
+        """After the optimizer step (`updated`: it was taken)."""
+
+    def scalars(self) -> Dict[str, float]:
+        """The objective's own values for the log (read every train.log_every_steps)."""
+        return {}
+
+    def end_of_run_problem(self) -> Optional[str]:
+        """What makes the finished run's model useless (collapsed embeddings), or None."""
+        return None
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -105,16 +119,17 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     return open_augmenter(a, cfg.data.sample_rate, log)
 
 
-def build_inputs(cfg: Config, features: nn.Module, num_speakers: int) -> InputPipeline:
+def build_inputs(cfg: Config, features: nn.Module, num_speakers: int) -> Union[InputPipeline, WaveInputs]:
     """Loader batch -> (features, labels) on the device of `features` (`make_features`): speed, reverb,
-    noise, then the front-end."""
+    noise, then the front-end; for a self-supervised objective (augmented waves, dataset index)."""
     a, crop = cfg.augment, int(round(cfg.data.crop_seconds * cfg.data.sample_rate))
-    return InputPipeline(
+    pipeline = InputPipeline(
         features,
         crop,
         a.speed_factors if a.speed_prob > 0 else (),
-        num_speakers if a.speed_prob > 0 and a.speed_new_speakers else None,
+        num_speakers if a.speed_prob > 0 and a.speed_new_speakers and needs_labels(cfg) else None,
     )
+    return pipeline if needs_labels(cfg) else WaveInputs(pipeline)
 
 
 def class_names(cfg: Config, speakers: List[str]) -> List[str]:
@@ -139,7 +154,11 @@ def example_input(cfg: Config, seconds: Optional[float] = None) -> torch.Tensor:
         return build_features(spec)(wave)
 
 
-def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
+def build_net(
+    cfg: Config, num_speakers: int, autocast: Callable, features: Optional[nn.Module] = None
+) -> Union[SpeakerNet, DinoNet]:
+    """The model and its objective: a margin classifier of `num_speakers`, or (loss.name dino) the
+    self-distillation of speakerlab.train.losses.dino, whose crops go through `features` (the training front end)."""
     model = build_model(cfg.model.name, **cfg.model.args)
     problem = input_problem(model, feature_spec(cfg.features, cfg.data.sample_rate))
     if problem:
@@ -148,6 +167,9 @@ def build_net(cfg: Config, num_speakers: int, autocast: Callable) -> SpeakerNet:
     with torch.no_grad():
         dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
     model.train()
+    if not needs_labels(cfg):
+        objective = DinoObjective(cfg.dino, model, dim)
+        return DinoNet(model, objective, features, cfg.dino, cfg.data.sample_rate, cfg.train.seed, autocast)
     classifier = make_head(cfg.loss, dim, num_speakers, cfg.train.seed)
     return SpeakerNet(model, classifier, autocast)
 
@@ -231,10 +253,10 @@ class Run:
     device: torch.device
     precision: Precision
     net: nn.Module  # DDP-wrapped when distributed
-    raw: SpeakerNet  # the SpeakerNet itself
+    raw: Union[SpeakerNet, DinoNet]  # the SpeakerNet (DinoNet: loss.name dino) itself
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    inputs: InputPipeline  # loader batch -> (features, labels): speed, augmentation, features
+    inputs: Union[InputPipeline, WaveInputs]  # loader batch -> (features, labels): speed, augmentation, features
     loader: torch.utils.data.DataLoader
     sampler: Union[GlobalBatchSampler, ShardStream]  # set_epoch(epoch, start_step), steps_per_epoch
     plan: BatchPlan
@@ -272,9 +294,12 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
             f"speed perturbation with probability {cfg.augment.speed_prob:g}, factors {cfg.augment.speed_factors}; "
             f"{len(speakers)} classes{' (sped-up copies are new speakers)' if new else ''}"
         )
-    net = build_net(cfg, len(speakers), precision.autocast).to(device)
-    inputs = build_inputs(cfg, make_features(cfg, device), len(data.speakers))
+    features = make_features(cfg, device)
+    net = build_net(cfg, len(speakers), precision.autocast, features).to(device)
+    inputs = build_inputs(cfg, features, len(data.speakers))
     probe = None
+    if device.type == "cuda" and cfg.hardware.per_device_batch == "auto" and not needs_labels(cfg):
+        raise ConfigError("config key 'hardware.per_device_batch': auto is not measured for loss.name dino; give one")
     if device.type == "cuda" and cfg.hardware.per_device_batch == "auto":
         crop_shape = tuple(example_input(cfg).shape[1:])  # one training crop's model input
         probe = MemoryProbe(net, crop_shape, len(speakers), device, cfg.hardware.memory_margin, CudaMemory(device))
@@ -287,6 +312,8 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     channel = channel_augment(cfg.augment, cfg.data.sample_rate, monitor.log)
     loader, sampler = make_loader(cfg, data, plan, info, pin, augmenter, channel)
     check_freeze(cfg.train.freeze, net.model, cfg.train.epochs * sampler.steps_per_epoch, cfg.model.name)
+    if isinstance(net, DinoNet):  # its schedules run in optimizer steps
+        net.classifier.set_clock(cfg.train.epochs * sampler.steps_per_epoch, sampler.steps_per_epoch)
     dist_utils.check_shared_memory(
         cfg.hardware.num_workers,
         plan.per_device * loader.dataset.crop_samples * 4,

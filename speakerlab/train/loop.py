@@ -88,7 +88,7 @@ def log_step(run: Run, meter: Meter, last: StepResult, wait: float, elapsed: flo
     steps = meter.count
     values = meter.reset() or {}
     values = dist_utils.all_reduce_mean(
-        {**values, "data_wait_fraction": wait / max(elapsed, 1e-9)}, run.info, run.device
+        {**values, **run.raw.scalars(), "data_wait_fraction": wait / max(elapsed, 1e-9)}, run.info, run.device
     )
     values.update(
         lr=last.lr,
@@ -208,6 +208,9 @@ def fit(run: Run, lock: Optional[ExpDirLock], max_steps: Optional[int], force_ne
             f"training done: {run.state.epoch} epochs, {run.state.step} steps, {run.guard.total} skipped"
             + (f", {run.state.bad_reads} unreadable utterance reads skipped" if run.state.bad_reads else "")
         )
+        problem = run.raw.end_of_run_problem()
+        if problem:
+            raise TrainingStopped(problem)
     if selecting(run):
         run.monitor.log(outcome(run))
 

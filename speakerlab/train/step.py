@@ -119,6 +119,7 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     )
     if ok:
         run.scaler.step(run.optimizer)
+    run.raw.end_step(ok)  # a self-supervised objective's teacher and centre
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.state.step += 1

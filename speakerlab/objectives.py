@@ -1,0 +1,49 @@
+"""The settings of the self-supervised objectives: the config's `dino` section (loss.name dino), torch-free like
+the config that reads it (speakerlab.train.losses.dino implements it).
+
+Defaults are the published DINO speaker recipes', each with its source: WeSpeaker examples/voxceleb/v3/dino
+(conf/ecapa_tdnn.yaml: ECAPA c512 3.016% Vox1-O, c1024 2.627%, 150 epochs), 3D-Speaker egs/voxceleb/sv-rdino
+(RDINO, 3.29% in the paper, 3.05% re-run) and the DINO paper (Caron et al., ICCV 2021).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from speakerlab.settings import setting
+
+
+@dataclass
+class DinoSettings:
+    """Self-distillation without labels: a student (the embedding model + a projection head) is trained to match,
+    on every crop of an utterance, a teacher's sharpened and centred output on the other global crops; the teacher
+    is the student's exponential moving average."""
+
+    # Projection head: MLP of head_layers linear layers (hidden_dim wide, BatchNorm between when head_batchnorm)
+    # to bottleneck_dim, L2-normalised, then a weight-normalised linear layer onto `prototypes` (its norm fixed to 1).
+    prototypes: int = setting(65536, ge=2)  # WeSpeaker dino_head_args.out_dim
+    hidden_dim: int = setting(2048, ge=1)  # DINO's head
+    bottleneck_dim: int = setting(256, ge=1)  # DINO's head
+    head_layers: int = setting(3, ge=1)  # WeSpeaker nlayers
+    head_batchnorm: bool = True  # WeSpeaker use_bn, 3D-Speaker use_bn_in_head
+    # Multi-crop: crops of one loaded training crop (data.crop_seconds, which must hold the longest) at random
+    # offsets; the teacher sees the global crops, the student all of them.
+    global_crops: int = setting(2, ge=2)  # WeSpeaker global_chunk_num
+    global_seconds: float = setting(3.0, gt=0)  # WeSpeaker global_chunk_len 300 frames
+    local_crops: int = setting(4, ge=0)  # WeSpeaker local_chunk_num
+    local_seconds: float = setting(2.0, gt=0)  # WeSpeaker local_chunk_len 200 frames
+    # Sharpening: softmax temperatures; the teacher's rises linearly from teacher_temp_start over the warm-up.
+    student_temp: float = setting(0.1, gt=0)  # WeSpeaker student_temp
+    teacher_temp: float = setting(0.07, gt=0)  # WeSpeaker, 3D-Speaker teacher_temp
+    teacher_temp_start: float = setting(0.04, gt=0)  # WeSpeaker, 3D-Speaker warmup_teacher_temp
+    teacher_temp_warmup_epochs: float = setting(30.0, ge=0)  # 3D-Speaker 30; WeSpeaker 0.2 x 150 epochs
+    # Centering: the teacher's outputs minus a running mean of them (momentum per optimizer step).
+    center_momentum: float = setting(0.9, ge=0, lt=1)  # WeSpeaker center_momentum
+    # The teacher's EMA momentum rises from teacher_momentum to 1 along a half cosine over the run.
+    teacher_momentum: float = setting(0.996, ge=0, le=1)  # WeSpeaker, 3D-Speaker momentum_teacher
+    freeze_prototypes_epochs: float = setting(1.0, ge=0)  # the prototype layer takes no gradient this long
+    # (WeSpeaker, 3D-Speaker freeze_last_layer: 1)
+    koleo_weight: float = setting(0.0, ge=0)  # KoLeo spreading term on the student's unit embeddings (DINOv2: 0.1)
+    # End of run: the embeddings are collapsed when their spread (per-dimension std of the unit embeddings across
+    # the batch x sqrt(D): about 1 when spread over the sphere, 0 when all alike) is below this.
+    collapse_spread: float = setting(0.05, ge=0, lt=1)

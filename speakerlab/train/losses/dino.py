@@ -1,0 +1,187 @@
+"""DINO, self-distillation without labels (loss.name dino; the settings: speakerlab.objectives.DinoSettings).
+
+    objective = DinoObjective(settings, model, embedding_size)   # the run's `classifier`: head, teacher, centre
+    loss = objective.loss(student_logits, teacher_logits, unit_embeddings)
+
+The student is the embedding model plus `DinoHead`; the teacher the same pair, an EMA of the student
+(speakerlab.train.losses.teacher), that only sees the global crops. For each teacher crop i and student crop
+j != i: cross-entropy between softmax((teacher_i - centre) / teacher_temp) and softmax(student_j /
+student_temp), averaged over the pairs. The centre is a running mean (center_momentum per optimizer step) of the
+teacher's outputs over the whole global batch: it keeps one prototype from winning every crop; the sharp teacher
+temperature keeps the outputs from going uniform. Both are the collapse guards of the DINO paper; KoLeo
+(koleo_weight) optionally spreads the student's unit embeddings within a micro-batch.
+
+The objective's state (head, teacher, centre) is a module: the checkpoint keeps it as the classifier, so a
+resumed run continues with the same teacher and centre; this step's sums (centre, statistics) are not saved: a
+checkpoint is written between steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from speakerlab.objectives import DinoSettings
+from speakerlab.train.losses.teacher import copy_into, ema_update, teacher_momentum_at, teacher_temp_at
+
+STATS = ("teacher_entropy", "teacher_kl", "embedding_spread")
+
+
+class DinoHead(nn.Module):
+    """Projection head `(B, D) -> (B, K)`: an MLP to a bottleneck, L2-normalised, then a weight-normalised
+    linear layer onto the K prototypes whose norm is fixed at 1 (only their directions train)."""
+
+    def __init__(self, in_dim: int, s: DinoSettings):
+        super().__init__()
+        dims = [in_dim] + [s.hidden_dim] * (s.head_layers - 1) + [s.bottleneck_dim]
+        layers: List[nn.Module] = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < s.head_layers - 1:
+                layers += [nn.BatchNorm1d(b)] if s.head_batchnorm else []
+                layers.append(nn.GELU())
+        self.mlp = nn.Sequential(*layers)
+        self.prototypes = nn.utils.parametrizations.weight_norm(nn.Linear(s.bottleneck_dim, s.prototypes, bias=False))
+        norm = self.prototypes.parametrizations.weight.original0
+        norm.data.fill_(1.0)
+        norm.requires_grad_(False)
+
+    @property
+    def directions(self) -> nn.Parameter:
+        """The prototypes' direction weights (K, bottleneck): what freeze_prototypes_epochs holds still."""
+        return self.prototypes.parametrizations.weight.original1
+
+    def forward(self, emb: Tensor) -> Tensor:
+        return self.prototypes(F.normalize(self.mlp(emb), dim=-1))
+
+
+def koleo(unit: Tensor, eps: float = 1e-8) -> Tensor:
+    """Kozachenko-Leonenko spreading term of unit vectors `(B, D) -> ()`: minus the mean log distance of each to
+    its nearest neighbour (large when some are close)."""
+    dist = torch.cdist(unit, unit)
+    dist = dist + torch.eye(len(unit), device=unit.device, dtype=unit.dtype) * 4.0  # never its own neighbour
+    return -torch.log(dist.min(dim=1).values + eps).mean()
+
+
+def spread(unit: Tensor) -> Tensor:
+    """Per-dimension std across the batch of unit embeddings `(B, D)`, x sqrt(D): ~1 spread over the sphere,
+    0 when all are alike."""
+    return unit.float().std(dim=0).mean() * unit.shape[1] ** 0.5
+
+
+class DinoObjective(nn.Module):
+    """The head, the teacher (a copy of `model` and of the head, no gradient) and the centre of one run.
+
+    `set_step(step)` sets the schedules of the step (after `set_clock(total_steps, steps_per_epoch)`);
+    `loss(...)` gives the loss of a micro-batch and adds to this step's sums; `end_step(updated, model)`
+    moves the centre and the teacher once per optimizer step, with the sums of every micro-batch and rank."""
+
+    def __init__(self, s: DinoSettings, model: nn.Module, embedding_size: int):
+        super().__init__()
+        self.s = s
+        self.head = DinoHead(embedding_size, s)
+        self.teacher = nn.ModuleDict({"model": copy.deepcopy(model), "head": copy.deepcopy(self.head)})
+        self.teacher.requires_grad_(False)
+        self.register_buffer("center", torch.zeros(1, s.prototypes))
+        self.register_buffer("started", torch.zeros(()))  # 1 once the teacher was copied from the student
+        # This step's sums: teacher outputs (K), rows; the statistics since they were last read (STATS, then the
+        # micro-batches they sum over).
+        self.register_buffer("step_sums", torch.zeros(s.prototypes + 1), persistent=False)
+        self.register_buffer("stat_sums", torch.zeros(len(STATS) + 1), persistent=False)
+        self.step, self.total, self.steps_per_epoch = 0, 1, 1
+        self.temp, self.momentum, self.frozen = s.teacher_temp_start, s.teacher_momentum, True
+        self.last: Dict[str, float] = {}  # the statistics as last read
+        self.head.directions.register_hook(lambda g: torch.zeros_like(g) if self.frozen else g)
+
+    def set_clock(self, total_steps: int, steps_per_epoch: int) -> None:
+        self.total, self.steps_per_epoch = total_steps, steps_per_epoch
+
+    def set_margin(self, margin: float) -> None:
+        """No margin: the training step sets one on every objective."""
+
+    def set_step(self, step: int) -> None:
+        s = self.s
+        self.step = step
+        self.temp = teacher_temp_at(
+            step, self.steps_per_epoch, s.teacher_temp_start, s.teacher_temp, s.teacher_temp_warmup_epochs
+        )
+        self.momentum = teacher_momentum_at(step, self.total, s.teacher_momentum)
+        self.frozen = step < s.freeze_prototypes_epochs * self.steps_per_epoch
+
+    def start(self, model: nn.Module) -> None:
+        """At the first step (after train.init or from scratch), the teacher is the student."""
+        if not self.started:
+            copy_into(self.teacher["model"], model)
+            copy_into(self.teacher["head"], self.head)
+            self.started.fill_(1.0)
+
+    def loss(self, student: List[Tensor], teacher: List[Tensor], unit: Tensor) -> Tensor:
+        """`student`: logits `(B, K)` of every crop, global ones first; `teacher`: of the global crops; `unit`:
+        the student's unit embeddings of the first global crop `(B, D)`. Returns the loss `()`."""
+        t = [F.softmax((x.float() - self.center) / self.temp, dim=-1) for x in teacher]
+        logs = [F.log_softmax(x.float() / self.s.student_temp, dim=-1) for x in student]
+        pairs = [(i, j) for i in range(len(t)) for j in range(len(logs)) if i != j]
+        loss = sum(-(t[i] * logs[j]).sum(dim=-1).mean() for i, j in pairs) / len(pairs)
+        with torch.no_grad():
+            outputs = torch.cat(teacher).float()
+            self.step_sums[:-1] += outputs.sum(dim=0)
+            self.step_sums[-1] += len(outputs)
+            entropy = torch.stack([-(p * torch.log(p.clamp_min(1e-12))).sum(dim=-1).mean() for p in t]).mean()
+            # Each teacher crop meets the same number of student crops: the mean cross-entropy is its entropy
+            # plus the mean KL(teacher || student).
+            kl = loss.detach() - entropy
+            self.stat_sums += torch.stack([entropy, kl, spread(unit), torch.ones_like(entropy)])
+        if self.s.koleo_weight > 0:
+            loss = loss + self.s.koleo_weight * koleo(unit.float())
+        return loss
+
+    @torch.no_grad()
+    def end_step(self, updated: bool, model: nn.Module) -> None:
+        """The centre and the teacher move once per optimizer step (when the step was taken), from the teacher
+        outputs of the whole global batch (summed over the ranks)."""
+        sums = self.step_sums.clone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sums)
+        self.step_sums.zero_()
+        if not updated:
+            return
+        m = self.s.center_momentum
+        self.center.mul_(m).add_(sums[:-1].unsqueeze(0) / sums[-1].clamp_min(1.0), alpha=1.0 - m)
+        ema_update(
+            [*self.teacher["model"].parameters(), *self.teacher["head"].parameters()],
+            [*model.parameters(), *self.head.parameters()],
+            self.momentum,
+        )
+
+    def scalars(self) -> Dict[str, float]:
+        """The collapse signals since they were last read, over every rank: teacher entropy and KL, embedding
+        spread, centre norm; and the schedules. Reading is a host sync: the log does it every few steps."""
+        sums = self.stat_sums.clone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sums)
+        self.stat_sums.zero_()
+        *totals, count = sums.tolist()
+        if count:  # micro-batches since the last read (none: nothing new to say)
+            self.last = {name: total / count for name, total in zip(STATS, totals)}
+        return {
+            **self.last,
+            "center_norm": float(self.center.norm()),
+            "teacher_temp": self.temp,
+            "teacher_momentum": self.momentum,
+        }
+
+    def collapse_problem(self) -> Optional[str]:
+        """Why the run's embeddings are collapsed (the last read spread below dino.collapse_spread), or None."""
+        value = self.last.get("embedding_spread")
+        if value is None or value >= self.s.collapse_spread:
+            return None
+        return (
+            f"the embeddings collapsed: their spread is {value:.3g} (below dino.collapse_spread "
+            f"{self.s.collapse_spread:g}: every utterance gets nearly the same embedding, so verification is "
+            "chance); see docs/selfsup.md on collapse (teacher temperature, centering, KoLeo, LR)"
+        )

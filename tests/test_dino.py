@@ -1,0 +1,107 @@
+"""DINO (loss.name dino) end to end on a tiny model and an unlabelled corpus: exact resume mid-epoch (teacher,
+centre and schedules in the checkpoint), 2 processes equal to 1 with accumulation, collapse said at the end,
+an unlabelled data dir from preparation to embeddings."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.checkpoint import load_checkpoint
+from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.prepare import prepare
+from speakerlab.inference.extract import main as extract_main
+from speakerlab.train.loop import main as train_main
+from tests.helpers import ROOT, free_port, losses, tiny_config, write_wav
+
+DINO = """dino: {prototypes: 64, hidden_dim: 32, bottleneck_dim: 16, global_seconds: 0.4, local_seconds: 0.2,
+       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1}
+features: {dither: 0.0}
+"""
+
+
+def dino_config(tmp_path, extra=""):
+    """tests.helpers.tiny_config with loss.name dino, its train dir without utt2spk (prepared)."""
+    cfg, train = tiny_config(tmp_path, val=False, extra=DINO + extra)
+    (train / "utt2spk").unlink()
+    prepare(train, jobs=1)
+    text = cfg.read_text().replace("loss: {margin: 0.2, margin_start_epoch: 0, margin_warmup_epochs: 1}", "")
+    cfg.write_text(text + "loss: {name: dino}\n")
+    return cfg, train
+
+
+def teacher(path):
+    """The teacher's weights and the centre of a checkpoint (BatchNorm's statistics left out: each rank's teacher
+    counts its own batches)."""
+    state = load_checkpoint(path).classifier
+    stats = ("running_", "num_batches_tracked")
+    return {
+        k: v for k, v in state.items() if k == "center" or (k.startswith("teacher.") and not any(s in k for s in stats))
+    }
+
+
+def assert_same(a, b, **tol):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(a[k].float(), b[k].float(), msg=k, **tol)
+
+
+def test_resume_mid_epoch_equals_uninterrupted_and_the_unlabelled_dir_is_embedded(tmp_path):
+    cfg, train = dino_config(tmp_path)
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(ref)]) == 0
+    log = (ref / "train.log").read_text()
+    assert "unlabelled" in log and "teacher_entropy" in log and "embedding_spread" in log
+    for steps in ("1", "2"):  # mid-epoch 1, then mid-epoch 2
+        assert train_main(["--config", str(cfg), "--exp-dir", str(cut), "--max-steps", steps]) == 0
+    assert train_main(["--config", str(cfg), "--exp-dir", str(cut)]) == 0
+    a, b = losses(ref), losses(cut)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
+    last_a, last_b = ref / "checkpoints" / "epoch_002.pt", cut / "checkpoints" / "epoch_002.pt"
+    assert_same(teacher(last_a), teacher(last_b), rtol=1e-5, atol=1e-6)
+    assert_same(load_checkpoint(last_a).model, load_checkpoint(last_b).model, rtol=1e-5, atol=1e-6)
+    # The teacher moved away from its start (it follows the student) and the centre is not zero.
+    start = load_checkpoint(last_a).classifier
+    assert start["center"].abs().sum() > 0 and start["started"] == 1
+    out = tmp_path / "emb.npz"
+    assert extract_main(["--checkpoint", str(ref), "--data", str(train), "--out", str(out), "--num-workers", "0"]) == 0
+    ids, emb = read_embeddings(out)
+    assert ids == sorted(f"s{s}-{u}" for s in range(4) for u in range(4)) and np.isfinite(emb).all()
+
+
+def test_silent_audio_collapses_and_the_run_says_so(tmp_path, capsys):
+    cfg, train = dino_config(tmp_path, "train: {epochs: 1, global_batch_size: 8, log_every_steps: 1}\n")
+    for wav in (train / "wav").glob("*.wav"):  # every crop the same: every embedding the same
+        write_wav(wav, np.zeros(int(0.6 * 16000)))
+    (train / "utt2num_samples").unlink()
+    exp = tmp_path / "exp"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp)]) == 3
+    log = (exp / "train.log").read_text()
+    assert "error: the embeddings collapsed: their spread is" in log, log[-2000:]
+    assert "training done: 1 epochs" in log  # the checkpoints are written, the message comes after
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_with_accumulation(tmp_path):
+    cfg, _ = dino_config(tmp_path)
+    one = tmp_path / "one"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(one)]) == 0
+    assert "global 8 = 1 device(s) x 4 x accum 2" in (one / "train.log").read_text()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+    cmd += ["-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(two)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "global 8 = 2 device(s) x 4 x accum 1" in (two / "train.log").read_text()
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), step
+    ck = "checkpoints/epoch_002.pt"
+    assert_same(teacher(one / ck), teacher(two / ck), rtol=1e-4, atol=1e-5)
