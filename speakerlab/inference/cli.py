@@ -54,6 +54,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.devices import use_threads
 from speakerlab.inference.common import MIN_FRAMES, NonFiniteEmbedding, add_source_args, check_finite
 from speakerlab.scoring.metrics import eer_point, error_rates
 
@@ -220,6 +221,7 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
     print(f"score {score:.6f}")
     print(f"threshold {threshold:.6f} ({source})")
     print("same speaker" if score >= threshold else "different speakers")
+    print(f"speakerlab-verify: {embedder.name}; {args.threads_line}", file=sys.stderr)
     return 0
 
 
@@ -275,7 +277,8 @@ def source_embedder(ap: argparse.ArgumentParser, args):
     if getattr(args, "onnx", None):
         from speakerlab.inference.runtime import load_onnx
 
-        return load_onnx(args.onnx)
+        threads, args.threads_line = use_threads(args.threads)
+        return load_onnx(args.onnx, threads=threads)
     from speakerlab.inference.embedder import embedder_from_args
 
     return embedder_from_args(ap, args)
@@ -297,7 +300,7 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     written = ", ".join(map(str, [npz, *(kaldi_paths(npz) if kaldi else ())]))
     print(
         f"speakerlab-embed: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {written} "
-        f"in {time.time() - t0:.1f}s",
+        f"in {time.time() - t0:.1f}s; {args.threads_line}",
         file=sys.stderr,
     )
     return 0
