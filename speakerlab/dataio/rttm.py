@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence, Tuple
 
+from speakerlab import outputs
 from speakerlab.dataio.lists import ListError, read_table
 
 Interval = Tuple[float, float]
@@ -133,9 +134,6 @@ def read_uem(path) -> Dict[str, List[Interval]]:
 
 
 def write_lines(path, lines: Sequence[str]) -> None:
-    """Text lines to `path`, written beside it and renamed: never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(path)
+    """Text lines to `path` through speakerlab.outputs: never half a file, and a device (/dev/null) or FIFO is
+    written straight through, never replaced."""
+    outputs.write_lines(path, lines)
