@@ -286,6 +286,9 @@ class HardwareSettings:
     # of the plan (<= max_per_device_batch) whose forward+backward fits in memory_margin x the card's free memory
     max_per_device_batch: int = setting(128, ge=1)  # auto: the largest per-card batch tried
     num_workers: int = setting(2, ge=0)
+    threads: Union[int, str] = setting("auto", check=_batch)  # CPU threads of each training process (torch's
+    # intra-op pool; loader workers keep 1): a number, or auto = OMP_NUM_THREADS when set, else the cores this
+    # process may use (os.sched_getaffinity) / the node's processes (speakerlab.devices.resolve_threads)
     pin_memory: bool = True
     prefetch_factor: int = setting(2, ge=1)
     dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout

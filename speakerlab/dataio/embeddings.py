@@ -21,6 +21,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from speakerlab.dataio.lists import ListError
+from speakerlab.outputs import output_file
 
 
 def check_embeddings(ids: Sequence[str], emb: np.ndarray, source) -> None:
@@ -81,11 +82,9 @@ def write_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = Fa
     (a temporary file renamed); with `kaldi` also a Kaldi float-vector ark and its scp (`kaldi_paths`)."""
     path = Path(path)
     check_embeddings(ids, emb, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
     extra = {"model_id": np.asarray(model_id)} if model_id else {}
-    np.savez(tmp, ids=np.asarray(ids, dtype=str), embeddings=emb, **extra)
-    tmp.replace(path)
+    with output_file(path, "wb") as f:  # a device (/dev/null) is written through, never renamed over
+        np.savez(f, ids=np.asarray(ids, dtype=str), embeddings=emb, **extra)
     if kaldi:
         try:
             import kaldiio

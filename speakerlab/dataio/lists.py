@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from speakerlab.outputs import output_file
+
 
 class ListError(ValueError):
     """A data list is malformed; the message starts with `file:line:`."""
@@ -175,13 +177,10 @@ def _check_spk2utt(path: Path, utt2spk: Dict[str, str]) -> None:
 
 def write_table(path, rows: Iterable[Tuple[str, object]]) -> None:
     """Write `key value` lines (value lists are space-joined), atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with output_file(path) as f:
         for key, value in rows:
             value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             f.write(f"{key} {value}\n")
-    os.replace(tmp, path)
 
 
 def folder_problem(path, writable: bool = True) -> Optional[str]:

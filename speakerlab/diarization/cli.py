@@ -234,7 +234,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     elapsed = time.time() - t0
     print(
         f"speakerlab-diarize: {len(results)} recording(s), {audio_seconds / 3600:.3f} h of audio in {elapsed:.1f} s "
-        f"({elapsed / max(audio_seconds, 1e-9) * 3600:.0f} s per hour; {diarizer.embedder.name})",
+        f"({elapsed / max(audio_seconds, 1e-9) * 3600:.0f} s per hour; {diarizer.embedder.name}; {args.threads_line})",
         file=sys.stderr,
     )
 

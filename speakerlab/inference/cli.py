@@ -62,6 +62,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.devices import use_threads
 from speakerlab.inference.common import NonFiniteEmbedding, add_source_args, check_finite, read_wave, warn_stderr
 from speakerlab.inference.verify import Decision, decide, exp_dir_of, find_calibration
 from speakerlab.scoring.calibration_file import CalibrationError
@@ -211,6 +212,7 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("\n".join(decision.lines()))
+    print(f"speakerlab-verify: {embedder.name}; {args.threads_line}", file=sys.stderr)
     return 0
 
 
@@ -266,7 +268,8 @@ def source_embedder(ap: argparse.ArgumentParser, args):
     if getattr(args, "onnx", None):
         from speakerlab.inference.runtime import load_onnx
 
-        return load_onnx(args.onnx)
+        threads, args.threads_line = use_threads(args.threads)
+        return load_onnx(args.onnx, threads=threads)
     from speakerlab.inference.embedder import embedder_from_args
 
     return embedder_from_args(ap, args)
@@ -288,7 +291,7 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     written = ", ".join(map(str, [npz, *(kaldi_paths(npz) if kaldi else ())]))
     print(
         f"speakerlab-embed: {len(ids)} embeddings of dim {emb.shape[1]} ({embedder.name}) -> {written} "
-        f"in {time.time() - t0:.1f}s",
+        f"in {time.time() - t0:.1f}s; {args.threads_line}",
         file=sys.stderr,
     )
     return 0

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
+from speakerlab.devices import THREADS_HELP, parse_threads
 
 # Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
 # padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
@@ -130,6 +131,7 @@ def add_source_args(ap: argparse.ArgumentParser, onnx: bool = False) -> None:
         )
     ap.add_argument("--weights", help="3D-Speaker weights file (.pt/.bin/.ckpt state dict), with --3dspeaker")
     ap.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps")
+    ap.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
 
 
 def warn_stderr(msg: str) -> None:
@@ -149,3 +151,11 @@ def read_wave(embedder, path: str, where: str = "") -> np.ndarray:
     if short:
         raise AudioError(f"{where}{path}: {short}")
     return wave
+
+
+def threads_arg(value: str):
+    """argparse's type of `--threads` (speakerlab.devices.parse_threads; a bad value is a usage error)."""
+    try:
+        return parse_threads(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

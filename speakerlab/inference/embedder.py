@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from speakerlab.dataio.resample import read_for_model
-from speakerlab.devices import resolve_device
+from speakerlab.devices import resolve_device, use_threads
 from speakerlab.features.spec import build_features
 from speakerlab.frontends import FRONT_ENDS, FeatureSpec
 from speakerlab.inference.common import (  # noqa: F401 (the torch-free parts, imported from here too)
@@ -159,5 +159,7 @@ def source_from_args(ap: argparse.ArgumentParser, args) -> Source:
 
 
 def embedder_from_args(ap: argparse.ArgumentParser, args) -> Embedder:
-    """`load_embedder` of the source of the options of `add_source_args` (`source_from_args`) on `--device`."""
+    """`load_embedder` of the source of the options of `add_source_args` (`source_from_args`) on `--device`, with
+    `--threads` (its log line kept as `args.threads_line` for the command's summary)."""
+    args.threads_line = use_threads(args.threads)[1]
     return load_embedder(source_from_args(ap, args), device=args.device)

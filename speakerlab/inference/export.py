@@ -290,6 +290,7 @@ def _features(embedder, rate: int, wave: np.ndarray) -> np.ndarray:
 
 
 def main(argv=None) -> int:
+    from speakerlab.devices import use_threads
     from speakerlab.frontends import FRONT_ENDS
     from speakerlab.inference.embedder import Embedder, add_source_args, source_from_args
 
@@ -315,6 +316,7 @@ def main(argv=None) -> int:
         ap.error("--input-rate goes with --waveform")
     try:
         src = source_from_args(ap, args)
+        threads_line = use_threads(args.threads)[1]
         embedder = Embedder(src.build(), src.features, "cpu", src.describe())  # exported graphs are traced on the CPU
     except (ValueError, ImportError) as e:  # a SourceError names the file
         print(f"error: {e}", file=sys.stderr)
@@ -353,7 +355,10 @@ def main(argv=None) -> int:
             print(f"error: {args.out} not written: {e}", file=sys.stderr)
             return 1
         carried = f"; calibration {found[1]} carried" if found else ""
-        print(f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}{carried}", file=sys.stderr)
+        print(
+            f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}{carried}; {threads_line}",
+            file=sys.stderr,
+        )
         return 0
     write = export_onnx if args.format == "onnx" else export_torchscript
     try:
@@ -367,7 +372,7 @@ def main(argv=None) -> int:
         return 1
     print(
         f"export: {args.out} ({args.format}; input: {embedder.spec.describe()}); "
-        f"max |diff| vs PyTorch at 2 lengths: {err:.2e}",
+        f"max |diff| vs PyTorch at 2 lengths: {err:.2e}; {threads_line}",
         file=sys.stderr,
     )
     return 0

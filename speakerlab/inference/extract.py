@@ -341,7 +341,7 @@ def main(argv=None) -> int:
         return 2
     write_embeddings(args.out, ex.data.utts, emb, args.kaldi, embedder.model_id)
     what = f"{len(emb)} embeddings of dim {emb.shape[1]} ({embedder.name})"
-    print(f"extract: {what} -> {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
+    print(f"extract: {what} -> {args.out} in {time.time() - t0:.1f}s; {args.threads_line}", file=sys.stderr)
     return 0
 
 

@@ -11,13 +11,13 @@ no Python string per line.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 import numpy as np
 
 from speakerlab.dataio.trials import TrialList
+from speakerlab.outputs import output_file, write_text
 from speakerlab.scoring.interval import CI_MIN_SPEAKERS
 
 _LABEL_TEXT = np.zeros((2, 9), np.uint8)
@@ -56,10 +56,8 @@ def write_scores(path, trials: TrialList, scores: np.ndarray, block: int = 1 << 
     Blocks of `block` lines (64 k: their arrays are reused from the allocator's heap; blocks of
     millions would be fresh memory every time, a page fault per 4 kB)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     chars = trials.index.chars
-    with open(tmp, "wb") as f:
+    with output_file(path, "wb") as f:
         for lo in range(0, len(trials), block):
             sl = slice(lo, lo + block)
             s = scores[sl]
@@ -85,7 +83,6 @@ def write_scores(path, trials: TrialList, scores: np.ndarray, block: int = 1 << 
             ]
             rows = np.concatenate(parts, axis=1)
             f.write(rows[rows != 0])  # the padding bytes dropped; written from the array, no bytes copy
-    os.replace(tmp, path)
     return path
 
 
@@ -136,7 +133,7 @@ def result_line(summary: Dict) -> str:
 
 def write_json(path, summary: Dict) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(path, json.dumps(summary, indent=2) + "\n")
     return path
 
 

@@ -66,6 +66,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list, too_few_to_measure
+from speakerlab.outputs import write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, TrialSpeakers, eer_interval, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
@@ -387,7 +388,7 @@ def run(args) -> List[Dict]:
             written.result()
         s["files"] = files
         line = result_line(s)
-        Path(files["result"]).write_text(line + "\n")
+        write_text(files["result"], line + "\n")
         write_json(files["json"], s)
         print(line)
         if "warning" in s:
@@ -395,8 +396,7 @@ def run(args) -> List[Dict]:
         summaries.append(s)
     text = markdown_table(summaries)
     table = Path(args.table) if args.table else table
-    table.parent.mkdir(parents=True, exist_ok=True)
-    table.write_text(text)
+    write_text(table, text)
     print(text, end="")
     return summaries
 

@@ -21,7 +21,7 @@ from speakerlab.dataio.corpora import resolve_corpora
 from speakerlab.dataio.degrade import channel_augment
 from speakerlab.dataio.shards import ShardStream
 from speakerlab.dataio.speed import speed_speaker_names
-from speakerlab.devices import resolve_device
+from speakerlab.devices import resolve_device, use_threads
 from speakerlab.features.spec import build_features
 from speakerlab.frontends import feature_spec
 from speakerlab.models import build_model, model_args_problems
@@ -281,6 +281,7 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
     device = resolve_device(cfg.hardware.device, info.local_rank)
     monitor = Monitor(exp_dir, enabled=info.is_main)
+    monitor.log(use_threads(cfg.hardware.threads, key="hardware.threads")[1])
     precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
     seed_everything(cfg.train.seed)
     with dist_utils.once_per_node(info):  # lists and audio checked, the noise bank built: once per node

@@ -131,6 +131,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--exp-dir", required=True, help="the run's folder: checkpoints, logs; re-run to resume")
     ap.add_argument("--hardware", help="profile under conf/hardware/ (name) or a YAML file")
+    ap.add_argument("--threads", help="hardware.threads: CPU threads of each training process, a number or auto")
     ap.add_argument(
         "--max-steps",
         type=positive_int,
@@ -237,7 +238,8 @@ def run(argv=None) -> int:
     """The command itself (main's exit codes)."""
     args = parse_args(argv)
     try:
-        cfg, init = load_train_config(args.config, args.overrides, args.hardware)
+        threads = [f"hardware.threads={args.threads}"] if args.threads else []  # the override, spelt as a flag
+        cfg, init = load_train_config(args.config, args.overrides + threads, args.hardware)
         problem = path_problem(cfg, Path(args.exp_dir))
         if problem:
             raise ConfigError(problem)
