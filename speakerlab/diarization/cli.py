@@ -26,7 +26,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError, read_wav_scp
@@ -36,7 +36,9 @@ from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarize
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
-from speakerlab.inference.embedder import Embedder
+
+if TYPE_CHECKING:  # torch: the --onnx path never imports it
+    from speakerlab.inference.embedder import Embedder
 
 
 def recordings(args) -> List[Tuple[str, str, str]]:
@@ -195,7 +197,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     )
 
 
-def emit(args, results, embedder: Embedder) -> None:
+def emit(args, results, embedder: "Embedder") -> None:
     """The RTTM (file or stdout) and the JSON, each written whole; the JSON names the model (`model_id`: a
     speakerlab checkpoint's content digest, as embeddings files record it)."""
     lines = [line for reco, _, d in results for line in rttm_lines(reco, d.turns)]

@@ -25,15 +25,21 @@ alone (tests/test_diarization.py checks this).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from speakerlab.dataio.resample import read_for_model, resample
 from speakerlab.dataio.rttm import Interval, Turn
 from speakerlab.diarization.cluster import METHODS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.vad import VAD_RATE, Detector
-from speakerlab.inference.embedder import Embedder, check_finite
+from speakerlab.inference.common import check_finite
+from speakerlab.inference.runtime import resample_poly
+
+# Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
+# torch-free install. resample_poly is scipy's filter, which the torch path's resampler reproduces.
+if TYPE_CHECKING:
+    from speakerlab.inference.embedder import Embedder
+    from speakerlab.inference.runtime import OnnxEmbedder
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,12 @@ def embed_window(wave: np.ndarray, rate: int, start: float, end: float, min_len:
 class Diarizer:
     """`Embedder` + speech detector + options -> `Diarization`s (see the module docstring)."""
 
-    def __init__(self, embedder: Embedder, vad: Optional[Detector] = None, options: DiarizeOptions = DiarizeOptions()):
+    def __init__(
+        self,
+        embedder: Union["Embedder", "OnnxEmbedder"],
+        vad: Optional[Detector] = None,
+        options: DiarizeOptions = DiarizeOptions(),
+    ):
         self.embedder = embedder
         self.vad = vad
         self.options = options
@@ -151,7 +162,7 @@ class Diarizer:
         warn: Optional[Callable[[str], None]] = None,
     ) -> Diarization:
         """A file of any rate (first channel of several, with a message to `warn` naming it)."""
-        wave = read_for_model(path, self.embedder.sample_rate, warn)
+        wave = self.embedder.read(path, warn)
         return self.diarize(wave, self.embedder.sample_rate, count, speech, name=str(path))
 
     def diarize(
@@ -170,13 +181,13 @@ class Diarizer:
         wave = np.asarray(wave, dtype=np.float32)
         rate = self.embedder.sample_rate
         if sample_rate != rate:
-            wave = resample(wave, sample_rate, rate)
+            wave = resample_poly(wave, sample_rate, rate)
         duration = len(wave) / rate
         notes: List[str] = []
         if speech is None:
             if self.vad is None:
                 raise ValueError("no speech regions given and no VAD to find them")
-            speech = self.vad(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
+            speech = self.vad(resample_poly(wave, rate, VAD_RATE))
         regions = [(max(0.0, s), min(duration, e)) for s, e in speech if min(duration, e) > max(0.0, s)]
         pieces = subsegments(regions, opt.window, opt.hop)
         if not pieces:

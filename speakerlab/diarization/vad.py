@@ -94,7 +94,9 @@ _SILERO_LOCK = threading.Lock()
 
 def _load_silero():
     """(the sequence model, `get_speech_timestamps_sequence`); ImportError naming the extra when absent."""
-    import torch
+    from speakerlab.commands import require_torch
+
+    torch = require_torch("the Silero VAD (the silero-vad package)", "use --vad energy")
 
     with _SILERO_LOCK:
         threads = torch.get_num_threads()

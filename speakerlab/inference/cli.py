@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from speakerlab.commands import CommandParser
+from speakerlab.commands import CommandParser, require_torch
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
@@ -276,6 +276,7 @@ def source_embedder(ap: argparse.ArgumentParser, args):
         from speakerlab.inference.runtime import load_onnx
 
         return load_onnx(args.onnx)
+    require_torch("a model other than a waveform ONNX file", "use --onnx FILE (speakerlab-export --waveform makes one)")
     from speakerlab.inference.embedder import embedder_from_args
 
     return embedder_from_args(ap, args)

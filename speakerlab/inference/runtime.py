@@ -133,6 +133,13 @@ class OnnxEmbedder:
         waves = np.ascontiguousarray(waves, dtype=np.float32)
         if lengths is None:
             lengths = np.full(waves.shape[0], waves.shape[1], np.int64)
+        b = json.loads(self.meta["batching"])
+        if b["by"] == "frames" and len(lengths) and int(np.min(lengths)) < b["window"]:
+            # The graph would fail inside onnxruntime (INVALID_ARGUMENT of a Conv); the torch path's fbank says this.
+            raise ValueError(
+                f"wave of {int(np.min(lengths))} samples is too short for one frame of {b['window']} samples "
+                "(snip_edges=True)"
+            )
         return self.session.run(None, {"wave": waves, "lengths": np.asarray(lengths, np.int64)})[0]
 
     def embed_waves(self, waves: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
