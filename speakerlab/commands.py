@@ -12,8 +12,13 @@ parent's class). tests/test_cli.py runs every script's `--help` and holds them t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Tuple, Type
+
+# The torch-free install (runtime/pyproject.toml) and the full one, as its messages name them.
+RUNTIME_DISTRIBUTION = "speakerlab-recipes-runtime"
+TORCH_HINT = "install the full speakerlab-recipes from its clone (pip install -e .) in an environment with torch"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -44,3 +49,26 @@ def run_command(work: Callable[[], object], errors: Tuple[Type[BaseException], .
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def require_torch(what: str, instead: str = ""):
+    """The torch module; where it is not installed (the torch-free install), an ImportError saying that `what`
+    needs it, and what to do `instead` or how to get it, in one line (run_command prints it as `error: ...`)."""
+    try:
+        import torch
+    except ImportError:
+        do = f"{instead}, or {TORCH_HINT}" if instead else TORCH_HINT
+        raise ImportError(f"{what} needs torch, which this environment lacks: {do}") from None
+    return torch
+
+
+def needs_torch() -> None:
+    """The console script, in the torch-free install, of every command that trains or loads a PyTorch model:
+    one line naming the command (whatever its arguments, --help too), exit 2."""
+    command = os.path.basename(sys.argv[0])
+    print(
+        f"error: {command} needs torch; this is {RUNTIME_DISTRIBUTION}, the torch-free install (speakerlab-embed "
+        f"--onnx, speakerlab-diarize --onnx --vad energy, speakerlab-der); {TORCH_HINT}",
+        file=sys.stderr,
+    )
+    sys.exit(2)

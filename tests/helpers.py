@@ -330,15 +330,21 @@ def relative_errors(sess, embedder, lengths: np.ndarray, rng) -> tuple:
 
 
 def torch_free_env(tmp_path: Path) -> dict:
-    """An environment whose Python cannot import torch: a meta-path blocker in a sitecustomize on PYTHONPATH."""
+    """An environment whose Python cannot import torch: a meta-path blocker in a sitecustomize on PYTHONPATH.
+    With SPEAKERLAB_TEST_MODULES=FILE set, each process appends the speakerlab modules it imported to FILE."""
     site = tmp_path / "no_torch"
-    site.mkdir()
+    site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(
-        "import importlib.abc, sys\n"
+        "import atexit, importlib.abc, os, sys\n"
         "class NoTorch(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'torch' or name.startswith('torch.'):\n"
         "            raise ImportError('torch is not installed here')\n"
         "sys.meta_path.insert(0, NoTorch())\n"
+        "def record(path=os.environ.get('SPEAKERLAB_TEST_MODULES')):\n"
+        "    if path:\n"
+        "        with open(path, 'a') as f:\n"
+        "            f.writelines(m + '\\n' for m in sys.modules if m.split('.')[0] == 'speakerlab')\n"
+        "atexit.register(record)\n"
     )
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}

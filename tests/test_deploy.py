@@ -9,6 +9,7 @@ exporter makes from registered models are checked in tests/test_deploy_export.py
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import torch_free_env, write_wav
+from tests.helpers import ROOT, torch_free_env, write_wav
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -110,6 +111,96 @@ def mixed_rate_folder(root: Path) -> Path:
         lines.append(f"u{i} {path}\n")
     (root / "wav.scp").write_text("".join(lines))
     return root / "wav.scp"
+
+
+def runtime_modules() -> set:
+    """The modules runtime/pyproject.toml ships, with the packages that hold them."""
+    text = (ROOT / "runtime" / "pyproject.toml").read_text()
+    modules = set(re.findall(r'^    "(speakerlab[\w.]*)",$', text, re.M))
+    return modules | {m.rsplit(".", i)[0] for m in modules for i in range(1, m.count(".") + 1)}
+
+
+def test_the_runtime_distribution_ships_every_module_its_commands_import(stats_file, tmp_path):
+    """speakerlab-embed --onnx, speakerlab-diarize --onnx --vad energy, speakerlab-der and the Python API run where
+    torch cannot be imported, and import no speakerlab module that runtime/pyproject.toml leaves out."""
+    record = tmp_path / "modules.txt"
+    env = {**torch_free_env(tmp_path), "SPEAKERLAB_TEST_MODULES": str(record)}
+    rng = np.random.default_rng(4)
+    conversation = np.concatenate([np.zeros(4000), 0.3 * rng.standard_normal(40000), np.zeros(8000)])
+    wav = write_wav(tmp_path / "conv.wav", conversation)
+    (tmp_path / "wav.scp").write_text(f"conv {wav}\n")
+    rttm = tmp_path / "conv.rttm"
+    runs = {
+        "speakerlab.inference.cli:embed": [
+            str(tmp_path / "wav.scp"),
+            str(tmp_path / "e.npz"),
+            "--onnx",
+            str(stats_file),
+        ],
+        "speakerlab.diarization.cli:main": [
+            str(wav),
+            "--onnx",
+            str(stats_file),
+            "--vad",
+            "energy",
+            "--rttm",
+            str(rttm),
+        ],
+        "speakerlab.diarization.der:main": ["--help"],
+    }
+    for target, args in runs.items():
+        module, function = target.split(":")
+        code = f"import sys; from {module} import {function}; sys.argv[1:] = {args!r}; {function}()"
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, (target, run.stderr)
+    api = "from speakerlab.inference import load_onnx; load_onnx(__import__('sys').argv[1]).embed_waves([[0.1] * 1600])"
+    assert subprocess.run([sys.executable, "-c", api, str(stats_file)], env=env).returncode == 0
+    assert rttm.read_text().startswith("SPEAKER conv 1 ")
+    imported = set(record.read_text().split())
+    assert {"speakerlab.inference.runtime", "speakerlab.diarization.pipeline", "speakerlab.diarization.der"} <= imported
+    assert imported - runtime_modules() == set()
+
+
+def test_a_command_that_needs_torch_says_so_in_one_line_in_the_runtime_install():
+    """runtime/pyproject.toml has every console script of the full install: the runtime's own with the same
+    entry points, the others on speakerlab.commands:needs_torch, which names the command in one line, exit 2."""
+    full = dict(re.findall(r'^(speakerlab-[\w-]+) = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M))
+    runtime = dict(re.findall(r'^(speakerlab-[\w-]+) = "([^"]+)"', (ROOT / "runtime/pyproject.toml").read_text(), re.M))
+    assert runtime.keys() == full.keys()
+    own = {name for name, target in runtime.items() if target != "speakerlab.commands:needs_torch"}
+    assert own == {"speakerlab-embed", "speakerlab-diarize", "speakerlab-der"}
+    assert all(runtime[name] == full[name] for name in own)
+    code = "import sys, speakerlab.commands as c; sys.argv[0] = '/v/bin/speakerlab-export'; c.needs_torch()"
+    run = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == "" and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("error: speakerlab-export needs torch; this is speakerlab-recipes-runtime")
+
+
+def test_a_wave_shorter_than_one_frame_is_the_torch_paths_error_and_resample_false_stays_on_onnxruntime(tmp_path):
+    """A file batched by fbank frames: a wave below one window is the ValueError of the torch path's Fbank, not an
+    onnxruntime INVALID_ARGUMENT; load_embedder(onnx=..., resample=False) is the OnnxEmbedder, torch not imported."""
+    from speakerlab.features.fbank import Fbank
+    from speakerlab.frontends import FbankConfig
+
+    model = with_lengths(stats_graph())
+    set_metadata(model, metadata(batching=json.dumps({"by": "frames", "window": 400, "shift": 160})))
+    path = tmp_path / "frames.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ValueError) as torch_error:
+        Fbank(FbankConfig())(__import__("torch").zeros(1, 399))
+    with pytest.raises(ValueError) as onnx_error:
+        load_onnx(path).embed_waves([np.zeros(399, np.float32)])
+    assert (
+        str(onnx_error.value)
+        == str(torch_error.value)
+        == ("wave of 399 samples is too short for one frame of 400 samples (snip_edges=True)")
+    )
+    code = (
+        "import sys; from speakerlab.inference import load_embedder; e = load_embedder(onnx=sys.argv[1], "
+        "resample=False, threads=1); print(type(e).__name__, e.resample, 'torch' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(path)], env=torch_free_env(tmp_path), capture_output=True)
+    assert run.stdout.decode().split() == ["OnnxEmbedder", "False", "False"], run.stderr.decode()
 
 
 def test_embed_onnx_runs_without_torch_on_mixed_rates(stats_file, tmp_path):

@@ -78,7 +78,14 @@ def spectral(x: np.ndarray, count: SpeakerCount, seed: int, pruning: float) -> n
     """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring."""
     from scipy.linalg import eigh
     from scipy.sparse.csgraph import laplacian
-    from sklearn.cluster import KMeans
+
+    try:
+        from sklearn.cluster import KMeans
+    except ImportError as e:  # the torch-free install has it only with its [diarization] extra
+        raise ImportError(
+            f"spectral clustering needs scikit-learn ({e}): pip install scikit-learn "
+            "(the torch-free install: pip install './runtime[diarization]'), or use --clustering ahc"
+        ) from None
 
     n = len(x)
     hi = min(count.max, n - 1)

@@ -36,7 +36,8 @@ def _pyannote():
         from pyannote.metrics.diarization import DiarizationErrorRate
     except ImportError as e:
         raise ImportError(
-            f"DER scoring needs pyannote.metrics ({e}): pip install -e '.[diarization]' in the speakerlab clone"
+            f"DER scoring needs pyannote.metrics ({e}): pip install -e '.[diarization]' in the speakerlab clone "
+            "(the torch-free install: pip install './runtime[diarization]')"
         ) from None
     return Annotation, Segment, Timeline, DiarizationErrorRate
 

@@ -25,18 +25,21 @@ alone (tests/test_diarization.py checks this).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from speakerlab.dataio.resample import read_for_model, resample
+from speakerlab.dataio.resample import resample
 from speakerlab.dataio.rttm import Interval, Turn
 from speakerlab.diarization.cluster import METHODS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.inference.common import check_finite
 
-if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder: this module imports neither
+# Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
+# torch-free install.
+if TYPE_CHECKING:
     from speakerlab.inference.embedder import Embedder
+    from speakerlab.inference.runtime import OnnxEmbedder
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,12 @@ def embed_window(wave: np.ndarray, rate: int, start: float, end: float, min_len:
 class Diarizer:
     """`Embedder` + speech detector + options -> `Diarization`s (see the module docstring)."""
 
-    def __init__(self, embedder: Embedder, vad: Optional[Detector] = None, options: DiarizeOptions = DiarizeOptions()):
+    def __init__(
+        self,
+        embedder: Union["Embedder", "OnnxEmbedder"],
+        vad: Optional[Detector] = None,
+        options: DiarizeOptions = DiarizeOptions(),
+    ):
         self.embedder = embedder
         self.vad = vad
         self.options = options
@@ -154,7 +162,7 @@ class Diarizer:
         warn: Optional[Callable[[str], None]] = None,
     ) -> Diarization:
         """A file of any rate (first channel of several, with a message to `warn` naming it)."""
-        wave = read_for_model(path, self.embedder.sample_rate, warn)
+        wave = self.embedder.read(path, warn)
         return self.diarize(wave, self.embedder.sample_rate, count, speech, name=str(path))
 
     def diarize(

@@ -5,12 +5,17 @@ console scripts for files. Never imports speakerlab.train."""
 
 def load_embedder(*args, onnx=None, **kwargs):
     """`speakerlab.inference.embedder.load_embedder`, importable without torch: `load_embedder(onnx="m.onnx")`
-    needs only numpy, soundfile, scipy and onnxruntime (speakerlab.inference.runtime); every other source
-    imports torch."""
-    if onnx is not None and not args and not kwargs:
-        from speakerlab.inference.runtime import load_onnx
-
-        return load_onnx(onnx)
+    (with `resample=` and `threads=` of `load_onnx`, or none) needs only numpy, soundfile, scipy and onnxruntime
+    (speakerlab.inference.runtime); every other source imports torch."""
+    if onnx is not None and not args and set(kwargs) <= {"resample", "threads"}:
+        return load_onnx(onnx, **kwargs)
     from speakerlab.inference.embedder import load_embedder as load
 
     return load(*args, onnx=onnx, **kwargs)
+
+
+def load_onnx(path, resample: bool = True, threads=None):
+    """`speakerlab.inference.runtime.load_onnx`: an OnnxEmbedder of a waveform ONNX file, on onnxruntime only."""
+    from speakerlab.inference.runtime import load_onnx as load
+
+    return load(path, resample=resample, threads=threads)

@@ -14,7 +14,7 @@ Both load the model through `speakerlab.inference.embedder.load_embedder` (our c
 read audio with `speakerlab.dataio.resample.read_for_model`: any sample rate (resampled in torch to the model's),
 multi-channel files as their first channel (with a warning on stderr naming the file). `speakerlab-embed --onnx`
 runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.runtime instead: no torch,
-resampling by scipy's resample_poly (the same filter); this module imports torch only for the other sources.
+resampling by speakerlab.dataio.resample (numpy, the same filter); this module imports torch only for the other sources.
 
 `speakerlab-verify` decides with the model's calibration when it has one (speakerlab.inference.verify: `--calibration-
 file`, else the one an ONNX file carries, else `<exp>/calibration.json` of `--checkpoint`; another model's is
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from speakerlab.commands import CommandParser
+from speakerlab.commands import CommandParser, require_torch
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
@@ -270,6 +270,7 @@ def source_embedder(ap: argparse.ArgumentParser, args):
 
         threads, args.threads_line = use_threads(args.threads)
         return load_onnx(args.onnx, threads=threads)
+    require_torch("a model other than a waveform ONNX file", "use --onnx FILE (speakerlab-export --waveform makes one)")
     from speakerlab.inference.embedder import embedder_from_args
 
     return embedder_from_args(ap, args)

@@ -216,7 +216,7 @@ def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: 
 def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List[str], List[np.ndarray]]:
     """Up to `limit` utterances of a data dir's wav.scp (ids, waves at `input_rate`), in its order."""
     from speakerlab.dataio.lists import ListError, read_wav_scp
-    from speakerlab.inference.runtime import resample_poly
+    from speakerlab.dataio.resample import resample
 
     scp = Path(data_dir) / "wav.scp"
     if not scp.exists():
@@ -228,7 +228,7 @@ def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List
     waves = []
     for u in ids:
         wave, sr = read_first_channel(table[u][1], lambda m: None)
-        waves.append(resample_poly(wave, sr, input_rate))
+        waves.append(resample(wave, sr, input_rate))
     return ids, waves
 
 

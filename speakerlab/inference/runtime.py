@@ -24,13 +24,13 @@ library. (soxr is faster and of higher quality, but would give other samples tha
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Union
 
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError, read_first_channel
+from speakerlab.dataio.resample import resample
 from speakerlab.inference.common import MIN_FRAMES, embed_in_batches
 
 FORMAT = "speakerlab.waveform/1"  # a waveform-in file; "speakerlab.features/1": the model over (B, T, F)
@@ -56,17 +56,6 @@ META = {
 
 class OnnxModelError(ValueError):
     """A file that is not a waveform ONNX file of speakerlab; the message names it."""
-
-
-def resample_poly(wave: np.ndarray, source: int, target: int) -> np.ndarray:
-    """`(samples,)` at `source` Hz -> `(ceil(samples x target / source),)` float32 at `target` Hz, by
-    `scipy.signal.resample_poly` (Kaiser window, beta 5), as the torch path's polyphase filter."""
-    if source == target:
-        return np.asarray(wave, np.float32)
-    from scipy.signal import resample_poly as poly
-
-    ratio = Fraction(int(target), int(source))
-    return poly(np.asarray(wave, np.float64), ratio.numerator, ratio.denominator).astype(np.float32)
 
 
 class OnnxEmbedder:
@@ -145,13 +134,20 @@ class OnnxEmbedder:
         wave, sr = read_first_channel(path, warn)
         if sr != self.sample_rate and not self.resample:
             raise AudioError(f"{path}: {sr} Hz, the model takes {self.sample_rate} Hz (resampling is off)")
-        return resample_poly(wave, sr, self.sample_rate)
+        return resample(wave, sr, self.sample_rate)
 
     def __call__(self, waves: np.ndarray, lengths: Optional[np.ndarray] = None) -> np.ndarray:
         """`(B, N)` samples (+ `(B,)` lengths of a right-padded batch; default all N) -> `(B, D)` float32."""
         waves = np.ascontiguousarray(waves, dtype=np.float32)
         if lengths is None:
             lengths = np.full(waves.shape[0], waves.shape[1], np.int64)
+        b = json.loads(self.meta["batching"])
+        if b["by"] == "frames" and len(lengths) and int(np.min(lengths)) < b["window"]:
+            # The graph would fail inside onnxruntime (INVALID_ARGUMENT of a Conv); the torch path's fbank says this.
+            raise ValueError(
+                f"wave of {int(np.min(lengths))} samples is too short for one frame of {b['window']} samples "
+                "(snip_edges=True)"
+            )
         return self.session.run(None, {"wave": waves, "lengths": np.asarray(lengths, np.int64)})[0]
 
     def embed_waves(self, waves: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
