@@ -333,3 +333,26 @@ def test_a_graph_the_quantiser_cannot_handle_is_one_error():
     broken.graph.node[0].input[1] = "no_such_value"
     with pytest.raises(QuantizeError, match=r"^int8 dynamic of stats: the quantiser failed: "):
         quantize_model_graph(broken, "dynamic", [], "stats")
+
+
+def test_export_silences_the_libraries_noise_only_and_needs_a_format_unless_waveform(capsys, caplog):
+    """While exporting, torch.onnx's torchvision warnings and onnxruntime's pre-processing advice are dropped and
+    every other library message passes; without --waveform or --int8, --format is a usage error naming it."""
+    import logging
+
+    from speakerlab.inference.export import main
+    from speakerlab.inference.onnx_graph import quiet_libraries
+
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    with caplog.at_level(logging.WARNING), quiet_libraries():
+        registration.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
+        logging.warning("Please consider to run pre-processing before quantization. Refer to example: ...")
+        logging.warning("a message that matters")
+        registration.error("an exporter error")
+    assert [r.getMessage() for r in caplog.records] == ["a message that matters", "an exporter error"]
+    assert registration.level == level  # put back
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", "c.pt", "--out", "m.onnx"])
+    assert stop.value.code == 2
+    assert "--format onnx|torchscript is required (--waveform alone implies onnx)" in capsys.readouterr().err

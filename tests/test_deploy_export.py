@@ -150,3 +150,24 @@ def test_features_export_of_an_ssl_model_says_to_use_waveform(tmp_path, capsys, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: a model on a self-supervised encoder (waveform input) exports with --waveform only")
     assert not out.exists()
+
+
+def test_export_prints_its_own_lines_only_and_waveform_implies_onnx(tmp_path):
+    """speakerlab-export --waveform (no --format: onnx) --int8 static --input-rate 8000, as a user runs it: stdout
+    empty, every stderr line the command's own (no torch.onnx 'torchvision is not installed. Skipping ...', no
+    onnxruntime advice to pre-process), and the last line says the file takes 8 kHz input."""
+    import subprocess
+    import sys
+
+    utts = {f"s{s}-{u}": f"s{s}" for s in range(3) for u in range(2)}
+    data = make_data_dir(tmp_path / "cal", utts, seconds=1.0)
+    out = tmp_path / "q8k.onnx"
+    args = ["--checkpoint", str(TINY), "--waveform", "--int8", "static", "--calibration", str(data)]
+    args += ["--input-rate", "8000", "--min-cosine", "0", "--out", str(out)]
+    code = "import sys; from speakerlab.inference.export import main; sys.exit(main(sys.argv[1:]))"
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "" and all(line.startswith("export: ") for line in run.stderr.splitlines()), run.stderr
+    assert "torchvision" not in run.stderr and "pre-processing" not in run.stderr
+    assert "(waveform ONNX, takes 8000 Hz input, resampled inside to 16000 Hz; " in run.stderr.splitlines()[-1]
+    assert ort.InferenceSession(str(out)).get_modelmeta().custom_metadata_map["speakerlab.sample_rate"] == "8000"

@@ -40,6 +40,7 @@ import torch
 import torch.nn as nn
 
 from speakerlab.commands import CommandParser
+from speakerlab.inference.onnx_graph import quiet_libraries
 from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
 
@@ -290,13 +291,19 @@ def _features(embedder, rate: int, wave: np.ndarray) -> np.ndarray:
 
 
 def main(argv=None) -> int:
+    with quiet_libraries():
+        return export(argv)
+
+
+def export(argv=None) -> int:
+    """`speakerlab-export` (see the module docstring) -> its exit code."""
     from speakerlab.devices import use_threads
     from speakerlab.frontends import FRONT_ENDS
     from speakerlab.inference.embedder import Embedder, add_source_args, source_from_args
 
     ap = CommandParser(prog="speakerlab-export", description=__doc__.split("\n")[0])
     add_source_args(ap)
-    ap.add_argument("--format", choices=["onnx", "torchscript"], required=True, help="what to write")
+    ap.add_argument("--format", choices=["onnx", "torchscript"], help="what to write (--waveform, --int8: onnx)")
     ap.add_argument("--out", required=True, help="the exported file (.onnx or .pt)")
     ap.add_argument("--waveform", action="store_true", help="ONNX from samples (B, N) + lengths (B,): front end inside")
     ap.add_argument("--input-rate", type=int, help="with --waveform: the rate of the input samples (resampled inside)")
@@ -308,6 +315,9 @@ def main(argv=None) -> int:
     ap.add_argument("--min-cosine", type=float, default=0.98, help="least mean cosine of int8 to fp32")
     ap.add_argument("--force", action="store_true", help="write an int8 file the check refused")
     args = ap.parse_args(argv)
+    if args.format is None and not (args.waveform or args.int8):
+        ap.error("--format onnx|torchscript is required (--waveform alone implies onnx)")
+    args.format = args.format or "onnx"
     if (args.waveform or args.int8) and args.format != "onnx":
         ap.error("--waveform and --int8 are ONNX options (--format onnx)")
     if args.int8 and not (args.waveform and args.calibration):
@@ -354,9 +364,11 @@ def main(argv=None) -> int:
         except ExportMismatch as e:
             print(f"error: {args.out} not written: {e}", file=sys.stderr)
             return 1
+        rate, model_rate = args.input_rate or embedder.spec.sample_rate, embedder.spec.sample_rate
+        takes = f"takes {rate} Hz input" + (f", resampled inside to {model_rate} Hz" if rate != model_rate else "")
         carried = f"; calibration {found[1]} carried" if found else ""
         print(
-            f"export: {args.out} (waveform ONNX; {embedder.spec.describe()}); {done}{carried}; {threads_line}",
+            f"export: {args.out} (waveform ONNX, {takes}; {embedder.spec.describe()}); {done}{carried}; {threads_line}",
             file=sys.stderr,
         )
         return 0
