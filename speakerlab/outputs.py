@@ -22,7 +22,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Iterator, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -59,13 +59,21 @@ def _commit(tmp: Path, real: Path) -> None:
 
 @contextlib.contextmanager
 def output_file(
-    path: PathLike, mode: str = "w", *, allow_stdout: bool = False, encoding: str = "utf-8", fsync: bool = True
+    path: PathLike,
+    mode: str = "w",
+    *,
+    allow_stdout: bool = False,
+    encoding: str = "utf-8",
+    errors: str = "strict",
+    newline: Optional[str] = None,
+    fsync: bool = True,
 ) -> Iterator[IO]:
     """Open `path` to write it whole: yields a file object (`mode` "w" text or "wb" bytes).
 
     `-` with `allow_stdout` (text modes only) is sys.stdout, flushed and left open. A device or FIFO is opened and
     written straight through. Anything else goes through a temporary file renamed over the target at the end (with
-    an fsync first unless `fsync=False`, for large folders of small files that are checked later anyway)."""
+    an fsync first unless `fsync=False`, for large folders of small files that are checked later anyway). `errors`
+    and `newline` are open()'s, for text modes."""
     if mode not in ("w", "wb"):
         raise ValueError(f"output_file mode must be 'w' or 'wb', got {mode!r}")
     if str(path) == "-":
@@ -78,7 +86,7 @@ def output_file(
     kind = _kind(real)
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
-    text = {"encoding": encoding} if mode == "w" else {}
+    text = {"encoding": encoding, "errors": errors, "newline": newline} if mode == "w" else {}
     if kind == "special":
         with open(real, mode, **text) as f:
             yield f
@@ -96,17 +104,24 @@ def output_file(
         tmp.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def output_path(path: PathLike, suffix: str = "") -> Iterator[Path]:
-    """A temporary path beside `path` (ending in `suffix`, for writers that choose the format by name) for a writer
-    that takes a path; renamed over `path` when the block ends without an error, removed otherwise. A target that
-    exists and is not a regular file is refused (OutputError naming it), before anything is written."""
+def check_path_output(path: PathLike) -> Path:
+    """`path` resolved, for a writer that takes a path (`output_path`): a folder, a device or a pipe there is an
+    OutputError naming it. Commands call it before their work, so that a refused output costs nothing."""
     real = Path(os.path.realpath(path))
     kind = _kind(real)
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
     if kind == "special":
         raise OutputError(f"{path} is not a regular file (a device or a pipe): this output is written only to a file")
+    return real
+
+
+@contextlib.contextmanager
+def output_path(path: PathLike, suffix: str = "") -> Iterator[Path]:
+    """A temporary path beside `path` (ending in `suffix`, for writers that choose the format by name) for a writer
+    that takes a path; renamed over `path` when the block ends without an error, removed otherwise. A target that
+    exists and is not a regular file is refused (`check_path_output`), before anything is written."""
+    real = check_path_output(path)
     real.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(real).with_name(_temporary(real).name + suffix)
     try:

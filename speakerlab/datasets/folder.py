@@ -65,6 +65,7 @@ from speakerlab.datasets.common import DatasetError, require_dir, require_file, 
 from speakerlab.datasets.download import log
 from speakerlab.datasets.filecheck import check_all, listable
 from speakerlab.datasets.split import make_trials, split_speakers
+from speakerlab.outputs import output_file
 
 MAX_ID = 64  # characters of a cleaned name kept in an id
 _SPEAKER_BAD = re.compile(r"[^A-Za-z0-9_]+")
@@ -349,22 +350,18 @@ def _enough_per_speaker(items, results, speakers: set, min_utts: int, report: Li
 
 
 def _write_lines(path: Path, lines: Sequence[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+    with output_file(path, errors="surrogateescape") as f:
         f.writelines(line + "\n" for line in lines)
-    os.replace(tmp, path)
 
 
 def _write_sources(path: Path, items: Sequence[Item], utt_ids: Sequence[str], sets: Dict[int, str]) -> None:
     """utt,set,path,speaker,session of every used item (`sets`: item index -> train, val or test)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
+    with output_file(path, errors="surrogateescape", newline="") as f:
         w = csv.writer(f)
         w.writerow(["utt", "set", "path", "speaker", "session"])
         for i in sorted(sets, key=lambda i: utt_ids[i]):
             it = items[i]
             w.writerow([utt_ids[i], sets[i], it.path, it.speaker, it.session])
-    os.replace(tmp, path)
 
 
 def _remove_stale(audio: Path, used: set) -> None:

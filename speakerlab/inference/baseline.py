@@ -18,6 +18,7 @@ from speakerlab.devices import resolve_device
 from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir
+from speakerlab.outputs import write_text
 from speakerlab.scoring.score import evaluate
 
 
@@ -46,8 +47,7 @@ def main(argv=None) -> int:
     result = (
         f"{trials}: mean log-mel baseline, {len(labels)} trials: EER {eer * 100:.2f}% minDCF(p_target=0.01) {dcf:.4f}"
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.result").write_text(result + "\n")
+    write_text(f"{args.out}.result", result + "\n")
     print(result)
     return 0
 

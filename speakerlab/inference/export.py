@@ -30,7 +30,6 @@ self-supervised encoder (transformers' WavLM, HuBERT, wav2vec 2.0, w2v-BERT) exp
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -43,6 +42,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.inference.onnx_graph import quiet_libraries
 from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
+from speakerlab.outputs import OutputError, check_path_output, output_path
 
 
 class ExportMismatch(RuntimeError):
@@ -52,15 +52,9 @@ class ExportMismatch(RuntimeError):
 def checked_write(out, write, check) -> float:
     """`write(tmp)` then `check(tmp)` (-> the largest difference), next to `out`; the file becomes `out` only when
     the check passes, so an export that disagrees with PyTorch is never left where a user would load it."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.unchecked")
-    try:
+    with output_path(out, suffix=Path(out).suffix) as tmp:
         write(tmp)
-        err = check(tmp)
-        os.replace(tmp, out)
-        return err
-    finally:
-        tmp.unlink(missing_ok=True)
+        return check(tmp)
 
 
 def export_torchscript(model: nn.Module, path, feat_dim: int) -> None:
@@ -279,7 +273,8 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
                 file=sys.stderr,
             )
             raise SystemExit(1)
-        onnx.save(int8, args.out)
+        with output_path(args.out, suffix=".onnx") as out:
+            onnx.save(int8, str(out))
     return f"int8 {args.int8}{' (refused, written with --force: ' + problem + ')' if problem else ''}"
 
 
@@ -347,7 +342,11 @@ def export(argv=None) -> int:
                 f"error: ONNX export needs {', '.join(missing)}: pip install -r requirements-test.txt", file=sys.stderr
             )
             return 2
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        check_path_output(args.out)  # a device or a folder refused before the work
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim
     if args.waveform:
         threshold = exp_threshold(Path(args.checkpoint)) if args.checkpoint else None

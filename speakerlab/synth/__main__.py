@@ -29,6 +29,7 @@ import numpy as np
 
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import sf
+from speakerlab.outputs import output_file
 
 from . import rooms
 from .voice import SR, SpeakerTraits, draw_session, draw_speaker, synth_utterance
@@ -181,10 +182,8 @@ def _trials(seed: int, set_index: int, speakers: list) -> list:
 
 
 def _write_lines(path: str, lines: list) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with output_file(path) as f:
         f.writelines(line + "\n" for line in lines)
-    os.replace(tmp, path)
 
 
 def _write_lists(out: str, name: str, speakers: list, seed: int) -> None:
