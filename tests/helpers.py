@@ -321,12 +321,25 @@ def export_copy(name: str) -> torch.nn.Module:
 
 
 def relative_errors(sess, embedder, lengths: np.ndarray, rng) -> tuple:
-    """Random waves of `lengths` samples through the ONNX session against the torch embedder, alone and as one
-    padded batch (speakerlab.inference.export.waveform_errors)."""
-    from speakerlab.inference.export import waveform_errors
-
-    waves = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
-    return waveform_errors(sess, lambda w: embedder(torch.from_numpy(w)).numpy(), waves)
+    """Random waves of `lengths` samples through a waveform file's ONNX session, each alone (batch 1) and all as
+    one zero-padded batch with their lengths, against the torch path's embeddings of the same waves
+    (`Embedder.embed_waves`, whole utterances: what extraction writes): the largest |onnx - torch| of each, over
+    max(1, the largest |torch| value). Compared here on purpose, not by the export's own check
+    (speakerlab.inference.export.waveform_errors), so that a fault in that check cannot pass its test."""
+    waves = [(0.1 * rng.standard_normal(int(n))).astype(np.float32) for n in lengths]
+    with torch.no_grad():
+        want = embedder.embed_waves(waves, max_batch=1)
+    sizes = np.asarray([w.size for w in waves], dtype=np.int64)
+    rows = np.zeros((len(waves), int(sizes.max())), dtype=np.float32)
+    for row, w in zip(rows, waves):
+        row[: w.size] = w
+    one_by_one = np.stack(
+        [sess.run(None, {"wave": w[None, :], "lengths": sizes[k : k + 1]})[0][0] for k, w in enumerate(waves)]
+    )
+    together = sess.run(None, {"wave": rows, "lengths": sizes})[0]
+    assert one_by_one.shape == together.shape == want.shape, (one_by_one.shape, together.shape, want.shape)
+    unit = max(1.0, float(np.max(np.abs(want))))
+    return float(np.max(np.abs(one_by_one - want))) / unit, float(np.max(np.abs(together - want))) / unit
 
 
 def torch_free_env(tmp_path: Path) -> dict:

@@ -1,6 +1,7 @@
 """Every registered model exports to ONNX through one torch.export of its graph over features `(B, T, F)`, checked
 as the features file (dynamic time axis, two lengths) and merged with its front end as the waveform file (random
-lengths of 0.5-30 s, alone and as a padded batch); TorchScript round trip; an export that disagrees is not written.
+lengths of 0.5-30 s, alone and as a padded batch), each compared by the test's own code with the torch path, not by
+the export's self-check; TorchScript round trip; an export that disagrees is not written.
 (TorchScript of every model is checked in test_models.py; the waveform command end to end, int8 and the SSL models
 in test_deploy_export.py.)"""
 
@@ -55,15 +56,45 @@ def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     model = export_copy(name).eval()
     graph = model_graph(model, spec)
     onnx.save(graph, tmp_path / "feats.onnx")
-    assert check_export(model, tmp_path / "feats.onnx", "onnx", spec.feat_dim, lengths=(200, 317)) <= 1e-4
+    rng = np.random.default_rng(sum(map(ord, name)))
+    feats_file = ort.InferenceSession(str(tmp_path / "feats.onnx"), providers=["CPUExecutionProvider"])
+    for frames in (200, 317):  # compared here, not by the export's own check (speakerlab.inference.export)
+        x = rng.standard_normal((2, frames, spec.feat_dim)).astype(np.float32)
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        got = feats_file.run(None, {"feats": x})[0]
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), frames
     embedder = Embedder(model, spec)
     onnx.save(with_lengths(merged_graph(front_ends(spec), graph)), tmp_path / "wave.onnx")
     sess = ort.InferenceSession(str(tmp_path / "wave.onnx"), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(sum(map(ord, name)))
     lengths = (rng.uniform(0.5, 30.0, size=4) * 16000).astype(np.int64)
     alone, batch = relative_errors(sess, embedder, lengths, rng)
     assert alone <= 1e-4
     assert batch <= 1e-4
+
+
+def test_the_tests_comparison_sees_a_wrong_waveform_file(front_ends, tmp_path, monkeypatch):
+    """The comparison above is the test's own: with the export's check made blind (its comparator answering 0), a
+    waveform file of slightly other weights (one tensor + 0.2) is still seen, and the right file passes."""
+    from speakerlab.inference import export
+    from speakerlab.inference.onnx_graph import merged_graph, model_graph, with_lengths
+    from tests.helpers import TINY_CAMPPLUS
+
+    monkeypatch.setattr(export, "waveform_errors", lambda *a, **k: (0.0, 0.0))
+    torch.manual_seed(0)
+    spec, model = spec_of("campplus"), build_model("campplus", **TINY_CAMPPLUS).eval()
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.parameters()).add_(0.2)
+    errors = {}
+    for which, net in (("right", model), ("wrong", other)):
+        path = tmp_path / f"{which}.onnx"
+        onnx.save(with_lengths(merged_graph(front_ends(spec), model_graph(net, spec))), path)
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        errors[which] = max(
+            relative_errors(sess, Embedder(model, spec), np.array([12000, 20000]), np.random.default_rng(3))
+        )
+    assert errors["right"] <= 1e-4 and errors["wrong"] > 1e-3, errors  # 10x the tolerance
 
 
 def test_torchscript_file_round_trip_and_wrong_file_caught(tmp_path):
