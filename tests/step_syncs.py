@@ -6,7 +6,8 @@ A CPU has no device to wait for, so the script tells host from device as a GPU w
 when it was made from the loader (collate, numpy) or by a factory without a `device` argument, or from host
 tensors only; every other tensor (parameters, gradients, `.to(device)`, factories given the run's device) is a
 device tensor. A host sync is `item`, `tolist`, `cpu`, `numpy`, `bool`, `float`, `int` or `index` of a device
-tensor (a torch function mode sees each). Collectives: every public `torch.distributed` collective, wrapped.
+tensor, or what sizes its result by a device tensor's data (`nonzero`, `unique`, `masked_select`, indexing by a
+bool mask); a torch function mode sees each. Collectives: every public `torch.distributed` collective, wrapped.
 DDP's own (its gradient buckets, in C++) are not seen. Each record names the first speakerlab frame that made
 it, `path:function`.
 
@@ -27,6 +28,7 @@ import speakerlab.train.loop as loop
 from speakerlab.train.state import resume
 
 SYNCS = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+SHAPE_SYNCS = {"nonzero", "argwhere", "unique", "masked_select"}  # their output's size is read on the host
 COLLECTIVES = (
     "all_reduce",
     "all_gather",
@@ -78,6 +80,10 @@ def leaves(value):
             yield from leaves(v)
 
 
+def bool_mask(t: torch.Tensor) -> bool:
+    return t.dtype == torch.bool and not getattr(t, "_on_host", False)
+
+
 class HostOrDevice(TorchFunctionMode):
     """Marks host tensors (`_on_host`) as they are made and records the host syncs of device tensors."""
 
@@ -88,8 +94,10 @@ class HostOrDevice(TorchFunctionMode):
         host = all(getattr(t, "_on_host", False) for t in tensors)
         if not tensors:  # a factory: on the host unless told a device
             host = kwargs.get("device") is None
-        if name in SYNCS and tensors and not getattr(tensors[0], "_on_host", False):
+        if name in SYNCS | SHAPE_SYNCS and tensors and not getattr(tensors[0], "_on_host", False):
             record("syncs", name)
+        elif name in ("__getitem__", "__setitem__") and any(bool_mask(t) for t in leaves(args[1:2])):
+            record("syncs", f"{name} by a mask")
         moved = name == "to" and any(isinstance(a, (torch.device, str)) for a in (*args[1:], kwargs.get("device")))
         out = func(*args, **kwargs)
         if (moved or name == "cpu") and any(out is t for t in tensors):

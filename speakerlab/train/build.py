@@ -85,10 +85,10 @@ class SpeakerNet(nn.Module):
             emb = self.model(feats) if self.compiled is None else self.compiled(feats)
         return self.classifier.loss_and_top1(emb, labels)
 
-    def clip_grad_norm(self, params: List[torch.Tensor], max_norm: float) -> torch.Tensor:
-        """Clip the gradients of `params` to a total norm of `max_norm`; returns the norm (a sharded classifier's
-        rows counted over all ranks)."""
-        return clip_grad_norm(params, max_norm, self.classifier)
+    def clip_grad_norm(self, params: List[torch.Tensor], max_norm: float, agree: Callable) -> torch.Tensor:
+        """Clip the gradients of `params` to a total norm of `max_norm`; returns the norm, a 0-dim tensor (a sharded
+        classifier's rows counted over all ranks, through `agree`: speakerlab.train.losses.sharded.clip_grad_norm)."""
+        return clip_grad_norm(params, max_norm, self.classifier, agree)
 
     # What a self-supervised objective (DinoNet) does around the optimizer step; nothing for a classifier.
     def end_step(self, updated: bool) -> None:
@@ -323,15 +323,10 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
         monitor.log,
     )
     keep_out_of_ddp(net)  # a sharded classifier's rows are each rank's own
+    if isinstance(net.classifier, Sharded):  # every rank's rows padded to the micro-batch: no sizes exchanged
+        net.classifier.rows = plan.per_device
     ddp = wrap_ddp(net, info, device)
-
-    def any_rank(bad: bool) -> bool:  # one rank's NaN batch skips the step everywhere
-        flag = torch.tensor([float(bad)], device=device)
-        if info.enabled:
-            torch.distributed.all_reduce(flag)
-        return bool(flag.item())
-
-    guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log, any_rank)
+    guard = NonFiniteGuard(cfg.train.max_consecutive_skips, monitor.log)
     run = Run(
         cfg=cfg,
         exp_dir=exp_dir,

@@ -47,8 +47,8 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
     meter, wait, t_log = Meter(), 0.0, time.perf_counter()
     bar = run.monitor.progress(run.steps_per_epoch, start, f"epoch {run.state.epoch + 1}/{cfg.train.epochs}")
     done = start
+    preemption.stop_if_requested(run, done)  # a signal since the last step: validation, loader start-up
     while done < run.steps_per_epoch and (stop_at is None or run.state.step < stop_at):
-        preemption.stop_if_requested(run, done)  # a signal since the last step: validation, loader start-up
         result = train_step(run, batches)
         done += 1
         wait += result.data_wait_s
@@ -65,8 +65,9 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
             and done < run.steps_per_epoch
         ):
             save_mid_epoch(run, done)
+        preemption.stop(run, done, result.stop_signal)  # a signal any rank got before the step's all-reduce
     run.monitor.end_progress()
-    preemption.stop_if_requested(run, done)  # a signal during the last step
+    preemption.stop_if_requested(run, done)  # a signal after the last step's all-reduce
     if done < run.steps_per_epoch:
         save_mid_epoch(run, done)
         return False

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
+import torch
+
 
 class Monitor:
     """Writes `<exp>/train.log` and tensorboard events under `<exp>/tensorboard` on the main process.
@@ -121,19 +123,21 @@ class Monitor:
 
 
 class Meter:
-    """Running sums of per-step metrics between two log points."""
+    """Running sums of per-step metrics between two log points. A tensor value is summed where it is (the
+    training step's, on the device): it is read on the host by `means`, at a log point only."""
 
     def __init__(self):
-        self.sums: Dict[str, float] = {}
+        self.sums: Dict[str, object] = {}
         self.count = 0
 
-    def add(self, **values: float) -> None:
+    def add(self, **values) -> None:
         for k, v in values.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            v = v.detach().double() if isinstance(v, torch.Tensor) else float(v)
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
         self.count += 1
 
     def means(self) -> Dict[str, float]:
-        return {k: v / max(1, self.count) for k, v in self.sums.items()}
+        return {k: float(v) / max(1, self.count) for k, v in self.sums.items()}
 
     def reset(self) -> Optional[Dict[str, float]]:
         out = self.means() if self.count else None

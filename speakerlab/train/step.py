@@ -1,7 +1,7 @@
 """One optimizer step, read top-down: the schedules of the step, then per micro-batch the loader batch through the
 input pipeline to features, the forward and backward, then clipping, the non-finite guard and the update.
 
-    result = train_step(run, batches)    # StepResult: host values of the step
+    result = train_step(run, batches)    # StepResult: its loss, accuracy and gradient norm on the device
 
 The epochs, checkpoints and the command around it are speakerlab.train.loop's.
 """
@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 
 from speakerlab.train.build import Run
+from speakerlab.train.launch import preemption
 from speakerlab.train.optim.freeze import apply_freeze
 from speakerlab.train.optim.schedules import lr_at, margin_at
 from speakerlab.train.optim.stability import TrainingStopped, batch_culprits
@@ -25,15 +26,17 @@ from speakerlab.train.optim.stability import TrainingStopped, batch_culprits
 
 @dataclass
 class StepResult:
-    """What one optimizer step reports (host values, read once per step)."""
+    """What one optimizer step reports. Loss, accuracy and gradient norm stay 0-dim tensors on the device (read on
+    logging steps only: speakerlab.train.loop)."""
 
     updated: bool  # False when the guard skipped the step
-    loss: float
-    accuracy: float
-    grad_norm: float
+    loss: torch.Tensor
+    accuracy: torch.Tensor
+    grad_norm: torch.Tensor
     lr: float
     margin: float
     data_wait_s: float
+    stop_signal: int  # a stop signal some rank got (SIGTERM, SIGUSR1: speakerlab.train.launch.preemption), else 0
 
 
 def set_schedules(run: Run) -> tuple:
@@ -83,8 +86,9 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     """One optimizer step over `accumulation` micro-batches of `batches`.
 
     Each micro-batch: loader batch -> fp32 features `(B, T, F)` -> loss / accumulation, backward. Under DDP
-    gradients are all-reduced on the last micro-batch only. Then unscale, clip, ask the guard, update.
-    Loss and hits stay on the device until the step ends (one host sync per step)."""
+    gradients are all-reduced on the last micro-batch only. Then unscale, clip, agree and update. Beyond DDP's
+    gradients the step makes one small all-reduce (`agree`: the guard's flags, pre-emption's and a sharded head's
+    squared norm) and reads it on the host once."""
     cfg, accum = run.cfg, run.plan.accumulation
     lr, margin = set_schedules(run)
     loss_sum = torch.zeros((), device=run.device)
@@ -107,15 +111,22 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     run.scaler.unscale_(run.optimizer)
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     params = [p for p in run.raw.parameters() if p.requires_grad]
-    grad_norm = run.raw.clip_grad_norm(params, max_norm).item()
-    loss_value, correct = torch.stack([loss_sum, hits.float()]).tolist()
-    overflow = run.precision.use_scaler and run.scaler.get_scale() >= 1.0
+    flags = []  # the step's one all-reduce, made within the clipping (speakerlab.train.losses.sharded)
+
+    def agree(shard_sq: torch.Tensor) -> torch.Tensor:
+        flags.append(agreed_flags(run, loss_sum, shard_sq))
+        return flags[0][0]
+
+    grad_norm = run.raw.clip_grad_norm(params, max_norm, agree)
+    norm_bad = run.guard.nonfinite(grad_norm).double()[None]
+    bad_ranks, norm_bad, *signals = torch.cat([flags[0][1:2], norm_bad, flags[0][2:]]).tolist()  # the host read
     ok = run.guard.check(
         run.state.step,
-        loss_value,
+        bool(bad_ranks or norm_bad),
+        loss_sum,
         grad_norm,
         lambda: batch_culprits(pending, run.loader.dataset.paths, run.info),
-        overflow,
+        lambda: run.precision.use_scaler and run.scaler.get_scale() >= 1.0,
     )
     if ok:
         run.scaler.step(run.optimizer)
@@ -123,4 +134,16 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.state.step += 1
-    return StepResult(ok, loss_value, correct / seen, grad_norm, lr, margin, wait)
+    accuracy = hits.float() / max(seen, 1)
+    return StepResult(ok, loss_sum, accuracy, grad_norm, lr, margin, wait, preemption.chosen(signals))
+
+
+def agreed_flags(run: Run, loss: torch.Tensor, shard_sq: torch.Tensor) -> torch.Tensor:
+    """The step's one collective, a float64 vector on the device summed over the ranks: a sharded head's squared
+    row norm (`shard_sq`, 0 otherwise), the ranks whose loss is not finite, the ranks that got each stop signal
+    (speakerlab.train.launch.preemption.SIGNALS). Python numbers enter through `torch.full`: no host copy."""
+    signals = [torch.full((), flag, dtype=torch.float64, device=run.device) for flag in preemption.requested()]
+    flags = torch.stack([shard_sq.double(), run.guard.nonfinite(loss).double(), *signals])
+    if run.info.enabled:
+        torch.distributed.all_reduce(flags)
+    return flags

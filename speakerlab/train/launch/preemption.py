@@ -3,11 +3,11 @@
 
 The handlers only record the signal, so nothing in progress is cut short: a step, a checkpoint being
 written, validation or a data-loader start-up each run to their end, and a second signal changes
-nothing. Before every optimizer step, and after an epoch's last one, every rank asks
-`stop_if_requested`: one all-reduce (max) over the ranks makes the decision common, so all ranks stop
-after the same step even when the signal reached one of them. Then rank 0 writes the mid-epoch
-checkpoint (the atomic, digest-checked file of every save: `partial_NNN.pt`, exactly resumable),
-every rank waits for it at a barrier (so that torchrun, seeing the first process leave, cannot kill
+nothing. Every optimizer step sums each rank's signals within its one all-reduce (speakerlab.train.step, with
+the non-finite guard's flags), and `stop_if_requested` does the same before an epoch's first step and after its
+last: the decision is common, so all ranks stop after the same step even when the signal reached one of them.
+Then rank 0 writes the mid-epoch checkpoint (the atomic, digest-checked file of every save: `partial_NNN.pt`,
+exactly resumable), every rank waits for it at a barrier (so that torchrun, seeing the first process leave, cannot kill
 rank 0 mid-write), and all of them exit with EXIT_PREEMPTED. Re-running the same command, or the job
 requeued by egs/tools (`scontrol requeue`), resumes exactly there.
 """
@@ -15,7 +15,7 @@ requeued by egs/tools (`scontrol requeue`), resumes exactly there.
 from __future__ import annotations
 
 import signal
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -52,17 +52,34 @@ def restore(handlers: Dict[int, object]) -> None:
         signal.signal(sig, handler)
 
 
+def requested() -> List[float]:
+    """Per signal of SIGNALS, 1.0 when this process got it: the training step sums them over the ranks in its one
+    all-reduce (speakerlab.train.step), as `stop_if_requested` does between epochs."""
+    return [float(sig in _received) for sig in SIGNALS]
+
+
+def chosen(counts: Sequence[float]) -> int:
+    """The signal every rank stops by, from `requested()` summed over the ranks (0: none): the largest number."""
+    return max((int(sig) for sig, n in zip(SIGNALS, counts) if n > 0), default=0)
+
+
 def stop_if_requested(run: Run, step_in_epoch: int) -> None:
     """Raise Preempted, after the checkpoint of this point is written, when any rank got a stop signal.
-    Every rank must call it at the same points (it is a collective when distributed)."""
-    local = float(max(_received, default=0))
+    Every rank must call it at the same points (it is a collective when distributed): between epochs; the
+    training step asks within its own all-reduce."""
+    counts = requested()
     if run.info.enabled:
-        flag = torch.tensor([local], device=run.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        local = flag.item()
-    if not local:
+        flags = torch.tensor(counts, device=run.device)
+        torch.distributed.all_reduce(flags)
+        counts = flags.tolist()
+    stop(run, step_in_epoch, chosen(counts))
+
+
+def stop(run: Run, step_in_epoch: int, signum: int) -> None:
+    """When `signum` (the same on every rank) is a signal, not 0: rank 0 writes the checkpoint of this point,
+    every rank waits for it and raises Preempted."""
+    if not signum:
         return
-    signum = int(local)
     save_mid_epoch(run, step_in_epoch)
     dist_utils.barrier(run.info)
     name = signal.Signals(signum).name

@@ -21,10 +21,11 @@ classifier rows are left out of its gradient averaging (each rank's are its own)
 clipping is the global one (`clip_grad_norm`), so the ranks stay in step.
 
 Partial FC (An et al., "Partial FC: Training 10 million identities on a single machine", ICCVW 2021):
-with `sample_rate` p < 1 each rank keeps, per micro-batch, the speakers of the batch's labels (positives are
-always kept) and each other speaker of its shard with probability p, drawn from (train.seed, step,
-micro-batch, rank); the softmax (or SphereFace2's sum, its sampled negative terms scaled by 1/p to keep their
-expected total) runs over those. Accuracy is then measured among the sampled classes.
+with `sample_rate` p < 1 each rank keeps, per micro-batch, a fixed number of its shard's S_r speakers (`_columns`:
+about p x S_r; the batch's labels held there always), the others drawn uniformly on the device from (train.seed,
+step, micro-batch, rank); the softmax (or SphereFace2's sum, its sampled negative terms scaled by the inverse of
+their sampled fraction to keep their expected total) runs over those. Accuracy is then measured among the
+sampled classes.
 
 Checkpoints hold the full head (speakerlab.train.losses.sharded_state: rank 0 gathers the rows and the optimizer's
 per-row state): the same file as the unsharded head's, so resume on another number of ranks (each takes its rows),
@@ -36,9 +37,8 @@ whole run of the plain head for the same seed.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -61,6 +61,15 @@ def _world() -> Tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def draw_seed(*numbers: int) -> int:
+    """A 63-bit seed of a tuple of non-negative integers (FNV-1a over their decimal digits): the same on every
+    machine and Python (hash() of a tuple is not)."""
+    value = 0xCBF29CE484222325
+    for byte in ",".join(map(str, numbers)).encode():
+        value = ((value ^ byte) * 0x100000001B3) % 2**64
+    return value >> 1
 
 
 class _GatherRows(torch.autograd.Function):
@@ -130,9 +139,9 @@ class _ShardedCrossEntropy(torch.autograd.Function):
             dist.all_reduce(top, op=dist.ReduceOp.MAX)
         exp = torch.exp(logits.detach() - top[:, None])
         total = exp.sum(dim=1)
-        owner = torch.nonzero(col >= 0).squeeze(1)
-        target = torch.zeros_like(total)
-        target[owner] = logits.detach()[owner, col[owner]] - top[owner]
+        held = col >= 0
+        at = logits.detach().gather(1, col.clamp(min=0)[:, None]).squeeze(1) if logits.shape[1] else top
+        target = torch.where(held, at - top, torch.zeros_like(total))
         if world > 1:
             dist.all_reduce(total)
             dist.all_reduce(target)
@@ -144,8 +153,8 @@ class _ShardedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         softmax, col, valid, n = ctx.saved_tensors
         out = softmax.clone()
-        owner = torch.nonzero(col >= 0).squeeze(1)
-        out[owner, col[owner]] -= 1.0
+        if out.shape[1]:  # minus the one-hot of the targets held here
+            out.scatter_add_(1, col.clamp(min=0)[:, None], -(col >= 0).to(out.dtype)[:, None])
         out *= (valid[:, None] * grad / n).to(out.dtype)
         return out, None, None
 
@@ -171,7 +180,7 @@ class _Sharded:
 
     def loss_and_top1(self, emb: torch.Tensor, labels: torch.Tensor):
         emb, labels, valid, own = self._gather(emb, labels)
-        cols = self._columns(labels[valid])
+        cols = self._columns(labels)
         cos = self._cosines(emb, cols)
         target, col = self._targets(labels, cols, cos.shape[1])
         return self._loss(cos, target, col, valid, cols), self._top1(cos, cols, own)
@@ -180,6 +189,7 @@ class _Sharded:
         self.rank, self.world = _world()
         self.num_classes, self.lo, self.hi = num_classes, *shard_range(num_classes, self.rank, self.world)
         self.sample_rate, self.seed, self.step, self.micro = sample_rate, seed, 0, 0
+        self.rows: Optional[int] = None  # each rank's micro-batch rows are padded to this (the batch plan's)
         k, dim = self.subcenters, self.weight.shape[1]
         total, first, last = num_classes * k, self.lo * k, self.hi * k
         # As the plain head's xavier_uniform_ of the full (S x K, D) weight: the same bound, the same draws from
@@ -200,13 +210,19 @@ class _Sharded:
         return self.loss_and_top1(emb, labels)
 
     def _gather(self, emb: torch.Tensor, labels: torch.Tensor):
-        """(embeddings `(N, D)` fp32, labels `(N,)` (-1: padding), valid `(N,)`, this rank's rows `[a, b)`)."""
+        """(embeddings `(N, D)` fp32, labels `(N,)` (-1: padding), valid `(N,)`, this rank's rows `[a, b)`).
+
+        Each rank's rows are padded to `rows` (set by the training run: its micro-batch size; a rank may have dropped
+        unreadable rows) so that no rank needs the others' sizes; without it, the largest size, gathered."""
         emb = fp32(emb)
         if self.world == 1:
             return emb, labels, torch.ones_like(labels, dtype=torch.bool), (0, emb.shape[0])
-        sizes = [torch.zeros(1, dtype=torch.int64, device=emb.device) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([emb.shape[0]], device=emb.device))
-        most = int(max(s.item() for s in sizes))  # a rank may have dropped unreadable rows
+        if self.rows is not None and emb.shape[0] <= self.rows:
+            most = self.rows
+        else:
+            sizes = [torch.zeros(1, dtype=torch.int64, device=emb.device) for _ in range(self.world)]
+            dist.all_gather(sizes, torch.tensor([emb.shape[0]], device=emb.device))
+            most = int(max(s.item() for s in sizes))
         pad = most - emb.shape[0]
         emb = F.pad(emb, (0, 0, 0, pad))
         labels = F.pad(labels, (0, pad), value=-1)
@@ -217,15 +233,22 @@ class _Sharded:
         return _GatherRows.apply(emb), all_labels, all_labels >= 0, own
 
     def _columns(self, labels: torch.Tensor) -> Optional[torch.Tensor]:
-        """This rank's speakers in the softmax of this micro-batch (indices into its shard), or None: all."""
+        """This rank's speakers in the softmax of this micro-batch (indices into its shard, ascending), or None: all.
+
+        `labels (N,)`, -1 for padding. A fixed number, k = min(S_r, max(ceil(p x S_r), N)) of the S_r held here,
+        drawn on the device: every positive held here (N rows hold at most N), then the others uniformly at random
+        from a generator seeded by (train.seed, step, micro-batch, rank). No host read: k is known beforehand."""
         if self.sample_rate >= 1.0 or not self.training:
             return None
-        keep = np.random.default_rng([self.seed, self.step, self.micro, self.rank]).random(self.hi - self.lo)
-        keep = keep < self.sample_rate
-        here = labels[(labels >= self.lo) & (labels < self.hi)].cpu().numpy() - self.lo
-        keep[here] = True  # positives are always kept
+        n = self.hi - self.lo
+        k = min(n, max(math.ceil(self.sample_rate * n), labels.shape[0]))
+        gen = torch.Generator(device=labels.device).manual_seed(draw_seed(self.seed, self.step, self.micro, self.rank))
+        score = torch.rand(n, generator=gen, device=labels.device)
+        held = (labels >= self.lo) & (labels < self.hi)
+        positive = torch.where(held, 2.0, 0.0).to(score.dtype)  # above any draw: positives are always kept
+        score = score.scatter_reduce(0, (labels - self.lo).clamp(0, max(n - 1, 0)), positive, reduce="amax")
         self.micro += 1
-        return torch.from_numpy(np.flatnonzero(keep)).to(labels.device)
+        return torch.topk(score, k).indices.sort().values
 
     def _cosines(self, emb: torch.Tensor, cols: Optional[torch.Tensor]) -> torch.Tensor:
         """`(N, D)` -> `(N, C)` cosines with this rank's (sampled) speakers, fp32, each its nearest sub-center."""
@@ -248,9 +271,7 @@ class _Sharded:
             position = torch.full((self.hi - self.lo,), -1, dtype=torch.long, device=labels.device)
             position[cols] = torch.arange(len(cols), device=labels.device)
             col = torch.where(held, position[local.clamp(0, self.hi - self.lo - 1)], torch.full_like(local, -1))
-        target = torch.zeros(labels.shape[0], width, dtype=torch.bool, device=labels.device)
-        rows = torch.nonzero(col >= 0).squeeze(1)
-        target[rows, col[rows]] = True
+        target = torch.arange(width, device=labels.device)[None, :] == col[:, None]  # col -1 matches no column
         return target, col
 
     def _top1(self, cos: torch.Tensor, cols: Optional[torch.Tensor], own: Tuple[int, int]) -> torch.Tensor:
@@ -307,7 +328,10 @@ class ShardedSphereFace2(_Sharded, SphereFace2):
         bias = _ScaleGrad.apply(fp32(self.bias), float(self.world)) if self.world > 1 else fp32(self.bias)
         terms = sphereface2_terms(cos, target, self.margin, self.scale, bias, self.lam, self.t)
         if cols is not None:  # the sampled negatives stand for all: their expected sum is the full one's
-            terms = torch.where(target, terms, terms / self.sample_rate)
+            positives = target.any(dim=0).sum()  # all of them sampled: k - P of the S_r - P others were
+            others = self.hi - self.lo - positives
+            fraction = (len(cols) - positives).clamp(min=1) / others.clamp(min=1)
+            terms = torch.where(target, terms, terms / fraction)
         rows = terms.sum(dim=1)
         if self.world > 1:
             rows = _SumOverRanks.apply(rows)
@@ -343,20 +367,23 @@ def keep_out_of_ddp(net: nn.Module) -> None:
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, names)
 
 
-def clip_grad_norm(params: List[torch.Tensor], max_norm: float, head: nn.Module) -> torch.Tensor:
+def clip_grad_norm(
+    params: List[torch.Tensor], max_norm: float, head: nn.Module, agree: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over `params` with a sharded head's rows counted over all ranks: the norm
-    of the whole gradient, the same on every rank (the replicated parameters' gradients are already averaged),
-    so every rank scales alike."""
+    of the whole gradient (a 0-dim tensor), the same on every rank (the replicated parameters' gradients are
+    already averaged), so every rank scales alike. `agree(x) -> x summed over the ranks` is the training step's
+    one all-reduce, called once: with this rank's rows' squared norm (a sharded head on several ranks, before the
+    clipping), else with zero after it (a signal during the clipping is in that step's all-reduce)."""
     if not isinstance(head, Sharded) or head.world == 1:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        agree(torch.zeros((), dtype=torch.float64, device=norm.device))
+        return norm
     grads = [p.grad for p in params if p.grad is not None]
     shard = [p.grad for p in params if p is head.weight and p.grad is not None]
     rest = [g for g in grads if all(g is not s for s in shard)]
     zero = torch.zeros((), dtype=torch.float64, device=head.weight.device)
-    own = sum((torch.linalg.vector_norm(g).double() ** 2 for g in shard), zero)
-    dist.all_reduce(own)
+    own = agree(sum((torch.linalg.vector_norm(g).double() ** 2 for g in shard), zero))
     total = torch.sqrt(own + sum((torch.linalg.vector_norm(g).double() ** 2 for g in rest), zero))
-    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.dtype))
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total

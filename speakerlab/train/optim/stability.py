@@ -20,19 +20,14 @@ class TrainingStopped(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Counts skipped steps; decides from values only (loss, gradient norm), so it is testable alone.
+    """Counts skipped steps and stops training after too many in a row; testable alone.
 
-    `log(message)` reports skips; `any_rank(bad) -> bool` makes the verdict the same on every rank
-    (an all-reduce under DDP; the identity in one process)."""
+    `log(message)` reports skips. Whether a step is bad is decided by the caller, the same on every rank
+    (the training step's one all-reduce: speakerlab.train.step); `nonfinite` is the rule of one rank."""
 
-    def __init__(
-        self,
-        max_consecutive: int,
-        log: Callable[[str], None] = print,
-        any_rank: Callable[[bool], bool] = lambda bad: bad,
-    ):
+    def __init__(self, max_consecutive: int, log: Callable[[str], None] = print):
         self.max_consecutive = max_consecutive
-        self.log, self.any_rank = log, any_rank
+        self.log = log
         self.consecutive = 0
         self.total = 0
 
@@ -42,18 +37,32 @@ class NonFiniteGuard:
         host sync in the training step); it is read only when a step turns out non-finite."""
         return ~torch.isfinite(feats).flatten(1).all(dim=1)
 
+    @staticmethod
+    def nonfinite(loss: torch.Tensor) -> torch.Tensor:
+        """This rank's step is bad when its loss is not finite (a 0-dim bool tensor, on the device; the gradient
+        norm, the same on every rank, is checked where it is known)."""
+        return ~torch.isfinite(loss)
+
     def check(
-        self, step: int, loss: float, grad_norm: float, culprits: Callable[[], List[str]], fp16_overflow: bool = False
+        self,
+        step: int,
+        bad: bool,
+        loss,
+        grad_norm,
+        culprits: Callable[[], List[str]],
+        fp16_overflow: Callable[[], bool] = lambda: False,
     ) -> bool:
-        """True when step `step` may update the weights. `culprits()` names the files of the step's
-        batch whose input was non-finite (called only for a bad step, on every rank). `fp16_overflow`:
-        the GradScaler is active at a scale >= 1, so a non-finite gradient may be its overflow."""
-        local_bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
-        if not self.any_rank(local_bad):
+        """True when step `step` may update the weights. `bad`: some rank's loss or the gradient norm was not
+        finite (the same verdict on every rank). `loss` and `grad_norm` (floats or tensors) are read only for a
+        bad step's message, and `culprits()`, the files of the step's batch whose input was non-finite, called
+        only then (on every rank). `fp16_overflow()`: the GradScaler is active at a scale >= 1, so a non-finite
+        gradient may be its overflow."""
+        if not bad:
             self.consecutive = 0
             return True
+        loss, grad_norm = float(loss), float(grad_norm)
         bad_files = culprits()
-        if fp16_overflow and math.isfinite(loss) and not bad_files:
+        if math.isfinite(loss) and not bad_files and fp16_overflow():
             # fp16 gradients overflowing at a large loss scale is the GradScaler's business: it halves
             # the scale and the step is skipped, without counting toward the stop limit.
             self.log(f"step {step}: fp16 gradient overflow, the GradScaler lowers the loss scale")
