@@ -123,22 +123,22 @@ def main(argv=None) -> int:
     cmd += ["--eval-names", *[f"test {names[c]}" for c in args.conditions], "--durations", *durs]
     assert calibrate([*cmd, "--p-target", *map(str, args.p_target), "--out", str(cal_path)]) == 0
     cal = read_calibration(cal_path)
-    p = f"{args.p_target[0]:g}"
-    print(
-        f"\n| test condition | trials | EER % | Cllr | min-Cllr | actDCF({p}) | minDCF({p}) | actDCF / minDCF "
-        "| FAR at the 1 % threshold (95 % CI) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    priors = [f"{p:g}" for p in args.p_target]
+    costs = " | ".join(f"actDCF / minDCF ({p})" for p in priors)
+    print(f"\n| test condition | trials | EER % | Cllr | min-Cllr | {costs} | FAR at the 1 % threshold (95 % CI) |")
+    print("|---" * (6 + len(priors)) + "|")
     for c in args.conditions:
         m = cal.metrics[f"test {names[c]}"]
         far = m["far_at"].get("far=0.01")
         far_text = "-"
         if far:
             far_text = f"{100 * far['far']:.2f} % ({100 * far['ci']['low']:.2f}-{100 * far['ci']['high']:.2f})"
-        ratio = m["act_dcf"][p] / m["min_dcf"][p]
+        dcf = " | ".join(
+            f"{m['act_dcf'][p]:.3f} / {m['min_dcf'][p]:.3f} = {m['act_dcf'][p] / m['min_dcf'][p]:.2f}" for p in priors
+        )
         print(
-            f"| {names[c]} | {m['n_trials']} | {100 * m['eer']:.2f} | {m['cllr']:.3f} | {m['min_cllr']:.3f} | "
-            f"{m['act_dcf'][p]:.3f} | {m['min_dcf'][p]:.3f} | {ratio:.2f} | {far_text} |"
+            f"| {names[c]} | {m['n_trials']} | {100 * m['eer']:.2f} | {m['cllr']:.3f} | {m['min_cllr']:.3f} | {dcf} "
+            f"| {far_text} |"
         )
     fit_m = cal.metrics["fit"]
     print(f"\nfitted on {fit_m['n_trials']} val trials ({fit_m['n_nontarget']} nontarget) of the pooled conditions")
