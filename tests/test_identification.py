@@ -137,3 +137,42 @@ def test_enrol_and_identify_commands_on_a_checkpoint(tmp_path, capsys):
     assert run_identify([gal, files[0], "--checkpoint", str(bare)]) == 2
     assert "no calibration of this model" in capsys.readouterr().err
     assert run_enrol([gal, "remove", "bob"]) == 0 and read_gallery(gal).names() == ["alice"]
+
+
+def test_enrol_and_identify_from_onnx_without_torch(tmp_path):
+    """speakerlab-enrol / -identify on a waveform ONNX file carrying a model digest and a calibration, in processes
+    where `import torch` fails."""
+    pytest.importorskip("onnxruntime")
+    from speakerlab.inference.onnx_graph import set_metadata, with_lengths
+    from tests.helpers import torch_free_env
+    from tests.stats_onnx import metadata, stats_graph
+
+    cal_dir = make_set(tmp_path, "cal", 12, 6, seed=0, model_id="s" * 64)
+    out = tmp_path / "cal.json"
+    args = ["--trials", cal_dir / "trials", "--embeddings", tmp_path / "cal.npz", "--durations", cal_dir, "--out", out]
+    assert calibrate([str(a) for a in args]) == 0
+    model = with_lengths(stats_graph())
+    set_metadata(model, metadata(model_id="s" * 64, calibration=out.read_text()))
+    onnx_file = tmp_path / "stats.onnx"
+    import onnx
+
+    onnx.save(model, onnx_file)
+    rng = np.random.default_rng(1)
+    wavs = [
+        str(write_wav(tmp_path / f"w{i}.wav", a + 0.05 * rng.standard_normal(24000)))
+        for i, a in enumerate([0.1, 0.1, 0.3])
+    ]
+    env = torch_free_env(tmp_path)
+    gal = str(tmp_path / "g.npz")
+
+    def run(script: str, *argv) -> subprocess.CompletedProcess:
+        code = f"import sys; from speakerlab.identification.cli import {script}; {script}(sys.argv[1:])"
+        return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True)
+
+    r = run("enrol", gal, "add", "alice", wavs[0], "--onnx", str(onnx_file))
+    assert r.returncode == 0, r.stderr
+    r = run("identify", gal, wavs[1], wavs[2], "--onnx", str(onnx_file))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == wavs[1:] and all("FPIR 1 %" in ln for ln in lines)
+    assert read_gallery(gal).model_id == "s" * 64
