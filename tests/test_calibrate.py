@@ -46,6 +46,7 @@ def test_fit_on_one_list_is_calibrated_on_another(sets, capsys):
     point = cal.operating_points["far=0.01"]
     assert abs(point["p_fa"] - 0.01) < 0.001 and cal.threshold(0.01) == point["llr"]
     assert cal.threshold(0.005) > point["llr"] > cal.threshold(0.05)
+    assert cal.operating_points["far=0.001"]["llr"] is not None  # 12,160 nontargets measure it: 12 above the threshold
     assert "Cllr" in capsys.readouterr().out
 
 
@@ -76,6 +77,12 @@ def test_the_file_refuses_another_model_format_or_far(sets, tmp_path):
         cal.check_model("x" * 64, "here")
     with pytest.raises(CalibrationError, match="FAR 1e-05 was not measurable"):
         cal.threshold(1e-5)
+    small = tmp_path / "small.json"  # 4 speakers x 3 files: 54 nontarget trials, FAR 0.1 % is not measurable
+    anon = make_set(tmp_path, "few", 4, 3, seed=6)
+    assert (
+        main([str(a) for a in ["--trials", anon / "trials", "--embeddings", tmp_path / "few.npz", "--out", small]]) == 0
+    )
+    assert read_calibration(small).operating_points["far=0.001"]["llr"] is None
     bad = json.loads(out.read_text())
     bad["format"] = "speakerlab.calibration/9"
     (tmp_path / "bad.json").write_text(json.dumps(bad))

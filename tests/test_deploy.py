@@ -22,51 +22,9 @@ from tests.helpers import ROOT, torch_free_env, write_wav
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper  # noqa: E402
-
 from speakerlab.inference.onnx_graph import set_metadata, with_lengths  # noqa: E402
-from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META, load_onnx  # noqa: E402
-
-MIN_SAMPLES = 1600  # the test file's shortest input: 0.1 s at 16 kHz
-
-
-def stats_graph() -> onnx.ModelProto:
-    """wave (B, N) -> (B, 2): each row's mean and mean square, as a merged exporter graph would be shaped."""
-    nodes = [
-        helper.make_node("ReduceMean", ["x", "axis"], ["mean"], keepdims=1),
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq", "axis"], ["msq"], keepdims=1),
-        helper.make_node("Concat", ["mean", "msq"], ["y"], axis=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "stats",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "samples"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        initializer=[helper.make_tensor("axis", TensorProto.INT64, [1], [1])],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-
-
-def stats(wave: np.ndarray) -> np.ndarray:
-    w = np.asarray(wave, np.float64)
-    return np.array([w.mean(), (w * w).mean()])
-
-
-def metadata(**override) -> dict:
-    values = {
-        "format": FORMAT,
-        "model": "stats",
-        "source": "tests/test_deploy.py",
-        "version": "test",
-        "sample_rate": "16000",
-        "features": json.dumps({"kind": "none"}),
-        "embedding_size": "2",
-        "batching": json.dumps({"by": "samples"}),
-        "min_samples": str(MIN_SAMPLES),
-        **override,
-    }
-    return {META[k]: v for k, v in values.items() if v is not None}
+from speakerlab.inference.runtime import FEATURES_FORMAT, load_onnx  # noqa: E402
+from tests.stats_onnx import metadata, stats, stats_graph  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +126,13 @@ def test_a_command_that_needs_torch_says_so_in_one_line_in_the_runtime_install()
     runtime = dict(re.findall(r'^(speakerlab-[\w-]+) = "([^"]+)"', (ROOT / "runtime/pyproject.toml").read_text(), re.M))
     assert runtime.keys() == full.keys()
     own = {name for name, target in runtime.items() if target != "speakerlab.commands:needs_torch"}
-    assert own == {"speakerlab-embed", "speakerlab-diarize", "speakerlab-der"}
+    assert own == {
+        "speakerlab-embed",
+        "speakerlab-diarize",
+        "speakerlab-der",
+        "speakerlab-enrol",
+        "speakerlab-identify",
+    }
     assert all(runtime[name] == full[name] for name in own)
     code = "import sys, speakerlab.commands as c; sys.argv[0] = '/v/bin/speakerlab-export'; c.needs_torch()"
     run = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True)

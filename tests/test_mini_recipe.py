@@ -36,7 +36,7 @@ def run_recipe(tmp_path, *args, check=True, data=None):
 @pytest.mark.slow
 def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     # The session's stage 1 and stages 2-3 (tests/conftest.py: mini_corpus, mini_model, shared with egs/mini_diar's
-    # test); stages 4-7 here, on a copy of the exp dir (they write into it; the data dir they only read).
+    # test); stages 4-8 here, on a copy of the exp dir (they write into it; the data dir they only read).
     shutil.copytree(mini_model.exp, tmp_path / "exp")
     train = MINI_TRAIN
     r = run_recipe(
@@ -46,7 +46,7 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
         "--stage",
         "4",
         "--stop_stage",
-        "7",
+        "8",
         "--average_last",
         "2",
         "--lm_config",
@@ -56,7 +56,7 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
         data=mini_model.data,
     )
     out = mini_corpus.log + mini_model.log + r.stdout + r.stderr
-    for n in range(1, 8):
+    for n in range(1, 9):
         assert f"stage {n}:" in out
     # The training stage (egs/mini's stage 3, in the fixture) trained the model: its own log says so.
     assert "] stage 3: train" in mini_model.log and "training done: 10 epochs, 200 steps" in mini_model.log
@@ -79,6 +79,11 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     assert high < float(baseline.group(1)), (high, baseline.group(1))
     assert (exp / "checkpoints" / "avg.pt").exists()
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
+    # Stage 8: the calibration fitted on val's trials, measured on test's, beside the checkpoints.
+    cal = json.loads((exp / "calibration.json").read_text())
+    assert cal["fitted_on"]["trials"] == [str(mini_model.data / "val" / "trials")] and len(cal["model_id"]) == 64
+    held = cal["metrics"][str(mini_model.data / "test" / "trials")]
+    assert held["n_trials"] == len(trials) and 0 <= held["min_cllr"] <= held["cllr"]
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
     r2 = run_recipe(tmp_path, "--train_overrides", train, "--stage", "3", "--stop_stage", "5", data=mini_model.data)
     assert "training done: 10 epochs" in r2.stderr

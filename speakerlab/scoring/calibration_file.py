@@ -80,6 +80,8 @@ def operating_points(llr: np.ndarray, raw: np.ndarray, target: np.ndarray) -> Di
             if rate is None:  # the EER point: where miss and false alarm cross
                 k = int(np.argmin(np.abs(p_miss[:-1] - p_fa[:-1])))
                 p = {"threshold": float(thr[k]), "p_miss": float(p_miss[k]), "p_fa": float(p_fa[k])}
+            elif rate * n_non < 1:  # no nontarget trial could be accepted at this rate: a p_fa of 0 says nothing
+                p = {"threshold": math.inf, "p_miss": None, "p_fa": None}
             else:
                 p = fa_point(p_miss, p_fa, thr, rate)
             point[unit] = _finite(p["threshold"])
