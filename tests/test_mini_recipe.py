@@ -81,7 +81,8 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     assert (Path(str(exp) + "_lm") / "checkpoints" / "epoch_001.pt").exists()
     # Stage 8: the calibration fitted on val's trials, measured on test's, beside the checkpoints.
     cal = json.loads((exp / "calibration.json").read_text())
-    assert cal["fitted_on"]["trials"] == [str(mini_model.data / "val" / "trials")] and len(cal["model_id"]) == 64
+    model_id = str(np.load(exp / "embeddings" / "test.npz")["model_id"])  # the model of stage 4's embeddings
+    assert cal["fitted_on"]["trials"] == [str(mini_model.data / "val" / "trials")] and cal["model_id"] == model_id
     held = cal["metrics"][str(mini_model.data / "test" / "trials")]
     assert held["n_trials"] == len(trials) and 0 <= held["min_cllr"] <= held["cllr"]
     # Re-running a finished stage range is safe: training resumes, finds nothing to do.
