@@ -568,8 +568,8 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
-        (["--stop_stage", "9"], "--stop_stage must be a stage number from 1 to 7, got '9'"),
+        (["--stage", "x"], "--stage must be a stage number from 1 to 10, got 'x'"),
+        (["--stop_stage", "11"], "--stop_stage must be a stage number from 1 to 10, got '11'"),
         (["--stage", "5", "--stop_stage", "4"], "--stage 5 is after --stop_stage 4"),
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),

@@ -128,9 +128,9 @@ def test_environment_variables_are_not_options(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--stage", "x"], "--stage must be a stage number from 1 to 7, got 'x'"),
-        (["--stop_stage", "8"], "--stop_stage must be a stage number from 1 to 7, got '8'"),
-        (["--stage", "0"], "--stage must be a stage number from 1 to 7, got '0'"),
+        (["--stage", "x"], "--stage must be a stage number from 1 to 10, got 'x'"),
+        (["--stop_stage", "11"], "--stop_stage must be a stage number from 1 to 10, got '11'"),
+        (["--stage", "0"], "--stage must be a stage number from 1 to 10, got '0'"),
         (["--stage", "4", "--stop_stage", "3"], "--stage 4 is after --stop_stage 3"),
     ],
 )
