@@ -265,7 +265,7 @@ def test_bad_model_and_output_paths_stop_the_recipe_before_stage_1(voices_and_mo
     r = run_custom("--root", str(voices), "--data", str(tmp_path / "my data"), "--stop_stage", "1", cwd=tmp_path)
     assert refused(r).startswith(f"error: --data: {tmp_path / 'my data'} holds whitespace or is not UTF-8")
     r = run_custom("--root", str(voices), "--stage", "x", cwd=tmp_path)
-    assert refused(r) == "error: --stage must be a stage number from 1 to 9, got 'x'"
+    assert refused(r) == "error: --stage must be a stage number from 1 to 10, got 'x'"
 
 
 def test_a_changed_folder_and_schedule_under_one_exp_dir(voices_and_model, tmp_path):

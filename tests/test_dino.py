@@ -15,6 +15,7 @@ from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.prepare import prepare
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
+from speakerlab.train.pseudo_label import main as pseudo_label_main
 from tests.helpers import ROOT, free_port, losses, tiny_config, write_wav
 
 DINO = """dino: {prototypes: 64, hidden_dim: 32, bottleneck_dim: 16, global_seconds: 0.4, local_seconds: 0.2,
@@ -49,10 +50,18 @@ def assert_same(a, b, **tol):
         torch.testing.assert_close(a[k].float(), b[k].float(), msg=k, **tol)
 
 
-def test_resume_mid_epoch_equals_uninterrupted_and_the_unlabelled_dir_is_embedded(tmp_path):
-    cfg, train = dino_config(tmp_path)
-    ref, cut = tmp_path / "ref", tmp_path / "cut"
-    assert train_main(["--config", str(cfg), "--exp-dir", str(ref)]) == 0
+@pytest.fixture(scope="module")
+def dino_run(tmp_path_factory):
+    """(config, unlabelled train dir, exp) of the tiny DINO run, uninterrupted: 2 epochs of 2 steps."""
+    tmp = tmp_path_factory.mktemp("dino")
+    cfg, train = dino_config(tmp)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp / "ref")]) == 0
+    return cfg, train, tmp / "ref"
+
+
+def test_resume_mid_epoch_equals_uninterrupted(dino_run, tmp_path):
+    cfg, _, ref = dino_run
+    cut = tmp_path / "cut"
     log = (ref / "train.log").read_text()
     assert "unlabelled" in log and "teacher_entropy" in log and "embedding_spread" in log
     for steps in ("1", "2"):  # mid-epoch 1, then mid-epoch 2
@@ -65,13 +74,31 @@ def test_resume_mid_epoch_equals_uninterrupted_and_the_unlabelled_dir_is_embedde
     last_a, last_b = ref / "checkpoints" / "epoch_002.pt", cut / "checkpoints" / "epoch_002.pt"
     assert_same(teacher(last_a), teacher(last_b), rtol=1e-5, atol=1e-6)
     assert_same(load_checkpoint(last_a).model, load_checkpoint(last_b).model, rtol=1e-5, atol=1e-6)
-    # The teacher moved away from its start (it follows the student) and the centre is not zero.
-    start = load_checkpoint(last_a).classifier
-    assert start["center"].abs().sum() > 0 and start["started"] == 1
+    # The centre moved and the teacher was started from the student
+    state = load_checkpoint(last_a).classifier
+    assert state["center"].abs().sum() > 0 and state["started"] == 1
+
+
+@pytest.mark.slow
+def test_the_unlabelled_dir_is_embedded_clustered_and_trained_on_from_the_dino_backbone(dino_run, tmp_path):
+    cfg, train, ref = dino_run
     out = tmp_path / "emb.npz"
     assert extract_main(["--checkpoint", str(ref), "--data", str(train), "--out", str(out), "--num-workers", "0"]) == 0
     ids, emb = read_embeddings(out)
     assert ids == sorted(f"s{s}-{u}" for s in range(4) for u in range(4)) and np.isfinite(emb).all()
+    # A pseudo-label round: the clusters as a labelled dir, the supervised objective from the DINO backbone
+    labelled = tmp_path / "pl1"
+    args = ["--embeddings", str(out), "--data", str(train), "--out", str(labelled), "--clusters", "4"]
+    assert pseudo_label_main([*args, "--drop", "0.25", "--min-size", "1"]) == 0
+    prepare(labelled, jobs=1)
+    assert len(labelled.joinpath("utt2spk").read_text().splitlines()) == 12
+    round1 = tmp_path / "round1"
+    supervised = ["loss.name=aam", "train.epochs=1", f"data.train={labelled}", f"train.init={ref}"]
+    assert train_main(["--config", str(cfg), "--exp-dir", str(round1), *supervised]) == 0
+    log = (round1 / "train.log").read_text()
+    assert f"initialised from {ref}" in log and "new classifier for" in log
+    start = load_checkpoint(round1 / "pretrained.pt").model
+    assert_same(start, load_checkpoint(ref / "checkpoints" / "epoch_002.pt").model)  # the student as it ended
 
 
 def test_silent_audio_collapses_and_the_run_says_so(tmp_path, capsys):

@@ -11,8 +11,8 @@
 #   7 large-margin fine-tuning (then stages 4-5 with --exp ${exp}_lm)
 #   8 calibration (`calibration_stage`): LLRs and operating points fitted on a held-out set, into the exp dir
 #   9 stress table: EER / minDCF under short, telephone, codec, noisy and reverberant test audio (stress_stage)
-# Reserved for every recipe alike: 10 pseudo-label rounds.
-LAST_STAGE=9
+#   10 pseudo-label rounds (pseudo_label_rounds, below)
+LAST_STAGE=10
 
 log() { echo "[$(date '+%Y-%m-%d %H:%M:%S')] $*" >&2; }
 
@@ -176,4 +176,27 @@ _launch_slurm() {
     exit 75
   fi
   return "$status"
+}
+
+# pseudo_label_rounds ROUNDS EXP UNLABELLED CONFIG [TRAIN ARGS...]: stage 10. Each round embeds the unlabelled
+# data dir with the last model (EXP: the self-supervised run, then each round's), clusters the embeddings into
+# a labelled data dir UNLABELLED_pl<r> (speakerlab-pseudo-label with $pseudo_label_opts), prepares it and trains
+# the supervised CONFIG on it into EXP_pl<r>, initialised from the last model (train.init: its backbone; a new
+# classifier). Re-running skips nothing it cannot redo cheaply: the embeddings and clusters are rewritten, the
+# training resumes.
+pseudo_label_rounds() {
+  local rounds="$1" prev="$2" unlabelled="$3" config="$4" r
+  shift 4
+  local base="$prev"
+  for r in $(seq 1 "$rounds"); do
+    local dir="${unlabelled}_pl$r" exp="${base}_pl$r"
+    local emb="$prev/embeddings/$(basename "$unlabelled").npz"
+    log "stage 10: pseudo-label round $r of $rounds: embed $unlabelled with $prev, cluster -> $dir, train -> $exp"
+    speakerlab-extract --checkpoint "$prev" --data "$unlabelled" --out "$emb"
+    speakerlab-pseudo-label --embeddings "$emb" --data "$unlabelled" --out "$dir" $pseudo_label_opts
+    speakerlab-prepare --data "$dir"
+    launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" data.train="$dir" \
+      train.init="$prev" "$@"
+    prev="$exp"
+  done
 }

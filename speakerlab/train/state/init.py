@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
-from speakerlab.config import Config, ConfigError, check_features
+from speakerlab.config import Config, ConfigError, check_features, needs_labels
 from speakerlab.frontends import feature_spec, section_keys
 from speakerlab.models import model_args_problems
 from speakerlab.sources import Source, SourceError, plain, read_source
@@ -122,9 +122,12 @@ def initialise(run) -> None:
         run.monitor.log(f"{src.path}: LoRA adapters merged into the encoder weights")
     run.raw.model.load_state_dict(src.weights)
     clf = run.raw.classifier
-    rows = len(run.speakers) * clf.subcenters
-    same_head = src.loss == cfg.loss.name and src.classifier is not None and src.classifier["weight"].shape[0] == rows
-    if same_head and src.speakers == run.speakers:
+    rows = len(run.speakers) * getattr(clf, "subcenters", 1)
+    same_head = src.loss == cfg.loss.name and src.classifier is not None and src.classifier.get("weight") is not None
+    same_head = same_head and src.classifier["weight"].shape[0] == rows
+    if not needs_labels(cfg):  # DINO: its teacher starts as this model at the first step
+        what = "new DINO head and teacher"
+    elif same_head and src.speakers == run.speakers:
         clf.load_state_dict(src.classifier)  # a sharded head takes its own rows
         what = f"classifier kept ({len(run.speakers)} speakers, as in the source)"
     else:

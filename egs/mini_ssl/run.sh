@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# egs/mini_ssl: speaker embeddings without speaker labels on egs/mini's synthetic corpus, labels hidden, CPU only.
+#   bash egs/mini_ssl/run.sh                       # stages 1-5: DINO, then its EER on the test trials
+#   bash egs/mini_ssl/run.sh --stage 10 --stop_stage 10 --rounds 1   # pseudo-label rounds, then
+#   bash egs/mini_ssl/run.sh --stage 4 --stop_stage 5 --exp exp/dino_pl1
+# Stages (the numbers of every recipe): 1 the corpus (egs/mini's), its training set as an unlabelled data dir
+# (wav.scp only; data/train keeps the true labels, read by nothing but stage 10's purity print); 2 lists checked,
+# lengths indexed, fbank stores of val/test; 3 DINO (conf/mini/dino.yaml); 4 embeddings; 5 scoring and the
+# no-training baseline; 10 pseudo-label rounds: embed, cluster, train the supervised CAM++ from the last model.
+set -euo pipefail
+cd "$(dirname "$0")"
+. ../tools/common.sh
+help_message="Usage: bash egs/mini_ssl/run.sh [--stage N] [--stop_stage N] [--option value ...]"
+
+opt stage 1
+opt stop_stage 5
+opt data data
+opt exp exp/dino                  # stages 3-5 (and 4-5 of a round: exp/dino_pl<r>)
+opt config ../../conf/mini/dino.yaml
+opt supervised_config ../../conf/mini/campplus.yaml  # stage 10: the supervised recipe trained on the clusters
+opt rounds 1                      # stage 10: pseudo-label rounds
+opt clusters 400                  # stage 10: pseudo-speakers; "estimate": AHC on a sample says how many
+opt drop 0.2                      # stage 10: share of least confident utterances dropped
+opt hardware cpu
+opt seed 1234
+opt jobs 2
+opt corpus_opts ""
+opt train_overrides ""            # stage 3
+opt round_overrides ""            # stage 10's training, e.g. "train.epochs=5"
+launch_options none
+
+. ../tools/parse_options.sh
+. ../tools/env.sh
+
+unlabelled="$data/train_unlabelled"
+preflight --config "$config" --exp-dir "$exp" --hardware "$hardware" data.train="$unlabelled" data.val="$data/val" \
+  $train_overrides
+
+if stage_on 1; then
+  log "stage 1: synthetic corpus -> $data; its training set without labels -> $unlabelled"
+  speakerlab-synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts
+  mkdir -p "$unlabelled"
+  cp "$data/train/wav.scp" "$unlabelled/wav.scp"
+fi
+
+if stage_on 2; then
+  log "stage 2: features: lists checked, lengths indexed; fbank stores of val/test (DINO reads the audio)"
+  speakerlab-prepare --data "$unlabelled" --data "$data/val" --data "$data/test"
+  speakerlab-feature-store --config "$supervised_config" --data "$data/val" --data "$data/test"
+fi
+
+if stage_on 3; then
+  log "stage 3: DINO $config on $unlabelled -> $exp"
+  launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" data.train="$unlabelled" \
+    data.val="$data/val" $train_overrides
+fi
+
+if stage_on 4; then
+  log "stage 4: embeddings of $data/test"
+  speakerlab-extract --checkpoint "$exp" --data "$data/test" --out "$exp/embeddings/test.npz"
+fi
+
+if stage_on 5; then
+  log "stage 5: score the test trials; then the no-training baseline"
+  speakerlab-score --embeddings "$exp/embeddings/test.npz" --trials "$data/test/trials" --out "$exp/scores/test"
+  speakerlab-baseline --data "$data/test" --out "$exp/scores/test_baseline"
+fi
+
+if stage_on 10; then
+  count="--clusters $clusters"; [ "$clusters" = estimate ] && count="--estimate"
+  pseudo_label_opts="$count --drop $drop --seed $seed --true-labels $data/train/utt2spk"
+  pseudo_label_rounds "$rounds" "$exp" "$unlabelled" "$supervised_config" data.val="$data/val" data.feats=false \
+    $round_overrides
+fi
+log "done"

@@ -1,0 +1,180 @@
+"""Pseudo-labels for unlabelled training data: cluster its embeddings, write a labelled data dir.
+
+    speakerlab-pseudo-label --embeddings exp/dino/embeddings/train.npz --data data/train_unlabelled \
+        --out data/train_pl1 [--clusters 400 | --estimate] [--drop 0.2] [--true-labels data/train/utt2spk]
+
+Clustering (spherical k-means on the L2-normalised embeddings, cosine): k-means (scikit-learn, k-means++) on a
+random sample of `--sample` utterances, then every utterance assigned to its nearest centroid in blocks of
+`BLOCK` rows (one matrix product each): memory O(block x k), time O(N x k x D), so 1 M utterances and 10 k
+clusters are minutes on a CPU. The count is `--clusters`, or with `--estimate` the number of clusters of
+average-linkage AHC (scipy) on a sample of `--estimate-sample` utterances cut at cosine distance
+`--threshold`, scaled by nothing: each speaker is assumed present in the sample (a sample too small for the
+speaker count gives too few clusters; the printed count says what was used).
+
+Confidence rule: an utterance's margin is its cosine to its own centroid minus that to the second nearest;
+the round(`--drop` x N) utterances with the lowest margins are dropped (they sit between two clusters), then every
+cluster left with fewer than `--min-size` utterances. The rest get `utt2spk` lines `<utt> pl<cluster>`, with
+their wav.scp lines; the data dir is then prepared as any (speakerlab-prepare).
+
+With `--true-labels` (an utt2spk of the same utterances; for measuring only) the purity (the share of
+utterances in their cluster's majority speaker) and the NMI are printed for all utterances and for the kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.lists import ListError, load_data_dir, read_utt2spk
+from speakerlab.outputs import write_lines
+
+BLOCK = 8192  # rows per assignment block
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length `(N, D) -> (N, D)` float32."""
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def estimate_count(x: np.ndarray, threshold: float, sample: int, seed: int) -> int:
+    """Clusters of average-linkage AHC on cosine distance cut at `threshold`, on at most `sample` rows of the unit
+    embeddings `x (N, D)`."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    rows = np.random.default_rng(seed).permutation(len(x))[:sample]
+    tree = linkage(x[rows], method="average", metric="cosine")
+    return int(fcluster(tree, t=threshold, criterion="distance").max())
+
+
+def kmeans_centroids(x: np.ndarray, k: int, sample: int, seed: int) -> np.ndarray:
+    """Unit centroids `(k, D)` of k-means on at most `sample` rows of the unit embeddings `x (N, D)`."""
+    try:
+        from sklearn.cluster import KMeans
+    except ImportError:
+        raise ImportError("speakerlab-pseudo-label needs scikit-learn (pip install scikit-learn)") from None
+    rows = np.random.default_rng(seed).permutation(len(x))[: max(sample, k)]
+    km = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(x[rows])
+    return unit(km.cluster_centers_)
+
+
+def assign(x: np.ndarray, centroids: np.ndarray) -> tuple:
+    """(nearest centroid (N,), its cosine (N,), cosine minus the second nearest's (N,)) in blocks of BLOCK rows."""
+    best, cos, margin = (np.empty(len(x), dtype=np.int64), np.empty(len(x), np.float32), np.empty(len(x), np.float32))
+    for lo in range(0, len(x), BLOCK):
+        sim = x[lo : lo + BLOCK] @ centroids.T
+        top2 = np.partition(-sim, 1, axis=1)[:, :2] if sim.shape[1] > 1 else np.concatenate([-sim, -sim + 2], 1)
+        best[lo : lo + BLOCK] = sim.argmax(axis=1)
+        cos[lo : lo + BLOCK] = -top2[:, 0]
+        margin[lo : lo + BLOCK] = top2[:, 1] - top2[:, 0]
+    return best, cos, margin
+
+
+def keep_confident(labels: np.ndarray, margin: np.ndarray, drop: float, min_size: int) -> np.ndarray:
+    """Which utterances keep their pseudo-label `(N,) bool`: the confidence rule of the module doc."""
+    keep = np.ones(len(labels), dtype=bool)
+    keep[np.argsort(margin, kind="stable")[: int(round(drop * len(labels)))]] = False
+    sizes = np.bincount(labels[keep], minlength=labels.max() + 1)
+    return keep & (sizes[labels] >= min_size)
+
+
+def purity(clusters: np.ndarray, truth: np.ndarray) -> float:
+    """Share of utterances whose cluster's most frequent true speaker is theirs."""
+    pairs = np.unique(np.stack([clusters, truth]), axis=1, return_counts=True)
+    best: Dict[int, int] = {}
+    for (c, _), n in zip(pairs[0].T, pairs[1]):
+        best[int(c)] = max(best.get(int(c), 0), int(n))
+    return sum(best.values()) / len(clusters)
+
+
+@dataclass
+class Outcome:
+    clusters: int
+    kept: int
+    total: int
+    measured: List[str]
+
+
+def pseudo_label(args) -> Outcome:
+    ids, emb = read_embeddings(args.embeddings)
+    data = load_data_dir(args.data, need_speakers=False)
+    missing = sorted(set(data.utts) - set(ids))
+    if missing:
+        raise ListError(
+            f"{args.embeddings}: no embedding for '{missing[0]}' of {Path(args.data) / 'wav.scp'} "
+            f"({len(missing)} missing); embed the whole data dir"
+        )
+    index = {u: i for i, u in enumerate(ids)}
+    x = unit(emb[[index[u] for u in data.utts]])
+    k = args.clusters or estimate_count(x, args.threshold, args.estimate_sample, args.seed)
+    if not 2 <= k <= len(x):
+        raise ListError(f"{k} clusters for {len(x)} utterances: give --clusters between 2 and {len(x)}")
+    labels, _, margin = assign(x, kmeans_centroids(x, k, args.sample, args.seed))
+    keep = keep_confident(labels, margin, args.drop, args.min_size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    utts = [u for u, kept in zip(data.utts, keep) if kept]
+    chosen = labels[keep]
+    write_lines(out / "wav.scp", [f"{u} {data.wav[u]}" for u in utts])
+    write_lines(out / "utt2spk", [f"{u} pl{c:06d}" for u, c in zip(utts, chosen)])
+    measured = []
+    if args.true_labels:
+        truth_of = {u: s for u, (_, s) in read_utt2spk(args.true_labels).items()}
+        lacking = [u for u in data.utts if u not in truth_of]
+        if lacking:
+            raise ListError(f"{args.true_labels}: no speaker for '{lacking[0]}' ({len(lacking)} utterances)")
+        names = {s: i for i, s in enumerate(sorted(set(truth_of.values())))}
+        truth = np.array([names[truth_of[u]] for u in data.utts])
+        measured = [measure("all", labels, truth), measure("kept", chosen, truth[keep])]
+    return Outcome(len(np.unique(chosen)), int(keep.sum()), len(x), measured)
+
+
+def measure(what: str, clusters: np.ndarray, truth: np.ndarray) -> str:
+    from sklearn.metrics import normalized_mutual_info_score
+
+    nmi = normalized_mutual_info_score(truth, clusters)
+    return (
+        f"{what}: {len(clusters)} utterances, {len(np.unique(truth))} true speakers in {len(np.unique(clusters))} "
+        f"clusters: purity {purity(clusters, truth) * 100:.2f}%, NMI {nmi:.4f}"
+    )
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = CommandParser(prog="speakerlab-pseudo-label", description=__doc__.split("\n")[0])
+    ap.add_argument("--embeddings", required=True, help="embeddings .npz of --data (speakerlab-extract)")
+    ap.add_argument("--data", required=True, help="the data dir the embeddings are of (its wav.scp)")
+    ap.add_argument("--out", required=True, help="the labelled data dir to write (wav.scp, utt2spk)")
+    count = ap.add_mutually_exclusive_group(required=True)
+    count.add_argument("--clusters", type=int, help="the number of clusters (pseudo-speakers)")
+    count.add_argument("--estimate", action="store_true", help="estimate it by AHC on a sample (module doc)")
+    ap.add_argument("--threshold", type=float, default=0.5, help="--estimate: AHC cut, cosine distance")
+    ap.add_argument("--estimate-sample", type=int, default=5000, help="--estimate: utterances clustered by AHC")
+    ap.add_argument("--sample", type=int, default=200000, help="utterances k-means is fitted on")
+    ap.add_argument("--drop", type=float, default=0.2, help="fraction of lowest-margin utterances dropped")
+    ap.add_argument("--min-size", type=int, default=2, help="clusters left smaller than this are dropped")
+    ap.add_argument("--true-labels", help="utt2spk of the same utterances: purity and NMI printed (measuring only)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not 0 <= args.drop < 1:
+        ap.error(f"--drop must be in [0, 1), got {args.drop}")
+
+    def work():
+        o = pseudo_label(args)
+        print(
+            f"pseudo-label: {o.kept} of {o.total} utterances kept in {o.clusters} clusters -> {args.out}",
+            file=sys.stderr,
+        )
+        for line in o.measured:
+            print(f"pseudo-label: {line}")
+
+    return run_command(work, (ListError, ImportError))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""speakerlab-pseudo-label: clusters of embeddings -> a labelled data dir, the confidence rule, purity and NMI."""
+
+import numpy as np
+
+from speakerlab.dataio.embeddings import write_embeddings
+from speakerlab.dataio.lists import load_data_dir
+from speakerlab.train.pseudo_label import keep_confident, main, purity
+
+
+def corpus(tmp_path, speakers=8, utts=10, spread=0.15, seed=0):
+    """A wav.scp (paths need not exist) and embeddings: speaker s's utterances scattered around a direction of
+    its own, plus `ambiguous` utterances halfway between speakers 0 and 1."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((speakers, 16))
+    ids, emb, truth = [], [], []
+    for s in range(speakers):
+        for u in range(utts):
+            ids.append(f"s{s}-{u}")
+            emb.append(centres[s] + spread * np.linalg.norm(centres[s]) * rng.standard_normal(16) / 4)
+            truth.append(f"s{s}")
+    for u in range(4):  # between speakers 0 and 1: the least confident
+        ids.append(f"s0-x{u}")
+        emb.append((centres[0] / np.linalg.norm(centres[0]) + centres[1] / np.linalg.norm(centres[1])) / 2)
+        truth.append("s0")
+    data = tmp_path / "data"
+    data.mkdir()
+    order = np.argsort(ids)
+    (data / "wav.scp").write_text("".join(f"{ids[i]} /audio/{ids[i]}.wav\n" for i in order))
+    (tmp_path / "utt2spk").write_text("".join(f"{ids[i]} {truth[i]}\n" for i in order))
+    write_embeddings(tmp_path / "emb.npz", ids, np.array(emb, dtype=np.float32))
+    return data
+
+
+def test_clusters_become_a_labelled_data_dir_and_the_unsure_are_dropped(tmp_path, capsys):
+    data = corpus(tmp_path)
+    out = tmp_path / "pl"
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(out)]
+    assert main(args + ["--clusters", "8", "--drop", "0.05", "--true-labels", str(tmp_path / "utt2spk")]) == 0
+    printed = capsys.readouterr()
+    assert "pseudo-label: 80 of 84 utterances kept in 8 clusters" in printed.err
+    assert "kept: 80 utterances, 8 true speakers in 8 clusters: purity 100.00%, NMI 1.0000" in printed.out
+    labelled = load_data_dir(out)
+    assert not any("-x" in u for u in labelled.utts)  # the 4 between two speakers are the 5% dropped
+    groups = {}
+    for u, c in labelled.utt2spk.items():
+        groups.setdefault(c, set()).add(u.split("-")[0])
+    assert sorted(len(g) for g in groups.values()) == [1] * 8  # one true speaker per cluster
+    assert labelled.wav["s3-1"] == "/audio/s3-1.wav"
+    # The count estimated by AHC on the same embeddings
+    assert main(args + ["--estimate", "--threshold", "0.3", "--drop", "0"]) == 0
+    assert "84 of 84 utterances kept in 8 clusters" in capsys.readouterr().err
+
+
+def test_the_confidence_rule_and_purity():
+    labels = np.array([0, 0, 0, 1, 1, 2])
+    margin = np.array([0.9, 0.8, 0.1, 0.7, 0.6, 0.5])
+    # The lowest 1/6 by margin go (the third of cluster 0), then clusters left below 2: cluster 2.
+    assert keep_confident(labels, margin, 1 / 6, 2).tolist() == [True, True, False, True, True, False]
+    assert purity(np.array([0, 0, 0, 1]), np.array([5, 5, 6, 6])) == 0.75
+
+
+def test_embeddings_missing_an_utterance_is_one_line(tmp_path, capsys):
+    data = corpus(tmp_path)
+    with open(data / "wav.scp", "a") as f:
+        f.write("zz-0 /audio/zz-0.wav\n")
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(tmp_path / "pl")]
+    assert main(args + ["--clusters", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no embedding for 'zz-0'" in err
+    assert not (tmp_path / "pl").exists()
