@@ -8,7 +8,7 @@ pipeline's sub-segments (1.5 s windows every 0.75 s); a sub-segment's embedding 
 Gaussian noise (`--noise` per unit length: at 1.0 a sub-segment's cosine to its speaker's centre is about 0.7, as
 a small model's are on the mini conversations), `--dim` wide. Printed: sub-segments, clustering seconds and the
 process's peak RSS for the long recording (capped: the uncapped affinity of 3 hours alone would be N^2 x 8 bytes,
-1.7 GB, and its `argsort` as much again); then for `--recordings` recordings of `--compare-minutes` minutes, the
+1.3 GB, and its `argsort` as much again); then for `--recordings` recordings of `--compare-minutes` minutes, the
 DER (collar 0.25, pyannote.metrics) of capped and uncapped clustering against the simulated truth.
 """
 
