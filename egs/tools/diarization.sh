@@ -6,7 +6,8 @@
 # The systems: estimated (speaker count estimated: spectral clustering, eigengap), estimated_ahc (AHC),
 # oracle_count (DATA/reco2num_spk given), oracle_vad (the reference's speech instead of the VAD) and
 # one_speaker (the baseline: every speech region of the VAD is one speaker).
-# $vad and $diarize_opts (extra speakerlab-diarize options) come from the recipe's options.
+# $vad, $diarize_opts (extra speakerlab-diarize options) and, where a recipe sets it, $max_speakers (the
+# highest speaker count an estimate may reach) come from the recipe's options.
 diarize_systems() {
   local data="$1" exp="$2" name opts; shift 2
   mkdir -p "$exp"
@@ -18,6 +19,7 @@ diarize_systems() {
       oracle_vad) opts=(--vad oracle --segments "$data/rttm") ;;
       one_speaker) opts=(--vad "$vad" --num-speakers 1) ;;
     esac
+    if [ -n "${max_speakers:-}" ]; then opts+=(--max-speakers "$max_speakers"); fi
     log "  $name: speakerlab-diarize ${opts[*]} $diarize_opts"
     speakerlab-diarize --wav-scp "$data/wav.scp" "$@" "${opts[@]}" $diarize_opts \
       --rttm "$exp/$name.rttm" --json "$exp/$name.json" 2> >(tee "$exp/$name.log" >&2)

@@ -28,7 +28,8 @@ opt model_opts ""                  # the model, as speakerlab-diarize takes it: 
                                    # "--3dspeaker NAME --weights FILE" or "--redimnet2 FILE" (stages 4-5)
 opt exp exp/diar
 opt vad silero                     # silero | energy
-opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--max-speakers 25 --device cuda"
+opt max_speakers 25                # estimated counts stay within 1..this: VoxConverse's recordings have up to 21
+opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --device cuda"
 opt seed 0
 
 . ../tools/parse_options.sh

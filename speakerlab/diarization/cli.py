@@ -131,6 +131,8 @@ TUNING = {
     "threshold": "ahc: cosine distance where clusters stop joining",
     "merge_cosine": "estimated counts: merge speakers whose centroids' cosine exceeds this (1: never)",
     "seed": "k-means seed: the same input and seed give the same output",
+    "max_units": "long recordings: sub-segments beyond this are clustered as this many units of neighbours, "
+    "then each assigned to its nearest speaker (0: no limit)",
     "batch_size": "sub-segments per model call",
 }
 

@@ -16,6 +16,13 @@ ahc: average-linkage agglomerative clustering on cosine distance (`scipy.cluster
 Both are deterministic for a given input and seed. After estimating the count (not when it is given),
 clusters whose centroids are more alike than `merge_cosine` are merged, down to the minimum: the
 eigengap cannot say "one speaker" reliably when every eigenvalue is small.
+
+Long recordings: the affinity is N x N and `eigh` O(N^3), so 3 hours (~12 k sub-segments) would take
+gigabytes and many minutes. Beyond `max_units` sub-segments, runs of ceil(N / max_units) neighbours (in time
+order) are averaged into one unit, the units are clustered as above, and every sub-segment then takes the
+speaker whose centroid (the mean of that speaker's sub-segments) is nearest by cosine: the speaker changes
+inside a unit are found again at sub-segment resolution. Should that empty a speaker, each sub-segment keeps
+its unit's. Memory is O(max_units^2 + N x D), time O(max_units^3 + N x D x k) (bench/diarization_scale.py).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 
 METHODS = ("spectral", "ahc")
 MIN_NEIGHBOURS = 6  # spectral pruning keeps at least this many affinities per row
+MAX_UNITS = 1500  # clustered at most; more sub-segments are grouped into this many units (module docstring)
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,22 @@ def ahc(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
     return labels.astype(np.int64) - 1
 
 
+def group_neighbours(x: np.ndarray, max_units: int) -> np.ndarray:
+    """`(N, D)` unit rows -> `(N,)` unit index: runs of ceil(N / max_units) consecutive rows share one."""
+    size = -(-len(x) // max_units)
+    return np.arange(len(x)) // size
+
+
+def assign_nearest(x: np.ndarray, unit_of: np.ndarray, unit_labels: np.ndarray) -> np.ndarray:
+    """Each row's speaker: the nearest (cosine) centroid of the speakers `unit_labels[unit_of]` give; those
+    labels themselves when the nearest-centroid rule would leave a speaker with no row."""
+    coarse = unit_labels[unit_of]
+    ids = np.unique(coarse)
+    centroids = normalize(np.stack([x[coarse == k].mean(axis=0) for k in ids]))
+    fine = ids[np.argmax(x @ centroids.T, axis=1)]
+    return fine if len(np.unique(fine)) == len(ids) else coarse
+
+
 def merge_similar(x: np.ndarray, labels: np.ndarray, minimum: int, merge_cosine: float) -> np.ndarray:
     """Merge the two clusters with the most alike centroids while their cosine exceeds `merge_cosine` and
     more than `minimum` clusters remain."""
@@ -140,10 +164,12 @@ def cluster(
     pruning: float = 0.1,
     threshold: float = 0.5,
     merge_cosine: Optional[float] = 0.7,
+    max_units: int = MAX_UNITS,
 ) -> np.ndarray:
     """`(N, D)` embeddings -> `(N,)` labels 0..k-1 in order of first appearance, with k within `count`
     (and at most N). `method`: spectral or ahc; `pruning` is spectral's, `threshold` ahc's;
-    `merge_cosine` None merges nothing."""
+    `merge_cosine` None merges nothing; more than `max_units` rows (0: no limit) are clustered as that many
+    units of neighbours, then assigned (module docstring)."""
     if method not in METHODS:
         raise ValueError(f"unknown clustering {method!r}: one of {', '.join(METHODS)}")
     n = len(emb)
@@ -154,6 +180,11 @@ def cluster(
     x = normalize(emb)
     if count.fixed and count.min >= n:
         return np.arange(n, dtype=np.int64)  # every segment its own speaker: nothing to cluster
+    if max_units and n > max_units:
+        unit_of = group_neighbours(x, max_units)
+        units = normalize(np.add.reduceat(x, np.flatnonzero(np.diff(unit_of, prepend=-1))))
+        unit_labels = cluster(units, count, method, seed, pruning, threshold, merge_cosine, max_units=0)
+        return first_appearance(assign_nearest(x, unit_of, unit_labels))
     labels = spectral(x, count, seed, pruning) if method == "spectral" else ahc(x, count, threshold)
     if merge_cosine is not None and not count.fixed:
         labels = merge_similar(x, labels, count.min, merge_cosine)

@@ -31,7 +31,7 @@ import numpy as np
 
 from speakerlab.dataio.resample import resample
 from speakerlab.dataio.rttm import Interval, Turn
-from speakerlab.diarization.cluster import METHODS, SpeakerCount, cluster, normalize
+from speakerlab.diarization.cluster import MAX_UNITS, METHODS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.inference.common import check_finite
 
@@ -55,6 +55,7 @@ class DiarizeOptions:
     threshold: float = 0.5
     merge_cosine: Optional[float] = 0.7
     seed: int = 0
+    max_units: int = MAX_UNITS
 
     def __post_init__(self):
         problems = []
@@ -68,6 +69,8 @@ class DiarizeOptions:
             problems.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 0 < self.pruning <= 1:
             problems.append(f"pruning must lie in (0, 1], got {self.pruning}")
+        if self.max_units < 0 or 0 < self.max_units < 2:
+            problems.append(f"max_units must be 0 (no limit) or >= 2, got {self.max_units}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -202,7 +205,7 @@ class Diarizer:
                 f"{name}: {count.min} speakers asked for, but the speech gives only {len(pieces)} "
                 f"sub-segment(s): {len(pieces)} speaker(s) at most"
             )
-        labels = cluster(emb, count, opt.method, opt.seed, opt.pruning, opt.threshold, opt.merge_cosine)
+        labels = cluster(emb, count, opt.method, opt.seed, opt.pruning, opt.threshold, opt.merge_cosine, opt.max_units)
         x = normalize(emb)
         centroids = normalize(np.stack([x[labels == k].mean(axis=0) for k in range(labels.max() + 1)]))
         return Diarization(

@@ -1,0 +1,149 @@
+"""`speakerlab-diarize` and `speakerlab-der` as a new user meets them: both run where torch cannot be imported
+(`--onnx`, the Silero VAD, an 8 kHz file resampled), every file of a wav.scp checked before work, a failing
+recording keeping the finished ones, contradicting speaker counts refused in one line; and the Silero decision
+rule written out in speakerlab.diarization.vad giving the package's own regions.
+
+The ONNX embedder is tests/test_deploy.py's small waveform graph (per row: mean and mean square of the samples):
+what is tested is that the commands run and what they write, not who spoke when (tests/test_diarization.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from speakerlab.dataio.rttm import read_rttm
+from speakerlab.diarization.cli import run
+from tests.helpers import write_wav
+from tests.test_deploy import stats_file, torch_free_env  # noqa: F401 (stats_file: the fixture)
+from tests.test_diarization import talk
+
+SR = 16000
+
+
+@pytest.fixture(scope="module")
+def conversations(tmp_path_factory):
+    """A wav.scp of two short conversations, the second at 8 kHz (resampled on the way in)."""
+    root = tmp_path_factory.mktemp("conv")
+    lines = []
+    for i, rate in enumerate((SR, 8000)):
+        wave, _ = talk(10 + i, [0, 1, 0, 1], seconds=(1.0, 1.5))
+        wave = wave if rate == SR else wave[::2]  # 8 kHz: the talk's band is well below 4 kHz
+        lines.append(f"c{i} {write_wav(root / f'c{i}.wav', wave, rate)}\n")
+    (root / "wav.scp").write_text("".join(lines))
+    return root / "wav.scp"
+
+
+@pytest.mark.slow  # three fresh interpreters importing onnxruntime, scipy, sklearn, pandas: ~50 s at load 15
+def test_diarize_onnx_and_der_run_where_torch_cannot_be_imported(stats_file, conversations, tmp_path):  # noqa: F811
+    env = torch_free_env(tmp_path)
+    assert subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True).returncode != 0
+    rttm, out_json = tmp_path / "hyp.rttm", tmp_path / "hyp.json"
+    script = (
+        "import sys; from speakerlab.diarization.cli import run; code = run(sys.argv[1:]); "
+        "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(code)"
+    )
+    args = ["--wav-scp", conversations, "--onnx", stats_file, "--vad", "silero", "--num-speakers", "2"]
+    cmd = [sys.executable, "-c", script, *map(str, args), "--rttm", str(rttm), "--json", str(out_json)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no torch" and "Traceback" not in done.stderr
+    hyp = read_rttm(rttm)
+    assert set(hyp) == {"c0", "c1"} and all(len({t.speaker for t in turns}) == 2 for turns in hyp.values())
+    # The 8 kHz file's turns lie where its 16 kHz twin's would: speech found after resampling.
+    assert max(t.end for t in hyp["c1"]) > 4.0 and out_json.stat().st_size > 0
+
+    der = "import sys; from speakerlab.diarization.der import main; sys.exit(main(sys.argv[1:]))"
+    helped = subprocess.run([sys.executable, "-c", der, "--help"], env=env, capture_output=True, text=True)
+    assert helped.returncode == 0 and "--hyp" in helped.stdout, helped.stderr
+    scored = subprocess.run(
+        [sys.executable, "-c", der, "--ref", str(rttm), "--hyp", f"self={rttm}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert scored.returncode == 0, scored.stderr
+    assert scored.stdout.splitlines()[1].split()[3] == "0.00"  # a system against itself: DER 0
+
+
+def diarize(capsys, *args) -> tuple:
+    code = run([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_missing_file_is_found_before_any_work(stats_file, conversations, tmp_path, capsys):  # noqa: F811
+    first = conversations.read_text().splitlines()[0]
+    gone = tmp_path / "gone.wav"
+    scp = tmp_path / "wav.scp"
+    scp.write_text(f"{first}\nc9 {gone}\n")
+    rttm = tmp_path / "hyp.rttm"
+    code, _, err = diarize(capsys, "--wav-scp", scp, "--onnx", stats_file, "--vad", "energy", "--rttm", rttm)
+    assert code == 2 and err == f"error: no such file: {gone} ({scp} line 2)\n"
+    assert not rttm.exists()  # checked up front: nothing diarized, nothing written
+
+
+def test_a_recording_that_fails_keeps_the_ones_before_it(stats_file, conversations, tmp_path, capsys):  # noqa: F811
+    """The second recording's samples are NaN (a float WAV): its embeddings are not finite, an error naming it;
+    the first recording's RTTM and JSON are written."""
+    first = conversations.read_text().splitlines()[0]
+    bad = write_wav(tmp_path / "nan.wav", np.full(3 * SR, np.nan, np.float32), SR, subtype="FLOAT")
+    scp = tmp_path / "wav.scp"
+    scp.write_text(f"{first}\nc9 {bad}\n")
+    segments = tmp_path / "speech.rttm"  # oracle speech: the NaN file has some, so it gets embedded
+    segments.write_text("".join(f"SPEAKER {r} 1 0.5 2.0 <NA> <NA> a <NA> <NA>\n" for r in ("c0", "c9")))
+    rttm, out_json = tmp_path / "hyp.rttm", tmp_path / "hyp.json"
+    opts = ("--vad", "oracle", "--segments", segments, "--rttm", rttm, "--json", out_json)
+    code, _, err = diarize(capsys, "--wav-scp", scp, "--onnx", stats_file, *opts)
+    assert code == 2 and "error:" in err and str(bad) in err.splitlines()[-1]
+    assert "1 of 2 recording(s) done and written" in err
+    assert set(read_rttm(rttm)) == {"c0"} and '"id": "c0"' in out_json.read_text()
+
+
+@pytest.mark.parametrize(
+    "counts,message",
+    [
+        (
+            ("--num-speakers", "2", "--min-speakers", "3"),
+            "--num-speakers 2 contradicts --min-speakers 3 / --max-speakers 20",
+        ),
+        (
+            ("--num-speakers", "5", "--max-speakers", "4"),
+            "--num-speakers 5 contradicts --min-speakers 1 / --max-speakers 4",
+        ),
+        (("--min-speakers", "4", "--max-speakers", "3"), "need 1 <= --min-speakers <= --max-speakers, got 4, 3"),
+    ],
+)
+def test_contradicting_speaker_counts_are_one_error_line(stats_file, conversations, capsys, counts, message):  # noqa: F811
+    with pytest.raises(SystemExit) as stop:
+        run(["--wav-scp", str(conversations), "--onnx", str(stats_file), *counts])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.splitlines()[-1].endswith(message)
+
+
+def test_silero_decision_rule_gives_the_packages_regions():
+    """hysteresis_regions on our own onnxruntime probabilities against silero-vad's get_speech_timestamps_sequence
+    (which imports torch, as this test may), for the default options and for looser ones."""
+    silero = pytest.importorskip("silero_vad")
+    from speakerlab.diarization.vad import SileroVad
+
+    model = silero.load_silero_vad(sequence=True)
+    found = 0
+    for seed in range(3):
+        wave, _ = talk(seed, [0, 1, 2, 0, 1], seconds=(0.2, 2.5))  # short turns: some below min_speech
+        for threshold, min_speech, min_silence, pad in ((0.5, 0.25, 0.1, 0.03), (0.3, 0.5, 0.5, 0.3)):
+            theirs = silero.get_speech_timestamps_sequence(
+                wave,
+                model,
+                sampling_rate=SR,
+                threshold=threshold,
+                min_speech_duration_ms=int(min_speech * 1000),
+                min_silence_duration_ms=int(min_silence * 1000),
+                speech_pad_ms=int(pad * 1000),
+            )
+            ours = SileroVad(threshold, min_speech, min_silence, pad)(wave)
+            assert ours == [(s["start"] / SR, s["end"] / SR) for s in theirs]
+            found += len(ours)
+    assert found > 20  # speech was found: the comparison was not of empty lists

@@ -1,0 +1,65 @@
+"""Clustering of long recordings (speakerlab.diarization.cluster, `max_units`): units of neighbouring sub-segments
+clustered, then every sub-segment assigned to its nearest speaker, giving what clustering every sub-segment gives,
+speaker changes inside a unit included, and the counts asked for. The time and memory it saves are measured by
+bench/diarization_scale.py, not here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speakerlab.diarization.cluster import SpeakerCount, cluster, group_neighbours
+
+
+def turns_of_speakers(seed: int, speakers: int, n: int, dim: int = 32, noise: float = 0.6):
+    """`(n, dim)` embeddings of a conversation: turns of 3-25 sub-segments, each of a random other speaker
+    (a centre on the unit sphere plus Gaussian noise of `noise` per unit length), and the true labels."""
+    g = np.random.default_rng(seed)
+    centres = g.standard_normal((speakers, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    labels, who = [], 0
+    while len(labels) < n:
+        who = (who + 1 + g.integers(speakers - 1)) % speakers
+        labels += [who] * int(g.integers(3, 26))
+    labels = np.array(labels[:n])
+    x = centres[labels] + noise / np.sqrt(dim) * g.standard_normal((n, dim))
+    return x.astype(np.float32), labels
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """Fraction of rows with the same label after the best one-to-one renaming (Hungarian)."""
+    from scipy.optimize import linear_sum_assignment
+
+    table = np.zeros((a.max() + 1, b.max() + 1))
+    np.add.at(table, (a, b), 1)
+    rows, cols = linear_sum_assignment(-table)
+    return table[rows, cols].sum() / len(a)
+
+
+def test_neighbours_are_grouped_in_runs_of_equal_size():
+    x = np.zeros((1001, 4))
+    unit_of = group_neighbours(x, 100)  # ceil(1001 / 100) = 11 per unit: 91 units
+    assert unit_of.max() + 1 == 91 and np.all(np.diff(unit_of) >= 0) and np.bincount(unit_of).max() == 11
+
+
+@pytest.mark.parametrize("method", ["spectral", "ahc"])
+def test_capped_clustering_finds_what_full_clustering_finds(method):
+    """1200 sub-segments, units of 8 (max_units 150): most units hold a speaker change, yet the labels agree
+    with the uncapped clustering's and with the truth on >= 97 % of the sub-segments."""
+    x, truth = turns_of_speakers(0, 5, 1200)
+    full = cluster(x, SpeakerCount(1, 10), method, max_units=0)
+    capped = cluster(x, SpeakerCount(1, 10), method, max_units=150)
+    unit_of = group_neighbours(x, 150)
+    mixed = sum(len(np.unique(truth[unit_of == u])) > 1 for u in np.unique(unit_of))
+    assert mixed > 0.2 * (unit_of.max() + 1)  # the units do straddle speaker changes
+    assert len(np.unique(capped)) == len(np.unique(full)) == 5
+    assert agreement(capped, full) >= 0.97 and agreement(capped, truth) >= 0.97
+
+
+@pytest.mark.parametrize(
+    "count", [SpeakerCount.exactly(3), SpeakerCount.exactly(7), SpeakerCount(6, 9), SpeakerCount(1, 4)]
+)
+def test_capped_clustering_honours_the_count(count):
+    x, _ = turns_of_speakers(1, 5, 900)
+    k = len(np.unique(cluster(x, count, "spectral", max_units=100)))
+    assert count.min <= k <= count.max
