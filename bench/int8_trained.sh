@@ -24,9 +24,10 @@ python -c "import sys; from speakerlab.sources import read_source; m = read_sour
 print(f'model: {sum(p.numel() for p in m.parameters()):,} parameters')" "$exp"
 
 run speakerlab-export --checkpoint "$exp" --waveform --out "$work/fp32.onnx"
-# --trials: the exporter's own check prints both EERs; --force keeps a refused file for the figures below.
-run speakerlab-export --checkpoint "$exp" --waveform --int8 static --calibration "$data/val" --trials "$data/test" \
-  --force --out "$work/int8.onnx"
+# The EERs come from speakerlab-score below (with their intervals), not from the exporter's --trials check (the
+# same embeddings once more); --force keeps a file the cosine check refused, for the figures below.
+run speakerlab-export --checkpoint "$exp" --waveform --int8 static --calibration "$data/val" --force \
+  --out "$work/int8.onnx"
 for kind in fp32 int8; do
   run speakerlab-embed "$data/test/wav.scp" "$work/$kind.npz" --onnx "$work/$kind.onnx"
   run speakerlab-score --embeddings "$work/$kind.npz" --trials "$data/test/trials" --out "$work/scores_$kind" --no-plots \
