@@ -12,7 +12,9 @@ replaced. A target that exists and is not a regular file (a character device suc
 /dev/stdout on a pipe) is never renamed over: running as root, a rename would replace the machine's /dev/null with a
 plain file. `output_file` writes such a target straight through; `output_path` refuses it in one line, because the
 writers that take a path may add suffixes or seek. `-` means standard output where a command's output is text
-(`output_file(path, allow_stdout=True)`). A folder as the target is an OutputError naming it.
+(`output_file(path, allow_stdout=True)`). A folder as the target is an OutputError naming it; a command whose output
+is a folder of files checks it with `check_folder_output` (a device, a pipe or a file there is refused) and writes
+each file in it through `output_file`.
 """
 
 from __future__ import annotations
@@ -114,6 +116,17 @@ def check_path_output(path: PathLike) -> Path:
     if kind == "special":
         raise OutputError(f"{path} is not a regular file (a device or a pipe): this output is written only to a file")
     return real
+
+
+def check_folder_output(path: PathLike) -> Path:
+    """`path`, for a command whose output is a folder of files: a device, a pipe or a file there is an OutputError
+    naming it (a folder or nothing is fine; the caller creates it). Commands call it before their work."""
+    kind = _kind(Path(path))
+    if kind == "special":
+        raise OutputError(f"{path} is not a folder (a device or a pipe): this command writes a folder of files there")
+    if kind == "file":
+        raise OutputError(f"{path} is a file, not a folder: this command writes a folder of files there")
+    return Path(path)
 
 
 @contextlib.contextmanager

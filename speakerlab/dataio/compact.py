@@ -34,6 +34,7 @@ import numpy as np
 
 from speakerlab.dataio.columns import NEWLINE, SPACE, NotFast, StringView, fixed_width, offsets, sorted_keys
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.outputs import output_file, write_text
 
 
 @dataclass(kw_only=True)
@@ -142,12 +143,9 @@ def _save_cache(lists: CompactLists) -> None:
             value = getattr(lists, name)
             (folder / f"{name}.npy").unlink(missing_ok=True)
             if value is not None:
-                tmp = folder / f"{name}.{os.getpid()}.tmp.npy"
-                np.save(tmp, value)
-                os.replace(tmp, folder / f"{name}.npy")
-        tmp = folder / f"meta.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(stamp))
-        os.replace(tmp, folder / "meta.json")
+                with output_file(folder / f"{name}.npy", "wb", fsync=False) as f:  # a cache: checked when read
+                    np.save(f, value)
+        write_text(folder / "meta.json", json.dumps(stamp))
     except OSError:
         pass
 

@@ -15,8 +15,9 @@ are `ListError`s naming the file (or the source given) and the first offending i
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -86,12 +87,28 @@ def write_embeddings(path, ids: Sequence[str], emb: np.ndarray, kaldi: bool = Fa
     with output_file(path, "wb") as f:  # a device (/dev/null) is written through, never renamed over
         np.savez(f, ids=np.asarray(ids, dtype=str), embeddings=emb, **extra)
     if kaldi:
-        try:
-            import kaldiio
-        except ImportError:
-            raise ImportError("Kaldi output needs kaldiio: pip install kaldiio (see requirements.txt)") from None
-        ark, scp = kaldi_paths(path)
-        with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as writer:
-            for utt, e in zip(ids, emb):
-                writer(utt, e)
+        write_kaldi_ark(*kaldi_paths(path), zip(ids, emb))
     return path
+
+
+def import_kaldiio():
+    """kaldiio, imported on first use: only Kaldi-format users need it (requirements.txt lists it)."""
+    try:
+        import kaldiio
+    except ImportError:
+        raise ImportError("Kaldi files need kaldiio: pip install kaldiio (see requirements.txt)") from None
+    return kaldiio
+
+
+def write_kaldi_ark(ark, scp, items: Iterable[Tuple[str, np.ndarray]]) -> None:
+    """Each `(key, array)` of `items` (float32 `(D,)` vectors or `(T, F)` matrices) into a Kaldi binary ark at
+    `ark` and its index at `scp` (`key ark:offset` lines naming `ark` as given), both through speakerlab.outputs:
+    whole or not at all, a device written through (offsets are counted, so the ark need not be seekable)."""
+    kaldiio, offset = import_kaldiio(), 0
+    with output_file(ark, "wb") as a, output_file(scp, "w") as s:
+        for key, array in items:
+            entry = io.BytesIO()
+            kaldiio.save_ark(entry, {key: array})
+            a.write(entry.getvalue())
+            s.write(f"{key} {ark}:{offset + len(key.encode()) + 1}\n")  # the data starts after `key `
+            offset += len(entry.getvalue())

@@ -34,6 +34,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.config import AUGMENT_KINDS
 from speakerlab.dataio.audio import AudioError, audio_info, sf
 from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.outputs import check_folder_output, output_path, write_text
 
 KINDS = AUGMENT_KINDS
 LIST_FILES = {"reverb": "rirs.scp", "noise": "noise.scp", "music": "music.scp", "babble": "babble.scp"}
@@ -92,20 +93,9 @@ def _decode(audio: str, samples: int) -> np.ndarray:
     return wave[:, 0]
 
 
-def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 16000, log=print) -> Path:
-    """Read every file of the `kinds` lists under `lists` into `out/audio.npy` + `out/index.json`.
-
-    Raises BankError listing every problem (with `list:line:`); the bank is then left unwritten."""
-    lists, out = Path(lists), Path(out)
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
-        raise ValueError(f"bank kinds must be a non-empty subset of {KINDS}, got {list(kinds)}")
-    problems: List[str] = []
-    checked = {k: _check_list(k, lists / LIST_FILES[k], sample_rate, problems) for k in kinds}
-    total = sum(n for entries in checked.values() for _, _, n, _ in entries)
-    out.mkdir(parents=True, exist_ok=True)
-    partial = out / f".{AUDIO}.{os.getpid()}.partial"  # per builder: two builders never share a file
-    audio = np.lib.format.open_memmap(partial, mode="w+", dtype=np.int16, shape=(max(total, 1),))
+def _fill(audio: np.ndarray, checked, lists: Path, problems: List[str]) -> Tuple[Dict[str, dict], int]:
+    """Each usable file of `checked` (kind -> _check_list's entries) scaled to the int16 peak into `audio` (total,),
+    end to end: (the index's per-kind records, the samples written); problems appended, not raised."""
     index: Dict[str, dict] = {}
     pos = 0
     for kind, entries in checked.items():
@@ -139,21 +129,38 @@ def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 1600
         if (lists / LIST_FILES[kind]).is_file():
             rec["digest"] = list_digest(lists / LIST_FILES[kind])
         index[kind] = rec
-    audio.flush()
-    del audio
-    if problems:
-        partial.unlink(missing_ok=True)
-        shown = "\n".join(f"  {p}" for p in problems[:MAX_SHOWN])
-        more = f"\n  ... and {len(problems) - MAX_SHOWN} more" if len(problems) > MAX_SHOWN else ""
-        raise BankError(
-            f"{len(problems)} problem(s) in the augmentation lists under {lists}; no bank written:\n{shown}{more}"
+    return index, pos
+
+
+def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 16000, log=print) -> Path:
+    """Read every file of the `kinds` lists under `lists` into `out/audio.npy` + `out/index.json`.
+
+    Raises BankError listing every problem (with `list:line:`); the bank is then left unwritten."""
+    lists, out = Path(lists), check_folder_output(out)
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"bank kinds must be a non-empty subset of {KINDS}, got {list(kinds)}")
+    problems: List[str] = []
+    checked = {k: _check_list(k, lists / LIST_FILES[k], sample_rate, problems) for k in kinds}
+    total = sum(n for entries in checked.values() for _, _, n, _ in entries)
+    out.mkdir(parents=True, exist_ok=True)
+    # Index first, then audio, each by an atomic rename: a reader never maps a half-written file, and a process that
+    # mapped the previous audio keeps reading it (its pages stay until it is closed). The temporary audio file is
+    # per builder (output_path): two builders never share a file.
+    with output_path(out / AUDIO) as partial:
+        audio = np.lib.format.open_memmap(partial, mode="w+", dtype=np.int16, shape=(max(total, 1),))
+        index, pos = _fill(audio, checked, lists, problems)
+        audio.flush()
+        del audio
+        if problems:
+            shown = "\n".join(f"  {p}" for p in problems[:MAX_SHOWN])
+            more = f"\n  ... and {len(problems) - MAX_SHOWN} more" if len(problems) > MAX_SHOWN else ""
+            raise BankError(
+                f"{len(problems)} problem(s) in the augmentation lists under {lists}; no bank written:\n{shown}{more}"
+            )
+        write_text(
+            out / INDEX, json.dumps({"format": FORMAT, "sample_rate": sample_rate, "samples": pos, "kinds": index})
         )
-    meta = {"format": FORMAT, "sample_rate": sample_rate, "samples": pos, "kinds": index}
-    # Index first, then audio, each by an atomic rename: a reader never maps a half-written file, and
-    # a process that mapped the previous audio keeps reading it (its pages stay until it is closed).
-    (out / f".{INDEX}.{os.getpid()}.partial").write_text(json.dumps(meta))
-    os.replace(out / f".{INDEX}.{os.getpid()}.partial", out / INDEX)
-    os.replace(partial, out / AUDIO)
     log(
         f"noise bank {out}: "
         + ", ".join(f"{k} {len(v['ids'])} files" for k, v in index.items())

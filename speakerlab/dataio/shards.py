@@ -39,9 +39,9 @@ that epoch's samples differ (some utterances may be seen twice in it, others not
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
-import os
 import sys
 import tarfile
 from pathlib import Path
@@ -59,6 +59,7 @@ from speakerlab.dataio.columns import FixedView, JoinedView, as_keys
 from speakerlab.dataio.corpora import joined_data_dir, resolve_corpora
 from speakerlab.dataio.lists import ListError
 from speakerlab.dataio.prepare import index_lengths
+from speakerlab.outputs import check_folder_output, output_file, write_text
 
 SHARDS_JSON = "shards.json"
 FORMAT = 2
@@ -116,7 +117,7 @@ def write_shards(
     A shard is closed at `per_shard` samples when given, else before it would pass `shard_mb` MiB.
     Lengths come from `utt2num_samples` when the prepare stage wrote it, else from the headers. Skips
     the work when shards.json is newer than the lists and was written with the same options."""
-    root, out = Path(data_dir), Path(out)
+    root, out = Path(data_dir), check_folder_output(out)
     limits = {"shard_mb": None, "per_shard": per_shard} if per_shard else {"shard_mb": shard_mb, "per_shard": None}
     options = {"seed": seed, "sample_rate": sample_rate, **limits}
     index_path = out / SHARDS_JSON
@@ -135,43 +136,38 @@ def write_shards(
         lengths = index_lengths(data, sample_rate)
     out.mkdir(parents=True, exist_ok=True)
     index_path.unlink(missing_ok=True)  # incomplete from here until it is written again, last
-    for old in list(out.glob("shard-*.tar")) + list(out.glob("shard-*.tar.tmp")):
+    for old in list(out.glob("shard-*.tar")) + list(out.glob(".shard-*.tar.tmp*")):
         old.unlink()
     order = [data.utts[i] for i in np.random.default_rng(seed).permutation(len(data.utts))]
     spk2idx, wds = data.spk2idx, _wds()
     shards: List[dict] = []
-    writer, stream, size, limit = None, None, 0, shard_mb * 2**20
-
-    def close() -> None:
-        writer.close()
-        stream.close()
-        tmp = out / (shards[-1]["file"] + ".tmp")
-        os.replace(tmp, out / shards[-1]["file"])  # a shard-*.tar is always whole
-
-    for i, utt in enumerate(order):
-        audio = Path(data.wav[utt]).read_bytes()
-        full = shards and (shards[-1]["count"] >= per_shard if per_shard else size + len(audio) > limit)
-        if writer is None or full:
-            if writer is not None:
-                close()
-            shards.append({"file": f"shard-{len(shards):06d}.tar", "count": 0})
-            stream = open(out / (shards[-1]["file"] + ".tmp"), "wb")
-            writer, size = wds.TarWriter(stream, encoder=False), 0
-        ext = Path(data.wav[utt]).suffix.lower().lstrip(".")
-        ext = ext if ext and ext != "json" and "." not in ext else "audio"
-        meta = {"utt": utt, "spk": data.utt2spk[utt], "num_samples": lengths[utt]}
-        size += writer.write({"__key__": f"{i:09d}", ext: audio, "json": json.dumps(meta).encode()}) + 1536
-        shards[-1]["count"] += 1
-    if writer is not None:
-        close()
+    writer, size, limit = None, 0, shard_mb * 2**20
+    with contextlib.ExitStack() as shard_file:  # closing it renames the shard in: a shard-*.tar is always whole
+        for i, utt in enumerate(order):
+            audio = Path(data.wav[utt]).read_bytes()
+            full = shards and (shards[-1]["count"] >= per_shard if per_shard else size + len(audio) > limit)
+            if writer is None or full:
+                if writer is not None:
+                    writer.close()
+                    shard_file.close()
+                shards.append({"file": f"shard-{len(shards):06d}.tar", "count": 0})
+                stream = shard_file.enter_context(output_file(out / shards[-1]["file"], "wb"))
+                writer, size = wds.TarWriter(stream, encoder=False), 0
+            ext = Path(data.wav[utt]).suffix.lower().lstrip(".")
+            ext = ext if ext and ext != "json" and "." not in ext else "audio"
+            meta = {"utt": utt, "spk": data.utt2spk[utt], "num_samples": lengths[utt]}
+            size += writer.write({"__key__": f"{i:09d}", ext: audio, "json": json.dumps(meta).encode()}) + 1536
+            shards[-1]["count"] += 1
+        if writer is not None:
+            writer.close()
     arrays = {
         "utts": as_keys(order),
         "labels": np.array([spk2idx[data.utt2spk[u]] for u in order], dtype=np.int32),
         "num_samples": np.array([lengths[u] for u in order], dtype=np.int64),
     }
     for name, values in arrays.items():  # before shards.json, which says they are complete
-        np.save(out / f"{name}.tmp.npy", values)
-        os.replace(out / f"{name}.tmp.npy", out / f"{name}.npy")
+        with output_file(out / f"{name}.npy", "wb") as f:
+            np.save(f, values)
     index = {
         "format": FORMAT,
         "data": str(root),
@@ -181,9 +177,7 @@ def write_shards(
         "total": len(order),
         "shards": shards,
     }
-    tmp = out / (SHARDS_JSON + ".tmp")
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, index_path)
+    write_text(index_path, json.dumps(index))
     log(f"shards: {len(order)} utterances of {root} in {len(shards)} shard(s) under {out}")
     return index_path
 

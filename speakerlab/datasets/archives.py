@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from speakerlab.datasets.download import Archive, DownloadError, UnsafeArchiveError, log
+from speakerlab.outputs import output_file, write_text
 
 
 def _inside(root: Path, rel: str) -> bool:
@@ -65,7 +66,7 @@ def extract(archive, dest_dir) -> Path:
                 tf.extract(m, root, **extra)
     else:
         raise DownloadError(f"{archive}: neither a zip nor a tar archive")
-    marker.write_text(f"{archive}\n")
+    write_text(marker, f"{archive}\n")
     return dest
 
 
@@ -75,5 +76,6 @@ def install(archive: Archive, path, raw_dir) -> Path:
     if archive.is_archive:
         return extract(path, dest)
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, dest / archive.name)
+    with open(path, "rb") as src, output_file(dest / archive.name, "wb") as f:
+        shutil.copyfileobj(src, f)
     return dest

@@ -17,6 +17,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
+from speakerlab.outputs import OutputError, check_folder_output
 
 PASSWORD_ENV = "SPEAKERLAB_DOWNLOAD_PASSWORD"
 
@@ -138,13 +139,10 @@ def write_trials(path, rows: Iterable[Tuple[str, str, bool, int]], utts: Set[str
             stats["target"] += bool(target)
             yield enrol, (test, "target" if target else "nontarget")
 
-    try:
-        write_table(path, lines())
-    except BaseException:
-        path.with_name(path.name + ".tmp").unlink(missing_ok=True)
-        raise
+    write_table(path, lines())
     if stats["bad"] or not stats["n"]:
-        path.unlink()
+        if path.is_file():  # a device (written through) stays
+            path.unlink()
         if not stats["n"]:
             raise DatasetError(f"{source}: no trials")
         lineno, u = stats["first"]
@@ -274,6 +272,8 @@ class CorpusCommand:
             "download": lambda a: download_step(a, parts),
             "extract": lambda a: extract_step(a, parts),
         }
+        # Each step's output folder (its option's dest): a device or a file there is refused before any work.
+        self.outputs: Dict[str, str] = {"download": "download_dir", "extract": "raw_dir"}
 
     def prepare(
         self,
@@ -287,6 +287,7 @@ class CorpusCommand:
         p = self.step("prepare", help, handler)
         p.add_argument("--raw-dir", default="data/raw", help="where the extract step unpacked the corpus")
         p.add_argument(out[0], default=out[1], help=out[2])
+        self.outputs["prepare"] = out[0].lstrip("-").replace("-", "_")
         if parts:
             p.add_argument(
                 "--parts",
@@ -304,4 +305,10 @@ class CorpusCommand:
 
     def run(self, argv) -> int:
         args = self.ap.parse_args(argv)
-        return run_command(lambda: self.handlers[args.step](args), (DatasetError, DownloadError, ListError))
+
+        def work():
+            if args.step in self.outputs:
+                check_folder_output(getattr(args, self.outputs[args.step]))
+            self.handlers[args.step](args)
+
+        return run_command(work, (DatasetError, DownloadError, ListError, OutputError))

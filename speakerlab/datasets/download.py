@@ -27,6 +27,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.error import HTTPError, URLError
 from urllib.request import HTTPBasicAuthHandler, HTTPPasswordMgrWithDefaultRealm, Request, build_opener
 
+from speakerlab.outputs import check_path_output, write_text
+
 CHUNK = 1 << 22  # 4 MiB reads for hashing, copying and downloading
 PROGRESS_EVERY_S = 30.0
 
@@ -106,7 +108,7 @@ def _stamp(path: Path, md5: str) -> str:
 
 def _write_marker(path: Path, md5: str, marker_dir=None) -> None:
     try:
-        _marker(path, marker_dir).write_text(_stamp(path, md5))
+        write_text(_marker(path, marker_dir), _stamp(path, md5))
     except OSError:  # unwritable: the file is simply hashed again next time
         pass
 
@@ -215,6 +217,7 @@ def download(
     `dest` only ever holds a verified file.
     """
     dest = Path(dest)
+    check_path_output(dest)
     if dest.exists():
         verify_md5(dest, md5)
         return dest
@@ -248,6 +251,7 @@ def download(
 def join_parts(parts: Sequence[Path], dest, md5: Optional[str] = None) -> Path:
     """Concatenate `parts` in order into `dest` (hashing as it copies); returns `dest`."""
     dest = Path(dest)
+    check_path_output(dest)
     if dest.exists():
         verify_md5(dest, md5)
         return dest
@@ -311,6 +315,7 @@ def fetch_archives(
     todo: List[Tuple[Archive, Part]] = []
     for a in archives:
         joined = download_dir / a.name
+        check_path_output(joined)  # a device or a pipe there is never read as the archive nor renamed over
         if archive_dir is not None and (Path(archive_dir) / a.name).exists():
             done[a.name] = Path(archive_dir) / a.name
         elif joined.exists():

@@ -15,6 +15,7 @@ import soundfile as sf
 
 from speakerlab.dataio.audio import wav_shortfall
 from speakerlab.dataio.resample import resample
+from speakerlab.outputs import output_file
 
 KEEP_FORMATS = ("WAV", "FLAC")  # read in place by training (seekable crops); others are converted
 
@@ -83,9 +84,8 @@ def check_file(job: Tuple[str, str, int, float]) -> Checked:
     except ValueError as e:
         return Checked(f"left out: {e}")
     pcm = np.clip(np.round(out * 32768.0), -32768, 32767).astype(np.int16)  # the scale soundfile reads with
-    tmp = dest + ".tmp.wav"
-    sf.write(tmp, pcm, rate, subtype="PCM_16", format="WAV")
-    os.replace(tmp, dest + ".wav")
+    with output_file(dest + ".wav", "wb", fsync=False) as f:  # a corpus of small files: checked when read
+        sf.write(f, pcm, rate, subtype="PCM_16", format="WAV")
     return Checked(samples=len(pcm), use=dest + ".wav", note=note, how="converted")
 
 

@@ -48,6 +48,7 @@ from speakerlab.datasets.common import (
     write_data_dir,
 )
 from speakerlab.datasets.download import Archive, Part, log
+from speakerlab.outputs import OutputError, output_path
 
 VGG = "https://thor.robots.ox.ac.uk/~vgg/data/voxceleb/vox1a"  # archives (historical official host)
 META = "https://mm.kaist.ac.kr/datasets/voxceleb/meta"  # trial lists (current official host)
@@ -182,36 +183,18 @@ def prepare(raw_dir, data, parts: Sequence[str] = ("vox1", "vox2"), vox2_wav_dir
 
 
 def _convert_one(job: Tuple[str, str, str]) -> Optional[str]:
-    """ffmpeg one m4a to 16 kHz mono 16-bit wav; written beside and renamed, so never half-done."""
+    """ffmpeg one m4a to 16 kHz mono 16-bit wav (speakerlab.outputs.output_path: written beside and renamed, so never
+    half-done); None, or why it failed."""
     ffmpeg, src, dst = job
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    tmp = dst + ".tmp"
-    r = subprocess.run(
-        [
-            ffmpeg,
-            "-nostdin",
-            "-v",
-            "error",
-            "-y",
-            "-i",
-            src,
-            "-vn",
-            "-ac",
-            "1",
-            "-ar",
-            "16000",
-            "-acodec",
-            "pcm_s16le",
-            "-f",
-            "wav",
-            tmp,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0 or not os.path.isfile(tmp):
-        return f"{src}: ffmpeg exit {r.returncode}: {r.stderr.strip()[-300:]}"
-    os.replace(tmp, dst)
+    args = ["-nostdin", "-v", "error", "-y", "-i", src, "-vn", "-ac", "1", "-ar", "16000", "-acodec", "pcm_s16le"]
+    try:
+        with output_path(dst) as tmp:
+            r = subprocess.run([ffmpeg, *args, "-f", "wav", str(tmp)], capture_output=True, text=True)
+            if r.returncode != 0 or not tmp.is_file():
+                raise DatasetError(f"{src}: ffmpeg exit {r.returncode}: {r.stderr.strip()[-300:]}")
+    except (DatasetError, OutputError) as e:
+        return str(e)
     return None
 
 

@@ -29,20 +29,13 @@ from torch.utils.data import Dataset
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
 from speakerlab.dataio.columns import as_keys, read_keyed
+from speakerlab.dataio.embeddings import import_kaldiio, write_kaldi_ark
 from speakerlab.dataio.lists import ListError, load_data_dir, read_wav_scp, rerun_features
 from speakerlab.features.fbank import Fbank, num_frames
 from speakerlab.frontends import FRONT_ENDS, FbankConfig, feature_spec
+from speakerlab.outputs import write_text
 
 FEATS_SCP, FEATS_ARK, FEATS_CONF = "feats.scp", "feats.ark", "feats.json"
-
-
-def _kaldiio():
-    """kaldiio, imported on first use: only feature-store users need it (requirements.txt lists it)."""
-    try:
-        import kaldiio
-    except ImportError:
-        raise ImportError("the feature store needs kaldiio: pip install kaldiio (see requirements.txt)") from None
-    return kaldiio
 
 
 def write_store(data_dir, fbank: Fbank, log=print) -> Path:
@@ -56,20 +49,25 @@ def write_store(data_dir, fbank: Fbank, log=print) -> Path:
         log(f"feature store {root / FEATS_SCP}: up to date ({len(data.utts)} utterances)")
         return root / FEATS_SCP
     (root / FEATS_CONF).unlink(missing_ok=True)  # the store is incomplete until this is written again
-    frames = 0
-    with torch.no_grad(), _kaldiio().WriteHelper(f"ark,scp:{root / FEATS_ARK},{root / FEATS_SCP}") as writer:
+    frames = []
+
+    def features():
         for utt in data.utts:
             wave = read_audio(data.wav[utt], fbank.config.sample_rate)
             feats = fbank(torch.from_numpy(wave).unsqueeze(0))[0].numpy()
-            writer(utt, feats)
-            frames += feats.shape[0]
+            frames.append(feats.shape[0])
+            yield utt, feats
+
+    with torch.no_grad():
+        write_kaldi_ark(root / FEATS_ARK, root / FEATS_SCP, features())
+    frames = sum(frames)
     meta = {
         "fbank": dataclasses.asdict(fbank.config),
         "utterances": len(data.utts),
         "frames": frames,
         "wav_scp_sha1": lists_digest(root),
     }
-    (root / FEATS_CONF).write_text(json.dumps(meta, indent=1))
+    write_text(root / FEATS_CONF, json.dumps(meta, indent=1))
     log(f"feature store {root / FEATS_SCP}: {len(data.utts)} utterances, {frames} frames")
     return root / FEATS_SCP
 
@@ -147,7 +145,7 @@ class FeatureStore:
 
     def load(self, row: int) -> np.ndarray:
         """The features `(T, F)` float32 of row `row` (of `rows`)."""
-        return np.asarray(_kaldiio().load_mat(self.entries.values[row]), dtype=np.float32)
+        return np.asarray(import_kaldiio().load_mat(self.entries.values[row]), dtype=np.float32)
 
 
 class FeatureCropDataset(Dataset):

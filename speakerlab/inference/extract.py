@@ -25,7 +25,9 @@ written to `<out>.parts/` as they finish; a re-run skips the finished ones (if t
 and the settings are the same; otherwise the parts are discarded). Under torchrun each process takes
 every world-th shard; when all are done rank 0 merges them, in sorted utterance order, removes the
 parts and checks every embedding is finite: only rank 0 writes OUT, from either source. Over several nodes OUT
-must be on a filesystem they share (a rank that cannot see rank 0's parts dir says so).
+must be on a filesystem they share (a rank that cannot see rank 0's parts dir says so). An OUT that is a device or a
+pipe (`--out /dev/null`, to time extraction) is written through, never replaced, its parts in a temporary folder (one
+process only).
 
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
 read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
@@ -45,6 +47,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
@@ -67,6 +70,7 @@ from speakerlab.inference.embedder import (
     length_batches,
 )
 from speakerlab.inference.units import choose_store, collate_units, plan_units, unit_source, utterance_lengths
+from speakerlab.outputs import OutputError, is_special, output_file, write_text
 
 # --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
 # model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
@@ -128,6 +132,10 @@ class StreamingExtractor:
         self.source = unit_source(embedder, data, store)  # the audio's missing files are reported here
         self.embedder, self.data, self.out = embedder, data, Path(out)
         self.parts = self.out.with_name(self.out.name + ".parts")
+        if is_special(self.out):  # a device or a pipe (--out /dev/null): written through, its parts kept elsewhere
+            if world_size > 1:
+                raise OutputError(f"{out} is not a regular file: extraction by several processes writes a file")
+            self.parts = Path(tempfile.gettempdir()) / f"speakerlab-extract-{os.getpid()}.parts"
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         if batch_seconds is None:
             batch_seconds = default_batch_seconds(embedder.device)
@@ -201,7 +209,7 @@ class StreamingExtractor:
             log(f"extract: {self.parts} holds parts of another run (other checkpoint, data or settings); removed")
             shutil.rmtree(self.parts)
         self.parts.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.manifest, indent=1))
+        write_text(path, json.dumps(self.manifest, indent=1))
 
     def shard_path(self, s: int) -> Path:
         return self.parts / f"shard_{s:05d}.npz"
@@ -221,12 +229,11 @@ class StreamingExtractor:
             rows.append(self.source.embed(x).cpu().numpy())
             del x
             _release_free_memory()
-        tmp = self.parts / f".shard_{s:05d}.tmp.npz"
         units = np.concatenate(units) if units else np.zeros(0, np.int64)
         order = np.argsort(units)
         emb = np.concatenate(rows)[order] if rows else np.zeros((0, 0), np.float32)  # a rank with none
-        np.savez(tmp, units=units[order], embeddings=emb)
-        tmp.replace(self.shard_path(s))
+        with output_file(self.shard_path(s), "wb") as f:  # a shard_*.npz is whole: resumption trusts it
+            np.savez(f, units=units[order], embeddings=emb)
 
     def run_mine(self) -> int:
         """Embed this process's unfinished shards; returns how many it did."""
@@ -261,8 +268,6 @@ def embed_data_dir(
 
     Parts go to `<out>.parts/` (a temporary dir when `out` is None). A non-finite embedding is an error
     naming the wav.scp (or feats.scp) line of each utterance that gave one."""
-    import tempfile
-
     data = load_data_dir(data_dir, need_speakers=False)
     with tempfile.TemporaryDirectory() as tmp:
         ex = StreamingExtractor(
