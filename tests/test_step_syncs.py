@@ -71,3 +71,11 @@ def test_a_step_makes_one_collective_beyond_ddp_and_the_head(counted, head):
             own = {k: n for k, n in collectives[step].items() if not k.endswith(HEAD)}
             assert own == {"all_reduce speakerlab/train/step.py:agreed_flags": 1}, (head, rank, step, own)
             assert sum(syncs[step].values()) <= 1, (head, rank, step, syncs[step])
+
+
+@pytest.mark.slow
+def test_every_rank_takes_part_in_validation(counted):
+    """The epoch's validation: rank 1 embeds its shards through the extraction lifecycle (its barriers there),
+    instead of waiting for rank 0 at a barrier of the loop."""
+    last = counted["plain"][1][-1]
+    assert last["logging"] and "barrier speakerlab/inference/extract.py:run" in last["collectives"], last

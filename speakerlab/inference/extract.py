@@ -171,7 +171,8 @@ class StreamingExtractor:
         import torch.distributed as dist
 
         distributed = self.world_size > 1
-        if distributed and not dist.is_initialized():
+        own_group = distributed and not dist.is_initialized()  # a training run's validation brings its own
+        if own_group:
             dist.init_process_group("gloo")
         try:
             if self.rank == 0:
@@ -188,7 +189,7 @@ class StreamingExtractor:
             if distributed:
                 dist.barrier()
         finally:
-            if distributed:
+            if own_group:
                 dist.destroy_process_group()
         if self.rank != 0:
             return None

@@ -75,9 +75,9 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
 
 
 def end_epoch(run: Run) -> None:
-    """Epoch checkpoint, then the validation EER when it is due (rank 0 measures, every rank gets it); with
-    model selection (train.keep_best: speakerlab.train.state.selection) the checkpoint again, holding it; every rank
-    waits."""
+    """Epoch checkpoint, then the validation EER when it is due (every rank embeds its part, rank 0 scores, every
+    rank gets it); with model selection (train.keep_best: speakerlab.train.state.selection) the checkpoint again,
+    holding it; every rank waits."""
     save_epoch_end(run)
     if validate_epoch(run):
         save_epoch_end(run)

@@ -1,7 +1,8 @@
-"""A classifier's rows in checkpoints: a sharded head (speakerlab.train.losses.sharded) is saved whole, its rows and the
-optimizer's per-row state (momentum, Adam's moments) gathered on rank 0, so the file is the unsharded head's;
-each rank of a resumed run, on any number of ranks, takes its own rows back. `start_rows` starts a head's rows
-from another classifier's (train.init with matching speakers), sub-centers and shards included.
+"""A classifier's rows in checkpoints: a sharded head (speakerlab.train.losses.sharded) is saved whole, its rows and
+the optimizer's per-row state (momentum, Adam's moments) gathered into rank 0's host memory, one rank's rows at a
+time, so the file is the unsharded head's; each rank of a resumed run, on any number of ranks, takes its own rows
+back. `start_rows` starts a head's rows from another classifier's (train.init with matching speakers), sub-centers
+and shards included.
 """
 
 from __future__ import annotations
@@ -11,19 +12,24 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from speakerlab.train.losses.sharded import Sharded, shard_range
 
 
 def _gather_rows(local: torch.Tensor, head) -> Optional[torch.Tensor]:
-    """This rank's rows of a per-row tensor of `head` -> the full tensor on rank 0 (None elsewhere)."""
+    """This rank's rows of a per-row tensor of `head` -> the full tensor in rank 0's host memory (None elsewhere).
+    Rank 0 receives one rank's rows at a time and moves them to the host: its device never holds the whole head."""
     k = head.subcenters
     counts = [(hi - lo) * k for lo, hi in (shard_range(head.num_classes, r, head.world) for r in range(head.world))]
-    padded = F.pad(local.contiguous(), (0, 0) * (local.dim() - 1) + (0, max(counts) - local.shape[0]))
-    parts = [torch.empty_like(padded) for _ in counts] if head.rank == 0 else None
-    dist.gather(padded, parts, dst=0)
-    return torch.cat([p[:n] for p, n in zip(parts, counts)]).cpu() if head.rank == 0 else None
+    if head.rank != 0:
+        dist.send(local.contiguous(), dst=0)
+        return None
+    parts = [local.detach().cpu()]
+    for r in range(1, head.world):
+        rows = local.new_empty((counts[r], *local.shape[1:]))
+        dist.recv(rows, src=r)
+        parts.append(rows.cpu())
+    return torch.cat(parts)
 
 
 def head_state(head: nn.Module) -> Optional[Dict[str, torch.Tensor]]:

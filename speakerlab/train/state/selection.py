@@ -13,9 +13,10 @@ With data.val every validated epoch logs its EER (`val/eer`). With train.keep_be
 - the run ends with one line saying which model is its result; when no epoch beat the start, that line says
   the run did not help and hands back the starting model.
 
-Validation runs on rank 0 with the random streams set aside (`torch.random.fork_rng`), so it draws nothing
-from them, and its EER is shared with every rank; the selection state is saved in each checkpoint's resume
-state, so a resumed run decides exactly as an uninterrupted one.
+Validation runs on every rank, each embedding its part of the utterances (rank 0 scores them), with the random
+streams set aside (`torch.random.fork_rng`), so it draws nothing from them, and its EER is shared with every rank;
+the selection state is saved in each checkpoint's resume state, so a resumed run decides exactly as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -29,21 +30,21 @@ from speakerlab.inference.embedder import NonFiniteEmbedding
 from speakerlab.train.build import Run
 from speakerlab.train.optim.freeze import describe, trunk_frozen_until
 from speakerlab.train.state.resume import save_best, save_epoch_end
-from speakerlab.train.state.validation import shared, validation_eer
+from speakerlab.train.state.validation import parts_path, same_model, shared, validation_eer
 
 
 def measure(run: Run, epoch: int) -> Optional[float]:
-    """The validation EER of the model now (rank 0 measures, every rank gets it; None when an embedding was
-    not finite: logged, and training goes on)."""
+    """The validation EER of the model now (every rank embeds its part, rank 0 scores, every rank gets the EER;
+    None when an embedding was not finite: logged, and training goes on)."""
     cfg, eer = run.cfg, None
-    if run.info.is_main:
-        spec = feature_spec(cfg.features, cfg.data.sample_rate)
-        devices = [run.device] if run.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, device_type=run.device.type):
-            try:
-                eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device)
-            except NonFiniteEmbedding as e:
-                run.monitor.log(f"epoch {epoch}: no validation EER: {e}")
+    spec = feature_spec(cfg.features, cfg.data.sample_rate)
+    devices = [run.device] if run.device.type == "cuda" else []
+    same_model(run.raw.model, run.info)
+    with torch.random.fork_rng(devices=devices, device_type=run.device.type):
+        try:
+            eer = validation_eer(run.raw.model, spec, cfg.data.val, run.device, parts_path(run, "val"), run.info)
+        except NonFiniteEmbedding as e:
+            run.monitor.log(f"epoch {epoch}: no validation EER: {e}")
     eer = shared(eer, run.info.enabled, run.device)
     if eer is not None:
         run.monitor.scalars({"eer": eer * 100}, run.state.step, prefix="val")

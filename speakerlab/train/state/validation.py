@@ -18,38 +18,65 @@ from speakerlab.inference.units import fitting_store
 from speakerlab.scoring.score import evaluate
 
 
-def validation_eer(model: torch.nn.Module, spec: FeatureSpec, val_dir: str, device: torch.device) -> float:
+def validation_eer(
+    model: torch.nn.Module,
+    spec: FeatureSpec,
+    val_dir: str,
+    device: torch.device,
+    parts: Optional[Path] = None,
+    info=None,
+) -> Optional[float]:
     """EER (fraction) of `model` with the inference front-end `spec` on `<val_dir>/trials`, through the
-    same path as extraction (from `<val_dir>/feats.scp` when that store holds the same Kaldi fbank); the model
-    is put back in the mode it was in."""
+    extraction lifecycle (speakerlab.inference.extract; from `<val_dir>/feats.scp` when that store holds the same
+    Kaldi fbank), the model put back in the mode it was in. With `info` (a DistInfo of several ranks: every rank
+    calls this) each rank embeds its shards of the utterances, in `<parts>.parts` (a folder the ranks share: the
+    exp dir's; one process: a temporary folder when None), and rank 0 merges and scores them: the EER on rank 0,
+    None on the others."""
+    rank, world = (info.rank, info.world_size) if info is not None and info.enabled else (0, 1)
     was_training = model.training
     model.eval()
     embedder = Embedder(model, spec, device, "validation")
     try:
-        ids, emb = embed_data_dir(embedder, val_dir, store=fitting_store(embedder, val_dir))
+        store = fitting_store(embedder, val_dir)
+        ids, emb = embed_data_dir(embedder, val_dir, out=parts, store=store, rank=rank, world_size=world)
     finally:
         model.train(was_training)
-    return evaluate(ids, emb, Path(val_dir) / "trials")[2]
+    return None if emb is None else evaluate(ids, emb, Path(val_dir) / "trials")[2]
+
+
+def same_model(model: torch.nn.Module, info) -> None:
+    """Rank 0's buffers (BatchNorm statistics: each rank's last forward updated its own) on every rank, so that
+    the ranks validate one model; the parameters are the same already (DDP)."""
+    if info.enabled:
+        for buffer in model.buffers():
+            torch.distributed.broadcast(buffer, src=0)
+
+
+def parts_path(run, name: str) -> Path:
+    """Where the ranks' validation embeddings of corpus `name` meet at this step (removed once merged)."""
+    return run.exp_dir / f".validation_{name}_step{run.state.step}"
 
 
 def validate_corpora(run) -> None:
-    """Rank 0, when validation is due (every train.val_every epochs and at the last): the EER of each corpus of
-    data.train that names a `val` data dir, logged and written as the scalar `val/<name>/eer`. `run`: the
-    speakerlab.train.build.Run (not imported: build is above this module)."""
+    """Every rank, when validation is due (every train.val_every epochs and at the last): the EER of each corpus of
+    data.train that names a `val` data dir (each rank embeds its part, rank 0 scores), logged and written as the
+    scalar `val/<name>/eer`. `run`: the speakerlab.train.build.Run (not imported: build is above this module)."""
     cfg, epoch = run.cfg, run.state.epoch
-    if not run.info.is_main or not (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
+    if not (epoch % cfg.train.val_every == 0 or epoch == cfg.train.epochs):
         return
     spec = feature_spec(cfg.features, cfg.data.sample_rate)
     for _, corpus in train_corpora(cfg.data):
         if not corpus.val:
             continue
+        same_model(run.raw.model, run.info)
         try:
-            eer = validation_eer(run.raw.model, spec, corpus.val, run.device)
+            eer = validation_eer(run.raw.model, spec, corpus.val, run.device, parts_path(run, corpus.name), run.info)
         except NonFiniteEmbedding as e:  # the checkpoint is written: report, and let training go on
             run.monitor.log(f"epoch {epoch}: no validation EER for {corpus.name}: {e}")
             continue
-        run.monitor.scalars({f"{corpus.name}/eer": eer * 100}, run.state.step, prefix="val")
-        run.monitor.log(f"epoch {epoch}: validation EER {corpus.name} ({corpus.val}) {eer * 100:.2f}%")
+        if eer is not None:
+            run.monitor.scalars({f"{corpus.name}/eer": eer * 100}, run.state.step, prefix="val")
+            run.monitor.log(f"epoch {epoch}: validation EER {corpus.name} ({corpus.val}) {eer * 100:.2f}%")
 
 
 @dataclass
