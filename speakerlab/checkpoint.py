@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch.nn as nn
 
 from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.models import load_model
+from speakerlab.outputs import OutputError, output_file
 
 SCHEMA = 2
 _EPOCH_RE = re.compile(r"epoch_(\d+)\.pt$")
@@ -204,18 +204,12 @@ def save_checkpoint(path: PathLike, ckpt: Checkpoint) -> None:
     A failed write (a full disk, say) removes its temporary file and raises CheckpointError naming
     `path`; whatever `path` held before is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     raw = ckpt.to_dict()
     raw["digest"] = content_digest(raw)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with output_file(path, "wb") as f:  # its temporary files are `.<name>.tmp<pid>` (remove_stale_temp_files)
             torch.save(raw, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
+    except (OSError, OutputError) as e:
         raise CheckpointError(f"cannot write checkpoint {path}: {e}; the previous checkpoints are intact") from None
 
 

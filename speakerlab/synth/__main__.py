@@ -29,7 +29,7 @@ import numpy as np
 
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import sf
-from speakerlab.outputs import output_file
+from speakerlab.outputs import OutputError, check_folder_output, output_file, write_lines
 
 from . import rooms
 from .voice import SR, SpeakerTraits, draw_session, draw_speaker, synth_utterance
@@ -63,9 +63,8 @@ def _write_wav(path: str, x: np.ndarray) -> None:
     """float (N,) in [-1, 1] -> 16 kHz int16 PCM WAV; written beside and renamed, never half-done."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pcm = np.clip(np.round(np.asarray(x, dtype=np.float64) * 32767.0), -32768, 32767).astype(np.int16)
-    tmp = path + ".tmp"
-    sf.write(tmp, pcm, SR, subtype="PCM_16", format="WAV")
-    os.replace(tmp, path)
+    with output_file(path, "wb", fsync=False) as f:  # thousands of small files, checked by the lists' readers
+        sf.write(f, pcm, SR, subtype="PCM_16", format="WAV")
 
 
 # ---------------------------------------------------------------- tasks (run in worker processes)
@@ -181,11 +180,6 @@ def _trials(seed: int, set_index: int, speakers: list) -> list:
     return sorted(target)
 
 
-def _write_lines(path: str, lines: list) -> None:
-    with output_file(path) as f:
-        f.writelines(line + "\n" for line in lines)
-
-
 def _write_lists(out: str, name: str, speakers: list, seed: int) -> None:
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
@@ -195,11 +189,11 @@ def _write_lists(out: str, name: str, speakers: list, seed: int) -> None:
         for u in utts:
             wav.append(f"{u} {os.path.join(out, 'wav', name, spk, u + '.wav')}")
             u2s.append(f"{u} {spk}")
-    _write_lines(os.path.join(d, "wav.scp"), sorted(wav))
-    _write_lines(os.path.join(d, "utt2spk"), sorted(u2s))
-    _write_lines(os.path.join(d, "spk2utt"), sorted(s2u))
+    write_lines(os.path.join(d, "wav.scp"), sorted(wav))
+    write_lines(os.path.join(d, "utt2spk"), sorted(u2s))
+    write_lines(os.path.join(d, "spk2utt"), sorted(s2u))
     if name != "train":
-        _write_lines(os.path.join(d, "trials"), [" ".join(t) for t in _trials(seed, SETS.index(name), speakers)])
+        write_lines(os.path.join(d, "trials"), [" ".join(t) for t in _trials(seed, SETS.index(name), speakers)])
 
 
 def _noise_tasks(out: str, seed: int) -> list:
@@ -225,7 +219,7 @@ def _noise_tasks(out: str, seed: int) -> list:
                 tasks.append((_rir_task, (seed, index, rt60, os.path.join(out, rel))))
                 index += 1
         os.makedirs(os.path.join(sim, size), exist_ok=True)
-        _write_lines(os.path.join(sim, size, "rir_list"), lines)
+        write_lines(os.path.join(sim, size, "rir_list"), lines)
     real = "RIRS_NOISES/real_rirs_isotropic_noises"
     os.makedirs(os.path.join(out, real), exist_ok=True)
     rir_lines, noise_lines = [], []
@@ -241,8 +235,8 @@ def _noise_tasks(out: str, seed: int) -> list:
             f"--room-linkage RVB2014_type1_rir_{room} {real}/{noise_id}.wav"
         )
         tasks.append((_iso_noise_task, (seed, i, os.path.join(out, real, noise_id + ".wav"))))
-    _write_lines(os.path.join(out, real, "rir_list"), rir_lines)
-    _write_lines(os.path.join(out, real, "noise_list"), noise_lines)
+    write_lines(os.path.join(out, real, "rir_list"), rir_lines)
+    write_lines(os.path.join(out, real, "noise_list"), noise_lines)
     return tasks
 
 
@@ -286,6 +280,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        check_folder_output(args.out)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = os.path.abspath(args.out)
     options = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "jobs", "force")}
     options["format_version"] = FORMAT_VERSION
@@ -304,7 +303,7 @@ def main(argv=None) -> int:
         if os.path.exists(marker):
             os.remove(marker)
     os.makedirs(out, exist_ok=True)
-    _write_lines(os.path.join(out, PARTIAL), [json.dumps(options, sort_keys=True)])
+    write_lines(os.path.join(out, PARTIAL), [json.dumps(options, sort_keys=True)])
 
     start = time.time()
     plan = _plan(args)
@@ -338,7 +337,7 @@ def main(argv=None) -> int:
         if pool:
             pool.close()
             pool.join()
-    _write_lines(marker, [json.dumps(options, sort_keys=True)])
+    write_lines(marker, [json.dumps(options, sort_keys=True)])
     os.remove(os.path.join(out, PARTIAL))
     _log(f"done in {time.time() - start:.1f} s")
     return 0

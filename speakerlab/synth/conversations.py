@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -32,7 +31,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, read_audio, sf
 from speakerlab.dataio.lists import ListError, load_data_dir
 from speakerlab.dataio.rttm import Turn, rttm_lines
-from speakerlab.outputs import write_lines
+from speakerlab.outputs import OutputError, check_folder_output, output_file, write_lines
 
 SR = 16000
 LEVEL_DB = -26.0
@@ -173,7 +172,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     if not 1 <= args.min_speakers <= args.max_speakers or args.num_conversations < 1 or not 0 <= args.overlap <= 1:
         p.error("need 1 <= --min-speakers <= --max-speakers, --num-conversations >= 1 and 0 <= --overlap <= 1")
-    return run_command(lambda: synthesize(args), (ListError, AudioError))
+    return run_command(lambda: synthesize(args), (ListError, AudioError, OutputError))
 
 
 def synthesize(args) -> None:
@@ -184,15 +183,15 @@ def synthesize(args) -> None:
     noises = sorted(Path(args.noise).rglob("*.wav")) if args.noise else []
     if args.noise and not noises:
         raise ListError(f"--noise {args.noise}: no .wav files there")
-    out = Path(args.out)
+    out = check_folder_output(args.out)
     (out / "wav").mkdir(parents=True, exist_ok=True)
     scp, rttm, counts, uem = [], [], [], []
     for i in range(args.num_conversations):
         reco = f"conv{i:04d}"
         wave, turns = conversation(source, i, args, noises)
         path = out / "wav" / f"{reco}.wav"
-        sf.write(str(path) + ".tmp", wave, SR, subtype="PCM_16", format="WAV")
-        os.replace(str(path) + ".tmp", path)
+        with output_file(path, "wb") as f:
+            sf.write(f, wave, SR, subtype="PCM_16", format="WAV")
         scp.append(f"{reco} {path.resolve()}")
         rttm += rttm_lines(reco, turns)
         counts.append(f"{reco} {len({t.speaker for t in turns})}")

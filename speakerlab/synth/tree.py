@@ -22,8 +22,9 @@ from typing import Dict, List
 import numpy as np
 import soundfile as sf
 
-from speakerlab.commands import CommandParser
+from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.resample import resample
+from speakerlab.outputs import OutputError, check_folder_output, output_file
 from speakerlab.synth.voice import SR
 
 BAND_HZ = (300.0, 3400.0)
@@ -84,7 +85,8 @@ def write_tree(corpus: Path, out: Path) -> Dict[str, List[Path]]:
             path = out / folder / (file_path(i, j) + (".flac" if j % 3 == 2 else ".wav"))
             path.parent.mkdir(parents=True, exist_ok=True)
             pcm = np.clip(np.round(np.asarray(wave) * 32768.0), -32768, 32767).astype(np.int16)
-            sf.write(str(path), pcm, rate, subtype="PCM_16")
+            with output_file(path, "wb", fsync=False) as f:
+                sf.write(f, pcm, rate, subtype="PCM_16", format=path.suffix[1:].upper())
             written.setdefault(folder, []).append(path)
     return written
 
@@ -98,10 +100,13 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", required=True, help="output of speakerlab-synth")
     ap.add_argument("--out", required=True, help="the folder tree to write")
     args = ap.parse_args(argv)
-    written = write_tree(Path(args.corpus), Path(args.out))
-    n = sum(map(len, written.values()))
-    print(f"{os.path.abspath(args.out)}: {len(written)} speaker folders, {n} files", file=sys.stderr)
-    return 0
+
+    def work():
+        written = write_tree(Path(args.corpus), check_folder_output(args.out))
+        n = sum(map(len, written.values()))
+        print(f"{os.path.abspath(args.out)}: {len(written)} speaker folders, {n} files", file=sys.stderr)
+
+    return run_command(work, (OutputError,))
 
 
 if __name__ == "__main__":

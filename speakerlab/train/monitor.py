@@ -9,6 +9,8 @@ from typing import Dict, Optional
 
 import torch
 
+from speakerlab.outputs import write_lines
+
 
 class Monitor:
     """Writes `<exp>/train.log` and tensorboard events under `<exp>/tensorboard` on the main process.
@@ -48,7 +50,7 @@ class Monitor:
             import json
 
             kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-            path.write_text("".join(ln + "\n" for ln in kept))
+            write_lines(path, kept)
 
     def _open_tb(self, purge_step=None) -> None:
         if self._tb is None and self._want_tb:
