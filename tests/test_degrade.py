@@ -193,7 +193,8 @@ def test_bad_channel_config_names_the_key(tmp_path, text, match):
 
 
 def test_channel_config_defaults_and_audio_path(tmp_path):
-    from speakerlab.config import CHANNEL_KINDS, load_config
+    from speakerlab.augment_settings import CHANNEL_KINDS
+    from speakerlab.config import load_config
 
     p = tmp_path / "c.yaml"
     p.write_text(BASE)

@@ -37,7 +37,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
-from speakerlab.config import CHANNEL_KINDS
+from speakerlab.augment_settings import CHANNEL_KINDS
 from speakerlab.dataio.augment import INT16_SCALE, add_at_snr, babble_mix, reverberate
 from speakerlab.dataio.noise_bank import NoiseBank
 from speakerlab.dataio.resample import resample
@@ -297,7 +297,7 @@ class ChannelAugment:
 
 
 def channel_augment(settings, sample_rate: int, log=print) -> Optional[ChannelAugment]:
-    """The ChannelAugment of config section `augment` (speakerlab.config.AugmentSettings), None when both its
+    """The ChannelAugment of config section `augment` (speakerlab.augment_settings.AugmentSettings), None when both its
     probabilities are 0."""
     if settings.channel_prob == 0 and settings.short_prob == 0:
         return None
