@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speakerlab.config import CHANNEL_KINDS  # noqa: E402
+from speakerlab.augment_settings import CHANNEL_KINDS  # noqa: E402
 from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
 from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
 from speakerlab.dataio.degrade import ChannelAugment  # noqa: E402

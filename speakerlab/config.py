@@ -12,17 +12,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import yaml
 
+from speakerlab.augment_settings import AugmentSettings
 from speakerlab.frontends import FRONT_ENDS, FeatureSettings, feature_spec
+from speakerlab.hardware_settings import HardwareSettings
 from speakerlab.objectives import DinoSettings
 from speakerlab.settings import (
     ConfigError,
+    auto_or_bool,
     build_settings,
     merge_mappings,
     parse_overrides,
@@ -31,53 +33,6 @@ from speakerlab.settings import (
     setting,
 )
 
-# The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
-# WeSpeaker's), in dB; speakerlab.dataio.augment implements them.
-AUGMENT_KINDS = ("reverb", "noise", "music", "babble")
-DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
-# Telephone channels and codecs of the worker-side channel augmentation (speakerlab.dataio.degrade.ChannelAugment).
-CHANNEL_KINDS = ("tel", "ulaw", "gsm", "opus", "mp3")
-DEFAULT_BABBLE_SPEAKERS = (3, 7)
-
-
-def _pair(lo_min: Optional[float] = None) -> Callable[[Any], Optional[str]]:
-    """Rule of a `[lo, hi]` range setting (lo <= hi, optionally lo >= lo_min)."""
-
-    def check(v):
-        if len(v) != 2 or v[0] > v[1]:
-            return f"must be [lo, hi] with lo <= hi, got {v}"
-        if lo_min is not None and v[0] < lo_min:
-            return f"must start at >= {lo_min}, got {v}"
-        return None
-
-    return check
-
-
-def _kinds(v) -> Optional[str]:
-    if not v or len(set(v)) != len(v) or any(k not in AUGMENT_KINDS for k in v):
-        return f"must list distinct kinds among {', '.join(AUGMENT_KINDS)}, got {v}"
-    return None
-
-
-def _channel_mix(v) -> Optional[str]:
-    if not isinstance(v, dict) or not v or any(k not in CHANNEL_KINDS for k in v):
-        return f"must map kinds among {', '.join(CHANNEL_KINDS)} to weights, got {v}"
-    if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 for w in v.values()) or not sum(v.values()):
-        return f"weights must be numbers >= 0, not all 0, got {v}"
-    return None
-
-
-def _speed_factors(v) -> Optional[str]:
-    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.dataio.speed).
-    for f in v:
-        if not f > 0:
-            return f"must all be > 0, got {v}"
-        ratio = Fraction(1 / f).limit_denominator(100)
-        if abs(float(ratio) - 1 / f) > 1e-9 / f:
-            return f"must be ratios of integers <= 100 (like 0.9 or 1.1), got {f}"
-    return None if v else "must not be empty"
-
-
 # Training objectives that learn without speaker labels (loss.name); the others classify the speakers of utt2spk.
 SELF_SUPERVISED = ("dino",)
 
@@ -85,28 +40,6 @@ SELF_SUPERVISED = ("dino",)
 def needs_labels(cfg: "Config") -> bool:
     """Whether the run's objective trains on the speakers of utt2spk (config data.labels, loss.name)."""
     return cfg.loss.name not in SELF_SUPERVISED
-
-
-# torch.compile's modes (hardware.compile); speakerlab.train.hardware.speedups applies them.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def _compile(v) -> Optional[str]:
-    if isinstance(v, bool) or v == "auto" or v in COMPILE_MODES:
-        return None
-    return f"must be false, true, auto or a torch.compile mode ({', '.join(COMPILE_MODES)}), got {v!r}"
-
-
-def _auto_or_bool(v) -> Optional[str]:
-    return None if isinstance(v, bool) or v == "auto" else f"must be auto, true or false, got {v!r}"
-
-
-def _batch(v) -> Optional[str]:
-    if isinstance(v, str) and v != "auto":
-        return f"must be an integer or 'auto', got {v!r}"
-    if isinstance(v, int) and v < 1:
-        return f"must be >= 1, got {v}"
-    return None
 
 
 @dataclass
@@ -129,7 +62,7 @@ class DataSettings:
     sample_rate: int = setting(16000, ge=1000, le=384000)
     crop_seconds: float = setting(2.0, gt=0)  # random training crop; shorter utterances are repeated
     check_audio: bool = False  # re-read every header at start even with utt2num_samples
-    feats: Union[bool, str] = setting(False, check=_auto_or_bool)  # train from <train>/feats.scp
+    feats: Union[bool, str] = setting(False, check=auto_or_bool)  # train from <train>/feats.scp
     # (speakerlab.features.store); no augmentation or speed perturbation then. auto: the store when the front end
     # is one it holds (Kaldi fbank, also when train.init brings it) and nothing augments; else the audio
     on_bad_audio: str = setting("skip", choices=("skip", "stop"))  # a crop that fails to read mid-training:
@@ -139,33 +72,9 @@ class DataSettings:
     shards: Optional[str] = None  # stream tar shards of data.train from this dir (speakerlab-shards);
     # data.train's lists must be those the shards were written from; its audio is not read
     shuffle_buffer: int = setting(1000, ge=1)  # data.shards: samples each loader worker shuffles among
-    labels: Union[bool, str] = setting("auto", check=_auto_or_bool)  # the speakers of utt2spk: auto, read when the
+    labels: Union[bool, str] = setting("auto", check=auto_or_bool)  # the speakers of utt2spk: auto, read when the
     # objective needs them (loss.name aam, sphereface2) and ignored by a self-supervised one (dino), whose data dirs
     # may have no utt2spk; false: ignored (a labelled corpus trained on as unlabelled); true: required
-
-
-@dataclass
-class AugmentSettings:
-    lists: Optional[str] = None  # folder of noise/music/babble/rirs.scp (musan_rirs prepare); null: off
-    prob: float = setting(0.6, ge=0, le=1)  # chance a crop gets one augmentation (of `kinds`)
-    kinds: List[str] = setting(list(AUGMENT_KINDS), check=_kinds)
-    noise_snr: List[float] = setting(list(DEFAULT_SNR["noise"]), check=_pair())  # dB, uniform
-    music_snr: List[float] = setting(list(DEFAULT_SNR["music"]), check=_pair())
-    babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
-    babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
-    reverb_noise_prob: float = setting(0.0, ge=0, le=1)  # chance a reverberated crop also gets an additive kind
-    bank: Optional[str] = None  # int16 noise bank (speakerlab-noise-bank); null: <lists>/bank,
-    # built at start when missing or older than the lists
-    speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
-    speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off
-    speed_new_speakers: bool = True  # sped-up copies are new classes: speaker + factor class x num speakers
-    # Channel augmentation in the loader workers (speakerlab.dataio.degrade.ChannelAugment): with channel_prob a crop
-    # goes through one telephone channel or codec, drawn by the weights of channel_mix; with short_prob its first
-    # short_seconds (uniform in the range) are repeated over the crop (short-utterance statistics at a fixed crop)
-    channel_prob: float = setting(0.0, ge=0, le=1)
-    channel_mix: Dict[str, float] = setting({k: 1.0 for k in CHANNEL_KINDS}, check=_channel_mix)
-    short_prob: float = setting(0.0, ge=0, le=1)
-    short_seconds: List[float] = setting([0.5, 1.5], check=_pair(0.1))
 
 
 @dataclass
@@ -275,33 +184,6 @@ class TrainSettings:
         "freeze_epochs": ("freeze", lambda n: [{"modules": ["trunk"], "until_epoch": n}] if n else []),
         "freeze_encoder_steps": ("freeze", lambda n: [_encoder_rule(n)] if n else []),
     }
-
-
-@dataclass
-class HardwareSettings:
-    device: str = setting("auto", choices=("auto", "cpu", "cuda"))
-    precision: str = setting("auto", choices=("auto", "bf16", "fp16", "fp32"))
-    tf32: bool = True  # TF32 matmul/cuDNN on Ampere+ for the fp32 parts
-    per_device_batch: Union[int, str] = setting("auto", check=_batch)  # >= 1, or auto: the largest micro batch
-    # of the plan (<= max_per_device_batch) whose forward+backward fits in memory_margin x the card's free memory
-    max_per_device_batch: int = setting(128, ge=1)  # auto: the largest per-card batch tried
-    num_workers: int = setting(2, ge=0)
-    threads: Union[int, str] = setting("auto", check=_batch)  # CPU threads of each training process (torch's
-    # intra-op pool; loader workers keep 1): a number, or auto = OMP_NUM_THREADS when set, else the cores this
-    # process may use (os.sched_getaffinity) / the node's processes (speakerlab.devices.resolve_threads)
-    pin_memory: bool = True
-    prefetch_factor: int = setting(2, ge=1)
-    dist_timeout_s: int = setting(1800, ge=1)  # process-group / barrier timeout
-    watchdog_s: int = setting(300, ge=5)  # multi-process: a rank not running this long ends the job
-    memory_margin: float = setting(0.85, gt=0, le=1)  # auto batch: use at most this fraction of free memory
-    # Speed switches (speakerlab.train.hardware.speedups); none changes results beyond float rounding.
-    compile: Union[bool, str] = setting(False, check=_compile)  # torch.compile the embedding model:
-    # false | true | a mode (default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs) | auto
-    # (compile on CUDA, eager on CPU; a failed compile falls back to eager, logged); a failure under true or a
-    # mode stops the run naming this key
-    channels_last: Union[bool, str] = setting("auto", check=_auto_or_bool)  # NHWC; auto: 2-D CNNs on CUDA
-    cudnn_benchmark: Union[bool, str] = setting("auto", check=_auto_or_bool)  # auto: on CUDA (crops have one
-    # length, so cuDNN's kernel search runs once)
 
 
 @dataclass

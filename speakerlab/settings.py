@@ -22,6 +22,11 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key (and file)."""
 
 
+def auto_or_bool(v) -> Optional[str]:
+    """The rule of a setting that is true, false or auto (decided when the run is built)."""
+    return None if isinstance(v, bool) or v == "auto" else f"must be auto, true or false, got {v!r}"
+
+
 def setting(
     default: Any,
     *,

@@ -89,6 +89,20 @@ def test_truncation_crops_the_stated_duration_at_a_seeded_start():
     assert np.array_equal(degrade(short, SR, "trunc1", rng_for("u", "trunc1", 0)), short)
 
 
+def test_repetition_pads_short_audio_to_the_stated_duration_and_keeps_longer():
+    """repN, the short-input policy as a condition: a 0.7 s crop repeated to 2 s is the crop, then the crop
+    again, then its first 0.6 s (never zeros); audio already longer is untouched."""
+    x = speechlike(4.0)
+    crop = degrade(x, SR, "trunc0.7", rng_for("u", "trunc0.7+rep2", 1))
+    y = degrade(x, SR, "trunc0.7+rep2", rng_for("u", "trunc0.7+rep2", 1))
+    assert y.shape == (2 * SR,) and crop.shape == (int(0.7 * SR),)
+    assert np.array_equal(y, np.concatenate([crop, crop, crop[: 2 * SR - 2 * crop.shape[0]]]))
+    assert np.array_equal(degrade(x, SR, "rep2", rng_for("u", "rep2", 1)), x)
+    assert [s.kind for s in parse_condition("rep1.5+gsm+trunc1")] == ["trunc", "gsm", "rep"]
+    with pytest.raises(ConditionError, match="longer than 0 s"):
+        parse_condition("trunc1+rep0")
+
+
 def test_every_default_condition_repeats_bit_exactly_per_seed(lists):  # noqa: F811
     bank = bank_of(lists)
     x = speechlike(3.5)
@@ -179,7 +193,8 @@ def test_bad_channel_config_names_the_key(tmp_path, text, match):
 
 
 def test_channel_config_defaults_and_audio_path(tmp_path):
-    from speakerlab.config import CHANNEL_KINDS, load_config
+    from speakerlab.augment_settings import CHANNEL_KINDS
+    from speakerlab.config import load_config
 
     p = tmp_path / "c.yaml"
     p.write_text(BASE)

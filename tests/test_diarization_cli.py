@@ -8,6 +8,7 @@ what is tested is that the commands run and what they write, not who spoke when 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -16,7 +17,11 @@ import pytest
 
 from speakerlab.dataio.rttm import read_rttm
 from speakerlab.diarization.cli import run
+from speakerlab.diarization.pipeline import embed_window
+from speakerlab.inference.common import too_short
+from speakerlab.inference.runtime import OnnxEmbedder
 from tests.helpers import write_wav
+from tests.stats_onnx import MIN_SAMPLES, stats
 from tests.test_deploy import stats_file, torch_free_env  # noqa: F401 (stats_file: the fixture)
 from tests.test_diarization import talk
 
@@ -147,3 +152,46 @@ def test_silero_decision_rule_gives_the_packages_regions():
             assert ours == [(s["start"] / SR, s["end"] / SR) for s in theirs]
             found += len(ours)
     assert found > 20  # speech was found: the comparison was not of empty lists
+
+
+def test_a_recording_below_the_shortest_input_is_one_line_and_keeps_the_ones_before(
+    stats_file,  # noqa: F811
+    conversations,
+    tmp_path,
+    capsys,
+):
+    """A recording one sample below the model's shortest input (its min_samples) is refused with the one line
+    every command gives, named by its wav.scp line; the recording before it is written."""
+    first = conversations.read_text().splitlines()[0]
+    short = write_wav(tmp_path / "short.wav", 0.1 * np.ones(MIN_SAMPLES - 1, np.float32), SR)
+    scp, rttm = tmp_path / "wav.scp", tmp_path / "hyp.rttm"
+    scp.write_text(f"{first}\nc9 {short}\n")
+    code, _, err = diarize(capsys, "--wav-scp", scp, "--onnx", stats_file, "--vad", "energy", "--rttm", rttm)
+    line = too_short(MIN_SAMPLES - 1, OnnxEmbedder(str(stats_file)))
+    assert code == 2 and err.splitlines()[-1] == f"error: {scp}:2: c9: {short}: {line}"
+    assert set(read_rttm(rttm)) == {"c0"}
+
+
+def test_a_recording_shorter_than_a_window_is_padded_by_repetition(stats_file, tmp_path, capsys):  # noqa: F811
+    """A 0.3 s recording (above the shortest input, below the 0.5 s min_embed window): its one sub-segment is
+    embedded from the recording repeated to 0.5 s (the stats model's mean square would drop by 40 % with
+    zeros instead)."""
+    rng = np.random.default_rng(4)
+    wave = (0.2 + 0.1 * rng.standard_normal(int(0.3 * SR))).astype(np.float32)
+    path = write_wav(tmp_path / "r.wav", wave, SR, subtype="FLOAT")
+    segments, out_json = tmp_path / "speech.rttm", tmp_path / "hyp.json"
+    segments.write_text("SPEAKER r 1 0.0 0.3 <NA> <NA> a <NA> <NA>\n")
+    opts = ("--vad", "oracle", "--segments", segments, "--json", out_json, "--embeddings", "--num-speakers", "1")
+    code, out, _ = diarize(capsys, path, "--onnx", stats_file, *opts)
+    assert code == 0 and out.split()[3:5] == ["0.000", "0.300"]
+    [sub] = json.loads(out_json.read_text())["recordings"][0]["subsegments"]
+    np.testing.assert_allclose(sub["embedding"], stats(np.resize(wave, SR // 2)), rtol=1e-5)
+    assert abs(stats(np.resize(wave, SR // 2))[1] - stats(np.concatenate([wave, np.zeros(SR // 5)]))[1]) > 0.01
+
+
+def test_a_window_below_the_shortest_input_is_widened_to_it():
+    """min_embed below the model's shortest input: the window is widened about its centre to that input."""
+    wave = np.arange(SR, dtype=np.float32)
+    piece = embed_window(wave, SR, 0.5, 0.51, 0.02, min_samples=MIN_SAMPLES)
+    assert len(piece) == MIN_SAMPLES and piece[0] == int(0.505 * SR) - MIN_SAMPLES // 2
+    assert len(embed_window(wave, SR, 0.5, 0.51, 0.02)) == int(0.02 * SR)

@@ -78,3 +78,34 @@ def test_audio_is_read_at_the_checkpoint_sample_rate(tmp_path):
     assert embedder.embed_waves([embedder.read(str(wav8))]).shape == (1, 16)
     wav16 = write_wav(tmp_path / "a16.wav", 0.1 * np.random.default_rng(1).standard_normal(16000))
     assert embedder.read(str(wav16)).shape == (8000,)
+
+
+def test_an_utterance_below_the_shortest_input_is_refused_in_one_line(ckpt, data, tmp_path, capsys):
+    """speakerlab-extract: an utterance one sample below the model's shortest input is refused before anything is
+    embedded, naming its wav.scp line and counting the others; one at the shortest input is embedded."""
+    need = load_embedder(ckpt, device="cpu").min_samples
+    rng = np.random.default_rng(1)
+    lines, u2s = (data / "wav.scp").read_text(), (data / "utt2spk").read_text()
+    for utt, n in (("w0", need - 1), ("w1", need - 5), ("w2", need)):
+        lines += f"{utt} {write_wav(data / 'wav' / f'{utt}.wav', 0.1 * rng.standard_normal(n))}\n"
+        u2s += f"{utt} s3\n"
+    (data / "wav.scp").write_text(lines)
+    (data / "utt2spk").write_text(u2s)
+    out = tmp_path / "e" / "emb.npz"
+    argv = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu", "--feats", "no"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"error: {data / 'wav.scp'}:7: w0 ({data / 'wav' / 'w0.wav'}): too short for an embedding: {need - 1} samples "
+        f"({(need - 1) / 16000:.3f} s) at 16000 Hz, this model's shortest input is {need} ({need / 16000:.3f} s) "
+        "(1 more utterance(s) as short)"
+    )
+    assert not out.exists() and not out.with_name("emb.npz.parts").exists()
+    # Without the two short ones the one at exactly the shortest input is embedded (finite).
+    for name, text in (("wav.scp", lines), ("utt2spk", u2s)):
+        (data / name).write_text("".join(ln + "\n" for ln in text.splitlines() if ln.split()[0] not in ("w0", "w1")))
+    assert main(argv) == 0
+    ids, emb = read_embeddings(out)
+    assert "w2" in ids and np.isfinite(emb).all()
+    assert main([*argv, "--max-seconds", f"{need / 16000:.3f}"]) == 2
+    assert "cuts chunks shorter than this model's shortest input" in capsys.readouterr().err

@@ -18,9 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # so inference runs without anything of the training side.
 # frontends: the front-end registry (kinds, their settings and the config's features section), torch-free so
 # that config can read it; objectives, the self-supervised objectives' settings (the config's dino section),
-# alike. sources: the one reader of pretrained models (ours, 3D-Speaker, ReDimNet2 releases), between
-# checkpoint and inference, because it needs models and the front-end registry and both inference and train read
-# through it.
+# augment_settings and hardware_settings, its augment and hardware sections, alike. sources: the one reader of
+# pretrained models (ours, 3D-Speaker, ReDimNet2 releases), between checkpoint and inference, because it needs
+# models and the front-end registry and both inference and train read through it.
 # `commands` (the parser and the ending of every console script) and `outputs` (the one writer of output files) are
 # leaves that every layer may import.
 LEAVES = {"commands", "outputs"}
@@ -28,11 +28,13 @@ LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "frontends": {"settings"},
     "objectives": {"settings"},
-    "config": {"settings", "frontends", "objectives"},
+    "augment_settings": {"settings"},
+    "hardware_settings": {"settings"},
+    "config": {"settings", "frontends", "objectives", "augment_settings", "hardware_settings"},
     "devices": set(),
     "commands": set(),
     "outputs": set(),
-    "dataio": {"config", "settings", "devices", "commands"},
+    "dataio": {"config", "augment_settings", "settings", "devices", "commands"},
     "features": {"dataio", "config", "devices", "frontends", "commands"},
     "models": set(),
     "checkpoint": {"frontends", "models"},
@@ -152,11 +154,12 @@ def test_inference_imports_load_no_training_module():
 
 
 def test_config_imports_no_implementation_module():
-    """The config reads the front-end registry (its features section and rules) and nothing else: loading a
-    config never loads torch."""
+    """The config reads the front-end registry (its features section and rules) and its sections' settings modules,
+    nothing else: loading a config never loads torch."""
     graph = import_graph()
-    assert graph["speakerlab.config"] == {"speakerlab.settings", "speakerlab.frontends", "speakerlab.objectives"}
-    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == {"settings", "frontends", "objectives"}
+    sections = {"settings", "frontends", "objectives", "augment_settings", "hardware_settings"}
+    assert graph["speakerlab.config"] == {f"speakerlab.{m}" for m in sections}
+    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == sections
     assert graph["speakerlab.settings"] == set()
     code = "import speakerlab.config, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

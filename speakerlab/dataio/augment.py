@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.config import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
+from speakerlab.augment_settings import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
 from speakerlab.dataio.noise_bank import KINDS, NoiseBank, bank_problem, build_bank
 from speakerlab.dataio.speed import input_length, resample_ratio
 
@@ -134,7 +134,7 @@ class Augmenter:
 
 
 def open_augmenter(settings, sample_rate: int, log=print) -> Augmenter:
-    """The augmenter of config section `augment` (speakerlab.config.AugmentSettings) with `lists` set.
+    """The augmenter of config section `augment` (speakerlab.augment_settings.AugmentSettings) with `lists` set.
 
     Opens the bank (`bank`, default `<lists>/bank`), building it first when it is missing or older
     than the lists (every list problem is then reported at once, as `list:line:`)."""

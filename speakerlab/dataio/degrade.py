@@ -11,9 +11,11 @@ A condition is steps joined by `+`, e.g. `trunc2`, `gsm`, `reverb+noise5`, `tel+
   mp3       MP3 (MPEG layer III, VBR, compression level 0.99: about 20 kbit/s at 16 kHz)
   noiseS    additive noise at S dB SNR (`noise0`, `noise5`; also `musicS`, `babbleS`), from a noise bank
   reverb    a room impulse response of the noise bank (speakerlab.dataio.noise_bank)
+  repN      not a degradation but a short-input policy: audio shorter than N seconds repeated up to N (as
+            inference pads by repetition); `trunc1+rep2` against `trunc1` measures padding (bench/short_input.py)
 
 Steps run in a fixed order whatever order they are written in: crop, room (reverb), additive noise,
-channel (tel, ulaw, gsm), codec (opus, mp3), because that is the order a voice travels in. Codecs run
+channel (tel, ulaw, gsm), codec (opus, mp3), because that is the order a voice travels in; rep comes last. Codecs run
 in memory through soundfile (libsndfile >= 1.1 encodes Opus and MP3; no ffmpeg, no temporary files);
 `codec_problem()` says when the installed libsndfile lacks one.
 
@@ -35,7 +37,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
-from speakerlab.config import CHANNEL_KINDS
+from speakerlab.augment_settings import CHANNEL_KINDS
 from speakerlab.dataio.augment import INT16_SCALE, add_at_snr, babble_mix, reverberate
 from speakerlab.dataio.noise_bank import NoiseBank
 from speakerlab.dataio.resample import resample
@@ -63,8 +65,9 @@ ORDER = {
     "gsm": 3,
     "opus": 4,
     "mp3": 4,
+    "rep": 5,
 }
-STEP = re.compile(r"^(trunc|noise|music|babble)(\d+(?:\.\d+)?)$|^(tel|ulaw|gsm|opus|mp3|reverb)$")
+STEP = re.compile(r"^(trunc|noise|music|babble|rep)(\d+(?:\.\d+)?)$|^(tel|ulaw|gsm|opus|mp3|reverb)$")
 # The table of the stress stage: clean, short, channel, codec, noise, room, and the combinations users meet
 # together (a phone call from a noisy street, a short clip from a far-field room).
 DEFAULT_CONDITIONS = (
@@ -92,8 +95,8 @@ class ConditionError(ValueError):
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a condition: `kind` (trunc, tel, ulaw, gsm, opus, mp3, noise, music, babble, reverb) and
-    its `value` (seconds of a crop, SNR dB of additive noise; 0 otherwise)."""
+    """One step of a condition: `kind` (trunc, tel, ulaw, gsm, opus, mp3, noise, music, babble, reverb, rep) and
+    its `value` (seconds of a crop or a repetition, SNR dB of additive noise; 0 otherwise)."""
 
     kind: str
     value: float = 0.0
@@ -110,14 +113,14 @@ def parse_condition(name: str) -> Tuple[Step, ...]:
         if m is None:
             raise ConditionError(
                 f"condition {name!r}: unknown step {token!r} (truncN, tel, ulaw, gsm, opus, mp3, noiseS, musicS, "
-                "babbleS, reverb, joined by '+'; or clean)"
+                "babbleS, reverb, repN, joined by '+'; or clean)"
             )
         steps.append(Step(m.group(3)) if m.group(3) else Step(m.group(1), float(m.group(2))))
     kinds = [s.kind for s in steps]
     if len(set(kinds)) != len(kinds) or sum(k in CHANNELS for k in kinds) > 1:
         raise ConditionError(f"condition {name!r}: a step kind twice, or two telephone channels")
-    if any(s.kind == "trunc" and s.value <= 0 for s in steps):
-        raise ConditionError(f"condition {name!r}: a crop must be longer than 0 s")
+    if any(s.kind in ("trunc", "rep") and s.value <= 0 for s in steps):
+        raise ConditionError(f"condition {name!r}: a crop or a repetition must be longer than 0 s")
     return tuple(sorted(steps, key=lambda s: ORDER[s.kind]))
 
 
@@ -222,6 +225,8 @@ def degrade(
             x = add_noise(x, b, step.kind, step.value, rng)
         elif step.kind == "tel":
             x = telephone(x, rate)
+        elif step.kind == "rep":
+            x = np.resize(x, max(x.shape[0], int(round(step.value * rate))))
         else:
             x = codec(x, rate, step.kind)
     return x
@@ -292,7 +297,7 @@ class ChannelAugment:
 
 
 def channel_augment(settings, sample_rate: int, log=print) -> Optional[ChannelAugment]:
-    """The ChannelAugment of config section `augment` (speakerlab.config.AugmentSettings), None when both its
+    """The ChannelAugment of config section `augment` (speakerlab.augment_settings.AugmentSettings), None when both its
     probabilities are 0."""
     if settings.channel_prob == 0 and settings.short_prob == 0:
         return None

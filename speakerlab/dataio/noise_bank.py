@@ -30,8 +30,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from speakerlab.augment_settings import AUGMENT_KINDS
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.config import AUGMENT_KINDS
 from speakerlab.dataio.audio import AudioError, audio_info, sf
 from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.outputs import check_folder_output, output_path, write_text

@@ -18,6 +18,10 @@ Every file of the list is checked before any work ("no such file: PATH (wav.scp 
 written after each recording, so a failure in a later one loses none that finished (the JSON, written once,
 holds those too).
 
+A recording shorter than the model's shortest input (its `min_samples`) is refused in one line naming it (the
+words of every command); a sub-segment shorter than a window is widened within the recording, and a recording
+shorter than the window is repeated up to it (speakerlab.diarization.pipeline).
+
 Exit codes: 0 done (a recording without speech gets no RTTM line, and a message says so); 2 bad input (a
 message naming the file, the list line or the option).
 """
@@ -218,7 +222,12 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     try:
         for reco, path, where in items:
             t1 = time.time()
-            d = diarizer.diarize_file(path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr)
+            try:
+                d = diarizer.diarize_file(
+                    path, counts[reco], None if speech is None else speech.get(reco, []), warn_stderr
+                )
+            except AudioError as e:  # too short, or unreadable past its header: named by its list line
+                raise AudioError(f"{where}{e}") from None
             for note in d.notes:
                 warn_stderr(f"{where}{note}")
             audio_seconds += d.duration

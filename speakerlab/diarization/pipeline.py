@@ -8,8 +8,11 @@
 
 Each speech region (from the VAD, or given: oracle speech) is cut into windows of `window` seconds every
 `hop` seconds, the last one ending at the region's end; a region shorter than a window is one
-sub-segment. Sub-segments shorter than `min_embed` seconds are embedded from a window of that length
-centred on them (so a 0.3 s region still gets an embedding). All windows of a recording go through
+sub-segment. Sub-segments shorter than `min_embed` seconds (or than the model's shortest input, `min_samples`)
+are embedded from a window of that length centred on them (so a 0.3 s region still gets an embedding), and a
+recording shorter than the window is repeated up to it (padding by repetition, never silence); a recording
+shorter than the model's shortest input is refused with the one line every command gives
+(speakerlab.inference.common.too_short). All windows of a recording go through
 `Embedder.embed_waves` in batches of `batch_size` on the embedder's device. Where two sub-segments
 overlap, the boundary between their speakers is put in the middle of the overlap; adjacent pieces of
 one speaker within a region are joined.
@@ -29,11 +32,12 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
+from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.resample import resample
 from speakerlab.dataio.rttm import Interval, Turn
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.vad import VAD_RATE, Detector
-from speakerlab.inference.common import check_finite
+from speakerlab.inference.common import check_finite, too_short
 
 # Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
 # torch-free install.
@@ -132,10 +136,12 @@ def labels_to_turns(pieces: Sequence[Tuple[int, float, float]], labels: np.ndarr
     return turns
 
 
-def embed_window(wave: np.ndarray, rate: int, start: float, end: float, min_len: float) -> np.ndarray:
-    """Samples of [start, end], widened about its centre to `min_len` seconds within the wave (a wave
-    shorter than that is repeated up to it)."""
-    need = int(round(min_len * rate))
+def embed_window(
+    wave: np.ndarray, rate: int, start: float, end: float, min_len: float, min_samples: int = 0
+) -> np.ndarray:
+    """Samples of [start, end], widened about its centre to `min_len` seconds (at least `min_samples`, the
+    model's shortest input) within the wave; a wave shorter than that is repeated up to it."""
+    need = max(int(round(min_len * rate)), min_samples)
     a, b = int(round(start * rate)), int(round(end * rate))
     if b - a < need:
         a = max(0, min(len(wave) - need, (a + b - need) // 2))
@@ -186,6 +192,9 @@ class Diarizer:
         if sample_rate != rate:
             wave = resample(wave, sample_rate, rate)
         duration = len(wave) / rate
+        short = too_short(len(wave), self.embedder)
+        if short:  # windows could only repeat it: refused, as every command refuses such input
+            raise AudioError(f"{name}: {short}" if name else short)
         notes: List[str] = []
         if speech is None:
             if self.vad is None:
@@ -197,7 +206,8 @@ class Diarizer:
             notes.append(f"{name}: no speech found: no turns")
             empty = np.zeros((0, 0), np.float32)
             return Diarization(duration, regions, [], np.zeros((0, 2)), np.zeros(0, np.int64), empty, empty, notes)
-        windows = [embed_window(wave, rate, s, e, opt.min_embed) for _, s, e in pieces]
+        need = self.embedder.min_samples
+        windows = [embed_window(wave, rate, s, e, opt.min_embed, need) for _, s, e in pieces]
         emb = self.embedder.embed_waves(windows, max_batch=opt.batch_size)
         check_finite([f"{name} {s:.2f}-{e:.2f} s" for _, s, e in pieces], emb)
         if count.min > len(pieces):

@@ -29,6 +29,10 @@ must be on a filesystem they share (a rank that cannot see rank 0's parts dir sa
 pipe (`--out /dev/null`, to time extraction) is written through, never replaced, its parts in a temporary folder (one
 process only).
 
+An utterance shorter than the model's shortest input (its `min_samples`: 10 feature frames) is refused before
+anything is embedded, in one line naming its wav.scp line (speakerlab.inference.common.too_short, the words of
+every command), never embedded into a garbage vector.
+
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
 read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
 z["embeddings"]))`). `--kaldi` also writes `<OUT without .npz>.ark/.scp` (Kaldi float vectors,
@@ -61,6 +65,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.inference.common import too_short
 from speakerlab.inference.embedder import (
     Embedder,
     NonFiniteEmbedding,
@@ -109,6 +114,16 @@ def default_batch_seconds(device: torch.device) -> float:
     return 240.0 if device.type == "cuda" else 30.0
 
 
+def refuse_short(samples: List[int], embedder: Embedder, origins: List[str]) -> None:
+    """Samples per utterance `(N,)`: an AudioError naming the first utterance below the model's shortest input
+    (`origins`: where each came from) and how many others are, before anything is embedded; else nothing."""
+    short = [i for i, n in enumerate(samples) if n < embedder.min_samples]
+    if short:
+        i = short[0]
+        more = f" ({len(short) - 1} more utterance(s) as short)" if len(short) > 1 else ""
+        raise AudioError(f"{origins[i]}: {too_short(samples[i], embedder)}{more}")
+
+
 class StreamingExtractor:
     """Embeddings of one data dir with one Embedder, in shards (see the module docstring): one lifecycle
     (`run`) whatever the units' source (speakerlab.inference.units: the audio, or `store`, an opened
@@ -141,8 +156,15 @@ class StreamingExtractor:
             batch_seconds = default_batch_seconds(embedder.device)
         src = self.source
         max_samples = int(max_seconds * embedder.sample_rate)
+        if 0 < max_samples < 2 * embedder.min_samples:  # chunks are longer than half of max_samples
+            raise ValueError(
+                f"--max-seconds {max_seconds} cuts chunks shorter than this model's shortest input "
+                f"({embedder.min_samples / embedder.sample_rate:.3f} s): give at least twice that, or 0"
+            )
+        samples = utterance_lengths(data, embedder.sample_rate)
+        refuse_short(samples, embedder, src.origins())
         self.utt, self.start, self.length = plan_units(
-            [src.length(n) for n in utterance_lengths(data, embedder.sample_rate)],
+            [src.length(n) for n in samples],
             src.length(max_samples) if max_samples > 0 else 0,
         )
         lengths = [src.batch_length(int(n)) for n in self.length]
