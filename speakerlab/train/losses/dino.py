@@ -96,6 +96,7 @@ class DinoObjective(nn.Module):
         self.step, self.total, self.steps_per_epoch = 0, 1, 1
         self.temp, self.momentum, self.frozen = s.teacher_temp_start, s.teacher_momentum, True
         self.last: Dict[str, float] = {}  # the statistics as last read
+        self.checked = False  # `started` was read by this process
         self.head.directions.register_hook(lambda g: torch.zeros_like(g) if self.frozen else g)
 
     def set_clock(self, total_steps: int, steps_per_epoch: int) -> None:
@@ -114,11 +115,15 @@ class DinoObjective(nn.Module):
         self.frozen = step < s.freeze_prototypes_epochs * self.steps_per_epoch
 
     def start(self, model: nn.Module) -> None:
-        """At the first step (after train.init or from scratch), the teacher is the student."""
+        """At the first step (after train.init or from scratch), the teacher is the student. The buffer (in the
+        checkpoint) is read once per process: reading a device tensor waits for the device."""
+        if self.checked:
+            return
         if not self.started:
             copy_into(self.teacher["model"], model)
             copy_into(self.teacher["head"], self.head)
             self.started.fill_(1.0)
+        self.checked = True
 
     def loss(self, student: List[Tensor], teacher: List[Tensor], unit: Tensor) -> Tensor:
         """`student`: logits `(B, K)` of every crop, global ones first; `teacher`: of the global crops; `unit`:
