@@ -6,6 +6,7 @@ and the counts asked for (exact, min, max, one speaker) are honoured."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -159,3 +160,51 @@ def test_vbx_without_a_plda_says_where_to_get_one():
         cluster(np.ones((4, DIM)), SpeakerCount(), "vbx")
     with pytest.raises(ValueError, match="loop_p"):
         VBxParams(loop_p=1.0)
+
+
+@pytest.fixture(scope="module")
+def train_dir(tmp_path_factory):
+    """A data dir of 8 synthetic speakers (other voices than the test conversations'), 4 utterances of 2 s."""
+    from speakerlab.synth.voice import SR, draw_session, draw_speaker, synth_utterance
+    from tests.helpers import write_wav
+
+    root = tmp_path_factory.mktemp("plda_train")
+    scp, u2s = [], []
+    for s in range(8):
+        voice = draw_speaker(np.random.default_rng([77, s]))
+        for u in range(4):
+            g = np.random.default_rng([77, s, u])
+            wave = synth_utterance(voice, 2 * SR, g, draw_session(g, snr_range=(20, 30)))
+            utt = f"s{s}-u{u}"
+            scp.append(f"{utt} {write_wav(root / f'{utt}.wav', wave)}\n")
+            u2s.append(f"{utt} s{s}\n")
+    (root / "wav.scp").write_text("".join(scp))
+    (root / "utt2spk").write_text("".join(u2s))
+    return root
+
+
+def test_speakerlab_plda_fits_a_plda_that_speakerlab_diarize_uses(capsys, tmp_path, train_dir, ckpt):
+    """speakerlab-plda on a training set -> a PLDA of the model's digest; speakerlab-diarize --clustering vbx
+    with it honours an exact count, says "no speech" for silence, and refuses a PLDA of another model."""
+    from speakerlab.diarization.plda_fit import run as plda_run
+    from speakerlab.sources import read_source
+    from tests.helpers import write_wav
+    from tests.test_diarization import THREE, diarize, talk
+
+    out = tmp_path / "plda.npz"
+    assert plda_run(["--data", str(train_dir), "--checkpoint", str(ckpt), "--out", str(out)]) == 0
+    assert "96 windows of 1.5 s from 32 utterances of 8 speakers" in capsys.readouterr().err
+    plda = load_plda(out)
+    assert plda.model_id == read_source(ckpt).digest and plda.dim == 7  # 8 speakers: 7 directions at most
+    wave, _ = talk(*THREE)
+    wav = write_wav(tmp_path / "three.wav", wave)
+    vbx = ["--checkpoint", ckpt, "--vad", "energy", "--clustering", "vbx", "--plda", out]
+    code, _, _ = diarize(capsys, wav, *vbx, "--num-speakers", 3, "--rttm", tmp_path / "h.rttm")
+    assert code == 0 and len({line.split()[7] for line in (tmp_path / "h.rttm").read_text().splitlines()}) == 3
+    silence = write_wav(tmp_path / "quiet.wav", np.zeros(16000 * 3, np.float32))
+    code, out_text, err = diarize(capsys, silence, *vbx)
+    assert code == 0 and out_text == "" and "no speech" in err
+    other = tmp_path / "other.npz"
+    replace(plda, model_id="0" * 12).save(other)
+    code, _, err = diarize(capsys, wav, *vbx[:-1], other)
+    assert code == 2 and "fitted to the embeddings of model 000000000000" in err
