@@ -130,6 +130,7 @@ def test_a_command_that_needs_torch_says_so_in_one_line_in_the_runtime_install()
         "speakerlab-embed",
         "speakerlab-diarize",
         "speakerlab-der",
+        "speakerlab-plda",
         "speakerlab-enrol",
         "speakerlab-identify",
     }

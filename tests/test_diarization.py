@@ -265,6 +265,7 @@ def test_more_speakers_than_the_speech_supports_is_a_warning_and_the_most_it_can
         (["--num-speakers", "0"], "--num-speakers must be >= 1"),
         (["--min-speakers", "3", "--max-speakers", "2"], "need 1 <= --min-speakers <= --max-speakers"),
         (["--num-speakers", "2", "--reco2num-spk", "x"], "--num-speakers and --reco2num-spk exclude each other"),
+        (["--clustering", "vbx"], "--clustering vbx and --plda go together"),
     ],
 )
 def test_option_errors_name_the_option(capsys, tmp_path, ckpt, args, message):

@@ -42,6 +42,7 @@ from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
+from speakerlab.diarization.plda import load_plda
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
@@ -138,6 +139,9 @@ TUNING = {
     "max_units": "long recordings: sub-segments beyond this are clustered as this many units of neighbours, "
     "then each assigned to its nearest speaker (0: no limit)",
     "batch_size": "sub-segments per model call",
+    "fa": "vbx: scale of the acoustic log-likelihoods",
+    "fb": "vbx: weight of the speaker prior (larger: fewer speakers)",
+    "loop_p": "vbx: probability that the next sub-segment has the same speaker",
 }
 
 
@@ -174,8 +178,10 @@ def parser() -> argparse.ArgumentParser:
         "--clustering",
         choices=METHODS,
         default=d.method,
-        help="spectral: count by eigengap, k-means on the eigenvectors; ahc: average linkage cut at --threshold",
+        help="spectral: count by eigengap, k-means on the eigenvectors; ahc: average linkage cut at --threshold; "
+        "vbx: Bayesian HMM on --plda, started from AHC",
     )
+    ap.add_argument("--plda", metavar="FILE", help="vbx: the PLDA speakerlab-plda fitted to this model's embeddings")
     for field, text in TUNING.items():
         default = getattr(d, field)  # DiarizeOptions' own defaults and types
         flag = "--" + field.replace("_", "-")
@@ -195,6 +201,8 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"need 1 <= --min-speakers <= --max-speakers, got {low}, {high}")
     if args.reco2num_spk and args.num_speakers:
         ap.error("--num-speakers and --reco2num-spk exclude each other")
+    if (args.clustering == "vbx") != bool(args.plda):
+        ap.error("--clustering vbx and --plda go together (speakerlab-plda fits a PLDA)")
     if args.num_speakers is not None and not low <= args.num_speakers <= high:
         ap.error(f"--num-speakers {args.num_speakers} contradicts --min-speakers {low} / --max-speakers {high}")
 
@@ -217,7 +225,8 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
-    diarizer = Diarizer(source_embedder(ap, args), None if speech is not None else make_vad(args.vad), options)
+    plda = load_plda(args.plda) if args.plda else None
+    diarizer = Diarizer(source_embedder(ap, args), None if speech is not None else make_vad(args.vad), options, plda)
     results, audio_seconds = [], 0.0
     try:
         for reco, path, where in items:

@@ -12,6 +12,9 @@ spectral: the cosine affinities of the L2-normalised embeddings, each row pruned
 ahc: average-linkage agglomerative clustering on cosine distance (`scipy.cluster.hierarchy`), cut at
     distance `threshold` (1 - cosine), or at the count given; a cut outside [min, max] is moved to the
     nearest bound.
+vbx: AHC at `VBxParams.init_threshold` starts VBx on the coordinates of a PLDA (vbx.py, plda.py); the speakers
+    it keeps are the count, unless outside [min, max] (or not the count given): then the speakers of most
+    mass stay, or AHC cut at the minimum starts again, and a constrained assignment gives each its segments.
 
 Both are deterministic for a given input and seed. After estimating the count (not when it is given),
 clusters whose centroids are more alike than `merge_cosine` are merged, down to the minimum: the
@@ -32,7 +35,11 @@ from typing import Optional
 
 import numpy as np
 
-METHODS = ("spectral", "ahc")
+from speakerlab.diarization.plda import PLDA
+from speakerlab.diarization.vbx import VBxParams, assign, one_hot, vbx
+
+METHODS = ("spectral", "ahc", "vbx")
+VBX_DEFAULTS = VBxParams()
 MIN_NEIGHBOURS = 6  # spectral pruning keeps at least this many affinities per row
 MAX_UNITS = 1500  # clustered at most; more sub-segments are grouped into this many units (module docstring)
 
@@ -123,6 +130,24 @@ def ahc(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
     return labels.astype(np.int64) - 1
 
 
+def vbx_clusters(x: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxParams) -> np.ndarray:
+    """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring."""
+    n = len(x)
+    z = plda.project(x)
+    init = ahc(x, SpeakerCount(1, n), params.init_threshold)
+    gamma, _ = vbx(z, plda.phi, one_hot(init, init.max() + 1, params.smoothing), params)
+    labels = np.argmax(gamma, axis=1)
+    found = len(np.unique(labels))
+    target = min(max(found, count.min), count.max, n)
+    if target == found:
+        return labels
+    if target < found:  # the speakers of most mass stay
+        start = np.argmax(gamma[:, np.argsort(-gamma.sum(axis=0), kind="stable")[:target]], axis=1)
+    else:
+        start = ahc(x, SpeakerCount.exactly(target), params.init_threshold)
+    return assign(z, plda.phi, start, target, params)
+
+
 def group_neighbours(x: np.ndarray, max_units: int) -> np.ndarray:
     """`(N, D)` unit rows -> `(N,)` unit index: runs of ceil(N / max_units) consecutive rows share one."""
     size = -(-len(x) // max_units)
@@ -165,13 +190,18 @@ def cluster(
     threshold: float = 0.5,
     merge_cosine: Optional[float] = 0.7,
     max_units: int = MAX_UNITS,
+    plda: Optional[PLDA] = None,
+    vbx_params: VBxParams = VBX_DEFAULTS,
 ) -> np.ndarray:
     """`(N, D)` embeddings -> `(N,)` labels 0..k-1 in order of first appearance, with k within `count`
-    (and at most N). `method`: spectral or ahc; `pruning` is spectral's, `threshold` ahc's;
-    `merge_cosine` None merges nothing; more than `max_units` rows (0: no limit) are clustered as that many
-    units of neighbours, then assigned (module docstring)."""
+    (and at most N). `method`: spectral, ahc or vbx (which needs `plda`); `pruning` is spectral's,
+    `threshold` ahc's, `vbx_params` vbx's; `merge_cosine` None merges nothing (vbx merges by itself); more
+    than `max_units` rows (0: no limit) are clustered as that many units of neighbours, then assigned
+    (module docstring)."""
     if method not in METHODS:
         raise ValueError(f"unknown clustering {method!r}: one of {', '.join(METHODS)}")
+    if method == "vbx" and plda is None:
+        raise ValueError("vbx clustering needs a PLDA (speakerlab-plda fits one; --plda FILE)")
     n = len(emb)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -183,8 +213,10 @@ def cluster(
     if max_units and n > max_units:
         unit_of = group_neighbours(x, max_units)
         units = normalize(np.add.reduceat(x, np.flatnonzero(np.diff(unit_of, prepend=-1))))
-        unit_labels = cluster(units, count, method, seed, pruning, threshold, merge_cosine, max_units=0)
+        unit_labels = cluster(units, count, method, seed, pruning, threshold, merge_cosine, 0, plda, vbx_params)
         return first_appearance(assign_nearest(x, unit_of, unit_labels))
+    if method == "vbx":
+        return first_appearance(vbx_clusters(x, count, plda, vbx_params))
     labels = spectral(x, count, seed, pruning) if method == "spectral" else ahc(x, count, threshold)
     if merge_cosine is not None and not count.fixed:
         labels = merge_similar(x, labels, count.min, merge_cosine)

@@ -35,8 +35,10 @@ import numpy as np
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.resample import resample
 from speakerlab.dataio.rttm import Interval, Turn
-from speakerlab.diarization.cluster import MAX_UNITS, METHODS, SpeakerCount, cluster, normalize
+from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
+from speakerlab.diarization.plda import PLDA, PLDAError
 from speakerlab.diarization.vad import VAD_RATE, Detector
+from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.common import check_finite, too_short
 
 # Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
@@ -60,6 +62,13 @@ class DiarizeOptions:
     merge_cosine: Optional[float] = 0.7
     seed: int = 0
     max_units: int = MAX_UNITS
+    fa: float = VBX_DEFAULTS.fa
+    fb: float = VBX_DEFAULTS.fb
+    loop_p: float = VBX_DEFAULTS.loop_p
+
+    @property
+    def vbx(self) -> VBxParams:
+        return VBxParams(fa=self.fa, fb=self.fb, loop_p=self.loop_p)
 
     def __post_init__(self):
         problems = []
@@ -75,6 +84,10 @@ class DiarizeOptions:
             problems.append(f"pruning must lie in (0, 1], got {self.pruning}")
         if self.max_units < 0 or 0 < self.max_units < 2:
             problems.append(f"max_units must be 0 (no limit) or >= 2, got {self.max_units}")
+        try:
+            VBxParams(fa=self.fa, fb=self.fb, loop_p=self.loop_p)
+        except ValueError as e:
+            problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -151,17 +164,28 @@ def embed_window(
 
 
 class Diarizer:
-    """`Embedder` + speech detector + options -> `Diarization`s (see the module docstring)."""
+    """`Embedder` + speech detector + options (+ the PLDA that vbx clustering needs, fitted to this
+    embedder's embeddings) -> `Diarization`s (see the module docstring)."""
 
     def __init__(
         self,
         embedder: Union["Embedder", "OnnxEmbedder"],
         vad: Optional[Detector] = None,
         options: DiarizeOptions = DiarizeOptions(),
+        plda: Optional[PLDA] = None,
     ):
+        if options.method == "vbx" and plda is None:
+            raise ValueError("vbx clustering needs a PLDA (speakerlab-plda fits one; --plda FILE)")
+        model_id = getattr(embedder, "model_id", "")
+        if plda is not None and plda.model_id and model_id and plda.model_id != model_id:
+            raise PLDAError(
+                f"the PLDA was fitted to the embeddings of model {plda.model_id}, this embedder is {model_id}: "
+                "fit one to this model's embeddings (speakerlab-plda)"
+            )
         self.embedder = embedder
         self.vad = vad
         self.options = options
+        self.plda = plda
 
     def diarize_file(
         self,
@@ -215,7 +239,18 @@ class Diarizer:
                 f"{name}: {count.min} speakers asked for, but the speech gives only {len(pieces)} "
                 f"sub-segment(s): {len(pieces)} speaker(s) at most"
             )
-        labels = cluster(emb, count, opt.method, opt.seed, opt.pruning, opt.threshold, opt.merge_cosine, opt.max_units)
+        labels = cluster(
+            emb,
+            count,
+            opt.method,
+            opt.seed,
+            opt.pruning,
+            opt.threshold,
+            opt.merge_cosine,
+            opt.max_units,
+            self.plda,
+            opt.vbx,
+        )
         x = normalize(emb)
         centroids = normalize(np.stack([x[labels == k].mean(axis=0) for k in range(labels.max() + 1)]))
         return Diarization(
