@@ -21,6 +21,7 @@ import yaml
 
 from speakerlab.frontends import FRONT_ENDS, FeatureSettings, feature_spec
 from speakerlab.objectives import DinoSettings
+from speakerlab.outputs import output_file
 from speakerlab.settings import (
     ConfigError,
     build_settings,
@@ -480,7 +481,8 @@ def load_config(
 
 
 def save_config(cfg: Config, path: Union[str, Path]) -> None:
-    with open(path, "w") as f:
+    """`cfg` as YAML at `path` (speakerlab.outputs.output_file: whole, a device written through)."""
+    with output_file(path) as f:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
 
 
