@@ -22,6 +22,7 @@ from speakerlab.augment_settings import AugmentSettings
 from speakerlab.frontends import FRONT_ENDS, FeatureSettings, feature_spec
 from speakerlab.hardware_settings import HardwareSettings
 from speakerlab.objectives import DinoSettings
+from speakerlab.outputs import output_file
 from speakerlab.settings import (
     ConfigError,
     auto_or_bool,
@@ -362,7 +363,8 @@ def load_config(
 
 
 def save_config(cfg: Config, path: Union[str, Path]) -> None:
-    with open(path, "w") as f:
+    """`cfg` as YAML at `path` (speakerlab.outputs.output_file: whole, a device written through)."""
+    with output_file(path) as f:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
 
 

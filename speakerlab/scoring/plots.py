@@ -16,6 +16,7 @@ from typing import Dict
 
 import numpy as np
 
+from speakerlab.outputs import output_file
 from speakerlab.scoring.metrics import thin_curve
 
 WIDTH, HEIGHT, DPI = 640, 480, 100
@@ -97,6 +98,6 @@ def plot_histogram(scores: np.ndarray, labels: np.ndarray, path, title: str, bin
 
 def _save(fig, path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)  # no bbox_inches="tight": the size stays WIDTH x HEIGHT
+    with output_file(path, "wb") as f:  # no bbox_inches="tight": the size stays WIDTH x HEIGHT
+        fig.savefig(f, dpi=DPI, format=path.suffix[1:] or "png")
     return path
