@@ -27,8 +27,10 @@ HOST = textwrap.dedent(
         agent._keep_the_store_until_all_left()
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
     print(store.port, flush=True)
-    group = types.SimpleNamespace(group_world_size=2, state="SUCCEEDED")
-    fake = types.SimpleNamespace(_store=dist.PrefixStore("t", store), _worker_group=group,
+    prefixed = dist.PrefixStore("t", store)
+    group = types.SimpleNamespace(group_world_size=2, state="SUCCEEDED", store=prefixed)
+    # What torch's exit barrier reads (private), and the public worker group the repair reads.
+    fake = types.SimpleNamespace(_store=prefixed, _worker_group=group, get_worker_group=lambda: group,
                                  _exit_barrier_timeout=30, _in_exit_barrier=False)
     SimpleElasticAgent._exit_barrier(fake)
     """

@@ -26,6 +26,7 @@ import sys
 import time
 
 from speakerlab.train.launch.slurm import EXIT_PREEMPTED
+from speakerlab.train.launch.torch_private import TorchPrivateMissing, require
 
 SHUTDOWN_S = 300  # seconds the workers get to write a checkpoint once signalled, before SIGKILL
 LEAVE_S = 60.0  # seconds the store's host waits for the other agents to leave the exit barrier
@@ -64,17 +65,20 @@ def leave_in_order(store, agents: int, hosting: bool, timeout_s: float = LEAVE_S
 
 
 def _keep_the_store_until_all_left() -> None:
-    """Wraps torch's exit barrier (SimpleElasticAgent._exit_barrier) in this process with leave_in_order."""
+    """Wraps torch's exit barrier (SimpleElasticAgent._exit_barrier: private, checked by torch_private.require
+    first) in this process with leave_in_order; the store and group size through the agent's public worker group."""
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
+    require("exit_barrier")
     torch_barrier = SimpleElasticAgent._exit_barrier
 
     def exit_barrier(agent):
         torch_barrier(agent)  # logs its own failure (a store already gone) and returns
-        store = agent._store
-        tcp = getattr(store, "_underlying_non_prefix_store", store)
+        group = agent.get_worker_group()
+        store = group.store
+        tcp = getattr(store, "underlying_store", store)  # the TCP store under torchelastic's prefix store
         try:
-            leave_in_order(store, agent._worker_group.group_world_size, listens_on(getattr(tcp, "port", -1)))
+            leave_in_order(store, group.group_world_size, listens_on(getattr(tcp, "port", -1)))
         except Exception:  # noqa: BLE001 - the host has gone: nobody is left to wait for
             pass
 
@@ -88,7 +92,11 @@ def launch(argv=None) -> int:
     from torch.distributed.run import main as torchrun
 
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_S))
-    _keep_the_store_until_all_left()
+    try:
+        _keep_the_store_until_all_left()
+    except TorchPrivateMissing as e:
+        print(f"agent: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
     def forward(signum, frame):  # the agent's own SIGTERM handling: stop the workers with this signal
         raise SignalException(f"agent {os.getpid()} got {signal.Signals(signum).name}", signal.Signals(signum))

@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speakerlab.config import LossSettings
+from speakerlab.train.launch.torch_private import require
 from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2, fp32, sphereface2_terms
 
 INIT_BLOCK = 65536  # rows drawn at a time at the start (memory only: the values do not depend on it)
@@ -363,6 +364,8 @@ def make_head(loss: LossSettings, embedding_size: int, num_classes: int, seed: i
 def keep_out_of_ddp(net: nn.Module) -> None:
     """A sharded classifier's rows are each rank's own: DDP must neither broadcast nor average them."""
     names = [f"{name}.weight" for name, m in net.named_modules() if isinstance(m, Sharded)]
+    if names:  # checked on one process too: the same config fails at start-up, not once it scales out
+        require("ddp_ignore")
     if names and _world()[1] > 1:
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, names)
 
