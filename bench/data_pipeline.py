@@ -14,7 +14,10 @@ Worker-side figures run with one torch thread, as in a DataLoader worker. Every 
 of `--repeats` (the machine is shared: the best run is the least disturbed one). The inputs (speech,
 noise, RIRs) are synthetic files written to a temporary folder. With CUDA present it also trains
 CAM++ for a few steps at full speed and reports the fraction of step time spent waiting for data.
-(c) the channel augmentation of `augment.channel_prob`, each kind on every crop, on top of (b)'s worker item.
+(c) the channel augmentation of `augment.channel_prob`, each kind on every crop, on top of (b)'s worker item; then
+    the augment section of `--channel-config` (default conf/mini/augment_channel.yaml: its channel_prob, channel_mix,
+    short_prob), the cost per sample a training run with that overlay pays in the workers.
+The load average is printed before and after (a shared machine's figures mean little without it).
 The last line reads `worker CPU ms/sample: per-sample pipeline A, ours B, ratio B/A = R`.
 """
 
@@ -35,7 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speakerlab.augment_settings import CHANNEL_KINDS  # noqa: E402
+import yaml  # noqa: E402
+
+from speakerlab.augment_settings import CHANNEL_KINDS, AugmentSettings  # noqa: E402
 from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
 from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
 from speakerlab.dataio.degrade import ChannelAugment  # noqa: E402
@@ -44,9 +49,11 @@ from speakerlab.dataio.speed import input_length, resample_ratio  # noqa: E402
 from speakerlab.features.fbank import Fbank, mean_normalize  # noqa: E402
 from speakerlab.features.spec import KaldiFeatures  # noqa: E402
 from speakerlab.frontends import FbankConfig  # noqa: E402
+from speakerlab.settings import build_settings  # noqa: E402
 from speakerlab.train.inputs.pipeline import InputPipeline  # noqa: E402
 
 SR, CROP = 16000, 3 * 16000
+ROOT = Path(__file__).resolve().parent.parent
 FACTORS = (0.9, 1.1)  # every sample is sped up (the worst case of speed_prob 1)
 
 
@@ -187,6 +194,12 @@ def main(argv=None) -> int:
     # (they wait for each other); on an idle machine try --device-threads 0 (torch's default).
     ap.add_argument("--device-threads", type=int, default=1, help="torch threads of the device part (0: default)")
     ap.add_argument("--wait-on-cpu", action="store_true", help="run the data-wait measurement on the CPU (a check)")
+    ap.add_argument(
+        "--channel-config",
+        type=Path,
+        default=ROOT / "conf" / "mini" / "augment_channel.yaml",
+        help="(c): a config whose augment section's channel settings are timed as a whole",
+    )
     args = ap.parse_args(argv)
     args.device_threads = args.device_threads or torch.get_num_threads()
     print(f"$ python {shlex.join(sys.argv)}")
@@ -194,6 +207,9 @@ def main(argv=None) -> int:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{args.device_threads} torch thread(s) for the device part"
     )
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    section = (yaml.safe_load(args.channel_config.read_text()) or {}).get("augment") or {}
+    mixed = build_settings(AugmentSettings, section, "augment")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         utts, lists = write_inputs(root, 16)
@@ -232,6 +248,14 @@ def main(argv=None) -> int:
                 f"(c) ours + channel {kind} on every crop, worker (1 thread): {1000 * c:.2f} ms/sample "
                 f"(+{1000 * (c - b_worker):.2f} over (b); x{c / a:.2f} of (a))"
             )
+        coded = CropDataset(utts, [0] * len(utts), [8 * SR] * len(utts), CROP, SR, aug, FACTORS, 1.0)
+        coded.channel = ChannelAugment(mixed.channel_prob, mixed.channel_mix, mixed.short_prob, mixed.short_seconds, SR)
+        few = [(i % len(utts), 7919 * i) for i in range(4 * args.samples)]  # 4x: the mix draws per crop
+        c = best_of(args.repeats, lambda: collate([coded[i] for i in few])) / len(few)
+        print(
+            f"(c) ours + {args.channel_config.name}'s channel settings ({coded.channel.describe()}), worker "
+            f"(1 thread): {1000 * c:.2f} ms/sample (+{1000 * (c - b_worker):.2f} over (b); x{c / a:.2f} of (a))"
+        )
         if torch.cuda.is_available() or args.wait_on_cpu:
             print(wait_fraction(utts, aug, args, torch.device("cuda" if torch.cuda.is_available() else "cpu")))
         else:
@@ -240,6 +264,7 @@ def main(argv=None) -> int:
             f"worker CPU ms/sample: per-sample pipeline {1000 * a:.2f}, ours {1000 * b_worker:.3f}, "
             f"ratio B/A = {b_worker / a:.3f}"
         )
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 
