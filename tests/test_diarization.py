@@ -59,9 +59,13 @@ THREE = (0, [0, 1, 2, 0, 1, 2, 1, 0, 2, 0])
 FOUR = (1, [0, 1, 0, 1, 2, 3, 2, 3, 0, 2, 1, 3])
 
 
+def spectral_shape_embedder() -> Embedder:
+    return Embedder(SpectralShape(), FeatureSpec(FbankConfig(dither=0.0), mean_norm=False), "cpu", "spectral shape")
+
+
 @pytest.fixture(scope="session")
 def shape_embedder():
-    return Embedder(SpectralShape(), FeatureSpec(FbankConfig(dither=0.0), mean_norm=False), "cpu", "spectral shape")
+    return spectral_shape_embedder()
 
 
 @pytest.fixture(scope="session")

@@ -227,7 +227,8 @@ def test_voxconverse_recipe_on_fake_archives(tmp_path):
 def test_mini_diar_recipe_end_to_end(mini_model, tmp_path):
     """egs/mini_diar on the session's egs/mini corpus and model (tests/conftest.py: mini_model is this recipe's
     stage 3, egs/mini training a small CAM++, shared with tests/test_mini_recipe.py): the conversations of its
-    test speakers are diarized, and the model's DER is below the one-speaker baseline's."""
+    test speakers are diarized (VBx among the systems, on the PLDA of stage 3), and the model's DER is below the
+    one-speaker baseline's."""
     r = run_recipe(
         "mini_diar",
         *("--mini_data", mini_model.data, "--model", mini_model.exp, "--data", tmp_path / "data"),
@@ -241,3 +242,5 @@ def test_mini_diar_recipe_end_to_end(mini_model, tmp_path):
     assert model["der"] < baseline["der"], r.stdout
     assert result["oracle_count"]["count_right"] == 3
     assert all(np.isfinite(c["der"]) for s in result.values() for c in s["conditions"])
+    # Stage 3 fitted VBx's PLDA; the VAD and the embeddings ran once per recording: later systems reused them.
+    assert "vbx" in result and "(speech and embeddings from the cache)" in (tmp_path / "exp" / "vbx.log").read_text()

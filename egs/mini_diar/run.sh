@@ -4,9 +4,10 @@
 #   bash egs/mini_diar/run.sh                      # stages 1-5: corpus and model of egs/mini made when absent
 #   bash egs/mini_diar/run.sh --stage 4 --vad energy --diarize_opts "--window 2.0 --hop 1.0"
 # Stages (numbers as in every recipe): 1 data preparation (egs/mini's corpus if absent; the conversations,
-# their reference RTTM, reco2num_spk, uem), 3 train (egs/mini stages 2-3 when $model has no checkpoint),
-# 4 diarize (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker
-# baseline), 5 DER of each (collar 0.25 and 0, overlap scored and skipped). No stage 2: nothing to prepare.
+# their reference RTTM, reco2num_spk, uem), 3 train (egs/mini stages 2-3 when $model has no checkpoint; then
+# the PLDA of VBx on the model's embeddings of egs/mini's training speakers), 4 diarize
+# (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker baseline, VBx;
+# the VAD and embeddings once per recording, in $exp/cache), 5 DER of each (collar 0.25 and 0, overlap scored and skipped). No stage 2: nothing to prepare.
 # Every stage can be re-run. docs/diarization.md says what the figures mean.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,10 +28,12 @@ opt conv_opts ""                   # more speakerlab-synth-conversations options
 opt vad silero                     # silero | energy
 opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --hop 1.0"
 opt seed 0
+opt plda_opts ""                   # more speakerlab-plda options, e.g. "--per-utterance 5"
 
 . ../tools/parse_options.sh
 export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-diarization.txt}"
 . ../tools/env.sh
+plda="$exp/plda.npz"
 # egs/mini/run.sh works in its own folder: it gets absolute paths.
 mini=(bash ../mini/run.sh --data "$(realpath -m "$mini_data")" --corpus_opts "$corpus_opts" --train_overrides "$train_overrides")
 
@@ -48,6 +51,8 @@ if stage_on 3; then
     log "stage 3: train the egs/mini model (its stages 2-3) -> $model"
     "${mini[@]}" --stage 2 --stop_stage 3 --exp "$(realpath -m "$model")"
   fi
+  log "stage 3: the PLDA of VBx: $model's embeddings of $mini_data/train -> $plda"
+  fit_plda "$mini_data/train" "$plda" --checkpoint "$model" $plda_opts
 fi
 
 if stage_on 4; then

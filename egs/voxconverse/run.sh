@@ -6,9 +6,10 @@
 #   bash egs/voxconverse/run.sh --model_opts "--3dspeaker campplus --weights campplus_cn_en_common.pt" --sets test
 #   bash egs/voxconverse/run.sh --archive_dir /corpora/voxconverse --stage 1 --stop_stage 1   # archives on disk
 # Stages (numbers as in every recipe): 1 data preparation (download the dev and test audio and the
-# annotations v0.3, extract, data dirs with wav.scp, rttm, reco2num_spk, uem), 4 diarize
-# (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker baseline), 5 DER
-# of each (collar 0.25 and 0, overlap scored and skipped). Every stage can be re-run.
+# annotations v0.3, extract, data dirs with wav.scp, rttm, reco2num_spk, uem), 3 the PLDA of VBx (only with
+# --plda_data: a data dir of training speakers, e.g. ../voxceleb/data/vox1_dev), 4 diarize
+# (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker baseline, VBx when
+# the PLDA exists; the VAD and embeddings once per recording, in $exp/<set>/cache), 5 DER of each (collar 0.25 and 0, overlap scored and skipped). Every stage can be re-run.
 set -euo pipefail
 cd "$(dirname "$0")"
 . ../tools/common.sh
@@ -31,13 +32,16 @@ opt vad silero                     # silero | energy
 opt max_speakers 25                # estimated counts stay within 1..this: VoxConverse's recordings have up to 21
 opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --device cuda"
 opt seed 0
+opt plda_data ""                   # stage 3: a data dir (wav.scp, utt2spk) of speakers to fit VBx's PLDA on
+opt plda_opts ""                   # more speakerlab-plda options, e.g. "--per-utterance 2"
 
 . ../tools/parse_options.sh
-if [ "$stop_stage" -ge 4 ] && [ -z "$model_opts" ]; then
+if { [ "$stop_stage" -ge 4 ] || { stage_on 3 && [ -n "$plda_data" ]; }; } && [ -z "$model_opts" ]; then
   echo "error: stages 4-5 need --model_opts, e.g. --model_opts \"--checkpoint ../voxceleb/exp/campplus\"" >&2; exit 2
 fi
 export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-diarization.txt}"
 . ../tools/env.sh
+plda="$exp/plda.npz"
 
 if stage_on 1; then
   log "stage 1: data preparation: VoxConverse $sets and the annotations -> $data"
@@ -45,6 +49,15 @@ if stage_on 1; then
   speakerlab-voxconverse download "${fetch[@]}" --mirror="$mirror" --parts $sets annotations $download_opts
   speakerlab-voxconverse extract "${fetch[@]}" --raw-dir "$raw_dir" --parts $sets annotations
   speakerlab-voxconverse prepare --raw-dir "$raw_dir" --data "$data" --sets $sets
+fi
+
+if stage_on 3; then
+  if [ -n "$plda_data" ]; then
+    log "stage 3: the PLDA of VBx: $model_opts embeddings of $plda_data -> $plda"
+    fit_plda "$plda_data" "$plda" $model_opts $plda_opts
+  else
+    log "stage 3: no --plda_data: no PLDA, no VBx system"
+  fi
 fi
 
 for set in $sets; do

@@ -40,6 +40,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines
+from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
 from speakerlab.diarization.plda import load_plda
@@ -181,6 +182,12 @@ def parser() -> argparse.ArgumentParser:
         help="spectral: count by eigengap, k-means on the eigenvectors; ahc: average linkage cut at --threshold; "
         "vbx: Bayesian HMM on --plda, started from AHC",
     )
+    ap.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep each recording's VAD regions and sub-segment embeddings here, and reuse those a run before kept "
+        "for the same audio, VAD, model and window settings (the recipes' systems share EXP/cache)",
+    )
     ap.add_argument("--plda", metavar="FILE", help="vbx: the PLDA speakerlab-plda fitted to this model's embeddings")
     for field, text in TUNING.items():
         default = getattr(d, field)  # DiarizeOptions' own defaults and types
@@ -226,7 +233,9 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
     plda = load_plda(args.plda) if args.plda else None
-    diarizer = Diarizer(source_embedder(ap, args), None if speech is not None else make_vad(args.vad), options, plda)
+    cache = FrontCache(args.cache) if args.cache else None
+    vad = None if speech is not None else make_vad(args.vad)
+    diarizer = Diarizer(source_embedder(ap, args), vad, options, plda, cache)
     results, audio_seconds = [], 0.0
     try:
         for reco, path, where in items:
@@ -244,7 +253,8 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
             write_rttm(args, results)
             print(
                 f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), "
-                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s",
+                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s"
+                + (f" ({' and '.join(d.cached)} from the cache)" if d.cached else ""),
                 file=sys.stderr,
             )
     finally:  # a recording that fails keeps the ones before it: their RTTM is written, and the JSON here

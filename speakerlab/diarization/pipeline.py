@@ -15,7 +15,8 @@ shorter than the model's shortest input is refused with the one line every comma
 (speakerlab.inference.common.too_short). All windows of a recording go through
 `Embedder.embed_waves` in batches of `batch_size` on the embedder's device. Where two sub-segments
 overlap, the boundary between their speakers is put in the middle of the overlap; adjacent pieces of
-one speaker within a region are joined.
+one speaker within a region are joined. With a `FrontCache` (cache.py), `diarize_file` takes the speech
+regions and embeddings a run before made for the same file, VAD, model and settings.
 
 Overlapped speech is not handled: every instant gets at most one speaker, so the second speaker of an
 overlap is missed speech in the DER (docs/diarization.md gives how much on the synthetic conversations).
@@ -35,6 +36,7 @@ import numpy as np
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.resample import resample
 from speakerlab.dataio.rttm import Interval, Turn
+from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
 from speakerlab.diarization.vad import VAD_RATE, Detector
@@ -105,6 +107,7 @@ class Diarization:
     embeddings: np.ndarray  # (N, D) float32
     centroids: np.ndarray  # (K, D) float32, unit length
     notes: List[str] = field(default_factory=list)
+    cached: List[str] = field(default_factory=list)  # what came from the cache: "speech", "embeddings"
 
     @property
     def speakers(self) -> List[str]:
@@ -173,6 +176,7 @@ class Diarizer:
         vad: Optional[Detector] = None,
         options: DiarizeOptions = DiarizeOptions(),
         plda: Optional[PLDA] = None,
+        cache: Optional[FrontCache] = None,
     ):
         if options.method == "vbx" and plda is None:
             raise ValueError("vbx clustering needs a PLDA (speakerlab-plda fits one; --plda FILE)")
@@ -186,6 +190,7 @@ class Diarizer:
         self.vad = vad
         self.options = options
         self.plda = plda
+        self.cache = cache
 
     def diarize_file(
         self,
@@ -194,9 +199,14 @@ class Diarizer:
         speech: Optional[Sequence[Interval]] = None,
         warn: Optional[Callable[[str], None]] = None,
     ) -> Diarization:
-        """A file of any rate (first channel of several, with a message to `warn` naming it)."""
+        """A file of any rate (first channel of several, with a message to `warn` naming it); with a cache,
+        its speech regions and embeddings are taken from there when a run before made them (cache.py)."""
         wave = self.embedder.read(path, warn)
-        return self.diarize(wave, self.embedder.sample_rate, count, speech, name=str(path))
+        entry = None
+        if self.cache is not None:
+            model = f"{getattr(self.embedder, 'model_id', '')}|{self.embedder.name}"
+            entry = self.cache.entry(path, repr(self.vad), model)
+        return self.diarize(wave, self.embedder.sample_rate, count, speech, name=str(path), entry=entry)
 
     def diarize(
         self,
@@ -205,10 +215,11 @@ class Diarizer:
         count: Optional[SpeakerCount] = None,
         speech: Optional[Sequence[Interval]] = None,
         name: str = "",
+        entry: Optional[CacheEntry] = None,
     ) -> Diarization:
         """`(samples,)` float audio at `sample_rate` -> `Diarization`. `speech`: the regions to use
         (oracle speech); otherwise the VAD's. `count`: the speakers allowed (default `SpeakerCount()`, 1 to
-        20, estimated). `name` prefixes messages."""
+        20, estimated). `name` prefixes messages; `entry`: this recording's cache entry."""
         opt = self.options
         count = count or SpeakerCount()
         wave = np.asarray(wave, dtype=np.float32)
@@ -220,20 +231,35 @@ class Diarizer:
         if short:  # windows could only repeat it: refused, as every command refuses such input
             raise AudioError(f"{name}: {short}" if name else short)
         notes: List[str] = []
+        cached: List[str] = []
         if speech is None:
             if self.vad is None:
                 raise ValueError("no speech regions given and no VAD to find them")
-            speech = self.vad(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
+            speech = entry.speech() if entry else None
+            if speech is not None:
+                cached.append("speech")
+            else:
+                speech = self.vad(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
+                if entry:
+                    entry.put_speech(speech)
         regions = [(max(0.0, s), min(duration, e)) for s, e in speech if min(duration, e) > max(0.0, s)]
         pieces = subsegments(regions, opt.window, opt.hop)
         if not pieces:
             notes.append(f"{name}: no speech found: no turns")
             empty = np.zeros((0, 0), np.float32)
-            return Diarization(duration, regions, [], np.zeros((0, 2)), np.zeros(0, np.int64), empty, empty, notes)
+            none = np.zeros(0, np.int64)
+            return Diarization(duration, regions, [], np.zeros((0, 2)), none, empty, empty, notes, cached)
         need = self.embedder.min_samples
-        windows = [embed_window(wave, rate, s, e, opt.min_embed, need) for _, s, e in pieces]
-        emb = self.embedder.embed_waves(windows, max_batch=opt.batch_size)
-        check_finite([f"{name} {s:.2f}-{e:.2f} s" for _, s, e in pieces], emb)
+        settings = (opt.window, opt.hop, opt.min_embed)
+        emb = entry.embeddings(settings, regions) if entry else None
+        if emb is not None and len(emb) == len(pieces):
+            cached.append("embeddings")
+        else:
+            windows = [embed_window(wave, rate, s, e, opt.min_embed, need) for _, s, e in pieces]
+            emb = self.embedder.embed_waves(windows, max_batch=opt.batch_size)
+            check_finite([f"{name} {s:.2f}-{e:.2f} s" for _, s, e in pieces], emb)
+            if entry:
+                entry.put_embeddings(settings, regions, emb)
         if count.min > len(pieces):
             notes.append(
                 f"{name}: {count.min} speakers asked for, but the speech gives only {len(pieces)} "
@@ -262,4 +288,5 @@ class Diarizer:
             embeddings=emb,
             centroids=centroids.astype(np.float32),
             notes=notes,
+            cached=cached,
         )

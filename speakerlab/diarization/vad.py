@@ -195,6 +195,9 @@ class SileroVad:
         self._session = None
         self._lock = threading.Lock()
 
+    def __repr__(self) -> str:  # its settings: the cache of speech regions (cache.py) is keyed by it
+        return f"SileroVad(threshold={self.threshold}, samples={self.samples})"
+
     def __call__(self, wave: np.ndarray) -> List[Interval]:
         with self._lock:
             if self._session is None:
