@@ -281,13 +281,14 @@ def build_run(cfg: Config, exp_dir: Path, init: Optional[Source] = None) -> Run:
     info = dist_utils.init_distributed(resolve_device(cfg.hardware.device, 0).type, cfg.hardware.dist_timeout_s)
     device = resolve_device(cfg.hardware.device, info.local_rank)
     monitor = Monitor(exp_dir, enabled=info.is_main)
-    monitor.log(use_threads(cfg.hardware.threads, key="hardware.threads")[1])
+    threads_line = use_threads(cfg.hardware.threads, key="hardware.threads")[1]
     precision = resolve_precision(cfg.hardware.precision, device, cfg.hardware.tf32)
     seed_everything(cfg.train.seed)
     with dist_utils.once_per_node(info):  # lists and audio checked, the noise bank built: once per node
         log = dist_utils.preparation_log(info, monitor.log)
         data = load_train_lists(cfg, log)
         augmenter = build_augmenter(cfg, log)
+    monitor.log(threads_line)  # after the lists: a bad list stays the one line on stderr
     speakers = class_names(cfg, data.speakers)
     if cfg.augment.speed_prob > 0:
         new = len(speakers) > len(data.speakers)

@@ -112,8 +112,12 @@ class DinoNet(nn.Module):
         agree = student[0].argmax(-1) == teacher[1].argmax(-1)
         return obj.loss(student, teacher, unit), torch.where(agree, index, torch.full_like(index, -1))
 
-    def clip_grad_norm(self, params: List[Tensor], max_norm: float) -> Tensor:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    def clip_grad_norm(self, params: List[Tensor], max_norm: float, agree: Callable) -> Tensor:
+        """As the classifier's (speakerlab.train.build): the step's one all-reduce through `agree`, here with zero
+        (no sharded rows: the student's gradients are already averaged by DDP)."""
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        agree(torch.zeros((), dtype=torch.float64, device=norm.device))
+        return norm
 
     def end_step(self, updated: bool) -> None:
         """Centre and teacher after the optimizer step (speakerlab.train.losses.dino)."""
