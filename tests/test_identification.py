@@ -117,10 +117,10 @@ def test_enrol_and_identify_commands_on_a_checkpoint(tmp_path, capsys):
     }
     gal = str(tmp_path / "people.npz")
     src = ["--checkpoint", str(ckpt)]
-    assert run_enrol([gal, "add", "alice", str(wav["a1"]), str(wav["a2"]), *src]) == 0
-    assert run_enrol([gal, "add", "bob", str(wav["b1"]), *src]) == 0
+    assert run_enrol(["add", gal, "alice", str(wav["a1"]), str(wav["a2"]), *src]) == 0
+    assert run_enrol(["add", gal, "bob", str(wav["b1"]), *src]) == 0
     capsys.readouterr()
-    assert run_enrol([gal, "list"]) == 0
+    assert run_enrol(["list", gal]) == 0
     assert capsys.readouterr().out.splitlines() == ["alice\t2\t2.9", "bob\t1\t1.6"]
     files = [str(wav["x"]), str(wav["a1"]), str(wav["short"])]
     assert run_identify([gal, *files, *src, "--min-seconds", "0.5"]) == 0
@@ -136,7 +136,7 @@ def test_enrol_and_identify_commands_on_a_checkpoint(tmp_path, capsys):
     bare.write_bytes(ckpt.read_bytes())
     assert run_identify([gal, files[0], "--checkpoint", str(bare)]) == 2
     assert "no calibration of this model" in capsys.readouterr().err
-    assert run_enrol([gal, "remove", "bob"]) == 0 and read_gallery(gal).names() == ["alice"]
+    assert run_enrol(["remove", gal, "bob"]) == 0 and read_gallery(gal).names() == ["alice"]
 
 
 def test_enrol_and_identify_from_onnx_without_torch(tmp_path):
@@ -169,7 +169,7 @@ def test_enrol_and_identify_from_onnx_without_torch(tmp_path):
         code = f"import sys; from speakerlab.identification.cli import {script}; {script}(sys.argv[1:])"
         return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True)
 
-    r = run("enrol", gal, "add", "alice", wavs[0], "--onnx", str(onnx_file))
+    r = run("enrol", "add", gal, "alice", wavs[0], "--onnx", str(onnx_file))
     assert r.returncode == 0, r.stderr
     r = run("identify", gal, wavs[1], wavs[2], "--onnx", str(onnx_file))
     assert r.returncode == 0, r.stderr

@@ -1,9 +1,9 @@
 """The console scripts `speakerlab-enrol` (build and update a gallery) and `speakerlab-identify` (name the speaker of
 audio files, or say "unknown" / "too short").
 
-    speakerlab-enrol people.npz add alice a1.wav a2.wav --onnx campplus.onnx     # or --checkpoint exp/campplus
-    speakerlab-enrol people.npz remove alice
-    speakerlab-enrol people.npz list
+    speakerlab-enrol add people.npz alice a1.wav a2.wav --onnx campplus.onnx     # or --checkpoint exp/campplus
+    speakerlab-enrol remove people.npz alice
+    speakerlab-enrol list people.npz
     speakerlab-identify people.npz x.wav y.wav --onnx campplus.onnx --fpir 0.01 --min-seconds 1.0
 
 `add` embeds the files with the model (any rate, first channel; speakerlab.inference) and adds them to the speaker
@@ -43,15 +43,22 @@ def embed_files(embedder, files: Sequence[str]):
 
 def enrol_parser() -> CommandParser:
     ap = CommandParser(prog="speakerlab-enrol", description="Build or update a gallery of enrolled speakers.")
-    ap.add_argument("gallery", help="the gallery file (.npz); add creates it")
     sub = ap.add_subparsers(dest="action", required=True)
-    add = sub.add_parser("add", help="enrol audio files of a speaker (new, or more files of an enrolled one)")
+    # The action first, then the gallery (as `git remote add`): `speakerlab-enrol list --help` is list's help.
+    actions = {
+        "add": "enrol audio files of a speaker (new, or more files of an enrolled one)",
+        "remove": "drop a speaker and all their files",
+        "list": "the enrolled speakers: files and seconds each",
+    }
+    parsers = {}
+    for action, text in actions.items():
+        parsers[action] = sub.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        parsers[action].add_argument("gallery", help="the gallery file (.npz); add creates it")
+    add, remove = parsers["add"], parsers["remove"]
     add.add_argument("speaker", help="the speaker's name (no spaces)")
     add.add_argument("files", nargs="+", help="audio files of that speaker (any rate, first channel)")
     add_source_args(add, onnx=True)
-    remove = sub.add_parser("remove", help="drop a speaker and all their files")
     remove.add_argument("speaker", help="the enrolled speaker's name")
-    sub.add_parser("list", help="the enrolled speakers: files and seconds each")
     return ap
 
 

@@ -159,7 +159,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--drop", type=float, default=0.2, help="fraction of lowest-margin utterances dropped")
     ap.add_argument("--min-size", type=int, default=2, help="clusters left smaller than this are dropped")
     ap.add_argument("--true-labels", help="utt2spk of the same utterances: purity and NMI printed (measuring only)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the k-means sample and initialisation")
     args = ap.parse_args(argv)
     if not 0 <= args.drop < 1:
         ap.error(f"--drop must be in [0, 1), got {args.drop}")
