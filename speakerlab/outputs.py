@@ -20,6 +20,7 @@ each file in it through `output_file`.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import stat
 import sys
@@ -53,6 +54,32 @@ def is_special(path: PathLike) -> bool:
 
 def _temporary(real: Path) -> Path:
     return real.with_name(f".{real.name}.tmp{os.getpid()}")
+
+
+class _Unseekable:
+    """A device or a pipe opened to write bytes, as a stream that cannot seek and tells what it was given. /dev/null
+    accepts a seek and then tells 0, which misleads writers that seek back to finish a header (the zip archives of
+    np.savez and torch.save) into negative sizes; a writer that sees a stream it cannot seek writes straight on."""
+
+    def __init__(self, f: IO[bytes]):
+        self._f, self._written = f, 0
+
+    def write(self, data) -> int:
+        n = self._f.write(data)
+        self._written += len(memoryview(data).cast("B"))
+        return n
+
+    def tell(self) -> int:
+        return self._written
+
+    def seekable(self) -> bool:
+        return False
+
+    def seek(self, *args):
+        raise io.UnsupportedOperation("seek: a device or a pipe")
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
 
 
 def _commit(tmp: Path, real: Path) -> None:
@@ -91,7 +118,7 @@ def output_file(
     text = {"encoding": encoding, "errors": errors, "newline": newline} if mode == "w" else {}
     if kind == "special":
         with open(real, mode, **text) as f:
-            yield f
+            yield f if mode == "w" else _Unseekable(f)
         return
     real.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(real)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import sys
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -42,6 +43,13 @@ def make_data_dir(
     if trials is not None:
         (root / "trials").write_text(trials)
     return root
+
+
+def console_scripts() -> Dict[str, str]:
+    """pyproject.toml's [project.scripts]: command -> "module:function" (tomllib is Python >= 3.11; on 3.10 without
+    the tomli package the calling test is skipped)."""
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
 def free_port() -> int:

@@ -3,9 +3,10 @@
 import os
 import stat
 
+import numpy as np
 import pytest
 
-from speakerlab.outputs import OutputError, output_file, output_path, write_lines, write_text
+from speakerlab.outputs import OutputError, check_folder_output, output_file, output_path, write_lines, write_text
 
 
 def char_device(tmp_path):
@@ -71,3 +72,28 @@ def test_output_path_renames_only_on_success(tmp_path):
             tmp.write_bytes(b"bad")
             raise KeyError
     assert out.read_bytes() == b"ok" and sorted(p.name for p in tmp_path.iterdir()) == ["m.bin"]
+
+
+def test_archives_that_seek_back_write_through_a_device(tmp_path):
+    # /dev/null accepts a seek and tells 0 after it: a zip writer seeking back to finish its headers then computed
+    # negative sizes (struct.error) and `speakerlab-extract --out /dev/null` failed at its very end.
+    import torch
+
+    dev = char_device(tmp_path)
+    with output_file(dev, "wb") as f:
+        np.savez(f, a=np.arange(1000))
+        assert not f.seekable() and f.tell() > 1000
+    with output_file(dev, "wb") as f:
+        torch.save({"w": torch.ones(3)}, f)
+    assert stat.S_ISCHR(os.stat(dev).st_mode)
+
+
+def test_a_folder_output_refuses_a_device_or_a_file(tmp_path):
+    dev = char_device(tmp_path)
+    with pytest.raises(OutputError, match="not a folder"):
+        check_folder_output(dev)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OutputError, match="is a file, not a folder"):
+        check_folder_output(tmp_path / "f")
+    assert check_folder_output(tmp_path / "new" / "dir") == tmp_path / "new" / "dir"
+    assert not (tmp_path / "new").exists()  # checked, not created

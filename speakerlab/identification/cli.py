@@ -30,6 +30,7 @@ from speakerlab.identification.identify import MIN_SECONDS, identify_many
 from speakerlab.inference.cli import bad_input, source_embedder
 from speakerlab.inference.common import add_source_args, check_finite, read_wave, warn_stderr
 from speakerlab.inference.verify import find_calibration
+from speakerlab.outputs import check_path_output
 from speakerlab.scoring.calibration_file import CalibrationError
 
 
@@ -68,6 +69,7 @@ def run_enrol(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     where = str(args.gallery)
     try:
+        check_path_output(args.gallery)  # read and rewritten whole: a device or a pipe is neither
         if args.action == "add":
             embedder = source_embedder(ap, args)
             emb, seconds = embed_files(embedder, args.files)
@@ -89,7 +91,7 @@ def run_enrol(argv: Optional[Sequence[str]] = None) -> int:
             for speaker, count, seconds in g.summary():
                 print(f"{speaker}\t{count}\t{seconds:.1f}")
             print(f"{len(g.names())} speaker(s), model {g.model_id[:12]}", file=sys.stderr)
-    except (GalleryError, *bad_input()) as e:
+    except (GalleryError, *bad_input()) as e:  # bad_input holds ValueError, so OutputError
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

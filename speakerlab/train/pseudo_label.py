@@ -32,7 +32,7 @@ import numpy as np
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.dataio.lists import ListError, load_data_dir, read_utt2spk
-from speakerlab.outputs import write_lines
+from speakerlab.outputs import OutputError, check_folder_output, write_lines
 
 BLOCK = 8192  # rows per assignment block
 
@@ -102,6 +102,7 @@ class Outcome:
 
 
 def pseudo_label(args) -> Outcome:
+    out = check_folder_output(args.out)
     ids, emb = read_embeddings(args.embeddings)
     data = load_data_dir(args.data, need_speakers=False)
     missing = sorted(set(data.utts) - set(ids))
@@ -117,7 +118,6 @@ def pseudo_label(args) -> Outcome:
         raise ListError(f"{k} clusters for {len(x)} utterances: give --clusters between 2 and {len(x)}")
     labels, _, margin = assign(x, kmeans_centroids(x, k, args.sample, args.seed))
     keep = keep_confident(labels, margin, args.drop, args.min_size)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     utts = [u for u, kept in zip(data.utts, keep) if kept]
     chosen = labels[keep]
@@ -173,7 +173,7 @@ def main(argv: Optional[list] = None) -> int:
         for line in o.measured:
             print(f"pseudo-label: {line}")
 
-    return run_command(work, (ListError, ImportError))
+    return run_command(work, (ListError, ImportError, OutputError))
 
 
 if __name__ == "__main__":
