@@ -1,31 +1,31 @@
-"""Training learns, not only runs: the first losses of a fixed tiny run equal the stored golden ones, and the
-loss falls over 16 steps. Both fail when the optimizer step is skipped or the learning rate is 0 (the
-equality tests of resume and DDP compare two runs with each other, which agree even then). The mini
-recipe test (tests/test_mini_recipe.py) adds a trained EER below the no-training baseline's.
-
-The golden losses were written by this test with SPEAKERLAB_WRITE_GOLDEN=1 (torch 2.13.0, CPU, fp32);
-a change that moves them on purpose rewrites them the same way and says why in its commit."""
+"""Training learns, and its losses are pinned: each model family's tiny model, 12 optimizer steps through the training
+step itself in float64 with the LR warm-up, the margin schedule and weight decay acting within them, gives the stored
+golden losses (tests/golden_run.py, which also writes them; never a test); a changed margin, a missing warm-up and
+a wrong weight decay each fail that comparison. The loss falls over 16 steps of the fp32 run. (The equality tests of
+resume and DDP compare two runs with each other, which agree even when the step does nothing.) The mini recipe test
+(tests/test_mini_recipe.py) adds a trained EER below the no-training baseline's."""
 
 import json
-import os
 
 import numpy as np
+import pytest
 
 from speakerlab.train.loop import main as train_main
-from tests.helpers import ROOT, TINY_MODEL, losses, voice_data_dir
+from tests.golden_run import FAMILIES, GOLDEN, golden_losses
+from tests.helpers import TINY_MODEL, losses, registry_params, voice_data_dir
 
-GOLDEN = ROOT / "tests" / "data" / "golden_losses.json"
-# This tiny run is chaotic: a relative change of 1e-6 in its features (what another CPU's FFT and BLAS kernels
-# make of the same audio) moves plain SGD's third loss by 17% and Adam's second by 0.7% (Adam's first step is
-# about lr x sign(gradient), and gradients that are rounding noise have no sign of their own: an Intel Xeon's
-# second Adam loss was 9% from an AMD EPYC's). Plain SGD's second loss moves by 0.4%, while skipping the step
-# (or lr 0) moves it by 25%: so the golden losses are SGD's first two, within 2%.
-GOLDEN_STEPS = 2
-GOLDEN_RTOL = 2e-2
-OPTIMIZERS = {
-    "adam": "{name: adam, lr: 0.01, min_lr: 0.0001, warmup_epochs: 0.5}",
-    "sgd": "{name: sgd, lr: 0.1, momentum: 0.0, nesterov: false, min_lr: 0.0, warmup_epochs: 0}",
+# Float64 makes the run reproducible far below this tolerance: another CPU's kernels (AVX2 against AVX-512, other
+# BLAS blocking, other thread counts) change each value by ~1e-16; measured, features perturbed by 1e-13 of their
+# size (1,000x that) moved a loss by at most 2.1e-7 of itself, one thread against two by at most 1.4e-10 (CAM++, the
+# most sensitive; tests/golden_run.py's note). Each mutation below moves a later loss by more than 1e-1 of itself.
+GOLDEN_RTOL, GOLDEN_ATOL = 1e-6, 1e-9
+# A change the goldens must catch -> its dotted config overrides (the same effect as a bug in the schedule code).
+MUTATIONS = {
+    "margin 0.21 not 0.2": ["loss.margin=0.21"],
+    "no LR warm-up": ["optim.warmup_epochs=0"],
+    "weight decay 0.012 not 0.01": ["optim.weight_decay=0.012"],
 }
+ADAM = "{name: adam, lr: 0.01, min_lr: 0.0001, warmup_epochs: 0.5}"
 
 
 def train(root, optim: str, epochs: int) -> list:
@@ -51,15 +51,34 @@ hardware: {{device: cpu, precision: fp32, per_device_batch: 8, num_workers: 0, p
 def test_the_loss_falls(tmp_path):
     """16 steps of Adam (lr 1e-2): the last four losses average below 0.3x the first four (measured 0.03-0.12 over
     thread counts, conv kernels and perturbed features)."""
-    run = train(tmp_path, OPTIMIZERS["adam"], epochs=8)
+    run = train(tmp_path, ADAM, epochs=8)
     assert len(run) == 16
     first, last = np.mean(run[:4]), np.mean(run[-4:])
     assert last < 0.3 * first, run
 
 
-def test_the_first_losses_are_the_golden_ones(tmp_path):
-    run = train(tmp_path, OPTIMIZERS["sgd"], epochs=1)
-    if os.environ.get("SPEAKERLAB_WRITE_GOLDEN"):
-        GOLDEN.write_text(json.dumps({"steps": GOLDEN_STEPS, "losses": run[:GOLDEN_STEPS]}, indent=1) + "\n")
-    golden = json.loads(GOLDEN.read_text())["losses"]
-    np.testing.assert_allclose(run[:GOLDEN_STEPS], golden, rtol=GOLDEN_RTOL)
+def golden(name: str) -> list:
+    return json.loads(GOLDEN.read_text())["families"][name]
+
+
+def assert_golden(run: list, name: str) -> None:
+    np.testing.assert_allclose(run, golden(name), rtol=GOLDEN_RTOL, atol=GOLDEN_ATOL)
+
+
+@pytest.mark.parametrize("name", registry_params(FAMILIES, fast=("campplus", "resnet34", "gemini_dfresnet114")))
+def test_each_familys_losses_are_the_golden_ones(name, tmp_path):
+    assert_golden(golden_losses(name, tmp_path), name)
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_each_mutation_fails_the_golden_comparison(mutation, tmp_path):
+    """The tolerance catches each: the mutated run fails assert_golden, beyond the tolerance from the first step it
+    acts on (the margin from step 4, when its schedule first makes it non-zero; warm-up and decay from step 1, the
+    first after an update; the decay by 6x the tolerance there, by > 10% of the loss later) while the steps before
+    it still equal the goldens."""
+    run = golden_losses("campplus", tmp_path, MUTATIONS[mutation])
+    with pytest.raises(AssertionError):
+        assert_golden(run, "campplus")
+    first, want = 4 if mutation.startswith("margin") else 1, golden("campplus")
+    np.testing.assert_allclose(run[:first], want[:first], rtol=GOLDEN_RTOL, atol=GOLDEN_ATOL)
+    assert abs(run[first] - want[first]) > GOLDEN_RTOL * abs(want[first]) + GOLDEN_ATOL  # seen at once
