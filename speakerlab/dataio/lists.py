@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from speakerlab.outputs import output_file
+from speakerlab.outputs import folder_problem, output_file
 
 
 class ListError(ValueError):
@@ -133,7 +133,7 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
     """
     root = Path(root)
     if not root.is_dir():
-        raise ListError(f"{root}: data dir does not exist")
+        raise ListError(folder_problem(root, writable=False) or f"{root}: data dir does not exist")
     wav = read_wav_scp(root / "wav.scp")
     data = DataDir(
         root=root,
