@@ -38,7 +38,7 @@ def _kind(path: Path) -> str:
     """'missing', 'file', 'dir' or 'special' (character/block device, FIFO, socket), links followed."""
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the latter: a parent is a file
         return "missing"
     if stat.S_ISREG(mode):
         return "file"
@@ -145,14 +145,30 @@ def check_path_output(path: PathLike) -> Path:
     return real
 
 
+def folder_problem(path: PathLike, writable: bool = True) -> Optional[str]:
+    """Why `path` cannot be (or become) a folder this process writes in (`writable`) or reads, or None: it is a
+    device, a pipe or a file, so is a parent, or the nearest existing parent is not writable. Nothing is created."""
+    path = Path(path)
+    kind = _kind(path)
+    if kind in ("special", "file"):
+        return f"{path} is {'a device or a pipe' if kind == 'special' else 'a file'}, not a folder"
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder (so {path} cannot be made)"
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable (so {path} cannot be written)"
+    return None
+
+
 def check_folder_output(path: PathLike) -> Path:
-    """`path`, for a command whose output is a folder of files: a device, a pipe or a file there is an OutputError
-    naming it (a folder or nothing is fine; the caller creates it). Commands call it before their work."""
-    kind = _kind(Path(path))
-    if kind == "special":
-        raise OutputError(f"{path} is not a folder (a device or a pipe): this command writes a folder of files there")
-    if kind == "file":
-        raise OutputError(f"{path} is a file, not a folder: this command writes a folder of files there")
+    """`path`, for a command whose output is a folder of files: an OutputError saying why it cannot be one
+    (`folder_problem`: a device, a pipe or a file there, ...); a folder or nothing is fine (the caller creates it).
+    Commands call it before their work."""
+    problem = folder_problem(path)
+    if problem:
+        raise OutputError(f"{problem}: this command writes a folder of files there")
     return Path(path)
 
 

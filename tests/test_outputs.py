@@ -90,7 +90,7 @@ def test_archives_that_seek_back_write_through_a_device(tmp_path):
 
 def test_a_folder_output_refuses_a_device_or_a_file(tmp_path):
     dev = char_device(tmp_path)
-    with pytest.raises(OutputError, match="not a folder"):
+    with pytest.raises(OutputError, match="a device or a pipe, not a folder"):
         check_folder_output(dev)
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputError, match="is a file, not a folder"):

@@ -34,7 +34,7 @@ import numpy as np
 
 from speakerlab.dataio.columns import NEWLINE, SPACE, NotFast, StringView, fixed_width, offsets, sorted_keys
 from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
-from speakerlab.outputs import output_file, write_text
+from speakerlab.outputs import folder_problem, output_file, write_text
 
 
 @dataclass(kw_only=True)
@@ -95,7 +95,7 @@ def read_compact(root) -> CompactLists:
     the lists have the same sizes and times: the prepare stage reads once, every training start maps."""
     root = Path(root)
     if not root.is_dir():
-        raise ListError(f"{root}: data dir does not exist")
+        raise ListError(folder_problem(root, writable=False) or f"{root}: data dir does not exist")
     cached = _load_cache(root)
     if cached is not None:
         return cached

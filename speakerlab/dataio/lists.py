@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from speakerlab.outputs import output_file
+from speakerlab.outputs import folder_problem, output_file
 
 
 class ListError(ValueError):
@@ -133,7 +133,7 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
     """
     root = Path(root)
     if not root.is_dir():
-        raise ListError(f"{root}: data dir does not exist")
+        raise ListError(folder_problem(root, writable=False) or f"{root}: data dir does not exist")
     wav = read_wav_scp(root / "wav.scp")
     data = DataDir(
         root=root,
@@ -181,19 +181,3 @@ def write_table(path, rows: Iterable[Tuple[str, object]]) -> None:
         for key, value in rows:
             value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             f.write(f"{key} {value}\n")
-
-
-def folder_problem(path, writable: bool = True) -> Optional[str]:
-    """Why `path` cannot be (or become) a folder this process writes in (`writable`) or reads, or None:
-    it or a parent is a file, or the nearest existing parent is not writable. Nothing is created."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        return f"{path} is a file, not a folder"
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder (so {path} cannot be made)"
-    if writable and not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable (so {path} cannot be written)"
-    return None

@@ -59,13 +59,13 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import soundfile as sf
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.lists import ListError, folder_problem, write_table
+from speakerlab.dataio.lists import ListError, write_table
 from speakerlab.dataio.trials import too_few_to_measure
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
 from speakerlab.datasets.filecheck import check_all, listable
 from speakerlab.datasets.split import make_trials, split_speakers
-from speakerlab.outputs import output_file
+from speakerlab.outputs import folder_problem, output_file
 
 MAX_ID = 64  # characters of a cleaned name kept in an id
 _SPEAKER_BAD = re.compile(r"[^A-Za-z0-9_]+")
