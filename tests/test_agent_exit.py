@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.utils import store as store_util
 
-from speakerlab.train.launch.agent import leave_in_order, listens_on
+from speakerlab.train.launch.agent import LEFT_KEY, leave_in_order, listens_on
 
 # Node 0's agent: hosts the store, goes through the agent's exit barrier (torch's own, or with the repair
 # when "repaired" is given) once its workers are done, then exits, which takes the store down.
@@ -37,16 +37,31 @@ HOST = textwrap.dedent(
 )
 
 
+def held_until_the_host_is_through(host: subprocess.Popen, store) -> None:
+    """Node 1 held (a loaded node) until node 0 has passed torch's barrier: node 0 has exited (torch alone)
+    or checked out and waits for us (repaired). An event, not a sleep: no window a slow machine can miss."""
+    deadline = time.monotonic() + 60
+    while host.poll() is None and time.monotonic() < deadline:
+        try:
+            if store.add(LEFT_KEY, 0) >= 1:
+                return
+        except dist.DistError:  # the store went down between the poll and the read: node 0 has exited
+            host.wait(timeout=60)
+            return
+        time.sleep(0.02)
+    assert host.poll() is not None, "node 0 neither exited nor checked out within 60 s"
+
+
 def second_agent_through_the_barrier(mode: str) -> None:
-    """Node 1's agent: checks in to the exit barrier, is held 1 s (a loaded node), then waits; raises what
-    its store raises."""
+    """Node 1's agent: checks in to the exit barrier, is held until node 0 is through it, then waits;
+    raises what its store raises."""
     host = subprocess.Popen([sys.executable, "-c", HOST, mode], stdout=subprocess.PIPE, text=True)
     try:
         port = int(host.stdout.readline())
         client = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30))
         store = dist.PrefixStore("t", client)
         key = store_util._barrier_nonblocking(store, 2, "torchelastic/agent/terminal_state")
-        time.sleep(1.0)  # node 0 checks in meanwhile, passes the barrier, and (torch alone) exits
+        held_until_the_host_is_through(host, store)
         store.wait([key])
         leave_in_order(store, 2, hosting=False)
     finally:
