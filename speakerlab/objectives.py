@@ -44,6 +44,11 @@ class DinoSettings:
     freeze_prototypes_epochs: float = setting(1.0, ge=0)  # the prototype layer takes no gradient this long
     # (WeSpeaker, 3D-Speaker freeze_last_layer: 1)
     koleo_weight: float = setting(0.0, ge=0)  # KoLeo spreading term on the student's unit embeddings (DINOv2: 0.1)
+    # RDINO's regularisers on the student's embeddings (the mean over the global crops, per micro-batch): diversity,
+    # a hinge pulling each dimension's std across the batch up to 1; redundancy elimination, the squared
+    # off-diagonal covariances / D. 3D-Speaker sv-rdino: lambd 0.2 x std_coeff 10 = 2.0, lambd 0.2 x cov_coeff 1 = 0.2.
+    diversity_weight: float = setting(0.0, ge=0)
+    redundancy_weight: float = setting(0.0, ge=0)
     # End of run: the embeddings are collapsed when their spread (per-dimension std of the unit embeddings across
     # the batch x sqrt(D): about 1 when spread over the sphere, 0 when all alike) is below this.
     collapse_spread: float = setting(0.05, ge=0, lt=1)

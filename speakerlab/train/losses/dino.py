@@ -1,7 +1,7 @@
 """DINO, self-distillation without labels (loss.name dino; the settings: speakerlab.objectives.DinoSettings).
 
     objective = DinoObjective(settings, model, embedding_size)   # the run's `classifier`: head, teacher, centre
-    loss = objective.loss(student_logits, teacher_logits, unit_embeddings)
+    loss = objective.loss(student_logits, teacher_logits, unit_embeddings, mean_embeddings)
 
 The student is the embedding model plus `DinoHead`; the teacher the same pair, an EMA of the student
 (speakerlab.train.losses.teacher), that only sees the global crops. For each teacher crop i and student crop
@@ -9,7 +9,9 @@ j != i: cross-entropy between softmax((teacher_i - centre) / teacher_temp) and s
 student_temp), averaged over the pairs. The centre is a running mean (center_momentum per optimizer step) of the
 teacher's outputs over the whole global batch: it keeps one prototype from winning every crop; the sharp teacher
 temperature keeps the outputs from going uniform. Both are the collapse guards of the DINO paper; KoLeo
-(koleo_weight) optionally spreads the student's unit embeddings within a micro-batch.
+(koleo_weight) optionally spreads the student's unit embeddings within a micro-batch, and RDINO's regularisers
+(diversity_weight, redundancy_weight) act on the student's embeddings averaged over the global crops: a hinge that
+keeps each dimension's std across the micro-batch at 1 or more, and the squared off-diagonal covariances / D.
 
 The objective's state (head, teacher, centre) is a module: the checkpoint keeps it as the classifier, so a
 resumed run continues with the same teacher and centre; this step's sums (centre, statistics) are not saved: a
@@ -29,7 +31,7 @@ from torch import Tensor
 from speakerlab.objectives import DinoSettings
 from speakerlab.train.losses.teacher import copy_into, ema_update, teacher_momentum_at, teacher_temp_at
 
-STATS = ("teacher_entropy", "teacher_kl", "embedding_spread")
+STATS = ("teacher_entropy", "teacher_kl", "embedding_spread", "diversity_loss", "redundancy_loss")
 
 
 class DinoHead(nn.Module):
@@ -72,6 +74,20 @@ def spread(unit: Tensor) -> Tensor:
     """Per-dimension std across the batch of unit embeddings `(B, D)`, x sqrt(D): ~1 spread over the sphere,
     0 when all are alike."""
     return unit.float().std(dim=0).mean() * unit.shape[1] ** 0.5
+
+
+def diversity(emb: Tensor, eps: float = 1e-4) -> Tensor:
+    """RDINO's diversity regularisation of embeddings `(B, D) -> ()`: the mean over dimensions of max(0, 1 - std),
+    the std across the batch; 1 when all rows are alike, 0 when every dimension varies by 1 or more."""
+    return F.relu(1.0 - torch.sqrt(emb.var(dim=0) + eps)).mean()
+
+
+def redundancy(emb: Tensor) -> Tensor:
+    """RDINO's redundancy elimination of embeddings `(B, D) -> ()`: the sum of the squared off-diagonal entries of
+    their covariance across the batch, / D; 0 when the dimensions are uncorrelated."""
+    centred = emb - emb.mean(dim=0)
+    cov = centred.T @ centred / max(len(emb) - 1, 1)
+    return (cov.pow(2).sum() - cov.diagonal().pow(2).sum()) / emb.shape[1]
 
 
 class DinoObjective(nn.Module):
@@ -125,9 +141,10 @@ class DinoObjective(nn.Module):
             self.started.fill_(1.0)
         self.checked = True
 
-    def loss(self, student: List[Tensor], teacher: List[Tensor], unit: Tensor) -> Tensor:
+    def loss(self, student: List[Tensor], teacher: List[Tensor], unit: Tensor, emb: Tensor) -> Tensor:
         """`student`: logits `(B, K)` of every crop, global ones first; `teacher`: of the global crops; `unit`:
-        the student's unit embeddings of the first global crop `(B, D)`. Returns the loss `()`."""
+        the student's unit embeddings of the first global crop `(B, D)`; `emb`: the student's embeddings averaged
+        over the global crops `(B, D)` (RDINO's terms). Returns the loss `()`."""
         t = [F.softmax((x.float() - self.center) / self.temp, dim=-1) for x in teacher]
         logs = [F.log_softmax(x.float() / self.s.student_temp, dim=-1) for x in student]
         pairs = [(i, j) for i in range(len(t)) for j in range(len(logs)) if i != j]
@@ -140,9 +157,20 @@ class DinoObjective(nn.Module):
             # Each teacher crop meets the same number of student crops: the mean cross-entropy is its entropy
             # plus the mean KL(teacher || student).
             kl = loss.detach() - entropy
-            self.stat_sums += torch.stack([entropy, kl, spread(unit), torch.ones_like(entropy)])
-        if self.s.koleo_weight > 0:
-            loss = loss + self.s.koleo_weight * koleo(unit.float())
+        s = self.s
+        # RDINO's terms are logged in every run (they show collapse too); they take gradient when weighted
+        with torch.set_grad_enabled(torch.is_grad_enabled() and s.diversity_weight > 0):
+            div = diversity(emb.float())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and s.redundancy_weight > 0):
+            red = redundancy(emb.float())
+        with torch.no_grad():
+            self.stat_sums += torch.stack([entropy, kl, spread(unit), div.detach(), red.detach(), torch.ones_like(kl)])
+        if s.koleo_weight > 0:
+            loss = loss + s.koleo_weight * koleo(unit.float())
+        if s.diversity_weight > 0:
+            loss = loss + s.diversity_weight * div
+        if s.redundancy_weight > 0:
+            loss = loss + s.redundancy_weight * red
         return loss
 
     @torch.no_grad()

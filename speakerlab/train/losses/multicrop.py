@@ -109,8 +109,9 @@ class DinoNet(nn.Module):
                 t_emb = obj.teacher["model"](feats)
             teacher = list(obj.teacher["head"](t_emb.float()).chunk(s.global_crops))
         unit = nn.functional.normalize(emb[: len(index)], dim=-1)
+        mean_emb = emb.view(s.global_crops, len(index), -1).mean(dim=0)
         agree = student[0].argmax(-1) == teacher[1].argmax(-1)
-        return obj.loss(student, teacher, unit), torch.where(agree, index, torch.full_like(index, -1))
+        return obj.loss(student, teacher, unit, mean_emb), torch.where(agree, index, torch.full_like(index, -1))
 
     def clip_grad_norm(self, params: List[Tensor], max_norm: float, agree: Callable) -> Tensor:
         """As the classifier's (speakerlab.train.build): the step's one all-reduce through `agree`, here with zero
