@@ -65,8 +65,8 @@ class _Unseekable:
         self._f, self._written = f, 0
 
     def write(self, data) -> int:
-        n = self._f.write(data)
-        self._written += len(memoryview(data).cast("B"))
+        n = self._f.write(data)  # a buffered writer takes it all and says how many bytes that was
+        self._written += n
         return n
 
     def tell(self) -> int:

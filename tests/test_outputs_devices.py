@@ -97,7 +97,10 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
         ("--out (torchscript)", REFUSED, lambda i, d: [*_model(i), "--format", "torchscript", "--out", d]),
     ],
     "speakerlab-baseline": [("--out (a prefix)", THROUGH, lambda i, d: ["--data", str(i.data), "--out", d])],
-    "speakerlab-embed": [("OUT", THROUGH, lambda i, d: [*_model(i), str(i.data / "wav.scp"), d])],
+    "speakerlab-embed": [
+        ("OUT .npz", THROUGH, lambda i, d: [*_model(i), str(i.data / "wav.scp"), d]),
+        ("OUT .ark", THROUGH, lambda i, d: [*_model(i), str(i.data / "wav.scp"), d]),
+    ],
     "speakerlab-stress": [
         ("--out", THROUGH, lambda i, d: [*_model(i), "--data", str(i.data), "--conditions", "clean", "--out", d]),
         ("--json", THROUGH, lambda i, d: [*_model(i), "--data", str(i.data), "--conditions", "clean", "--json", d]),
@@ -127,7 +130,7 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
 }
 
 # The device's name where a command takes its output's format from it (the default: `out`).
-DEVICE_NAMES = {"speakerlab-embed": "out.npz"}
+DEVICE_NAMES = {("speakerlab-embed", "OUT .npz"): "out.npz", ("speakerlab-embed", "OUT .ark"): "out.ark"}
 
 # Commands that write no file (what they say goes to stdout / stderr): why, per command.
 WRITES_NO_FILE = {
@@ -229,7 +232,7 @@ def _run(command: str, argv: List[str]) -> int:
 )
 def test_an_output_on_a_device_stays_a_device(command, which, expect, argv, inputs, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # what a command writes by default lands here
-    dev = _device(tmp_path / DEVICE_NAMES.get(command, "out"))
+    dev = _device(tmp_path / DEVICE_NAMES.get((command, which), "out"))
     args = argv(inputs, str(dev.path))
     if "--kaldi" in which:
         args.append("--kaldi")
