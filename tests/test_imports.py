@@ -152,11 +152,12 @@ def test_inference_imports_load_no_training_module():
 
 
 def test_config_imports_no_implementation_module():
-    """The config reads the front-end registry (its features section and rules) and nothing else: loading a
-    config never loads torch."""
+    """The config reads the front-end registry (its features section and rules) and nothing else but the one writer
+    of output files (save_config): loading a config never loads torch."""
     graph = import_graph()
-    assert graph["speakerlab.config"] == {"speakerlab.settings", "speakerlab.frontends", "speakerlab.objectives"}
-    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == {"settings", "frontends", "objectives"}
+    layers = {"settings", "frontends", "objectives", "outputs"}
+    assert graph["speakerlab.config"] == {f"speakerlab.{name}" for name in layers}
+    assert {layer(m) for m in reachable(graph, "speakerlab.config")} == layers
     assert graph["speakerlab.settings"] == set()
     code = "import speakerlab.config, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
