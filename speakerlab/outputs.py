@@ -10,11 +10,13 @@ and renamed over it when the block ends without an error: a reader never sees ha
 disk leaves what was there before. A symbolic link is followed, so the link stays and the file it points at is
 replaced. A target that exists and is not a regular file (a character device such as /dev/null, a FIFO, a terminal,
 /dev/stdout on a pipe) is never renamed over: running as root, a rename would replace the machine's /dev/null with a
-plain file. `output_file` writes such a target straight through; `output_path` refuses it in one line, because the
-writers that take a path may add suffixes or seek. `-` means standard output where a command's output is text
-(`output_file(path, allow_stdout=True)`). A folder as the target is an OutputError naming it; a command whose output
-is a folder of files checks it with `check_folder_output` (a device, a pipe or a file there is refused) and writes
-each file in it through `output_file`.
+plain file. `output_file` writes such a target straight through (bytes as a stream that cannot seek, so that zip
+writers such as np.savez and torch.save write on instead of seeking back); `output_path` refuses it in one line,
+because the writers that take a path may add suffixes or seek. `-` means standard output where a command's output
+is text (`output_file(path, allow_stdout=True)`). A folder as the target is an OutputError naming it; a command whose
+output is a folder of files checks it with `check_folder_output` before its work (a device, a pipe or a file there is
+refused in one line: `folder_problem`) and writes each file in it through `output_file`. tests/test_outputs_devices.py
+runs every command that writes a file with its output on a character device.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class _Unseekable:
         self._f, self._written = f, 0
 
     def write(self, data) -> int:
-        n = self._f.write(data)
-        self._written += len(memoryview(data).cast("B"))
+        n = self._f.write(data)  # a buffered writer takes it all and says how many bytes that was
+        self._written += n
         return n
 
     def tell(self) -> int:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import re
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -18,8 +20,10 @@ from speakerlab.dataio.lists import load_data_dir
 from speakerlab.dataio.prepare import prepare as index_data_dir
 from speakerlab.dataio.resample import rate_ratio, resample
 from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.datasets.filecheck import check_file
 from speakerlab.datasets.folder import main as folder_main
 from speakerlab.datasets.split import split_sizes
+from speakerlab.outputs import OutputError
 from tests.helpers import write_wav
 
 SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -469,3 +473,19 @@ def test_trials_drawn_one_by_one_from_many_pairs_obey_the_same_rules(monkeypatch
         assert (a.split("-")[0] == b.split("-")[0]) == target
         assert not target or sessions[a] != sessions[b]
     assert split.make_trials(spk2utt, sessions, 60, seed=3) == (trials, "")
+
+
+def test_a_device_where_a_link_goes_is_refused_and_stays(tmp_path):
+    # A kept file whose path a list cannot hold (a space) is linked into the data folder by a rename: never over a
+    # device (running as root, it would be replaced by the link).
+    src = write_wav(tmp_path / "with space" / "a.wav", tone(1.2))
+    dest = tmp_path / "audio" / "u1"
+    dest.parent.mkdir()
+    try:
+        os.mknod(f"{dest}.wav", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        os.mkfifo(f"{dest}.wav")
+    with pytest.raises(OutputError, match="is a device or a pipe"):
+        check_file((str(src), str(dest), 16000, 1.0))
+    assert not stat.S_ISREG(os.lstat(f"{dest}.wav").st_mode) and not os.path.islink(f"{dest}.wav")
+    assert check_file((str(src), str(tmp_path / "audio" / "u2"), 16000, 1.0)).how == "linked"

@@ -154,10 +154,10 @@ def test_inference_imports_load_no_training_module():
 
 
 def test_config_imports_no_implementation_module():
-    """The config reads the front-end registry (its features section and rules) and its sections' settings modules,
-    nothing else: loading a config never loads torch."""
+    """The config reads the front-end registry (its features section and rules), its sections' settings modules
+    and the one writer of output files (save_config), nothing else: loading a config never loads torch."""
     graph = import_graph()
-    sections = {"settings", "frontends", "objectives", "augment_settings", "hardware_settings"}
+    sections = {"settings", "frontends", "objectives", "augment_settings", "hardware_settings", "outputs"}
     assert graph["speakerlab.config"] == {f"speakerlab.{m}" for m in sections}
     assert {layer(m) for m in reachable(graph, "speakerlab.config")} == sections
     assert graph["speakerlab.settings"] == set()

@@ -38,18 +38,25 @@ class Inputs(NamedTuple):
     rttm: Path
     config: Path
 
+    @property
+    def trials(self) -> Path:
+        return self.data / "trials"
+
 
 Argv = Callable[[Inputs, str], List[str]]
 
 
-def _corpus(step_out: Tuple[str, str]) -> List[Tuple[str, str, Argv]]:
-    """A corpus command's steps with the device as their output folder (prepare's option named in `step_out`)."""
-    option = step_out[1]
+def _corpus(option: str) -> List[Tuple[str, str, Argv]]:
+    """A corpus command's steps with the device as their output folder (`option`: prepare's)."""
     return [
         ("download --download-dir", REFUSED, lambda i, d: ["download", "--download-dir", d]),
         ("extract --raw-dir", REFUSED, lambda i, d: ["extract", "--raw-dir", d]),
         (f"prepare {option}", REFUSED, lambda i, d: ["prepare", option, d]),
     ]
+
+
+def _scored(i: Inputs) -> List[str]:
+    return ["--embeddings", str(i.emb), "--trials", str(i.trials)]
 
 
 def _model(i: Inputs) -> List[str]:
@@ -58,12 +65,12 @@ def _model(i: Inputs) -> List[str]:
 
 # command -> [(which output, what must happen, argv builder(inputs, device path))]
 CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
-    "speakerlab-voxceleb": _corpus(("prepare", "--data")),
-    "speakerlab-cnceleb": _corpus(("prepare", "--data")),
-    "speakerlab-voxblink2": _corpus(("prepare", "--data")),
-    "speakerlab-3dspeaker": _corpus(("prepare", "--data")),
-    "speakerlab-musan-rirs": _corpus(("prepare", "--out")),
-    "speakerlab-voxconverse": _corpus(("prepare", "--data")),
+    "speakerlab-voxceleb": _corpus("--data"),
+    "speakerlab-cnceleb": _corpus("--data"),
+    "speakerlab-voxblink2": _corpus("--data"),
+    "speakerlab-3dspeaker": _corpus("--data"),
+    "speakerlab-musan-rirs": _corpus("--out"),
+    "speakerlab-voxconverse": _corpus("--data"),
     "speakerlab-folder": [("--data", REFUSED, lambda i, d: ["--root", str(i.data / "wav"), "--data", d])],
     "speakerlab-synth": [("--out", REFUSED, lambda i, d: ["--out", d])],
     "speakerlab-synth-tree": [("--out", REFUSED, lambda i, d: ["--corpus", str(i.data), "--out", d])],
@@ -90,35 +97,22 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
         ("--out (torchscript)", REFUSED, lambda i, d: [*_model(i), "--format", "torchscript", "--out", d]),
     ],
     "speakerlab-baseline": [("--out (a prefix)", THROUGH, lambda i, d: ["--data", str(i.data), "--out", d])],
-    "speakerlab-embed": [("OUT", THROUGH, lambda i, d: [*_model(i), str(i.data / "wav.scp"), d])],
+    "speakerlab-embed": [
+        ("OUT .npz", THROUGH, lambda i, d: [*_model(i), str(i.data / "wav.scp"), d]),
+        ("OUT .ark", THROUGH, lambda i, d: [*_model(i), str(i.data / "wav.scp"), d]),
+    ],
     "speakerlab-stress": [
         ("--out", THROUGH, lambda i, d: [*_model(i), "--data", str(i.data), "--conditions", "clean", "--out", d]),
         ("--json", THROUGH, lambda i, d: [*_model(i), "--data", str(i.data), "--conditions", "clean", "--json", d]),
     ],
     "speakerlab-enrol": [("gallery", REFUSED, lambda i, d: [d, "add", "spk", str(i.wav), *_model(i)])],
     "speakerlab-score": [
-        (
-            "--out (a prefix)",
-            THROUGH,
-            lambda i, d: ["--embeddings", str(i.emb), "--trials", str(i.data / "trials"), "--out", d],
-        ),
-        (
-            "--table",
-            THROUGH,
-            lambda i, d: [
-                "--embeddings",
-                str(i.emb),
-                "--trials",
-                str(i.data / "trials"),
-                "--out",
-                f"{d}-scores",
-                "--table",
-                d,
-            ],
-        ),
+        ("--out (a prefix)", THROUGH, lambda i, d: [*_scored(i), "--out", d]),
+        ("--out (a folder)", REFUSED, lambda i, d: [*_scored(i), str(i.trials), "--names", "a", "b", "--out", d]),
+        ("--table", THROUGH, lambda i, d: [*_scored(i), "--out", f"{d}-scores", "--table", d]),
     ],
     "speakerlab-calibrate": [
-        ("--out", THROUGH, lambda i, d: ["--trials", str(i.data / "trials"), "--embeddings", str(i.emb), "--out", d])
+        ("--out", THROUGH, lambda i, d: ["--trials", str(i.trials), "--embeddings", str(i.emb), "--out", d])
     ],
     "speakerlab-diarize": [
         (
@@ -136,7 +130,7 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
 }
 
 # The device's name where a command takes its output's format from it (the default: `out`).
-DEVICE_NAMES = {"speakerlab-embed": "out.npz"}
+DEVICE_NAMES = {("speakerlab-embed", "OUT .npz"): "out.npz", ("speakerlab-embed", "OUT .ark"): "out.ark"}
 
 # Commands that write no file (what they say goes to stdout / stderr): why, per command.
 WRITES_NO_FILE = {
@@ -238,7 +232,7 @@ def _run(command: str, argv: List[str]) -> int:
 )
 def test_an_output_on_a_device_stays_a_device(command, which, expect, argv, inputs, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # what a command writes by default lands here
-    dev = _device(tmp_path / DEVICE_NAMES.get(command, "out"))
+    dev = _device(tmp_path / DEVICE_NAMES.get((command, which), "out"))
     args = argv(inputs, str(dev.path))
     if "--kaldi" in which:
         args.append("--kaldi")
@@ -249,7 +243,7 @@ def test_an_output_on_a_device_stays_a_device(command, which, expect, argv, inpu
     out, err = capsys.readouterr()
     assert dev.is_kind(os.stat(dev.path).st_mode), f"{command} {which}: {dev.path} is no longer a device"
     assert "Traceback" not in out + err, err[-3000:]
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    errors = [line for line in err.splitlines() if line.startswith(("error:", f"{command}: error:"))]  # 2nd: argparse
     if expect == THROUGH:
         assert code == 0 and not errors, f"{command} {which}: exit {code}\n{err[-2000:]}"
     else:

@@ -15,7 +15,7 @@ import soundfile as sf
 
 from speakerlab.dataio.audio import wav_shortfall
 from speakerlab.dataio.resample import resample
-from speakerlab.outputs import output_file
+from speakerlab.outputs import OutputError, is_special, output_file
 
 KEEP_FORMATS = ("WAV", "FLAC")  # read in place by training (seekable crops); others are converted
 
@@ -104,6 +104,10 @@ def not_a_file(path: str) -> str:
 
 
 def _replace_link(target: str, link: str) -> None:
+    """A symbolic link `link` -> `target`, made beside it and renamed over it (a device or a pipe there is refused:
+    speakerlab.outputs renames over regular files only)."""
+    if is_special(link):
+        raise OutputError(f"{link} is a device or a pipe, not a file: remove it or choose another --data folder")
     tmp = link + ".tmp"
     if os.path.lexists(tmp):
         os.unlink(tmp)

@@ -65,7 +65,7 @@ from speakerlab.datasets.common import DatasetError, require_dir, require_file, 
 from speakerlab.datasets.download import log
 from speakerlab.datasets.filecheck import check_all, listable
 from speakerlab.datasets.split import make_trials, split_speakers
-from speakerlab.outputs import folder_problem, output_file
+from speakerlab.outputs import OutputError, folder_problem, output_file
 
 MAX_ID = 64  # characters of a cleaned name kept in an id
 _SPEAKER_BAD = re.compile(r"[^A-Za-z0-9_]+")
@@ -406,7 +406,7 @@ def main(argv=None) -> int:
     if args.folder_sessions and args.csv_path:
         ap.error("--folder-sessions goes with --root (a CSV gives sessions in its third column)")
     # Every option is a keyword of `prepare`, under the same name.
-    return run_command(lambda: prepare(**vars(args)), (DatasetError, ListError))
+    return run_command(lambda: prepare(**vars(args)), (DatasetError, ListError, OutputError))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_utt2spk
 from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list, too_few_to_measure
-from speakerlab.outputs import write_text
+from speakerlab.outputs import check_folder_output, write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, TrialSpeakers, eer_interval, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
@@ -263,6 +263,7 @@ def output_prefixes(trials: Sequence[str], out: Sequence[str], names: Optional[S
         names = _names(paths) if dir_mode else [Path(o).name for o in out]
     names = list(names)
     if dir_mode:
+        check_folder_output(out[0])
         if len(set(names)) != len(names):
             raise ValueError(f"--names: names must differ, got {names}")
         prefixes = [Path(out[0]) / n for n in names]
