@@ -1,6 +1,7 @@
 """DINO (loss.name dino) end to end on a tiny model and an unlabelled corpus: exact resume mid-epoch (teacher,
 centre and schedules in the checkpoint), 2 processes equal to 1 with accumulation, collapse said at the end,
-an unlabelled data dir from preparation to embeddings."""
+an unlabelled data dir from preparation to embeddings, a run with an augmentation per crop. The tiny run weights
+KoLeo and RDINO's regularisers, so resume and the 2-process equality cover them."""
 
 import os
 import subprocess
@@ -20,7 +21,7 @@ from tests.helpers import ROOT, free_port, losses, tiny_config, write_wav
 from tests.test_augment import write_lists
 
 DINO = """dino: {prototypes: 64, hidden_dim: 32, bottleneck_dim: 16, global_seconds: 0.4, local_seconds: 0.2,
-       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1}
+       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1, diversity_weight: 2.0, redundancy_weight: 0.2}
 features: {dither: 0.0}
 """
 

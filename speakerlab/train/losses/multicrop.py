@@ -117,7 +117,7 @@ class DinoNet(nn.Module):
                 t_emb = obj.teacher["model"](feats)
             teacher = list(obj.teacher["head"](t_emb.float()).chunk(s.global_crops))
         unit = nn.functional.normalize(emb[: len(index)], dim=-1)
-        mean_emb = emb.view(s.global_crops, len(index), -1).mean(dim=0)
+        mean_emb = emb.reshape(s.global_crops, len(index), -1).mean(dim=0)
         agree = student[0].argmax(-1) == teacher[1].argmax(-1)
         return obj.loss(student, teacher, unit, mean_emb), torch.where(agree, index, torch.full_like(index, -1))
 
