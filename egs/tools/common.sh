@@ -195,7 +195,10 @@ pseudo_label_options() {
 pseudo_label_stage() {
   local exp="$1" train="$2" count truth=""
   shift 2
-  if [ "$labels" != false ]; then log "stage 10: pseudo-label rounds follow a --labels false run"; exit 1; fi
+  if [ "$labels" != false ]; then
+    echo "error: stage 10 (pseudo-label rounds) follows a self-supervised --labels false run; give --labels false" >&2
+    exit 2
+  fi
   count="--clusters $clusters"; [ "$clusters" = estimate ] && count="--estimate"
   [ -f "$train/utt2spk" ] && truth="--true-labels $train/utt2spk"
   pseudo_label_opts="$count --drop $drop $truth"
