@@ -16,6 +16,7 @@ from speakerlab.frontends import FbankConfig
 from speakerlab.train.build import build_inputs, build_net, class_names
 from speakerlab.train.inputs.pipeline import InputPipeline
 from speakerlab.train.loop import main as train_main
+from speakerlab.train.losses.multicrop import cut_crops
 from tests.helpers import losses, tiny_config, write_wav
 
 SR = 16000
@@ -256,3 +257,34 @@ def test_training_with_speed_and_augmentation(lists, tmp_path, capsys):
     assert train("c") == 2
     assert f"{lists / 'rirs.scp'}:1: /no/such/rir.wav does not exist" in capsys.readouterr().err
     assert not (tmp_path / "c" / "checkpoints").exists()
+
+
+def test_each_crop_of_an_utterance_gets_its_own_augmentation(lists, utts):
+    """DINO's crops (CropDataset augment_copies): every copy of an utterance is the same clean crop with its own
+    noise at its own SNR, and a re-read of the item (any worker, a resume) draws them again alike."""
+    aug = Augmenter(bank_of(lists), prob=1.0, kinds=["noise", "music", "babble"])
+    ds = CropDataset(utts, [0, 1, 2, 3], [SR] * 4, CROP, SR, aug, augment_copies=6)
+    items, batch = batch_of(ds, [11, 12])
+    assert batch["copies"] == 6 and batch["snr"].shape == (12,)
+    y = pipeline().waves(batch).double().view(6, 2, CROP).numpy()
+    for i, item in enumerate(items):
+        draws = [p.draw for p in item["picked"]]
+        x = clean(item)
+        added = y[:, i] - x
+        for c in range(6):
+            assert 10 * np.log10(power(x) / power(added[c])) == pytest.approx(draws[c].snr_db, abs=0.5)
+            for other in range(c):
+                assert np.abs(added[c] - added[other]).max() > 1e-3  # a different noise on every crop
+        assert len({d.snr_db for d in draws}) == 6
+    assert [p.draw for p in ds[(0, 11)]["picked"]] == [p.draw for p in items[0]["picked"]]
+    assert [p.draw for p in ds[(0, 13)]["picked"]] != [p.draw for p in items[0]["picked"]]
+
+
+def test_each_dino_crop_is_cut_from_its_own_copy():
+    waves = torch.arange(3)[:, None, None] * 1000.0 + torch.arange(200.0).expand(3, 2, 200)  # (copies, B, N)
+    index = torch.tensor([5, 9])
+    crops = cut_crops(waves, index, 4, 0, 0, 3, 50).view(3, 2, 50)
+    shared = cut_crops(waves[0], index, 4, 0, 0, 3, 50).view(3, 2, 50)
+    for c in range(3):
+        assert torch.all(crops[c] // 1000 == c)  # crop c from copy c
+        torch.testing.assert_close(crops[c] - 1000 * c, shared[c])  # at the offsets of the shared wave

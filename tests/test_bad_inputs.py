@@ -592,6 +592,21 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
     assert r.returncode == 2 and message in r.stderr and r.stdout == ""
 
 
+@pytest.mark.parametrize("recipe", ["3dspeaker", "voxceleb"])
+def test_pseudo_label_rounds_need_a_run_without_labels(recipe, tmp_path):
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / recipe / "run.sh"), "--stage", "10", "--stop_stage", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert (
+        r.returncode == 2
+        and "error: stage 10 (pseudo-label rounds) follows a self-supervised --labels false run" in r.stderr
+    )
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

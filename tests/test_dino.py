@@ -1,6 +1,7 @@
 """DINO (loss.name dino) end to end on a tiny model and an unlabelled corpus: exact resume mid-epoch (teacher,
 centre and schedules in the checkpoint), 2 processes equal to 1 with accumulation, collapse said at the end,
-an unlabelled data dir from preparation to embeddings."""
+an unlabelled data dir from preparation to embeddings, a run with an augmentation per crop. The tiny run weights
+KoLeo and RDINO's regularisers, so resume and the 2-process equality cover them."""
 
 import os
 import subprocess
@@ -17,9 +18,10 @@ from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.pseudo_label import main as pseudo_label_main
 from tests.helpers import ROOT, free_port, losses, tiny_config, write_wav
+from tests.test_augment import write_lists
 
 DINO = """dino: {prototypes: 64, hidden_dim: 32, bottleneck_dim: 16, global_seconds: 0.4, local_seconds: 0.2,
-       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1}
+       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1, diversity_weight: 2.0, redundancy_weight: 0.2}
 features: {dither: 0.0}
 """
 
@@ -132,3 +134,14 @@ def test_two_processes_equal_one_with_accumulation(tmp_path):
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), step
     ck = "checkpoints/epoch_002.pt"
     assert_same(teacher(one / ck), teacher(two / ck), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # a training run: ~20 s
+def test_dino_trains_with_an_augmentation_per_crop(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    lists = write_lists(tmp_path / "musan", {"noise.scp": [0.2 * rng.standard_normal(16000)]})
+    cfg, _ = dino_config(tmp_path, f"augment: {{lists: {lists}, prob: 1.0, kinds: [noise]}}\n")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "exp")]) == 0
+    assert "augmentation with probability 1" in capsys.readouterr().err
+    steps = losses(tmp_path / "exp")
+    assert len(steps) == 4 and all(np.isfinite(v) for v in steps.values())

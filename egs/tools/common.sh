@@ -178,6 +178,33 @@ _launch_slurm() {
   return "$status"
 }
 
+# pseudo_label_options CORPUS: declare the options of stage 10 in the real-corpus recipes (--labels false runs).
+pseudo_label_options() {
+  opt labels true                    # false: the training set's speaker labels are not used (data.labels=false):
+                                     # a self-supervised --config (conf/$1/dino_*.yaml), then stage 10
+  opt supervised_config "../../conf/$1/ecapa_tdnn_c1024.yaml"  # stage 10: the margin recipe trained on the clusters
+  opt rounds 1                       # stage 10: pseudo-label rounds (embed, cluster, train from the last model)
+  opt clusters estimate              # stage 10: pseudo-speakers, or estimate: AHC on a sample says how many
+  opt drop 0.2                       # stage 10: share of the least confident utterances dropped
+  opt round_overrides ""             # stage 10: overrides of the rounds' training, e.g. "train.epochs=20"
+}
+
+# pseudo_label_stage EXP TRAIN_DIR [TRAIN ARGS...]: stage 10 of a real-corpus recipe after its --labels false
+# stage 3: pseudo_label_rounds with the options of pseudo_label_options; the clusters' purity against
+# TRAIN_DIR/utt2spk is printed when that file exists (for measuring only: nothing trains on it).
+pseudo_label_stage() {
+  local exp="$1" train="$2" count truth=""
+  shift 2
+  if [ "$labels" != false ]; then
+    echo "error: stage 10 (pseudo-label rounds) follows a self-supervised --labels false run; give --labels false" >&2
+    exit 2
+  fi
+  count="--clusters $clusters"; [ "$clusters" = estimate ] && count="--estimate"
+  [ -f "$train/utt2spk" ] && truth="--true-labels $train/utt2spk"
+  pseudo_label_opts="$count --drop $drop $truth"
+  pseudo_label_rounds "$rounds" "$exp" "$train" "$supervised_config" "$@" $round_overrides
+}
+
 # pseudo_label_rounds ROUNDS EXP UNLABELLED CONFIG [TRAIN ARGS...]: stage 10. Each round embeds the unlabelled
 # data dir with the last model (EXP: the self-supervised run, then each round's), clusters the embeddings into
 # a labelled data dir UNLABELLED_pl<r> (speakerlab-pseudo-label with $pseudo_label_opts), prepares it and trains

@@ -8,6 +8,10 @@
 # wav with ffmpeg, Kaldi lists and trials, MUSAN/RIR lists), 2 features (validate lists, check audio,
 # index lengths), 3 train (two runs with --ft_config), 4 embeddings, 5 score every trial list; optional:
 # 9 stress table (speakerlab-stress), 6 average checkpoints, 7 large-margin fine-tuning, then stages 4-5 with --exp ${exp}_lm.
+# Without speaker labels (docs/selfsup.md): --labels false with a self-supervised config, e.g.
+#   bash egs/voxceleb/run.sh --labels false --config ../../conf/voxceleb/dino_rdino_ecapa_tdnn.yaml --exp exp/rdino
+#   bash egs/voxceleb/run.sh --labels false --exp exp/rdino --stage 10 --stop_stage 10 --rounds 2   # pseudo-labels
+# then stages 4-5 with --exp exp/rdino_pl2.
 # Every stage can be re-run: finished downloads/extractions/conversions are skipped and training
 # resumes from its latest checkpoint. See README.md here for disk space and hosts.
 set -euo pipefail
@@ -39,6 +43,7 @@ opt ft_config ""                   # stage 3 in two runs (SSL encoders): $config
 opt lm_config ../../conf/finetune_lm.yaml   # stage 7: large-margin fine-tuning overlay -> ${exp}_lm
 opt lm_overrides ""                # stage 7: overrides on top of train_overrides, e.g. "train.epochs=1"
 opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g. "--both-sides"
+pseudo_label_options voxceleb          # stage 10: --labels --supervised_config --rounds --clusters --drop --round_overrides
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
@@ -49,6 +54,7 @@ aug="augment.lists=null"
 [ "$musan_rirs" = true ] && aug="augment.lists=$data/musan_rirs"
 train_data="data.train=$data/$train_set ${val_set:+data.val=$data/$val_set} $aug"
 [ "$shards" = true ] && train_data="$train_data data.shards=$data/$train_set/shards"
+[ "$labels" = false ] && train_data="$train_data data.labels=false"
 
 first_exp="$exp"; [ -z "$ft_config" ] || first_exp="${exp}_frozen"   # stage 3's first training run
 preflight --config "$config" --exp-dir "$first_exp" --hardware "$hardware" $train_data $train_overrides
@@ -125,5 +131,9 @@ if stage_on 9; then  # the first trial list, every condition on its test side
   first="${trials%% *}"
   stress_stage "${checkpoint:-$exp}" "$data/$eval_set" "$data/$eval_set/trials_$first" "$first" "$exp" \
     "$data/musan_rirs/bank"
+fi
+
+if stage_on 10; then  # pseudo-label rounds after a self-supervised stage 3 (--labels false)
+  pseudo_label_stage "$exp" "$data/$train_set" ${val_set:+data.val=$data/$val_set} $aug
 fi
 log "done"

@@ -40,8 +40,10 @@ class CropDataset(Dataset):
     1), the crop offset, then the augmentation (`augment.pick`), then the channel's (`channel.apply`). The worker reads
     `input_length(crop, factor)` int16 samples (only those frames), zero-padded to `read_samples`
     (the most any factor needs) so that items stack; the arithmetic happens batched on the
-    training device (`speakerlab.train.inputs.pipeline.InputPipeline`). With `skip_bad`, a read that fails gives
-    a silent item whose `bad` names the file and the reason (the training step drops that row);
+    training device (`speakerlab.train.inputs.pipeline.InputPipeline`). With `augment_copies` C > 1 (a multi-crop
+    objective: one per crop) the item's `picked` is a list of C augmentations, each drawn from a generator of its
+    own seeded by C numbers drawn after the crop: a function of (crop seed, copy) only. With `skip_bad`, a read
+    that fails gives a silent item whose `bad` names the file and the reason (the training step drops that row);
     otherwise the AudioError propagates.
     """
 
@@ -57,6 +59,7 @@ class CropDataset(Dataset):
         speed_prob: float = 0.0,
         skip_bad: bool = False,
         channel=None,
+        augment_copies: int = 1,
     ):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
@@ -66,6 +69,7 @@ class CropDataset(Dataset):
         self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
         self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
         self.skip_bad, self.channel = skip_bad, channel  # channel: a speakerlab.dataio.degrade.ChannelAugment
+        self.augment_copies = int(augment_copies)
         if self.speed_prob > 0 and len(self.factors) < 2:
             raise ValueError(f"speed_prob {speed_prob} needs a speed factor other than 1, got {list(speed_factors)}")
         self.read_samples = max(input_length(crop_samples, f) for f in self.factors)
@@ -98,7 +102,12 @@ class CropDataset(Dataset):
             if not self.skip_bad:
                 raise
             bad, finite = str(e), True
-        picked = self.augment.pick(rng, self.crop_samples) if self.augment is not None else None
+        picked = None
+        if self.augment is not None and self.augment_copies > 1:
+            seeds = rng.integers(0, 2**62, self.augment_copies)
+            picked = [self.augment.pick(np.random.default_rng(int(s)), self.crop_samples) for s in seeds]
+        elif self.augment is not None:
+            picked = self.augment.pick(rng, self.crop_samples)
         if self.channel is not None:
             wave[:need] = self.channel.apply(wave[:need], rng)
         return {
@@ -116,13 +125,18 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     """Dataset items -> one batch (runs in the loader worker). B items, R reverberated, S noise segments:
 
     wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
-    label / index / speed (B,) int64; snr (B,) float32 (nan: no additive noise);
-    rir (R, L) int16 zero-padded, rir_item (R,) int64 the batch row of each;
-    noise (S, crop) int16, noise_item (S,) int64; draws: each item's `Draw` (a list, stays on the host);
-    bad: per item "" or why its audio could not be read (a list, stays on the host).
+    label / index / speed (B,) int64; snr (C x B,) float32 (nan: no additive noise);
+    rir (R, L) int16 zero-padded, rir_item (R,) int64 the augmented row of each;
+    noise (S, crop) int16, noise_item (S,) int64; draws: each augmented row's `Draw` (a list, stays on the host);
+    bad: per item "" or why its audio could not be read (a list, stays on the host); copies: C, the augmented
+    copies of each item (items with a list of C augmentations, CropDataset augment_copies), rows copy-major
+    (row c x B + i: copy c of item i); 1 otherwise.
     """
     b = len(items)
+    copies = len(items[0]["picked"]) if isinstance(items[0]["picked"], list) else 1
     picked = [it["picked"] for it in items]
+    if copies > 1:
+        picked = [it["picked"][c] for c in range(copies) for it in items]
     rirs = [(i, p.rir) for i, p in enumerate(picked) if p is not None and p.rir is not None]
     segs = [(i, s) for i, p in enumerate(picked) if p is not None for s in p.noise]
     rir = np.zeros((len(rirs), max((r.shape[0] for _, r in rirs), default=1)), dtype=np.int16)
@@ -140,13 +154,14 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
         "label": ints(it["label"] for it in items),
         "index": ints(it["index"] for it in items),
         "speed": ints(it["speed"] for it in items),
-        "snr": torch.tensor([d.snr_db for d in draws], dtype=torch.float32).reshape(b),
+        "snr": torch.tensor([d.snr_db for d in draws], dtype=torch.float32).reshape(copies * b),
         "rir": torch.from_numpy(rir),
         "rir_item": ints(i for i, _ in rirs),
         "noise": torch.from_numpy(noise),
         "noise_item": ints(i for i, _ in segs),
         "draws": draws,
         "bad": [str(it.get("bad", "")) for it in items],
+        "copies": copies,
     }
 
 

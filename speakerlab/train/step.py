@@ -58,8 +58,9 @@ def set_schedules(run: Run) -> tuple:
 
 def drop_unreadable(run: Run, batch: dict, feats: torch.Tensor, labels: torch.Tensor, index: torch.Tensor):
     """Rows whose audio failed to read (data.on_bad_audio: skip) leave the micro-batch: `(B, T, F), (B,),
-    (B,) -> (B', T, F), (B',), (B',)`. Each is named in the log and counted; past data.max_bad_audio, or
-    when no row is left, training stops (a lost mount must not quietly train on nothing)."""
+    (B,) -> (B', T, F), (B',), (B',)` (feats may hold C copies of the rows, copy-major: `(C x B, ...)`). Each is
+    named in the log and counted; past data.max_bad_audio, or when no row is left, training stops (a lost mount
+    must not quietly train on nothing)."""
     bad = batch.get("bad") or []
     if not any(bad):
         return feats, labels, index
@@ -79,7 +80,8 @@ def drop_unreadable(run: Run, batch: dict, feats: torch.Tensor, labels: torch.Te
     keep = torch.tensor([not b for b in bad])
     if not keep.any():
         raise TrainingStopped(f"no utterance of a micro-batch could be read, e.g. {bad[0]}")
-    return feats[keep.to(feats.device)], labels[keep.to(labels.device)], index[keep]
+    rows = keep.repeat(len(feats) // len(keep))  # DINO's waves: one augmented copy of each row per crop
+    return feats[rows.to(feats.device)], labels[keep.to(labels.device)], index[keep]
 
 
 def train_step(run: Run, batches: Iterator) -> StepResult:

@@ -154,6 +154,8 @@ def make_loader(
         speed_prob=cfg.augment.speed_prob,
         skip_bad=cfg.data.on_bad_audio == "skip",
         channel=channel,
+        # DINO: each crop of an utterance gets its own augmentation draw, as in the papers
+        augment_copies=cfg.dino.global_crops + cfg.dino.local_crops if cfg.loss.name == "dino" else 1,
     )
     hw = cfg.hardware
     # A generator of its own: without one, every iter(DataLoader) draws its workers' base seed from torch's

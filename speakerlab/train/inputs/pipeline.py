@@ -103,10 +103,14 @@ class InputPipeline(torch.nn.Module):
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
     def waves(self, batch: Dict[str, object]) -> Tensor:
-        """The augmented crops `(B, crop)` float32, in [-1, 1) scale before augmentation."""
+        """The augmented crops `(C x B, crop)` float32, in [-1, 1) scale before augmentation: C = the batch's
+        `copies` (1 but for a multi-crop objective), copy-major, each copy of a row with its own augmentation."""
         b = self.to_device(batch)
         chunk = self.cpu_rows if self.device.type == "cpu" else None
         x = self.speed(b["wave"], batch["speed"], self.crop, chunk) * INT16_SCALE  # groups from the host copy
+        copies, finite = int(batch.get("copies", 1)), b["finite"]
+        if copies > 1:
+            x, finite = x.repeat(copies, 1), finite.repeat(copies)
         if b["rir"].shape[0]:
             rows = b["rir_item"]
             x = x.index_copy(0, rows, by_rows(reverberate_batch, chunk, x[rows], b["rir"].float()))
@@ -114,7 +118,7 @@ class InputPipeline(torch.nn.Module):
             x = add_noise_batch(x, b["noise"].float(), b["noise_item"], b["snr"])
         # A file with NaN / inf samples (int16 cannot hold them) becomes a non-finite row again, so the
         # training step's guard skips the step and names the file, as with float crops.
-        return torch.where(b["finite"].unsqueeze(1), x, torch.full_like(x, float("nan")))
+        return torch.where(finite.unsqueeze(1), x, torch.full_like(x, float("nan")))
 
     def forward(self, batch: Dict[str, object]) -> Tuple[Tensor, Tensor]:
         labels = batch["label"].to(self.device, non_blocking=True)

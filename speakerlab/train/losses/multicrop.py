@@ -39,19 +39,22 @@ def crop_offsets(index: Tensor, step: int, seed: int, crop: int, room: int) -> T
 
 
 def cut_crops(waves: Tensor, index: Tensor, step: int, seed: int, first: int, count: int, length: int) -> Tensor:
-    """`count` crops of `length` samples of each row of `waves (B, N)`, crop numbers first.. first+count-1:
-    `(count x B, length)`, crop-major (all rows' first crop, then their second, ...)."""
-    room = waves.shape[1] - length
+    """`count` crops of `length` samples of each row of `waves`, crop numbers first.. first+count-1:
+    `(count x B, length)`, crop-major (all rows' first crop, then their second, ...). `waves` is `(B, N)`, shared
+    by the crops, or `(count, B, N)`: crop c is cut from `waves[c]` (its own augmented copy)."""
+    room = waves.shape[-1] - length
     if room < 0:
         raise ValueError(f"a crop of {length} samples does not fit the loaded {waves.shape[1]}")
     starts = torch.stack([crop_offsets(index, step, seed, first + c, room) for c in range(count)])  # (count, B)
     at = starts.unsqueeze(-1) + torch.arange(length, device=waves.device)  # (count, B, length)
-    return torch.gather(waves.unsqueeze(0).expand(count, -1, -1), 2, at).reshape(-1, length)
+    source = waves.unsqueeze(0).expand(count, -1, -1) if waves.dim() == 2 else waves
+    return torch.gather(source, 2, at).reshape(-1, length)
 
 
 class WaveInputs(nn.Module):
-    """`forward(batch) -> (waves (B, N) float32, index (B,) int64)`: the input pipeline's augmented crops
-    (speakerlab.train.inputs.pipeline) without the front end, which runs per crop in DinoNet."""
+    """`forward(batch) -> (waves (C x B, N) float32, index (B,) int64)`: the input pipeline's augmented crops
+    (speakerlab.train.inputs.pipeline) without the front end, which runs per crop in DinoNet; C = 1 without
+    augmentation, else one augmented copy per DINO crop."""
 
     def __init__(self, pipeline: InputPipeline):
         super().__init__()
@@ -95,21 +98,26 @@ class DinoNet(nn.Module):
             return self.model(feats) if self.compiled is None else self.compiled(feats)
 
     def forward(self, waves: Tensor, index: Tensor):
+        """`waves (B, N)`, or `(crops x B, N)`: one augmented copy per crop, copy-major; `index (B,)`."""
         s, step, obj = self.s, self.classifier.step, self.classifier
         obj.start(self.model)
+        glob, local = waves, waves
+        if len(waves) != len(index):  # each crop from its own augmented copy
+            copies = waves.view(-1, len(index), waves.shape[-1])
+            glob, local = copies[: s.global_crops], copies[s.global_crops :]
         # The global crops' features once for student and teacher (one dither draw)
-        feats = self.features(cut_crops(waves, index, step, self.seed, 0, s.global_crops, self.global_len))
+        feats = self.features(cut_crops(glob, index, step, self.seed, 0, s.global_crops, self.global_len))
         emb = self.embed(feats).float()  # (global_crops x B, D)
         student: List[Tensor] = list(obj.head(emb).chunk(s.global_crops))
         if s.local_crops:
-            local = cut_crops(waves, index, step, self.seed, s.global_crops, s.local_crops, self.local_len)
+            local = cut_crops(local, index, step, self.seed, s.global_crops, s.local_crops, self.local_len)
             student += list(obj.head(self.embed(self.features(local)).float()).chunk(s.local_crops))
         with torch.no_grad():
             with self._autocast():
                 t_emb = obj.teacher["model"](feats)
             teacher = list(obj.teacher["head"](t_emb.float()).chunk(s.global_crops))
         unit = nn.functional.normalize(emb[: len(index)], dim=-1)
-        mean_emb = emb.view(s.global_crops, len(index), -1).mean(dim=0)
+        mean_emb = emb.reshape(s.global_crops, len(index), -1).mean(dim=0)
         agree = student[0].argmax(-1) == teacher[1].argmax(-1)
         return obj.loss(student, teacher, unit, mean_emb), torch.where(agree, index, torch.full_like(index, -1))
 
