@@ -1,0 +1,65 @@
+"""The segmentation model's ONNX file run without torch: waveform -> powerset frame scores -> activities.
+
+    segmenter = OnnxSegmenter("exp/segmentation/segmentation.onnx")
+    scores = segmenter.scores(wave)            # (T, C) log-probabilities of the powerset classes, 20 ms frames
+    active = segmenter.activities(wave)        # (T, K) 0/1: which local speaker talks in each frame
+
+The file's metadata (written by speakerlab.diarization.segmentation.export_onnx) gives the frame layout and
+the powerset classes, so nothing here depends on the model code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+PREFIX = "speakerlab.segmentation."
+
+
+class SegmentationFileError(ValueError):
+    """The file is not a segmentation model's ONNX export."""
+
+
+class OnnxSegmenter:
+    """A segmentation model's ONNX file: waves at its sample rate -> frame scores."""
+
+    def __init__(self, path: Union[str, Path], threads: Optional[int] = None):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.path = str(path)
+        self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        try:
+            self.sample_rate = int(meta[PREFIX + "sample_rate"])
+            self.kernel = int(meta[PREFIX + "kernel"])
+            self.hop = int(meta[PREFIX + "hop"])
+            classes = [tuple(int(s) for s in c.split(",") if s) for c in meta[PREFIX + "powerset"].split(";")]
+        except (KeyError, ValueError) as e:
+            raise SegmentationFileError(f"{self.path}: no segmentation metadata ({e})") from None
+        self.num_local = 1 + max(max(c, default=-1) for c in classes)
+        # (C, K): the local speakers of each class.
+        self.powerset = np.zeros((len(classes), self.num_local), np.float32)
+        for i, members in enumerate(classes):
+            self.powerset[i, list(members)] = 1.0
+
+    def frame_centres(self, num_frames: int) -> np.ndarray:
+        """(T,) each frame's centre in seconds from the wave's start."""
+        return (np.arange(num_frames) * self.hop + self.kernel / 2) / self.sample_rate
+
+    def scores(self, waves: np.ndarray) -> np.ndarray:
+        """(B, S) or (S,) float32 waves -> (B, T, C) or (T, C) log-probabilities of the powerset classes."""
+        x = np.asarray(waves, np.float32)
+        batch = x[None] if x.ndim == 1 else x
+        logits = self.session.run(None, {"wave": batch})[0]
+        shifted = logits - logits.max(-1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        return logp[0] if x.ndim == 1 else logp
+
+    def activities(self, waves: np.ndarray) -> np.ndarray:
+        """(B, S) or (S,) -> (B, T, K) or (T, K) 0/1 float32: the local speakers of each frame's best class."""
+        return self.powerset[self.scores(waves).argmax(-1)]

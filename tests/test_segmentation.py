@@ -1,0 +1,171 @@
+"""The segmentation model (speakerlab.diarization.segmentation): powerset mapping, the permutation-invariant
+loss, and learning on simulated windows."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from speakerlab.diarization.segmentation import (
+    MAX_ACTIVE,
+    NUM_CLASSES,
+    NUM_LOCAL,
+    POWERSET,
+    SegmentationModel,
+    SegmentationShape,
+    frame_labels,
+    powerset_loss,
+    to_multilabel,
+    to_powerset,
+)
+
+
+def test_powerset_classes_are_the_small_subsets():
+    assert NUM_CLASSES == 7 and POWERSET[0] == ()
+    assert all(len(c) <= MAX_ACTIVE for c in POWERSET) and len(set(POWERSET)) == NUM_CLASSES
+
+
+def test_powerset_mapping_round_trips():
+    classes = torch.arange(NUM_CLASSES).repeat(3).reshape(3, NUM_CLASSES)
+    active = to_multilabel(classes)
+    assert active.shape == (3, NUM_CLASSES, NUM_LOCAL)
+    assert torch.equal(to_powerset(active), classes)
+    for members in itertools.product((0, 1), repeat=NUM_LOCAL):
+        v = torch.tensor(members, dtype=torch.float32)
+        c = int(to_powerset(v[None])[0])
+        if sum(members) > MAX_ACTIVE:
+            assert c == -1
+        else:
+            assert torch.equal(to_multilabel(torch.tensor([c]))[0], v)
+
+
+def test_loss_is_invariant_to_the_order_of_reference_speakers():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, NUM_CLASSES, generator=g)
+    reference = (torch.rand(4, 50, NUM_LOCAL, generator=g) < 0.35).float()
+    base = powerset_loss(logits, reference)
+    for order in itertools.permutations(range(NUM_LOCAL)):
+        assert torch.allclose(powerset_loss(logits, reference[..., list(order)]), base)
+    # Per window: each window may take its own order.
+    mixed = torch.stack([reference[0][:, [1, 0, 2]], reference[1][:, [2, 1, 0]], reference[2], reference[3]])
+    assert torch.allclose(powerset_loss(logits, mixed), base)
+    # The loss is a cross-entropy: logits that name the reference (in some order) give a small one.
+    target = to_powerset(reference[..., [2, 0, 1]]).clamp(min=0)
+    sure = torch.nn.functional.one_hot(target, NUM_CLASSES).float() * 20
+    assert powerset_loss(sure, reference) < 1e-3 < base
+
+
+def test_frame_labels_number_speakers_by_first_frame_and_keep_the_main_three():
+    t = SegmentationModel.num_frames(32000)
+    turns = [(1.0, 1.8, "b"), (0.1, 1.2, "a"), (0.5, 0.6, "d"), (1.5, 2.0, "c")]
+    labels = frame_labels(turns, t)
+    centres = SegmentationModel.frame_centres(t)
+    assert labels.shape == (t, NUM_LOCAL)
+    # "d" talks least and is dropped; the rest in order of their first frame: a, b, c.
+    assert np.array_equal(labels[:, 0] > 0, (centres >= 0.1) & (centres < 1.2))
+    assert np.array_equal(labels[:, 1] > 0, (centres >= 1.0) & (centres < 1.8))
+    assert np.array_equal(labels[:, 2] > 0, (centres >= 1.5) & (centres < 2.0))
+    assert np.array_equal(frame_labels([(5.0, 6.0, "a")], t, offset=4.5)[:, 0] > 0, (centres >= 0.5) & (centres < 1.5))
+
+
+def simulated_batch(rng: np.random.Generator, batch: int, seconds: float = 2.0):
+    """Windows of up to 3 'speakers' (harmonic tones of their own pitch and timbre, speaking in turns
+    that sometimes overlap) -> waves (B, S), reference (B, T, 3)."""
+    n = int(seconds * 16000)
+    t = np.arange(n) / 16000
+    frames = SegmentationModel.num_frames(n)
+    waves, refs = np.zeros((batch, n), np.float32), []
+    for b in range(batch):
+        turns, pos, last = [], rng.uniform(0, 0.3), None
+        speakers = rng.choice(3, size=int(rng.integers(1, 4)), replace=False)
+        while pos < seconds:
+            spk = int(rng.choice([s for s in speakers if s != last] or speakers))
+            end = pos + rng.uniform(0.3, 0.9)
+            turns.append((pos, end, spk))
+            last = spk
+            # Half of the next turns start before this one ends: overlap.
+            pos = end - rng.uniform(0.1, 0.4) if rng.random() < 0.5 else end + rng.uniform(0.05, 0.3)
+        voices = {s: (rng.uniform(90, 300), rng.uniform(0.5, 0.9)) for s in speakers}
+        for start, end, spk in turns:
+            f0, tilt = voices[spk]
+            on = (t >= start) & (t < end)
+            tone = sum(tilt**h * np.sin(2 * np.pi * f0 * h * t + h) for h in range(1, 8))
+            waves[b] += (0.1 * tone * on).astype(np.float32)
+        waves[b] += 0.003 * rng.standard_normal(n).astype(np.float32)
+        refs.append(frame_labels(turns, frames))
+    return torch.from_numpy(waves), torch.from_numpy(np.stack(refs))
+
+
+@pytest.mark.slow
+def test_model_learns_speech_and_overlap_on_simulated_windows():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = SegmentationModel(SegmentationShape(filters=24, channels=32, hidden=32))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    test_wave, test_ref = simulated_batch(np.random.default_rng(99), 32)
+    model.eval()
+    with torch.no_grad():
+        before = float(powerset_loss(model(test_wave), test_ref))
+    model.train()
+    for _ in range(120):
+        wave, ref = simulated_batch(rng, 16)
+        loss = powerset_loss(model(wave), ref)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        logits = model(test_wave)
+    after = float(powerset_loss(logits, test_ref))
+    assert after < 0.6 * before, (before, after)
+    predicted = to_multilabel(logits.argmax(-1)).sum(-1)  # (B, T) speakers found per frame
+    truth = test_ref.sum(-1)
+    overlap = truth >= 2
+    recall = float((predicted[overlap] >= 2).float().mean())
+    false_alarm = float((predicted[~overlap] >= 2).float().mean())
+    # Above chance after 120 steps (about 0.3 of overlapped frames found, 0.3% false alarms): a model that
+    # guessed would call overlap as often on the frames without it.
+    assert overlap.float().mean() > 0.1 and recall > 0.2 and false_alarm < 0.1 * recall, (recall, false_alarm)
+    speech_found = float(((predicted > 0) == (truth > 0)).float().mean())
+    assert speech_found > 0.9
+
+
+def test_model_shapes_match_frame_count():
+    model = SegmentationModel().eval()
+    for n in (800, 16000, 32123):
+        with torch.no_grad():
+            out = model(torch.zeros(2, n))
+        assert out.shape == (2, SegmentationModel.num_frames(n), NUM_CLASSES)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_onnx_frame_scores_match_torch(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from speakerlab.diarization.segmentation import export_onnx
+    from speakerlab.diarization.segmenter import OnnxSegmenter
+
+    torch.manual_seed(1)
+    model = SegmentationModel(SegmentationShape(filters=16, channels=16, hidden=16)).eval()
+    path = tmp_path / "seg.onnx"
+    export_onnx(model, path)
+    segmenter = OnnxSegmenter(path, threads=1)
+    assert segmenter.num_local == NUM_LOCAL and segmenter.powerset.shape == (NUM_CLASSES, NUM_LOCAL)
+    wave, _ = simulated_batch(np.random.default_rng(3), 2, seconds=3.1)
+    for x in (wave, wave[0, :20017]):  # a batch, and one wave of another length
+        with torch.no_grad():
+            ref = torch.log_softmax(model(x if x.ndim == 2 else x[None]), -1).numpy()
+        got = segmenter.scores(x.numpy())
+        got = got if got.ndim == 3 else got[None]
+        assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-4
+    t = ref.shape[1]
+    assert np.allclose(segmenter.frame_centres(t), SegmentationModel.frame_centres(t))
+    assert np.array_equal(segmenter.activities(wave.numpy()), to_multilabel(model(wave).argmax(-1)).numpy())
