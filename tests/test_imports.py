@@ -53,7 +53,8 @@ LAYERS: Dict[str, Set[str]] = {
     },
     # Diarization consumes embedders as scoring consumes embeddings: inference's Embedder, audio and lists
     # of dataio; nothing of the training side.
-    "diarization": {"inference", "dataio", "commands"},
+    # settings: the segmentation trainer's typed config.
+    "diarization": {"inference", "dataio", "settings", "commands"},
     # Identification consumes embedders (inference, the ONNX runtime included) and the model's calibration (scoring).
     "identification": {"inference", "scoring", "dataio", "commands"},
     "train": {

@@ -75,6 +75,7 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
     "speakerlab-synth": [("--out", REFUSED, lambda i, d: ["--out", d])],
     "speakerlab-synth-tree": [("--out", REFUSED, lambda i, d: ["--corpus", str(i.data), "--out", d])],
     "speakerlab-synth-conversations": [("--out", REFUSED, lambda i, d: ["--data", str(i.data), "--out", d])],
+    "speakerlab-segmentation-train": [("--out", REFUSED, lambda i, d: ["--data", str(i.data), "--out", d])],
     "speakerlab-prepare": [("--data", REFUSED, lambda i, d: ["--data", d])],
     "speakerlab-shards": [("--out", REFUSED, lambda i, d: ["--data", str(i.data), "--out", d])],
     "speakerlab-noise-bank": [("--out", REFUSED, lambda i, d: ["--lists", str(i.data), "--out", d])],

@@ -169,3 +169,110 @@ def test_onnx_frame_scores_match_torch(tmp_path):
     t = ref.shape[1]
     assert np.allclose(segmenter.frame_centres(t), SegmentationModel.frame_centres(t))
     assert np.array_equal(segmenter.activities(wave.numpy()), to_multilabel(model(wave).argmax(-1)).numpy())
+
+
+def write_conversations(folder, count: int = 4, seconds: float = 4.0):
+    """A data folder of `count` simulated recordings: wav/, wav.scp, rttm (speakers named per recording)."""
+    import soundfile as sf
+
+    rng = np.random.default_rng(5)
+    (folder / "wav").mkdir(parents=True)
+    scp, rttm = [], []
+    for i in range(count):
+        wave, ref = simulated_batch(rng, 1, seconds)
+        path = folder / "wav" / f"r{i}.wav"
+        sf.write(str(path), wave[0].numpy(), 16000, subtype="FLOAT")
+        scp.append(f"r{i} {path}")
+        centres = SegmentationModel.frame_centres(ref.shape[1])
+        for k in range(NUM_LOCAL):
+            for j in np.flatnonzero(ref[0, :, k].numpy()):
+                rttm.append(f"SPEAKER r{i} 1 {centres[j] - 0.01:.3f} 0.020 <NA> <NA> s{k} <NA> <NA>")
+    (folder / "wav.scp").write_text("\n".join(scp) + "\n")
+    (folder / "rttm").write_text("\n".join(rttm) + "\n")
+
+
+def test_training_config_errors_name_the_key(tmp_path, capsys):
+    from speakerlab.diarization.segmentation_train import main
+
+    config = tmp_path / "seg.yaml"
+    config.write_text("window: 2.0\nstepz: 3\n")
+    assert main(["--data", str(tmp_path), "--out", str(tmp_path / "exp"), "--config", str(config)]) == 2
+    assert "stepz" in capsys.readouterr().err
+    assert main(["--data", str(tmp_path), "--out", str(tmp_path / "exp"), "--set", "window=0.1"]) == 2
+    assert "window" in capsys.readouterr().err
+    assert not (tmp_path / "exp").exists()
+
+
+def test_training_windows_carry_the_rttm_labels(tmp_path):
+    from speakerlab.diarization.segmentation_train import Recordings
+
+    write_conversations(tmp_path)
+    recordings = Recordings(str(tmp_path))
+    waves, labels = recordings.batch(np.random.default_rng(0), 6, 1.5)
+    assert waves.shape == (6, 24000) and labels.shape == (6, SegmentationModel.num_frames(24000), NUM_LOCAL)
+    # Silence and speech alike are labelled: some frames have nobody, some one speaker, some two.
+    counts = labels.sum(-1)
+    assert (counts == 0).any() and (counts == 1).any() and (counts == 2).any()
+    # Labelled frames are louder than unlabelled ones (the labels sit where the tones are).
+    frames = waves[:, : labels.shape[1] * 320].reshape(6, labels.shape[1], 320)
+    energy = (frames**2).mean(-1)
+    assert energy[counts > 0].mean() > 10 * energy[counts == 0].mean()
+
+
+@pytest.mark.slow
+def test_training_command_writes_weights_and_onnx(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from speakerlab.diarization.segmentation_train import main
+    from speakerlab.diarization.segmenter import OnnxSegmenter
+
+    write_conversations(tmp_path / "data")
+    args = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "exp")]
+    sets = ["steps=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8"]
+    assert main(args + [x for s in sets for x in ("--set", s)]) == 0
+    saved = torch.load(tmp_path / "exp" / "segmentation.pt")
+    assert saved["shape"]["hidden"] == 8 and saved["settings"]["steps"] == 3
+    model = SegmentationModel(SegmentationShape(**saved["shape"])).eval()
+    model.load_state_dict(saved["state"])
+    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.from_numpy(wave)[None]), -1)[0].numpy()
+    assert np.abs(OnnxSegmenter(tmp_path / "exp" / "segmentation.onnx").scores(wave) - ref).max() < 1e-4
+
+
+class OracleSegmenter:
+    """Speech and overlapped speech as given: the pipeline's part tested apart from a model's."""
+
+    def __init__(self, speech, overlap):
+        self.speech, self.overlap = speech, overlap
+
+    def regions(self, wave):
+        return self.speech, self.overlap
+
+
+def test_overlapped_stretches_get_a_second_speaker():
+    from speakerlab.dataio.rttm import merge_intervals
+    from speakerlab.diarization import Diarizer
+    from tests.test_diarization import THREE, spectral_shape_embedder, talk
+
+    wave, ref = talk(*THREE)
+    # Speaker s1's first turn said again over s0's second turn: 1.5 s of two speakers at once.
+    src, dst = ref[1], ref[3]
+    assert (src.speaker, dst.speaker) == ("s1", "s0") and dst.end - dst.start > 2.0
+    a, b = int(src.start * 16000), int(dst.start * 16000 + 8000)
+    wave = wave.copy()
+    wave[b : b + 24000] += wave[a : a + 24000]
+    overlap = (b / 16000, b / 16000 + 1.5)
+    speech = merge_intervals([(t.start, t.end) for t in ref])
+    result = Diarizer(spectral_shape_embedder(), segmenter=OracleSegmenter(speech, [overlap])).diarize(wave, 16000)
+
+    def who(t):
+        return {turn.speaker for turn in result.turns if turn.start <= t < turn.end}
+
+    middle = sum(overlap) / 2
+    s0, s1 = who((ref[0].start + ref[0].end) / 2), who((ref[1].start + ref[1].end) / 2)
+    assert len(s0) == len(s1) == 1 and s0 != s1
+    assert who(middle) == s0 | s1
+    # Only the overlapped stretch has two speakers.
+    times = np.arange(0, len(wave) / 16000, 0.05)
+    two = [t for t in times if len(who(t)) >= 2]
+    assert two and min(two) >= overlap[0] - 0.05 and max(two) <= overlap[1] + 0.05

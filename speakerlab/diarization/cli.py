@@ -44,6 +44,7 @@ from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
 from speakerlab.diarization.plda import load_plda
+from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
@@ -165,6 +166,12 @@ def parser() -> argparse.ArgumentParser:
         help="speech detection; oracle: --segments (default %(default)s)",
     )
     ap.add_argument("--segments", help="oracle speech: an RTTM (its turns' union) or a Kaldi segments file")
+    ap.add_argument(
+        "--segmentation",
+        metavar="MODEL",
+        help="segmentation model's ONNX file (speakerlab-segmentation-train): speech and overlapped speech from it "
+        "instead of the VAD, two speakers on overlapped stretches",
+    )
     n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
     n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
     n.add_argument("--min-speakers", type=int, help="at least this many speakers per recording (default 1)")
@@ -201,6 +208,8 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error("give audio files or --wav-scp (one of the two)")
     if (args.vad == "oracle") != bool(args.segments):
         ap.error("--vad oracle and --segments go together")
+    if args.segmentation and args.segments:
+        ap.error("--segmentation finds the speech itself: not with --segments")
     if args.num_speakers is not None and args.num_speakers < 1:
         ap.error(f"--num-speakers must be >= 1, got {args.num_speakers}")
     low, high = args.min_speakers or 1, args.max_speakers or DEFAULT_MAX_SPEAKERS
@@ -234,8 +243,9 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     speech = read_speech(args.segments) if args.segments else None
     plda = load_plda(args.plda) if args.plda else None
     cache = FrontCache(args.cache) if args.cache else None
-    vad = None if speech is not None else make_vad(args.vad)
-    diarizer = Diarizer(source_embedder(ap, args), vad, options, plda, cache)
+    segmenter = OnnxSegmenter(args.segmentation) if args.segmentation else None
+    vad = None if speech is not None or segmenter is not None else make_vad(args.vad)
+    diarizer = Diarizer(source_embedder(ap, args), vad, options, plda, cache, segmenter)
     results, audio_seconds = [], 0.0
     try:
         for reco, path, where in items:

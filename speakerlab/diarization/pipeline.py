@@ -18,8 +18,11 @@ overlap, the boundary between their speakers is put in the middle of the overlap
 one speaker within a region are joined. With a `FrontCache` (cache.py), `diarize_file` takes the speech
 regions and embeddings a run before made for the same file, VAD, model and settings.
 
-Overlapped speech is not handled: every instant gets at most one speaker, so the second speaker of an
-overlap is missed speech in the DER (docs/diarization.md gives how much on the synthetic conversations).
+Without a segmentation model every instant gets at most one speaker, so the second speaker of an overlap is
+missed speech in the DER. With one (`segmenter`, speakerlab.diarization.segmenter), speech and overlapped
+speech come from its frame counts instead of the VAD, and each overlapped stretch gets a second speaker: of the
+clusters other than the one already there, the one nearest (cosine) the mean embedding of the sub-segments
+that cover the stretch.
 
 A `Diarizer` keeps no state between calls: its embedder's model runs under `torch.no_grad` in eval mode
 and its VAD keeps none, so several threads may call one `Diarizer` at once and get what each would get
@@ -35,7 +38,7 @@ import numpy as np
 
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.resample import resample
-from speakerlab.dataio.rttm import Interval, Turn
+from speakerlab.dataio.rttm import Interval, Turn, merge_intervals
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
@@ -46,6 +49,7 @@ from speakerlab.inference.common import check_finite, too_short
 # Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
 # torch-free install.
 if TYPE_CHECKING:
+    from speakerlab.diarization.segmenter import OnnxSegmenter
     from speakerlab.inference.embedder import Embedder
     from speakerlab.inference.runtime import OnnxEmbedder
 
@@ -166,6 +170,34 @@ def embed_window(
     return piece if len(piece) >= need else np.resize(piece, need)
 
 
+def add_overlap_speakers(
+    turns: List[Turn], overlap: Sequence[Interval], pieces, x: np.ndarray, centroids: np.ndarray
+) -> List[Turn]:
+    """`turns` plus a second speaker on each `overlap` interval: the cluster nearest the mean of the unit
+    embeddings `x` (N, D) of the `pieces` that cover it, other than the speaker already there. Turns of one
+    speaker that touch are joined."""
+    if len(centroids) < 2 or not overlap:
+        return turns
+    spans = np.array([(s, e) for _, s, e in pieces])
+    extra = []
+    for start, end in overlap:
+        covering = (spans[:, 0] < end) & (spans[:, 1] > start)
+        if not covering.any():
+            continue
+        sims = centroids @ normalize(x[covering].mean(axis=0, keepdims=True))[0]
+        middle = (start + end) / 2
+        present = {t.speaker for t in turns if t.start <= middle < t.end}
+        for k in np.argsort(-sims, kind="stable"):
+            if speaker_name(int(k)) not in present:
+                extra.append(Turn(start, end, speaker_name(int(k))))
+                break
+    by_speaker: dict = {}
+    for t in [*turns, *extra]:
+        by_speaker.setdefault(t.speaker, []).append((t.start, t.end))
+    joined = [Turn(s, e, spk) for spk, spans in by_speaker.items() for s, e in merge_intervals(spans)]
+    return sorted(joined, key=lambda t: (t.start, t.speaker))
+
+
 class Diarizer:
     """`Embedder` + speech detector + options (+ the PLDA that vbx clustering needs, fitted to this
     embedder's embeddings) -> `Diarization`s (see the module docstring)."""
@@ -177,6 +209,7 @@ class Diarizer:
         options: DiarizeOptions = DiarizeOptions(),
         plda: Optional[PLDA] = None,
         cache: Optional[FrontCache] = None,
+        segmenter: Optional["OnnxSegmenter"] = None,
     ):
         if options.method == "vbx" and plda is None:
             raise ValueError("vbx clustering needs a PLDA (speakerlab-plda fits one; --plda FILE)")
@@ -191,6 +224,7 @@ class Diarizer:
         self.options = options
         self.plda = plda
         self.cache = cache
+        self.segmenter = segmenter
 
     def diarize_file(
         self,
@@ -232,6 +266,9 @@ class Diarizer:
             raise AudioError(f"{name}: {short}" if name else short)
         notes: List[str] = []
         cached: List[str] = []
+        overlap: List[Interval] = []
+        if speech is None and self.segmenter is not None:
+            speech, overlap = self.segmenter.regions(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
         if speech is None:
             if self.vad is None:
                 raise ValueError("no speech regions given and no VAD to find them")
@@ -282,7 +319,7 @@ class Diarizer:
         return Diarization(
             duration=duration,
             speech=regions,
-            turns=labels_to_turns(pieces, labels),
+            turns=add_overlap_speakers(labels_to_turns(pieces, labels), overlap, pieces, x, centroids),
             subsegments=np.array([(s, e) for _, s, e in pieces]),
             labels=labels,
             embeddings=emb,

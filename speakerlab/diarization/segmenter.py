@@ -11,9 +11,11 @@ the powerset classes, so nothing here depends on the model code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
+
+from speakerlab.dataio.rttm import Interval, merge_intervals
 
 PREFIX = "speakerlab.segmentation."
 
@@ -32,6 +34,8 @@ class OnnxSegmenter:
         if threads:
             opts.intra_op_num_threads = threads
         self.path = str(path)
+        if not Path(path).is_file():
+            raise SegmentationFileError(f"{self.path}: no such file")
         self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
         meta = self.session.get_modelmeta().custom_metadata_map
         try:
@@ -63,3 +67,26 @@ class OnnxSegmenter:
     def activities(self, waves: np.ndarray) -> np.ndarray:
         """(B, S) or (S,) -> (B, T, K) or (T, K) 0/1 float32: the local speakers of each frame's best class."""
         return self.powerset[self.scores(waves).argmax(-1)]
+
+    def speaker_counts(self, wave: np.ndarray, window: float = 5.0) -> Tuple[np.ndarray, np.ndarray]:
+        """(S,) wave at the model's rate -> counts (T,) int, how many speakers talk in each frame, and times
+        (T,) each frame's centre in seconds. Windows of `window` seconds side by side (a count needs no matching
+        of local speakers across windows); a piece shorter than two frames is zero-padded and keeps one."""
+        step = int(window * self.sample_rate)
+        counts, times = [], []
+        for start in range(0, len(wave), step):
+            piece = np.asarray(wave[start : start + step], np.float32)
+            full = max(len(piece), self.kernel + self.hop)
+            frames = max(1, 1 + (len(piece) - self.kernel) // self.hop)
+            counts.append(self.activities(np.pad(piece, (0, full - len(piece)))).sum(-1)[:frames].astype(np.int64))
+            times.append(start / self.sample_rate + self.frame_centres(frames))
+        if not counts:
+            return np.zeros(0, np.int64), np.zeros(0)
+        return np.concatenate(counts), np.concatenate(times)
+
+    def regions(self, wave: np.ndarray, window: float = 5.0) -> Tuple[List[Interval], List[Interval]]:
+        """(S,) wave -> (speech, overlap): intervals in seconds where >= 1 and >= 2 speakers talk, each frame
+        one hop wide around its centre."""
+        counts, times = self.speaker_counts(wave, window)
+        half = 0.5001 * self.hop / self.sample_rate  # a hair over half a hop: neighbours touch
+        return tuple(merge_intervals((t - half, t + half) for t in times[counts >= least]) for least in (1, 2))

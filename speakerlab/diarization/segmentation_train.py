@@ -1,0 +1,134 @@
+"""Train the segmentation model on RTTM-labelled recordings:
+``speakerlab-segmentation-train --data data/conv --out exp/segmentation [--config seg.yaml] [--set key=value]``.
+
+`--data` is a folder with wav.scp and rttm (what speakerlab-synth-conversations writes, or a real set's lists:
+VoxConverse, AMI). Each step draws `batch_size` windows of `window` seconds at random places of random
+recordings; their frame labels come from the RTTM (speakerlab.diarization.segmentation.frame_labels: the
+three speakers who talk most in a window). Written under OUT: segmentation.pt (the weights and the model's
+shape) and segmentation.onnx (what speakerlab-diarize --segmentation reads, torch-free). The run is short
+(minutes on a CPU) and restarts from the beginning: nothing is saved before the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+
+from speakerlab.commands import CommandParser, run_command
+from speakerlab.dataio.audio import AudioError, read_audio
+from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.dataio.rttm import read_rttm
+from speakerlab.outputs import OutputError, check_folder_output, output_file
+from speakerlab.settings import ConfigError, build_settings, parse_overrides, read_yaml, set_dotted, setting
+
+
+@dataclass
+class SegmentationTrainSettings:
+    """The training config (YAML keys, all optional): window length (s), steps, batch, Adam's learning rate,
+    the seed, and the model's sizes (speakerlab.diarization.segmentation.SegmentationShape)."""
+
+    window: float = setting(3.0, ge=0.5, le=30.0)
+    steps: int = setting(500, ge=1)
+    batch_size: int = setting(16, ge=1)
+    lr: float = setting(1e-3, gt=0.0, le=1.0)
+    seed: int = setting(0, ge=0)
+    log_every: int = setting(50, ge=1)
+    filters: int = setting(40, ge=1)
+    channels: int = setting(64, ge=1)
+    hidden: int = setting(64, ge=1)
+    layers: int = setting(1, ge=1, le=4)
+
+
+class Recordings:
+    """The waves and turns of a data folder, and random labelled windows of them."""
+
+    def __init__(self, folder: str):
+        root = Path(folder)
+        scp, turns = read_wav_scp(root / "wav.scp"), read_rttm(root / "rttm")
+        missing = sorted(set(scp) - set(turns))
+        if missing:
+            raise ListError(f"{root / 'rttm'}: no turns for recording '{missing[0]}' of {root / 'wav.scp'}")
+        self.waves = {reco: read_audio(path) for reco, (_, path) in sorted(scp.items())}
+        self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.waves}
+        self.names = list(self.waves)
+
+    def batch(self, rng: np.random.Generator, size: int, seconds: float):
+        """`size` windows -> waves (B, S) float32 and labels (B, T, K) float32 (a recording shorter than the
+        window is padded with silence, labelled as such)."""
+        from speakerlab.diarization.segmentation import SAMPLE_RATE, SegmentationModel, frame_labels
+
+        n = int(round(seconds * SAMPLE_RATE))
+        frames = SegmentationModel.num_frames(n)
+        waves = np.zeros((size, n), np.float32)
+        labels = []
+        for b in range(size):
+            reco = self.names[int(rng.integers(len(self.names)))]
+            wave = self.waves[reco]
+            start = int(rng.integers(max(len(wave) - n, 0) + 1))
+            piece = wave[start : start + n]
+            waves[b, : len(piece)] = piece
+            labels.append(frame_labels(self.turns[reco], frames, offset=start / SAMPLE_RATE))
+        return waves, np.stack(labels)
+
+
+def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
+    """Train on `data` with `settings`; write OUT/segmentation.pt and OUT/segmentation.onnx."""
+    import torch
+
+    from speakerlab.diarization.segmentation import SegmentationModel, SegmentationShape, export_onnx, powerset_loss
+
+    folder = check_folder_output(out)
+    recordings = Recordings(data)
+    torch.manual_seed(settings.seed)
+    rng = np.random.default_rng(settings.seed)
+    shape = SegmentationShape(settings.filters, settings.channels, settings.hidden, settings.layers)
+    model = SegmentationModel(shape)
+    opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    print(f"segmentation-train: {len(recordings.names)} recordings, fp32, {shape}", file=sys.stderr)
+    began, running = time.time(), []
+    for step in range(1, settings.steps + 1):
+        waves, labels = recordings.batch(rng, settings.batch_size, settings.window)
+        loss = powerset_loss(model(torch.from_numpy(waves)), torch.from_numpy(labels))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        running.append(float(loss))
+        if step % settings.log_every == 0 or step == settings.steps:
+            mean = sum(running) / len(running)
+            print(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)", file=sys.stderr)
+            running = []
+    folder.mkdir(parents=True, exist_ok=True)
+    with output_file(folder / "segmentation.pt", "wb") as f:
+        torch.save({"shape": asdict(shape), "state": model.state_dict(), "settings": asdict(settings)}, f)
+    export_onnx(model, folder / "segmentation.onnx")
+    print(f"segmentation-train: wrote {folder / 'segmentation.pt'} and {folder / 'segmentation.onnx'}", file=sys.stderr)
+
+
+def read_settings(config: Optional[str], overrides: List[str]) -> SegmentationTrainSettings:
+    """The YAML `config` (or nothing) with `key=value` overrides -> typed settings; errors name the key."""
+    raw = (read_yaml(Path(config), "config") or {}) if config else {}
+    for key, value in parse_overrides(overrides):
+        set_dotted(raw, key, value)
+    return build_settings(SegmentationTrainSettings, raw)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = CommandParser(prog="speakerlab-segmentation-train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="folder with wav.scp and rttm")
+    p.add_argument("--out", required=True, help="output folder (segmentation.pt, segmentation.onnx)")
+    p.add_argument("--config", help="YAML of SegmentationTrainSettings keys (window, steps, batch_size, lr, ...)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    args = p.parse_args(argv)
+    return run_command(
+        lambda: train(args.data, args.out, read_settings(args.config, args.set)),
+        (ConfigError, ListError, AudioError, OutputError),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
