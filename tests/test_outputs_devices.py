@@ -106,7 +106,8 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
         ("--out", THROUGH, lambda i, d: [*_model(i), "--data", str(i.data), "--conditions", "clean", "--out", d]),
         ("--json", THROUGH, lambda i, d: [*_model(i), "--data", str(i.data), "--conditions", "clean", "--json", d]),
     ],
-    "speakerlab-enrol": [("gallery", REFUSED, lambda i, d: [d, "add", "spk", str(i.wav), *_model(i)])],
+    "speakerlab-enrol": [("gallery", REFUSED, lambda i, d: ["add", d, "spk", str(i.wav), *_model(i)])],
+    "speakerlab-plda": [("--out", REFUSED, lambda i, d: [*_model(i), "--data", str(i.data), "--out", d])],
     "speakerlab-score": [
         ("--out (a prefix)", THROUGH, lambda i, d: [*_scored(i), "--out", d]),
         ("--out (a folder)", REFUSED, lambda i, d: [*_scored(i), str(i.trials), "--names", "a", "b", "--out", d]),

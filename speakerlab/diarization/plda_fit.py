@@ -26,6 +26,7 @@ from speakerlab.diarization.pipeline import DiarizeOptions, embed_window
 from speakerlab.diarization.plda import fit_plda
 from speakerlab.inference.cli import BAD_INPUT, source_embedder
 from speakerlab.inference.common import add_source_args, read_wave
+from speakerlab.outputs import check_path_output
 
 
 def window_starts(duration: float, window: float, count: int) -> List[float]:
@@ -55,6 +56,7 @@ def parser() -> CommandParser:
 
 def fit(ap, args) -> None:
     t0 = time.time()
+    check_path_output(args.out)  # a refused output costs no embedding
     data = load_data_dir(args.data)
     data.check_audio_exists()
     embedder = source_embedder(ap, args)
