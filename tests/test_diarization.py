@@ -270,6 +270,7 @@ def test_more_speakers_than_the_speech_supports_is_a_warning_and_the_most_it_can
         (["--min-speakers", "3", "--max-speakers", "2"], "need 1 <= --min-speakers <= --max-speakers"),
         (["--num-speakers", "2", "--reco2num-spk", "x"], "--num-speakers and --reco2num-spk exclude each other"),
         (["--clustering", "vbx"], "--clustering vbx and --plda go together"),
+        (["--segmentation", "m.onnx", "--vad", "oracle", "--segments", "x"], "--segmentation finds the speech"),
     ],
 )
 def test_option_errors_name_the_option(capsys, tmp_path, ckpt, args, message):
@@ -277,6 +278,12 @@ def test_option_errors_name_the_option(capsys, tmp_path, ckpt, args, message):
     with pytest.raises(SystemExit) as e:
         run([str(path), "--checkpoint", str(ckpt), *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_missing_segmentation_model_is_one_line(capsys, tmp_path, ckpt):
+    path = write_wav(tmp_path / "a.wav", np.zeros(SR))
+    code, _, err = diarize(capsys, path, "--checkpoint", ckpt, "--segmentation", tmp_path / "none.onnx")
+    assert code == 2 and f"{tmp_path / 'none.onnx'}: no such file" in err
 
 
 def test_a_recording_missing_from_reco2num_spk_is_named(capsys, tmp_path, talks, ckpt):
