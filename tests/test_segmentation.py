@@ -169,6 +169,16 @@ def test_onnx_frame_scores_match_torch(tmp_path):
     t = ref.shape[1]
     assert np.allclose(segmenter.frame_centres(t), SegmentationModel.frame_centres(t))
     assert np.array_equal(segmenter.activities(wave.numpy()), to_multilabel(model(wave).argmax(-1)).numpy())
+    # A recording in windows of 1 s side by side (the last one 0.1 s): each window's counts, one after another.
+    x = wave[0].numpy()
+    counts, times = segmenter.speaker_counts(x, window=1.0)
+    parts = [segmenter.activities(x[a : a + 16000]).sum(-1) for a in (0, 16000, 32000, 48000)]
+    assert np.array_equal(counts, np.concatenate(parts))
+    assert len(times) == len(counts) and np.all(np.diff(times) > 0) and times[-1] < len(x) / 16000
+    speech, overlap = segmenter.regions(x, window=1.0)
+    inside = [any(s <= t < e for s, e in speech) for t in times]
+    assert inside == list(counts >= 1)
+    assert all(any(s <= t < e for s, e in overlap) for t in times[counts >= 2])
 
 
 def write_conversations(folder, count: int = 4, seconds: float = 4.0):

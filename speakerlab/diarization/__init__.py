@@ -9,7 +9,9 @@
         print(turn.start, turn.end, turn.speaker)
 
 Modules: vad (Silero and energy speech detection), cluster (spectral clustering with eigengap, AHC),
-pipeline (`Diarizer`), cli (`speakerlab-diarize`), der (`speakerlab-der`: DER with pyannote.metrics).
+pipeline (`Diarizer`), cli (`speakerlab-diarize`), der (`speakerlab-der`: DER with pyannote.metrics);
+segmentation (the powerset segmentation model and its loss, torch), segmentation_train
+(`speakerlab-segmentation-train`), segmenter (its ONNX file run torch-free: speech and overlapped speech).
 RTTM and the other list files are speakerlab.dataio.rttm. docs/diarization.md tells the whole story.
 """
 
