@@ -79,8 +79,9 @@ def runtime_modules() -> set:
 
 
 def test_the_runtime_distribution_ships_every_module_its_commands_import(stats_file, tmp_path):
-    """speakerlab-embed --onnx, speakerlab-diarize --onnx --vad energy, speakerlab-der and the Python API run where
-    torch cannot be imported, and import no speakerlab module that runtime/pyproject.toml leaves out."""
+    """speakerlab-embed --onnx, speakerlab-diarize --onnx --vad energy, speakerlab-der, speakerlab-verify --onnx and
+    the Python API run where torch cannot be imported, and import no speakerlab module that runtime/pyproject.toml
+    leaves out."""
     record = tmp_path / "modules.txt"
     env = {**torch_free_env(tmp_path), "SPEAKERLAB_TEST_MODULES": str(record)}
     rng = np.random.default_rng(4)
@@ -105,6 +106,7 @@ def test_the_runtime_distribution_ships_every_module_its_commands_import(stats_f
             str(rttm),
         ],
         "speakerlab.diarization.der:main": ["--help"],
+        "speakerlab.inference.cli:verify": [str(wav), str(wav), "--onnx", str(stats_file), "--threshold", "0.5"],
     }
     for target, args in runs.items():
         module, function = target.split(":")
@@ -130,6 +132,7 @@ def test_a_command_that_needs_torch_says_so_in_one_line_in_the_runtime_install()
         "speakerlab-embed",
         "speakerlab-diarize",
         "speakerlab-der",
+        "speakerlab-verify",
         "speakerlab-plda",
         "speakerlab-enrol",
         "speakerlab-identify",
