@@ -185,8 +185,11 @@ def add_overlap_speakers(
         if not covering.any():
             continue
         sims = centroids @ normalize(x[covering].mean(axis=0, keepdims=True))[0]
-        middle = (start + end) / 2
-        present = {t.speaker for t in turns if t.start <= middle < t.end}
+        # The speaker already there: the one whose turns cover most of the stretch.
+        cover: dict = {}
+        for t in turns:
+            cover[t.speaker] = cover.get(t.speaker, 0.0) + max(0.0, min(end, t.end) - max(start, t.start))
+        present = {max(cover, key=cover.get)} if cover and max(cover.values()) > 0 else set()
         for k in np.argsort(-sims, kind="stable"):
             if speaker_name(int(k)) not in present:
                 extra.append(Turn(start, end, speaker_name(int(k))))

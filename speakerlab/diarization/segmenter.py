@@ -85,8 +85,13 @@ class OnnxSegmenter:
         return np.concatenate(counts), np.concatenate(times)
 
     def regions(self, wave: np.ndarray, window: float = 5.0) -> Tuple[List[Interval], List[Interval]]:
-        """(S,) wave -> (speech, overlap): intervals in seconds where >= 1 and >= 2 speakers talk, each frame
-        one hop wide around its centre."""
+        """(S,) wave -> (speech, overlap): intervals in seconds where >= 1 and >= 2 speakers talk. A frame
+        reaches halfway to its neighbours' centres (so windows side by side leave no gap), the first and last
+        half a hop beyond their centres."""
         counts, times = self.speaker_counts(wave, window)
-        half = 0.5001 * self.hop / self.sample_rate  # a hair over half a hop: neighbours touch
-        return tuple(merge_intervals((t - half, t + half) for t in times[counts >= least]) for least in (1, 2))
+        if not len(times):
+            return [], []
+        half = self.hop / self.sample_rate / 2
+        mids = (times[1:] + times[:-1]) / 2
+        lo, hi = np.concatenate([[times[0] - half], mids]), np.concatenate([mids, [times[-1] + half]])
+        return tuple(merge_intervals(zip(lo[counts >= k], hi[counts >= k])) for k in (1, 2))
