@@ -119,16 +119,8 @@ if stage_on 7; then
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" $train_data $train_overrides $lm_overrides
 fi
-if stage_on 8; then
-  lists=(); for t in $trials; do lists+=("$data/$eval_set/trials_$t"); done
-  calibration_stage "$exp" "${checkpoint:-$exp}" "${cal_set:-${val_set:+$data/$val_set}}" "$data/$eval_set" "${lists[@]}"
-fi
-
-if stage_on 9; then  # the first trial list, every condition on its test side
-  first="${trials%% *}"
-  stress_stage "${checkpoint:-$exp}" "$data/$eval_set" "$data/$eval_set/trials_$first" "$first" "$exp" \
-    "$data/musan_rirs/bank"
-fi
+# 8 calibration (fitted on the held-out set, measured on every list), 9 the stress table of the first list
+listed_eval_stages "$exp" "${checkpoint:-$exp}" "$data/$eval_set" "${cal_set:-${val_set:+$data/$val_set}}" $trials
 
 if stage_on 10; then  # pseudo-label rounds after a self-supervised stage 3 (--labels false)
   pseudo_label_stage "$exp" "$data/$train_set" ${val_set:+data.val=$data/$val_set} $aug

@@ -85,6 +85,17 @@ calibration_stage() {
     --out "$exp/calibration.json"
 }
 
+# listed_eval_stages EXP MODEL EVAL_DIR CAL_DIR TRIAL_NAMES...: stages 8 and 9 of a recipe whose evaluation lists are
+# EVAL_DIR/trials_<name>: calibration fitted on CAL_DIR, measured on every list; the stress table of the first list.
+listed_eval_stages() {
+  local exp="$1" model="$2" eval_dir="$3" cal_dir="$4" lists=() t; shift 4
+  for t in "$@"; do lists+=("$eval_dir/trials_$t"); done
+  if stage_on 8; then calibration_stage "$exp" "$model" "$cal_dir" "$eval_dir" "${lists[@]}"; fi
+  if stage_on 9; then  # every condition on the test side
+    stress_stage "$model" "$eval_dir" "${lists[0]}" "$1" "$exp" "$(dirname "$eval_dir")/musan_rirs/bank"
+  fi
+}
+
 # stress_stage MODEL DATA TRIALS NAME EXP [BANK]: stage 9, the same in every recipe. The stress table
 # (speakerlab-stress) of MODEL (a checkpoint or exp dir) on the list TRIALS of the data dir DATA: the
 # conditions of speakerlab.dataio.degrade on the test side, those with noise and RIRs from the noise bank

@@ -142,14 +142,7 @@ if stage_on 7; then
   launch speakerlab-train --config "$config" --config "$lm_config" --exp-dir "${exp}_lm" --hardware "$hardware" \
     train.init="$exp/checkpoints/avg.pt" train.init_match_speakers=true $train_data $train_overrides $lm_overrides
 fi
-if stage_on 8; then   # fitted on the held-out set, measured on the first evaluation set's lists
-  e="${eval_sets%% *}"
-  lists=(); for t in $(trials_of "$e"); do lists+=("$data/$e/trials_$t"); done
-  calibration_stage "$exp" "${checkpoint:-$exp}" "$cal_set" "$data/$e" "${lists[@]}"
-fi
-
-if stage_on 9; then  # the first trial list, every condition on its test side
-  e="${eval_sets%% *}"; t="$(trials_of "$e")"; t="${t%% *}"
-  stress_stage "${checkpoint:-$exp}" "$data/$e" "$data/$e/trials_$t" "$t" "$exp" "$data/musan_rirs/bank"
-fi
+# 8 calibration (fitted on the held-out set, measured on the first evaluation set's lists), 9 its stress table
+e="${eval_sets%% *}"
+listed_eval_stages "$exp" "${checkpoint:-$exp}" "$data/$e" "$cal_set" $(trials_of "$e")
 log "done"
