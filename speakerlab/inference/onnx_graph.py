@@ -75,7 +75,14 @@ def torch_to_onnx(module: nn.Module, example: torch.Tensor, names, min_length: i
             external_data=False,
             verbose=False,
         )
-    return program.model_proto
+    model = program.model_proto
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    if len(dims) > 1 and not dims[1].dim_param:  # measured: a second export of an LSTM in one process does this
+        raise RuntimeError(
+            f"the exported {names[0]} has its length axis fixed at {dims[1].dim_value} (torch.export specialised it, "
+            "as it does for an LSTM exported a second time in one process); export in a new process"
+        )
+    return model
 
 
 def front_end_graph(spec: FeatureSpec, input_rate: int) -> onnx.ModelProto:
