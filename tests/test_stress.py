@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from speakerlab.dataio.degrade import degrade, rng_for
+from speakerlab.dataio.embeddings import write_embeddings
 from speakerlab.dataio.trials import IdIndex, read_trial_list
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.stress import keep_test_side, run
@@ -125,3 +126,28 @@ def test_a_test_side_draw_keeps_exactly_the_trials_of_the_drawn_utterances(ckpt,
     # A draw of every test utterance is the whole list; a draw of none is refused.
     assert keep_test_side(tl, 12, 0) is tl
     assert run([*common, "--test-utts", "0"]) == 2
+
+
+def test_clean_side_from_this_models_embeddings_gives_the_same_rows_and_another_models_is_refused(
+    ckpt, data, tmp_path, capsys
+):
+    js = tmp_path / "stress.json"
+    common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "trunc1", "--json", str(js)]
+    assert run([*common, "--ci-replicates", "100"]) == 0
+    computed = json.loads(js.read_text())["rows"]
+    embedder = load_embedder(ckpt, device="cpu")
+    wav = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
+    ids = sorted(wav)
+    emb = np.stack([embedder.embed_waves([embedder.read(wav[u])])[0] for u in ids]).astype(np.float32)
+    npz = write_embeddings(tmp_path / "test.npz", ids, emb, model_id=embedder.model_id)
+    assert run([*common, "--ci-replicates", "100", "--clean-embeddings", str(npz)]) == 0
+    stored = json.loads(js.read_text())["rows"]
+    assert [r["eer"] for r in stored] == pytest.approx([r["eer"] for r in computed], abs=1e-6)
+    assert [r["test_seconds"] for r in stored] == pytest.approx([r["test_seconds"] for r in computed])
+    # Another model's file, a file without an utterance of the list: one error line naming the file.
+    other = write_embeddings(tmp_path / "other.npz", ids, emb, model_id="0" * 40)
+    assert run([*common, "--clean-embeddings", str(other)]) == 2
+    assert f"{other}: made by model {'0' * 40}, not this model" in capsys.readouterr().err
+    part = write_embeddings(tmp_path / "part.npz", ids[1:], emb[1:], model_id=embedder.model_id)
+    assert run([*common, "--clean-embeddings", str(part)]) == 2
+    assert f"{part}: no embedding of '{ids[0]}'" in capsys.readouterr().err

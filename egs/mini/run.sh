@@ -111,6 +111,7 @@ if stage_on 8; then
 fi
 
 if stage_on 9 || [ "$stress" = true ]; then  # the first trial list, every condition on its test side
-  stress_stage "${checkpoint:-$exp}" "$data/test" "$data/test/trials" test "$exp" "$data/musan_rirs/bank"
+  stress_stage "${checkpoint:-$exp}" "$data/test" "$data/test/trials" test "$exp" "$data/musan_rirs/bank" \
+    "$exp/embeddings/test.npz"
 fi
 log "done"

@@ -36,6 +36,7 @@ import numpy as np
 
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.degrade import DEFAULT_CONDITIONS, ConditionError, check_conditions, degrade, needs_bank, rng_for
+from speakerlab.dataio.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.lists import ListError, read_wav_scp
 from speakerlab.dataio.noise_bank import NoiseBank
 from speakerlab.dataio.trials import IdIndex, TrialList, read_trial_list
@@ -142,13 +143,37 @@ def condition_row(name: str, data: StressSet, enrol: np.ndarray, test: np.ndarra
     return row
 
 
-def stress_rows(embedder, data: StressSet, conditions: Sequence[str], args, bank, log) -> List[Dict]:
-    """The table's rows, one per condition, in order; clean embeddings computed once."""
-    # An utterance on both sides (a list whose enrolment and test pools overlap) is embedded clean once.
+def stored_clean(path: str, embedder, data: StressSet, rows: np.ndarray) -> np.ndarray:
+    """The clean embeddings `(len(rows), D)` of `rows` from an embeddings .npz of this same model (its `model_id`,
+    a checkpoint's content digest, must be the embedder's: a file of another model is refused, naming it)."""
+    made_by, model_id = embeddings_model_id(path), getattr(embedder, "model_id", "")
+    if not made_by or made_by != model_id:
+        said = f"model {made_by}" if made_by else "no model_id"
+        raise ListError(f"{path}: made by {said}, not this model ({model_id or 'no model_id'}): re-run its extraction")
+    ids, emb = read_embeddings(path)
+    at = {u: i for i, u in enumerate(ids)}
+    missing = [data.ids[r] for r in rows if data.ids[r] not in at]
+    if missing:
+        raise ListError(f"{path}: no embedding of '{missing[0]}' of {data.scp} ({len(missing)} utterances)")
+    return emb[[at[data.ids[r]] for r in rows]]
+
+
+def clean_side(embedder, data: StressSet, args) -> tuple:
+    """The clean embeddings of every utterance of the list as a unit matrix `(len(ids), D)` (an utterance on both
+    sides embedded once; read from `args.clean_embeddings` when given), and the mean seconds of the test side."""
     both = np.union1d(data.enrol_rows, data.test_rows)
-    clean_emb, secs = embed_rows(embedder, data, both, "clean", args.seed, None, args.batch_size)
-    clean_enrol = clean_test = side_matrix(data, both, clean_emb)
-    clean_s = float(secs[np.isin(both, data.test_rows)].mean())
+    if args.clean_embeddings:
+        emb = stored_clean(args.clean_embeddings, embedder, data, both)
+        samples = [len(read_wave(embedder, data.table[data.ids[r]][1], data.where(r))) for r in data.test_rows]
+        return side_matrix(data, both, emb), float(np.mean(samples)) / embedder.sample_rate
+    emb, secs = embed_rows(embedder, data, both, "clean", args.seed, None, args.batch_size)
+    return side_matrix(data, both, emb), float(secs[np.isin(both, data.test_rows)].mean())
+
+
+def stress_rows(embedder, data: StressSet, conditions: Sequence[str], args, bank, log) -> List[Dict]:
+    """The table's rows, one per condition, in order; clean embeddings computed (or read) once."""
+    clean_enrol, clean_s = clean_side(embedder, data, args)
+    clean_test = clean_enrol
     rows = []
     for name in conditions:
         t0 = time.time()
@@ -212,6 +237,11 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="a seeded draw of this many test-side utterances and their trials (default: all; the cost of a "
         "condition is that of embedding its test side)",
+    )
+    ap.add_argument(
+        "--clean-embeddings",
+        help="the clean side's embeddings from this model's extraction (.npz of speakerlab-extract, the same "
+        "model_id), instead of embedding it again",
     )
     ap.add_argument("--both-sides", action="store_true", help="degrade enrolment too (default: the test side only)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every draw (crop start, noise, RIR)")
