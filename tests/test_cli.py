@@ -1,5 +1,5 @@
 """speakerlab-verify and speakerlab-embed (speakerlab.inference.cli), and audio of any rate / channel count
-(speakerlab.dataio.resample)."""
+(speakerlab.dataio.waveform.resample)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.dataio.resample import (
+from speakerlab.dataio.tables.embeddings import read_embeddings
+from speakerlab.dataio.waveform.resample import (
     MAX_WEIGHTS,
     MultiChannelWarning,
     _weights,

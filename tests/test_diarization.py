@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.rttm import Turn, read_rttm
+from speakerlab.dataio.tables.rttm import Turn, read_rttm
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cli import run
 from speakerlab.diarization.cluster import cluster

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from speakerlab.dataio.rttm import read_rttm
+from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.diarization.cli import run
 from speakerlab.diarization.pipeline import embed_window
 from speakerlab.inference.common import too_short

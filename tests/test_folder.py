@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speakerlab.dataio.lists import load_data_dir
-from speakerlab.dataio.prepare import prepare as index_data_dir
-from speakerlab.dataio.resample import rate_ratio, resample
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.lists import load_data_dir
+from speakerlab.dataio.tables.prepare import prepare as index_data_dir
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
+from speakerlab.dataio.waveform.resample import rate_ratio, resample
 from speakerlab.datasets.filecheck import check_file
 from speakerlab.datasets.folder import main as folder_main
 from speakerlab.datasets.split import split_sizes

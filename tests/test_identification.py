@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.identification.cli import run_enrol, run_identify
 from speakerlab.identification.gallery import Gallery, GalleryError, read_gallery, write_gallery
 from speakerlab.identification.identify import identify

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from speakerlab.dataio.trials import IdIndex, TrialList
+from speakerlab.dataio.tables.trials import IdIndex, TrialList
 from speakerlab.scoring.metrics import compute_eer, compute_min_dcf
 from speakerlab.scoring.plots import HEIGHT, WIDTH
 from speakerlab.scoring.report import write_scores

@@ -38,7 +38,7 @@ fraction in (0, 1); test at least 2, validation 0 or at least 2; drawn with --se
 not depend on --val-speakers). Trials: --trials N per held-out split, half target (two utterances of a
 speaker; from different sessions when sessions are given) and as many nontarget (two speakers), drawn
 without repetition; when fewer target pairs exist all of them are used, with as many nontarget ones. A
-held-out split too small to measure an EER (speakerlab.dataio.trials.MIN_SPEAKERS) gets a warning line.
+held-out split too small to measure an EER (speakerlab.dataio.tables.trials.MIN_SPEAKERS) gets a warning line.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import soundfile as sf
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.lists import ListError, write_table
-from speakerlab.dataio.trials import too_few_to_measure
+from speakerlab.dataio.tables.lists import ListError, write_table
+from speakerlab.dataio.tables.trials import too_few_to_measure
 from speakerlab.datasets.common import DatasetError, require_dir, require_file, write_data_dir
 from speakerlab.datasets.download import log
 from speakerlab.datasets.filecheck import check_all, listable
@@ -313,7 +313,7 @@ def prepare(
 
 def _write_trials(d: Path, spk2utt: Dict[str, List[str]], sessions, trials: int, seed: int) -> None:
     """`d`/trials of a held-out split, said in one line, with a warning line when it is too small to measure an
-    EER (speakerlab.dataio.trials.MIN_SPEAKERS)."""
+    EER (speakerlab.dataio.tables.trials.MIN_SPEAKERS)."""
     try:
         rows, note = make_trials(spk2utt, sessions, trials, seed)
     except DatasetError as e:

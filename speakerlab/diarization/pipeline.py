@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.resample import resample
-from speakerlab.dataio.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.tables.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.dataio.resample import read_for_model
+from speakerlab.dataio.waveform.resample import read_for_model
 from speakerlab.devices import resolve_device, use_threads
 from speakerlab.features.spec import build_features
 from speakerlab.frontends import FRONT_ENDS, FeatureSpec

@@ -134,7 +134,7 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None, calibratio
     Source): what the runtime needs to batch, check and describe it; the checkpoint's digest and `calibration` (a
     scoring.calibration_file.Calibration of that checkpoint) when given."""
     from speakerlab import __version__
-    from speakerlab.dataio.resample import rate_ratio
+    from speakerlab.dataio.waveform.resample import rate_ratio
 
     spec = embedder.spec
     up, down = rate_ratio(input_rate, spec.sample_rate)
@@ -210,8 +210,8 @@ def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: 
 
 def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List[str], List[np.ndarray]]:
     """Up to `limit` utterances of a data dir's wav.scp (ids, waves at `input_rate`), in its order."""
-    from speakerlab.dataio.lists import ListError, read_wav_scp
-    from speakerlab.dataio.resample import resample
+    from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+    from speakerlab.dataio.waveform.resample import resample
 
     scp = Path(data_dir) / "wav.scp"
     if not scp.exists():

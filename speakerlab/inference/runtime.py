@@ -16,7 +16,8 @@ with `scipy.signal.resample_poly`, the same polyphase filter as the torch path's
 same samples to ~1e-5; multi-channel: the first channel, with a warning), `num_frames` and `embed_waves`
 (batched by length exactly as the torch path: speakerlab.inference.common.embed_in_batches).
 
-Why scipy for resampling: it is what the torch path reproduces (speakerlab.dataio.speed), so an 8 kHz or 44.1 kHz
+Why scipy for resampling: it is what the torch path reproduces (speakerlab.dataio.waveform.speed),
+so an 8 kHz or 44.1 kHz
 file embeds the same in both runtimes; it is maintained with numpy, has wheels everywhere, and needs no system
 library. (soxr is faster and of higher quality, but would give other samples than the torch path.)
 """
@@ -30,7 +31,7 @@ from typing import Callable, Dict, Optional, Sequence, Union
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError, read_first_channel
-from speakerlab.dataio.resample import resample
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.inference.common import MIN_FRAMES, embed_in_batches
 
 FORMAT = "speakerlab.waveform/1"  # a waveform-in file; "speakerlab.features/1": the model over (B, T, F)

@@ -6,7 +6,7 @@
         --cohort train.npz --cohort-utt2spk data/train/utt2spk --mean-sub --asnorm-top-n 300 \
         --qmf-train data/dev/trials --durations data/test/utt2num_samples
 
-Steps per list: parse (`speakerlab.dataio.trials`), cosine of unit embeddings (after subtracting the cohort mean
+Steps per list: parse (`speakerlab.dataio.tables.trials`), cosine of unit embeddings (after subtracting the cohort mean
 with `--mean-sub`), AS-norm (`--asnorm-top-n N`, `speakerlab.scoring.norm`), QMF calibration to LLRs
 (`--qmf-train`, `speakerlab.scoring.calibration`), metrics (EER, minDCF at each `--p-target`, c_miss = c_fa = 1;
 Cllr and actDCF when calibrated), the EER's confidence interval (`speakerlab.scoring.interval`: a bootstrap
@@ -15,7 +15,7 @@ over the list's speakers, `--ci-level`, `--ci-replicates`), outputs (`speakerlab
 
 How many trials and speakers stand behind each EER is said with it: target and nontarget trials, and the
 speakers, from `--utt2spk` (one file, or one per list), else the `utt2spk` beside the trial list when it names
-every utterance, else the groups that target trials connect. Below `dataio.trials.MIN_SPEAKERS` speakers or
+every utterance, else the groups that target trials connect. Below `dataio.tables.trials.MIN_SPEAKERS` speakers or
 `MIN_TARGET_TRIALS` target trials one `warning:` line on stderr (and `warning` in P.json) says that the EER
 cannot tell models apart.
 
@@ -63,9 +63,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.embeddings import check_embeddings, embeddings_model_id, read_embeddings
-from speakerlab.dataio.lists import ListError, read_utt2spk
-from speakerlab.dataio.trials import IdIndex, TrialList, default_threads, read_trial_list, too_few_to_measure
+from speakerlab.dataio.tables.embeddings import check_embeddings, embeddings_model_id, read_embeddings
+from speakerlab.dataio.tables.lists import ListError, read_utt2spk
+from speakerlab.dataio.tables.trials import IdIndex, TrialList, default_threads, read_trial_list, too_few_to_measure
 from speakerlab.outputs import check_folder_output, write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, qmf_features, read_durations
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, TrialSpeakers, eer_interval, trial_speakers

@@ -23,7 +23,7 @@ import numpy as np
 import soundfile as sf
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.resample import resample
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.outputs import OutputError, check_folder_output, output_file
 from speakerlab.synth.voice import SR
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from speakerlab.dataio.corpora import train_corpora
+from speakerlab.dataio.tables.corpora import train_corpora
 from speakerlab.frontends import FeatureSpec, feature_spec
 from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding
 from speakerlab.inference.extract import embed_data_dir

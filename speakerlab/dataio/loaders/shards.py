@@ -32,7 +32,7 @@ epoch (every one, when N divides by G); the batches are a function of (seed, epo
 micro batch, accumulation, worker count, buffer size); a run resumed mid-epoch with the same world
 size, micro batch and worker count sees exactly the batches it would have seen (the skipped
 micro-batches are read from the shards, not decoded). Do not hold, unlike the indexed path
-(`speakerlab.dataio.batches`): the same batches on other hardware, i.e. another world size, micro batch or
+(`speakerlab.dataio.loaders.batches`): the same batches on other hardware, i.e. another world size, micro batch or
 worker count; a resume after such a change is exact in the step and the schedules, but the rest of
 that epoch's samples differ (some utterances may be seen twice in it, others not at all).
 """
@@ -54,11 +54,11 @@ from torch.utils.data import IterableDataset
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.config import DataSettings
 from speakerlab.dataio.audio import audio_info, read_crop_int16
-from speakerlab.dataio.batches import CropDataset, check_split, collate
-from speakerlab.dataio.columns import FixedView, JoinedView, as_keys
-from speakerlab.dataio.corpora import joined_data_dir, resolve_corpora
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.prepare import index_lengths
+from speakerlab.dataio.loaders.batches import CropDataset, check_split, collate
+from speakerlab.dataio.tables.columns import FixedView, JoinedView, as_keys
+from speakerlab.dataio.tables.corpora import joined_data_dir, resolve_corpora
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.prepare import index_lengths
 from speakerlab.outputs import check_folder_output, output_file, write_text
 
 SHARDS_JSON = "shards.json"
@@ -111,7 +111,7 @@ def write_shards(
     log=print,
 ) -> Path:
     """Write `data_dir` as tar shards under `out` (see the module doc); returns `out/shards.json`. `data_dir` may
-    be a YAML manifest of several corpora (speakerlab.dataio.corpora): the shards then hold all of them, with
+    be a YAML manifest of several corpora (speakerlab.dataio.tables.corpora): the shards then hold all of them, with
     namespaced ids, as a run with that manifest as data.train reads them.
 
     A shard is closed at `per_shard` samples when given, else before it would pass `shard_mb` MiB.
@@ -374,8 +374,9 @@ def _written_from(index: dict, lists) -> bool:
 
 
 def load_shard_data(settings, lists, log) -> None:
-    """Check `data.shards`' index against the lists of `data.train` (`lists`, speakerlab.dataio.corpora.TrainLists;
-    not its audio: the shards hold it): the same utterances of the same speakers, else the shards are stale.
+    """Check `data.shards`' index against the lists of `data.train` (`lists`,
+    speakerlab.dataio.tables.corpora.TrainLists; not its audio: the shards hold it): the same utterances of the
+    same speakers, else the shards are stale.
     `settings`: the config's data section (speakerlab.config.DataSettings)."""
     index = load_index(settings.shards)
     spk = index["speakers"]
