@@ -183,7 +183,7 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
 @pytest.mark.slow
 def test_cli_diarizes_with_a_waveform_onnx_file_as_with_its_checkpoint(capsys, tmp_path, talks, ckpt):
     """--onnx (speakerlab-export --waveform of the checkpoint, run by onnxruntime): the RTTM of --checkpoint."""
-    from speakerlab.inference.export import main as export
+    from speakerlab.inference.deploy.export import main as export
 
     pytest.importorskip("onnxruntime")
     onnx_file = tmp_path / "m.onnx"

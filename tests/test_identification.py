@@ -143,7 +143,7 @@ def test_enrol_and_identify_from_onnx_without_torch(tmp_path):
     """speakerlab-enrol / -identify on a waveform ONNX file carrying a model digest and a calibration, in processes
     where `import torch` fails."""
     pytest.importorskip("onnxruntime")
-    from speakerlab.inference.onnx_graph import set_metadata, with_lengths
+    from speakerlab.inference.deploy.graph import set_metadata, with_lengths
     from tests.helpers import torch_free_env
     from tests.stats_onnx import metadata, stats_graph
 

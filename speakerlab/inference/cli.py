@@ -14,7 +14,7 @@ Both load the model through `speakerlab.inference.embedder.load_embedder` (our c
 read audio with `speakerlab.dataio.waveform.resample.read_for_model`:
 any sample rate (resampled in torch to the model's),
 multi-channel files as their first channel (with a warning on stderr naming the file). `speakerlab-embed --onnx`
-runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.runtime instead: no torch,
+runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.deploy.runtime instead: no torch,
 resampling by speakerlab.dataio.waveform.resample (numpy, the same filter);
 this module imports torch only for the other sources.
 
@@ -73,8 +73,8 @@ from speakerlab.scoring.metrics import eer_point, error_rates
 # torch is imported by the functions that load a torch model (speakerlab.inference.embedder), not here:
 # `speakerlab-embed --onnx` runs in the torch-free install (runtime/pyproject.toml).
 if TYPE_CHECKING:
+    from speakerlab.inference.deploy.runtime import OnnxEmbedder
     from speakerlab.inference.embedder import Embedder
-    from speakerlab.inference.runtime import OnnxEmbedder
 
 DEFAULT_THRESHOLD = 0.5
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
@@ -268,7 +268,7 @@ def source_embedder(ap: argparse.ArgumentParser, args):
     """The embedder the options of `add_source_args` name: a waveform ONNX file on onnxruntime (`--onnx`, torch
     never imported), else `speakerlab.inference.embedder.embedder_from_args` (torch)."""
     if getattr(args, "onnx", None):
-        from speakerlab.inference.runtime import load_onnx
+        from speakerlab.inference.deploy.runtime import load_onnx
 
         threads, args.threads_line = use_threads(args.threads)
         return load_onnx(args.onnx, threads=threads)

@@ -5,7 +5,7 @@
     speakerlab-embed data/test/wav.scp test.npz --onnx campplus.onnx
 
 A file of `speakerlab-export --waveform` holds the model's own front end and the model: `wave (B, N)` float
-samples at its input rate and `lengths (B,)` int64 -> `embedding (B, D)` (speakerlab.inference.onnx_graph), and
+samples at its input rate and `lengths (B,)` int64 -> `embedding (B, D)` (speakerlab.inference.deploy.graph), and
 its metadata (`META`): format, model, input rate, feature spec, embedding size, project version, how to batch,
 the shortest input, a calibrated threshold where the exp dir had one, the int8 check where quantised; for fp32 files
 the checkpoint's digest and, where the exp dir had one of that checkpoint, its calibration (`OnnxEmbedder.calibration`:
