@@ -146,7 +146,8 @@ def make_shards(work: Path, data: Path, out: Path, cfg_path: Path, steps: int) -
     import webdataset
 
     from speakerlab.config import load_config
-    from speakerlab.dataio.loaders.shards import FORMAT, SHARDS_JSON, TAG_SHARD_ORDER, ShardStream
+    from speakerlab.dataio.loaders.shard_stream import TAG_SHARD_ORDER, ShardStream
+    from speakerlab.dataio.loaders.shards import FORMAT, SHARDS_JSON
     from speakerlab.dataio.tables.compact import read_compact
 
     lists = read_compact(data)

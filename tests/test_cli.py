@@ -471,7 +471,7 @@ def test_every_console_script_help_documents_every_option_with_its_default(monke
     assert seen > len(scripts)  # the sub-commands of the corpus scripts too
     monkeypatch.undo()
     with pytest.raises(SystemExit):
-        importlib.import_module("speakerlab.datasets.folder").main(["--help"])
+        importlib.import_module("speakerlab.datasets.folder.cli").main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "trials of test/trials and val/trials, half target (default: 20000)" in shown
 

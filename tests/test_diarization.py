@@ -25,7 +25,8 @@ from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.sources import read_source
 from speakerlab.synth.conversations import trim
-from speakerlab.synth.voice import SR, draw_session, draw_speaker, synth_utterance
+from speakerlab.synth.spectra import SR
+from speakerlab.synth.voice import draw_session, draw_speaker, synth_utterance
 from tests.helpers import assert_no_traceback, write_wav
 
 

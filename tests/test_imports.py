@@ -89,7 +89,6 @@ ROOMS: Dict[str, Dict[str, Set[str]]] = {
         "loaders": {"audio", "tables", "waveform"},
     },
 }
-MAX_MODULES_PER_FOLDER = 12
 
 
 def module_name(path: Path) -> str:
@@ -227,13 +226,3 @@ def test_every_import_inside_a_layer_follows_its_rooms():
         if layer(d) == layer(m) and room(d) and room(d) != room(m) and room(d) not in ROOMS[layer(m)][room(m)]
     ]
     assert not bad, "\n".join(bad)
-
-
-def test_no_folder_holds_more_than_a_dozen_modules():
-    """A newcomer scans a folder at a glance; past a dozen modules it is split by concern into rooms."""
-    crowded = {}
-    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
-        modules = [p for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")]
-        if len(modules) > MAX_MODULES_PER_FOLDER:
-            crowded[str(folder.relative_to(PACKAGE.parent))] = len(modules)
-    assert not crowded, f"split these by concern: {crowded}"

@@ -8,7 +8,7 @@ import pytest
 from speakerlab.dataio.tables.trials import TrialList
 from speakerlab.scoring.calibration import QMF, act_dcf, cllr, logistic_fit, qmf_features
 from speakerlab.scoring.norm import Cohort, asnorm, cohort_stats
-from speakerlab.scoring.score import Scorer, cosine_trial_scores
+from speakerlab.scoring.scorer import Scorer, cosine_trial_scores
 
 
 def _cos(x, y):

@@ -20,7 +20,8 @@ import yaml
 from speakerlab.config import ConfigError, DataSettings, load_config
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.loaders.batches import CropDataset
-from speakerlab.dataio.loaders.shards import ARRAYS, ShardStream, load_index, load_shard_data, main, write_shards
+from speakerlab.dataio.loaders.shard_stream import ShardStream
+from speakerlab.dataio.loaders.shards import ARRAYS, load_index, load_shard_data, main, write_shards
 from speakerlab.dataio.tables.compact import read_compact
 from speakerlab.dataio.tables.corpora import Corpus, TrainLists
 from speakerlab.dataio.tables.lists import ListError
@@ -206,7 +207,7 @@ def test_bad_settings_and_stale_or_broken_shards(tmp_path, capsys):
 TORCHRUN_STREAM = """
 import json, sys
 import torch, torch.distributed as dist
-from speakerlab.dataio.loaders.shards import ShardStream
+from speakerlab.dataio.loaders.shard_stream import ShardStream
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 out = {}

@@ -1,5 +1,5 @@
 """A speaker-disjoint split of a corpus into training, validation and test speakers, and a balanced trial list
-over held-out speakers, both seeded (used by `python -m speakerlab.datasets.folder`).
+over held-out speakers, both seeded (used by `python -m speakerlab.datasets.folder.cli`).
 
 Held-out sizes (`split_sizes`), when not given: the test split takes a quarter of the speakers, at most
 max(40, a tenth) of them, at least 2; the validation split (model selection while training) half as many as

@@ -112,7 +112,7 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
 
     `dim`: the model's embedding size, checked against the file's (embeddings of another model would
     give a meaningless threshold)."""
-    from speakerlab.scoring.score import evaluate  # the scoring stack only when calibrating
+    from speakerlab.scoring.scorer import evaluate  # the scoring stack only when calibrating
 
     ids, emb = read_embeddings(embeddings)
     if dim is not None and emb.shape[1] != dim:

@@ -49,7 +49,7 @@ from speakerlab.outputs import write_text
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
 from speakerlab.scoring.norm import unit_rows
 from speakerlab.scoring.report import eer_text
-from speakerlab.scoring.score import cosine_trial_scores, summarise
+from speakerlab.scoring.scorer import cosine_trial_scores, summarise
 
 P_TARGET = 0.01
 

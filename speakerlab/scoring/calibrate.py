@@ -45,7 +45,7 @@ from speakerlab.scoring.calibration_file import (
 )
 from speakerlab.scoring.interval import CI_REPLICATES, far_interval, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
-from speakerlab.scoring.score import Scorer
+from speakerlab.scoring.scorer import Scorer
 
 
 class Scored:

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from speakerlab.config import Config, ConfigError, load_config, needs_labels
 from speakerlab.dataio.loaders.batches import GlobalBatchSampler
-from speakerlab.dataio.loaders.shards import ShardStream
+from speakerlab.dataio.loaders.shard_stream import ShardStream
 from speakerlab.dataio.tables.corpora import resolve_corpora
 from speakerlab.dataio.waveform.augment import Augmenter, open_augmenter
 from speakerlab.dataio.waveform.degrade import channel_augment

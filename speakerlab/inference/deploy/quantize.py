@@ -94,7 +94,7 @@ def int8_report(fp32: str, int8: str, waves: Sequence[np.ndarray], trials: Optio
     cos = (_unit(_embed(fp, waves)) * _unit(_embed(q, waves))).sum(axis=1)
     report = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "utterances": len(waves)}
     if trials is not None:
-        from speakerlab.scoring.score import evaluate
+        from speakerlab.scoring.scorer import evaluate
 
         ids, test_waves, path = trials
         for key, session in (("eer_fp32", fp), ("eer_int8", q)):

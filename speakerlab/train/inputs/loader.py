@@ -17,7 +17,8 @@ import torch
 
 from speakerlab.config import SELF_SUPERVISED, Config, needs_labels
 from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.loaders.shards import ShardStream, load_shard_data, pass_batch
+from speakerlab.dataio.loaders.shard_stream import ShardStream, pass_batch
+from speakerlab.dataio.loaders.shards import load_shard_data
 from speakerlab.dataio.tables.compact import CompactLists, read_compact, subset_data_dir, without_labels
 from speakerlab.dataio.tables.corpora import Corpus, TrainLists, train_corpora
 from speakerlab.dataio.tables.lists import ListError, rerun_features

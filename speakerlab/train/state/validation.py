@@ -15,7 +15,7 @@ from speakerlab.frontends import FeatureSpec, feature_spec
 from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.inference.units import fitting_store
-from speakerlab.scoring.score import evaluate
+from speakerlab.scoring.scorer import evaluate
 
 
 def validation_eer(
