@@ -93,7 +93,7 @@ def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
 
 class FeatureStore:
     """Read side of a store: `store[utt]` -> `(T, F)` float32, or by row: `store.load(store.rows(keys)[i])`.
-    Holds only the scp entries, as a few arrays (speakerlab.dataio.tables.compact.KeyedColumn; picklable: loader
+    Holds only the scp entries, as a few arrays (speakerlab.dataio.tables.columns.KeyedColumn; picklable: loader
     workers open the ark per read)."""
 
     def __init__(self, data_dir, expect: Optional[FbankConfig] = None):

@@ -8,7 +8,7 @@ number of loader workers; and a run resumed at step k continues with exactly the
 would have seen. Speed perturbation and augmentation (speakerlab.dataio.waveform.augment) draw from the same
 per-item generator, so augmented samples keep that guarantee.
 
-Several corpora with sampling weights (speakerlab.dataio.tables.compact.TrainLists.blocks): the items of an epoch are
+Several corpora with sampling weights (speakerlab.dataio.tables.corpora.TrainLists.blocks): the items of an epoch are
 drawn first, from (seed, epoch, 2, corpus): a corpus of n utterances and weight w gives floor(w) copies of all
 of them plus round((w - floor(w)) n) of them drawn without repeats, so an epoch holds round(w n) of its
 utterances (a fixed number: steps per epoch do not change), a new subset each epoch; the permutation and the
