@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from speakerlab.dataio.degrade import degrade, rng_for
-from speakerlab.dataio.embeddings import write_embeddings
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
+from speakerlab.dataio.waveform.degrade import degrade, rng_for
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.stress import keep_test_side, run
 from speakerlab.scoring.metrics import compute_eer
