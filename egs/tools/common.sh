@@ -99,16 +99,10 @@ listed_eval_stages() {
 
 # stress_stage MODEL DATA TRIALS NAME EXP [BANK [CLEAN]]: stage 9, the same in every recipe. The stress table
 # (speakerlab-stress) of MODEL (a checkpoint or exp dir) on the list TRIALS of the data dir DATA: the
-<<<<<<< HEAD
-# conditions of speakerlab.dataio.degrade on the test side, those with noise and RIRs from the noise bank
+# conditions of speakerlab.dataio.waveform.degrade on the test side, those with noise and RIRs from the noise bank
 # BANK when it was built -> EXP/stress/NAME.md and NAME.json; the clean side read from stage 4's embeddings
 # CLEAN when they exist (the command refuses them if another model made them). $stress_opts (when the recipe
 # declares it) adds options, e.g. "--both-sides" or "--conditions clean trunc1 gsm".
-=======
-# conditions of speakerlab.dataio.waveform.degrade on the test side, those with noise and RIRs from the noise bank
-# BANK when it was built -> EXP/stress/NAME.md and NAME.json. $stress_opts (when the recipe declares it)
-# adds options, e.g. "--both-sides" or "--conditions clean trunc1 gsm".
->>>>>>> main
 stress_stage() {
   local model="$1" data="$2" trials="$3" name="$4" exp="$5" bank="${6:-}" clean="${7:-}" extra=()
   [ -n "$bank" ] && [ -f "$bank/index.json" ] && extra=(--noise-bank "$bank")
