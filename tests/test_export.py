@@ -20,22 +20,8 @@ from tests.helpers import export_copy, registry_params, relative_errors
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-# The fast lane exports ResNet34 at full size, the deep models a shallow copy (tests/helpers.py export_copy).
-
-
-@pytest.fixture(scope="module")
-def front_ends():
-    """The front-end graph of each spec, exported once (every fbank model shares one)."""
-    from speakerlab.inference.onnx_graph import front_end_graph
-
-    cache = {}
-
-    def get(spec: FeatureSpec):
-        if spec not in cache:
-            cache[spec] = front_end_graph(spec, spec.sample_rate)
-        return copy.deepcopy(cache[spec])
-
-    return get
+# The fast lane exports ResNet34 at full size, the deep models a shallow copy (tests/helpers.py export_copy). The
+# front-end graphs come from tests/conftest.py's `front_ends`, one export per spec for the session.
 
 
 def spec_of(name: str) -> FeatureSpec:
