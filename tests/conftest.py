@@ -204,11 +204,11 @@ def mini_model(mini_corpus, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def front_ends():
-    """`get(spec)`: the ONNX front-end graph of `spec` at its own rate (speakerlab.inference.onnx_graph.
+    """`get(spec)`: the ONNX front-end graph of `spec` at its own rate (speakerlab.inference.deploy.graph.
     front_end_graph, `wave (B, N)` -> `feats (B, T, F)`), a copy of the one exported for that spec this session:
     every fbank model's waveform file shares one, as the self-supervised models' do theirs (an export takes 3 to 8 s
     of CPU)."""
-    from speakerlab.inference.onnx_graph import front_end_graph
+    from speakerlab.inference.deploy.graph import front_end_graph
 
     cache = {}
 
