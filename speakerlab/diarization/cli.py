@@ -263,7 +263,9 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
             write_rttm(args, results)
             print(
                 f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), "
-                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s"
+                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s ("
+                + ", ".join(f"{stage} {took:.1f} s" for stage, took in d.seconds.items())
+                + ")"
                 + (f" ({' and '.join(d.cached)} from the cache)" if d.cached else ""),
                 file=sys.stderr,
             )
