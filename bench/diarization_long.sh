@@ -17,7 +17,7 @@ shift 3
 if [ $# -ge 1 ]; then methods=("$@"); else methods=(vbx spectral); fi
 mkdir -p "$out"
 echo "command: OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset} bash bench/diarization_long.sh $data $model $out ${methods[*]}"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 synth() {  # OUT_DIR then speakerlab-synth-conversations options; made once
   local dir="$1"; shift

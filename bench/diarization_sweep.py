@@ -84,9 +84,12 @@ def main() -> None:
             hyp[reco] = labels_to_turns(pieces, labels)
         score = der(ref, hyp, uem, 0.25, False)
         right, error = count_agreement(ref, hyp)
+        signed = sum(len({t.speaker for t in hyp[r]}) - len({t.speaker for t in ts}) for r, ts in ref.items()) / len(
+            ref
+        )
         print(
             f"{name} DER {100 * score['der']:6.2f} (conf {100 * score['confusion']:5.2f})  count {right}/{len(ref)} "
-            f"|err| {error:.2f}",
+            f"|err| {error:.2f} mean err {signed:+.2f}",
             flush=True,
         )
         if best is None or (right, -score["der"]) > best[0]:
