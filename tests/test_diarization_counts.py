@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.rttm import read_rttm
+from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.diarization.cluster import SpeakerCount, cluster
 from speakerlab.diarization.plda import fit_plda
 from tests.helpers import write_wav
