@@ -37,7 +37,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--data", required=True, help="folder with wav.scp, rttm, uem")
-    ap.add_argument("--grid", choices=("spectral-ahc", "vbx"), default="spectral-ahc")
+    ap.add_argument(
+        "--grid",
+        choices=("spectral-ahc", "vbx", "spectral"),
+        default="spectral-ahc",
+        help="spectral: its defaults only",
+    )
     ap.add_argument("--plda", help="vbx: the PLDA of the model (speakerlab-plda)")
     ap.add_argument("--cache", help="keep and reuse the VAD regions and embeddings here")
     d = VBxParams()
@@ -65,6 +70,10 @@ def main() -> None:
             (f"vbx fa {fa:<4} fb {fb:<4} loop_p {lp:<4} init {it:<4}", dict(method="vbx", plda=plda, vbx_params=p))
             for fa, fb, lp, it in itertools.product(args.fa, args.fb, args.loop_p, args.init_threshold)
             for p in [VBxParams(fa=fa, fb=fb, loop_p=lp, init_threshold=it)]
+        ]
+    elif args.grid == "spectral":
+        grid = [
+            (f"spectral (defaults: pruning {options.pruning}, merge {options.merge_cosine})", dict(method="spectral"))
         ]
     else:
         grid = [
