@@ -91,8 +91,8 @@ class SpeakerNet(nn.Module):
         return clip_grad_norm(params, max_norm, self.classifier, agree)
 
     # What a self-supervised objective (DinoNet) does around the optimizer step; nothing for a classifier.
-    def end_step(self, updated: bool) -> None:
-        """After the optimizer step (`updated`: it was taken)."""
+    def end_step(self, updated: torch.Tensor) -> None:
+        """After the optimizer step (`updated`: a 0-dim bool tensor on the device, True when it was taken)."""
 
     def scalars(self) -> Dict[str, float]:
         """The objective's own values for the log (read every train.log_every_steps)."""
