@@ -9,6 +9,7 @@ from speakerlab.train.build import build_net, build_optimizer
 from speakerlab.train.hardware.batch_plan import MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.hardware.precision import resolve_precision
 from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2
+from speakerlab.train.monitor import Meter
 from speakerlab.train.optim.stability import step_unless
 
 
@@ -243,3 +244,13 @@ def test_the_optimizer_is_fused_on_the_cpu():
     cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"}})
     net = build_net(cfg, num_speakers=7, autocast=contextlib.nullcontext)
     assert build_optimizer(cfg, net).defaults["fused"]
+
+
+def test_the_meter_leaves_a_skipped_steps_values_out_on_the_device():
+    meter = Meter()
+    meter.add(torch.tensor(True), loss=torch.tensor(2.0), grad_norm=torch.tensor(1.0))
+    meter.add(torch.tensor(False), loss=torch.tensor(float("nan")), grad_norm=torch.tensor(float("inf")))
+    meter.add(torch.tensor(True), loss=torch.tensor(4.0), grad_norm=torch.tensor(3.0))
+    assert meter.count == 3 and meter.reset() == {"loss": 3.0, "grad_norm": 2.0}
+    meter.add(torch.tensor(False), loss=torch.tensor(float("nan")))
+    assert meter.reset() is None  # no step taken: nothing to log
