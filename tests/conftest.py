@@ -206,8 +206,8 @@ def mini_model(mini_corpus, tmp_path_factory):
 def front_ends():
     """`get(spec)`: the ONNX front-end graph of `spec` at its own rate (speakerlab.inference.deploy.graph.
     front_end_graph, `wave (B, N)` -> `feats (B, T, F)`), a copy of the one exported for that spec this session:
-    every fbank model's waveform file shares one, as the self-supervised models' do theirs (an export takes 3 to 8 s
-    of CPU)."""
+    every fbank model's waveform file shares one, as the self-supervised models' do theirs (an export took 2.6 s of
+    CPU, the first of a process 6.6 to 8.3 s, on the loaded 2-core AMD VM)."""
     from speakerlab.inference.deploy.graph import front_end_graph
 
     cache = {}
