@@ -1,19 +1,26 @@
-"""Calibration and open-set identification of a trained egs/mini model, measured on held-out lists.
+"""Calibration and open-set identification of a trained egs/mini model, measured on held-out lists, clean and under
+the stress conditions.
 
-    python bench/calibration.py --data egs/mini/data --model egs/mini/exp/campplus --work /tmp/calib_bench
+    python bench/calibration.py --data egs/mini/data --model egs/mini/exp/campplus --work /tmp/calib_bench \
+        --degraded tel gsm mp3 noise5 reverb --noise-bank egs/mini/data/musan_rirs/bank
 
-Calibration: the val and test utterances at each duration condition (the first 1, 2, 4 s of every file, and the
-whole file), embedded by the model; every condition's val trials pooled fit one calibration (speakerlab-calibrate,
-durations as side information), which is measured on each condition's test trials, never fitted on: Cllr, min-Cllr,
-actDCF and minDCF at the priors, and the FAR measured at the stored 1 % threshold with its speaker-bootstrap
-interval. Prints one markdown row per test condition (the rows of bench/RESULTS.md).
+Conditions: the first 1, 2, 4 s of every file and the whole file (both sides), and each `--degraded` condition of
+speakerlab.dataio.degrade on the test side of every trial, the enrolment side the clean whole file, seeded per
+utterance (`--seed`) as speakerlab-stress degrades it. The val and test utterances are embedded once per condition
+and cached under `--work` (a rerun takes seconds).
 
-Open set: the test speakers sorted by name, every other one enrolled (its first `--enrol` whole files in a gallery),
-the others never enrolled; every other test file is a probe (speakerlab.identification.identify: mean calibrated
-LLR per speaker). Rank-1 rate: enrolled probes whose best speaker is theirs. FNIR at FPIR 1 %: the threshold on the
-best score that names at most 1 % of the never-enrolled probes, and the enrolled probes it does not name correctly;
-and the same at the threshold the calibration gives for FPIR 1 % (identify.fpir_threshold), with the FPIR it
-reached.
+Calibration (speakerlab-calibrate, durations as side information, fitted at the first `--p-target` unless
+`--fit-prior`): on the val trials of the duration conditions pooled (the listed trials, or every pair of val files
+with `--cal-pairs all`), then, with `--degraded`, on the val trials of every condition pooled. Each is measured on
+every condition's test trials, never fitted on: Cllr, min-Cllr, actDCF and minDCF at the priors, and the FAR
+measured at the stored 1 % threshold with its speaker-bootstrap interval. One markdown table per fit.
+
+Open set (with the clean fit): the test speakers sorted by name, every other one enrolled (its first `--enrol` whole
+files in a gallery), the others never enrolled; every other whole test file is a probe
+(speakerlab.identification.identify: mean calibrated LLR per speaker). Rank-1 rate: enrolled probes whose best
+speaker is theirs. At FPIR 1 % and 5 %: the oracle threshold (set on the never-enrolled probes' best scores
+themselves), the calibration's measured one (its open-set curve, speakerlab.scoring.open_set) and the analytic one
+(identify.analytic_fpir_threshold), each with the FPIR it reached and the FNIR (enrolled probes not named correctly).
 """
 
 from __future__ import annotations
