@@ -69,12 +69,16 @@ def quality_file(data: Path, cond: str, out: Path, bank, seed: int) -> None:
 
 
 def with_quality(scored, q: dict) -> list:
-    """Each list's QMF features `(n, F)` with the min and max over the sides of both quality measures -> (n, F+4)."""
+    """Each list's QMF features `(n, F)` with the min and max over the sides of both quality measures and the cosine
+    times each minimum -> (n, F+6)."""
     out = []
     for (scorer, tl), feats in zip(scored.lists, scored.features):
         per_utt = np.array([q[u] for u in scorer.index.ids])  # (M, 2)
         e, t = per_utt[tl.enrol], per_utt[tl.test]
-        out.append(np.hstack([feats, np.minimum(e, t), np.maximum(e, t)]))
+        low, high = np.minimum(e, t), np.maximum(e, t)
+        # and the cosine times each side's worst quality: a degraded side changes the score's scale, not only its
+        # offset (a linear QMF can only shift the LLR by a feature, not stretch it)
+        out.append(np.hstack([feats, low, high, feats[:, :1] * low]))
     return out
 
 
