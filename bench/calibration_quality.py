@@ -12,9 +12,11 @@ Two quality measures of each file, computed from its (cropped or degraded) wave 
                smears them)
 Per trial, as for durations: the minimum and maximum of each over the two sides (a symmetric choice).
 
-Three QMFs, each fitted on the val trials of every condition pooled at the first `--p-target` and measured on each
-condition's test trials (never fitted on): the shipped features, then with the quality measures, then the shipped
-features fitted on clean val only (the durations; what a calibration measured on clean data does to degraded data).
+QMFs fitted at the first `--p-target`, each measured on every condition's test trials (never fitted on): the shipped
+features fitted on clean val only (the durations; what a calibration measured on clean data does to degraded data);
+fitted on the val trials of every condition pooled, with the shipped features, then with the quality measures, then
+with the condition itself known (an offset and a cosine weight per condition: what perfect side information could
+give one pooled calibration); and one calibration per condition, fitted on that condition's val trials alone.
 Prints per fit and condition Cllr, min-Cllr, actDCF / minDCF at the priors, and the FAR at the fit's 1 % threshold.
 """
 
@@ -82,6 +84,15 @@ def with_quality(scored, q: dict) -> list:
     return out
 
 
+def condition_known(feats: np.ndarray, k: int, n: int) -> np.ndarray:
+    """The upper bound of side information: list `k` of `n` conditions -> (cosine, one-hot condition (n - 1), cosine
+    times the one-hot) `(rows, 2n - 1)`: an offset and a cosine weight of its own per condition in one QMF."""
+    hot = np.zeros((len(feats), n - 1))
+    if k:
+        hot[:, k - 1] = 1.0
+    return np.hstack([feats[:, :1], hot, feats[:, :1] * hot])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, type=Path, help="egs/mini's data dir (val/ and test/)")
@@ -119,24 +130,30 @@ def main(argv=None) -> int:
                 if u not in q:
                     raise SystemExit(f"no quality for {u}")
     n_clean = len(args.durations)
-    fits = {
-        "shipped features, fitted on clean val": (fit.features[:n_clean], held.features, slice(0, n_clean)),
-        "shipped features, conditions pooled": (fit.features, held.features, slice(None)),
-        "+ quality measures, conditions pooled": (with_quality(fit, q), with_quality(held, q), slice(None)),
+    every = list(range(len(conds)))
+    known = [condition_known(f, k, len(conds)) for k, f in enumerate(fit.features)]
+    known_held = [condition_known(f, k, len(conds)) for k, f in enumerate(held.features)]
+    fits = {  # name: (features of the fitting lists, of the held-out lists, the fitting lists of each condition)
+        "shipped features, fitted on clean val": (fit.features, held.features, [list(range(n_clean))] * len(conds)),
+        "shipped features, conditions pooled": (fit.features, held.features, [every] * len(conds)),
+        "+ quality measures, conditions pooled": (with_quality(fit, q), with_quality(held, q), [every] * len(conds)),
+        "condition known (its own offset and cosine weight), pooled": (known, known_held, [every] * len(conds)),
+        "one calibration per condition (its own val only)": (fit.features, held.features, [[k] for k in every]),
     }
     priors = [f"{p:g}" for p in args.p_target]
-    for name, (fit_x, held_x, rows) in fits.items():
-        y = np.concatenate(fit.target[rows])
-        qmf = QMF(prior=args.p_target[0]).fit(np.concatenate(fit_x), y)
-        point = operating_points(qmf.llr(np.concatenate(fit_x)), np.concatenate(fit.raw[rows]), y)["far=0.01"]
-        print(f"\n### {name}\n")
-        print(
-            "| test condition | Cllr | min-Cllr | "
-            + " | ".join(f"actDCF / minDCF ({p})" for p in priors)
-            + " | FAR at 1 % |"
-        )
-        print("|---" * (4 + len(priors)) + "|")
-        for c, x, (_, tl) in zip(conds, held_x, held.lists):
+    head = (
+        "| test condition | Cllr | min-Cllr | "
+        + " | ".join(f"actDCF / minDCF ({p})" for p in priors)
+        + " | FAR at 1 % |"
+    )
+    for name, (fit_x, held_x, lists) in fits.items():
+        print(f"\n### {name}\n\n{head}\n" + "|---" * (4 + len(priors)) + "|")
+        for k, (c, x, (_, tl)) in enumerate(zip(conds, held_x, held.lists)):
+            y = np.concatenate([fit.target[j] for j in lists[k]])
+            x_fit = np.concatenate([fit_x[j] for j in lists[k]])
+            qmf = QMF(prior=args.p_target[0]).fit(x_fit, y)
+            raw = np.concatenate([fit.raw[j] for j in lists[k]])
+            point = operating_points(qmf.llr(x_fit), raw, y)["far=0.01"]
             llr = qmf.llr(x)
             m = list_metrics(llr, tl.target, args.p_target)
             dcf = " | ".join(
