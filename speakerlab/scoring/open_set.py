@@ -45,6 +45,8 @@ def impostor_maxima(scorer, tl, qmf: QMF, enrol_files: int = ENROL_FILES) -> Tup
         owner += [s] * len(mine)
     rows_a, owner_a = np.asarray(rows), np.asarray(owner)
     names, inverse = np.unique(owner_a, return_inverse=True)
+    if len(names) < 2:  # a left-out speaker would face an empty gallery
+        return np.zeros(0), 0
     counts = np.bincount(inverse)
     maxima = []
     for p, s in probes.items():
@@ -63,7 +65,7 @@ def open_set_curve(lists: Sequence[Tuple[object, object]], qmf: QMF, enrol_files
     """The calibration lists `[(scorer, trial list), ...]` -> {"n_gallery", "enrol_files", "n_probes", "curve":
     [[fpir, llr threshold], ...] on FPIR_GRID, the measurable FPIRs (falling)}; n_gallery: the smallest list's."""
     got = [impostor_maxima(s, tl, qmf, enrol_files) for s, tl in lists]
-    maxima = np.sort(np.concatenate([m for m, _ in got]))[::-1]
+    maxima = np.sort(np.concatenate([np.zeros(0), *(m for m, _ in got)]))[::-1]
     curve = []
     for f in FPIR_GRID:
         passing = int(math.floor(f * len(maxima)))  # maxima that may pass the threshold
@@ -71,7 +73,7 @@ def open_set_curve(lists: Sequence[Tuple[object, object]], qmf: QMF, enrol_files
             break
         # just above the (passing + 1)-th largest maximum: exactly `passing` of them pass
         curve.append([float(f), float(np.nextafter(maxima[passing], np.inf))])
-    n_gallery = min(n for _, n in got)
+    n_gallery = min((n for m, n in got if len(m)), default=0)
     return {"n_gallery": int(n_gallery), "enrol_files": enrol_files, "n_probes": int(len(maxima)), "curve": curve}
 
 
