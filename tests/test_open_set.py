@@ -10,7 +10,12 @@ import pytest
 
 from speakerlab.dataio.embeddings import read_embeddings
 from speakerlab.identification.gallery import Gallery
-from speakerlab.identification.identify import analytic_fpir_threshold, fpir_threshold, speaker_scores
+from speakerlab.identification.identify import (
+    analytic_fpir_threshold,
+    fpir_threshold,
+    speaker_scores,
+    threshold_note,
+)
 from speakerlab.scoring.calibrate import main as calibrate
 from speakerlab.scoring.calibration_file import Calibration, read_calibration
 from speakerlab.scoring.open_set import ENROL_FILES, curve_threshold, fpir_target
@@ -93,3 +98,4 @@ def test_a_file_without_the_curve_keeps_the_analytic_threshold(held_out):
     old = Calibration.from_json(json.dumps(d), "old.json")
     assert old.open_set == {} and old.open_set_threshold(FPIR, 30) is None
     assert fpir_threshold(old, FPIR, 30) == analytic_fpir_threshold(cal, FPIR, 30)
+    assert "analytic" in threshold_note(old, FPIR, 30) and "measured" in threshold_note(cal, FPIR, 30)

@@ -74,6 +74,18 @@ def fpir_threshold(cal: Calibration, fpir: float, speakers: int) -> float:
     return analytic_fpir_threshold(cal, fpir, speakers)
 
 
+def threshold_note(cal: Calibration, fpir: float, speakers: int) -> str:
+    """One line saying where `fpir_threshold` took the threshold from (for the command's stderr)."""
+    head = f"'unknown' threshold at FPIR {100 * fpir:g} % over {speakers} speakers"
+    if cal.open_set_threshold(fpir, speakers) is not None:
+        o = cal.open_set
+        return (
+            f"{head}: measured on the calibration's impostor maxima ({o['n_probes']} probes against galleries of "
+            f"{o['n_gallery']} speakers)"
+        )
+    return f"{head}: analytic (per-speaker FAR 1 - (1 - FPIR)^(1/N)), not measured by this calibration"
+
+
 def analytic_fpir_threshold(cal: Calibration, fpir: float, speakers: int) -> float:
     """The calibration's single-trial threshold at FAR 1 - (1 - FPIR)^(1/N), N = `speakers` (module docstring)."""
     return cal.threshold(1.0 - (1.0 - fpir) ** (1.0 / max(speakers, 1)))
