@@ -5,8 +5,8 @@ the stress conditions.
         --degraded tel gsm mp3 noise5 reverb --noise-bank egs/mini/data/musan_rirs/bank
 
 Conditions: the first 1, 2, 4 s of every file and the whole file (both sides), and each `--degraded` condition of
-speakerlab.dataio.degrade on the test side of every trial, the enrolment side the clean whole file, seeded per
-utterance (`--seed`) as speakerlab-stress degrades it. The val and test utterances are embedded once per condition
+speakerlab.dataio.waveform.degrade on the test side of every trial, the enrolment side the clean whole file, seeded
+per utterance (`--seed`) as speakerlab-stress degrades it. The val and test utterances are embedded once per condition
 and cached under `--work` (a rerun takes seconds).
 
 Calibration (speakerlab-calibrate, durations as side information, fitted at the first `--p-target` unless
@@ -33,10 +33,10 @@ from typing import Sequence
 
 import numpy as np
 
-from speakerlab.dataio.degrade import check_conditions, degrade, rng_for
-from speakerlab.dataio.embeddings import write_embeddings
-from speakerlab.dataio.lists import read_utt2spk, read_wav_scp
-from speakerlab.dataio.noise_bank import NoiseBank
+from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.lists import read_utt2spk, read_wav_scp
+from speakerlab.dataio.waveform.degrade import check_conditions, degrade, rng_for
+from speakerlab.dataio.waveform.noise_bank import NoiseBank
 from speakerlab.identification.gallery import Gallery
 from speakerlab.identification.identify import analytic_fpir_threshold, speaker_scores
 from speakerlab.inference import load_embedder
@@ -64,9 +64,9 @@ def condition_set(embedder, data: Path, cond: str, work: Path, name: str, bank, 
     condition) and work/name.npz, reused when there.
 
     `cond`: "Ns" (the first N seconds of every file, both sides), "full" (whole files), or a condition of
-    speakerlab.dataio.degrade (the test side degraded, seeded per utterance as speakerlab-stress does; the enrolment
-    side the clean whole file, as in the stress table: its .npz also holds the clean embeddings, name's "full" set
-    made first). -> the trials file: work/name/trials (the listed trials), or trials_all (`all_pairs`)."""
+    speakerlab.dataio.waveform.degrade (the test side degraded, seeded per utterance as speakerlab-stress does; the
+    enrolment side the clean whole file, as in the stress table: its .npz also holds the clean embeddings, name's
+    "full" set made first). -> the trials file: work/name/trials (the listed trials), or trials_all (`all_pairs`)."""
     out = work / name
     tag = f"-{cond}"
     enrol_tag = tag if cond == "full" or is_crop(cond) else "-full"
@@ -205,7 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True, help="the trained model: exp dir or checkpoint")
     ap.add_argument("--work", required=True, type=Path, help="folder for the condition sets (reused)")
     ap.add_argument("--conditions", type=float, nargs="+", default=[1, 2, 4, 0], help="seconds; 0: whole files")
-    ap.add_argument("--degraded", nargs="*", default=[], help="speakerlab.dataio.degrade conditions of the test side")
+    ap.add_argument(
+        "--degraded", nargs="*", default=[], help="speakerlab.dataio.waveform.degrade conditions of the test side"
+    )
     ap.add_argument("--noise-bank", help="noise bank folder (speakerlab-noise-bank) of noise and reverb conditions")
     ap.add_argument("--seed", type=int, default=0, help="seed of the degradations (speakerlab-stress's default)")
     ap.add_argument("--cal-pairs", choices=["listed", "all"], default="listed", help="val trials: listed or all pairs")

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.degrade import degrade, rng_for
-from speakerlab.dataio.lists import read_wav_scp
-from speakerlab.dataio.noise_bank import NoiseBank
+from speakerlab.dataio.tables.lists import read_wav_scp
+from speakerlab.dataio.waveform.degrade import degrade, rng_for
+from speakerlab.dataio.waveform.noise_bank import NoiseBank
 from speakerlab.scoring.calibrate import list_metrics, score_lists
 from speakerlab.scoring.calibration import QMF, read_durations
 from speakerlab.scoring.calibration_file import operating_points

@@ -15,8 +15,8 @@ import itertools
 import time
 from pathlib import Path
 
-from speakerlab.dataio.lists import read_wav_scp
-from speakerlab.dataio.rttm import read_rttm, read_uem
+from speakerlab.dataio.tables.lists import read_wav_scp
+from speakerlab.dataio.tables.rttm import read_rttm, read_uem
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cluster import cluster
 from speakerlab.diarization.der import count_agreement, der

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.rttm import Turn, read_rttm
+from speakerlab.dataio.tables.rttm import Turn, read_rttm
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cli import run
 from speakerlab.diarization.cluster import cluster
@@ -25,7 +25,8 @@ from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.sources import read_source
 from speakerlab.synth.conversations import trim
-from speakerlab.synth.voice import SR, draw_session, draw_speaker, synth_utterance
+from speakerlab.synth.spectra import SR
+from speakerlab.synth.voice import draw_session, draw_speaker, synth_utterance
 from tests.helpers import assert_no_traceback, write_wav
 
 
@@ -183,7 +184,7 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
 @pytest.mark.slow
 def test_cli_diarizes_with_a_waveform_onnx_file_as_with_its_checkpoint(capsys, tmp_path, talks, ckpt):
     """--onnx (speakerlab-export --waveform of the checkpoint, run by onnxruntime): the RTTM of --checkpoint."""
-    from speakerlab.inference.export import main as export
+    from speakerlab.inference.deploy.export import main as export
 
     pytest.importorskip("onnxruntime")
     onnx_file = tmp_path / "m.onnx"

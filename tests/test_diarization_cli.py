@@ -15,11 +15,11 @@ import sys
 import numpy as np
 import pytest
 
-from speakerlab.dataio.rttm import read_rttm
+from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.diarization.cli import run
 from speakerlab.diarization.pipeline import embed_window
 from speakerlab.inference.common import too_short
-from speakerlab.inference.runtime import OnnxEmbedder
+from speakerlab.inference.deploy.runtime import OnnxEmbedder
 from tests.helpers import write_wav
 from tests.stats_onnx import MIN_SAMPLES, stats
 from tests.test_deploy import stats_file, torch_free_env  # noqa: F401 (stats_file: the fixture)

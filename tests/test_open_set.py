@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.identification.gallery import Gallery
 from speakerlab.identification.identify import (
     analytic_fpir_threshold,

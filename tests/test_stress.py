@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from speakerlab.dataio.degrade import degrade, rng_for
+from speakerlab.dataio.waveform.degrade import degrade, rng_for
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.stress import run
 from speakerlab.scoring.metrics import compute_eer

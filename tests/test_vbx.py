@@ -165,7 +165,8 @@ def test_vbx_without_a_plda_says_where_to_get_one():
 @pytest.fixture(scope="module")
 def train_dir(tmp_path_factory):
     """A data dir of 8 synthetic speakers (other voices than the test conversations'), 4 utterances of 2 s."""
-    from speakerlab.synth.voice import SR, draw_session, draw_speaker, synth_utterance
+    from speakerlab.synth.spectra import SR
+    from speakerlab.synth.voice import draw_session, draw_speaker, synth_utterance
     from tests.helpers import write_wav
 
     root = tmp_path_factory.mktemp("plda_train")

@@ -66,7 +66,7 @@ if stage_on 2; then
   # from it, validation and stage 4 embed from it (a config whose fbank differs recomputes from audio).
   speakerlab-feature-store --config "$config" --data "$data/train" --data "$data/val" --data "$data/test"
   speakerlab-noise-bank --lists "$data/musan_rirs"  # read once; augmenting training memory-maps it
-  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.shards): for data on network storage
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.loaders.shards): for data on network storage
     speakerlab-shards --data "$data/train" --out "$data/train/shards"
   fi
 fi

@@ -98,7 +98,7 @@ listed_eval_stages() {
 
 # stress_stage MODEL DATA TRIALS NAME EXP [BANK]: stage 9, the same in every recipe. The stress table
 # (speakerlab-stress) of MODEL (a checkpoint or exp dir) on the list TRIALS of the data dir DATA: the
-# conditions of speakerlab.dataio.degrade on the test side, those with noise and RIRs from the noise bank
+# conditions of speakerlab.dataio.waveform.degrade on the test side, those with noise and RIRs from the noise bank
 # BANK when it was built -> EXP/stress/NAME.md and NAME.json. $stress_opts (when the recipe declares it)
 # adds options, e.g. "--both-sides" or "--conditions clean trunc1 gsm".
 stress_stage() {

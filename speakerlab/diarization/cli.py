@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines
+from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.resample import resample
-from speakerlab.dataio.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.tables.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
@@ -46,12 +46,12 @@ from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.common import check_finite, too_short
 
-# Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
+# Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.deploy.runtime) diarization runs in the
 # torch-free install.
 if TYPE_CHECKING:
     from speakerlab.diarization.segmenter import OnnxSegmenter
+    from speakerlab.inference.deploy.runtime import OnnxEmbedder
     from speakerlab.inference.embedder import Embedder
-    from speakerlab.inference.runtime import OnnxEmbedder
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
         --out exp/campplus/stress/test.md --json exp/campplus/stress/test.json
     speakerlab-stress --onnx model.onnx --data data/test --conditions clean trunc1 gsm tel+noise5 --both-sides
 
-Conditions are those of `speakerlab.dataio.degrade` (truncation, telephone band, G.711, GSM, Opus, MP3,
+Conditions are those of `speakerlab.dataio.waveform.degrade` (truncation, telephone band, G.711, GSM, Opus, MP3,
 noise at an SNR, reverberation, combinations); the default is its DEFAULT_CONDITIONS, less those needing
 a noise bank when none is given (said on stderr). Each is applied to the test side of every trial
 (enrolment kept clean, as a user's enrolment usually is), or to both sides with `--both-sides`.
@@ -32,23 +32,30 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from speakerlab.commands import CommandParser
-from speakerlab.dataio.degrade import DEFAULT_CONDITIONS, ConditionError, check_conditions, degrade, needs_bank, rng_for
-from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.dataio.noise_bank import NoiseBank
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
+from speakerlab.dataio.waveform.degrade import (
+    DEFAULT_CONDITIONS,
+    ConditionError,
+    check_conditions,
+    degrade,
+    needs_bank,
+    rng_for,
+)
+from speakerlab.dataio.waveform.noise_bank import NoiseBank
 from speakerlab.inference.cli import EMBED_CHUNK, bad_input, read_wave, source_embedder
 from speakerlab.inference.common import add_source_args, check_finite, too_short
 from speakerlab.outputs import write_text
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
 from speakerlab.scoring.norm import unit_rows
 from speakerlab.scoring.report import eer_text
-from speakerlab.scoring.score import cosine_trial_scores, summarise
+from speakerlab.scoring.scorer import cosine_trial_scores, summarise
 
 P_TARGET = 0.01
 
 
 class StressSet:
-    """A data dir's trials for the stress table: `tl` (speakerlab.dataio.trials.TrialList) over the ids of
+    """A data dir's trials for the stress table: `tl` (speakerlab.dataio.tables.trials.TrialList) over the ids of
     its wav.scp, the `speakers` of every trial, and the rows each side uses (`enrol_rows`, `test_rows`)."""
 
     def __init__(self, data: Path, trials: Optional[Path] = None, utt2spk: Optional[Path] = None):
@@ -173,7 +180,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--data", required=True, help="Kaldi data dir: wav.scp, trials (and utt2spk)")
     ap.add_argument("--trials", help="trial list (default: <data>/trials)")
     ap.add_argument("--utt2spk", help="speakers of the trials' utterances (default: the utt2spk beside the list)")
-    ap.add_argument("--conditions", nargs="+", help="condition names (speakerlab.dataio.degrade); default: all")
+    ap.add_argument(
+        "--conditions", nargs="+", help="condition names (speakerlab.dataio.waveform.degrade); default: all"
+    )
     ap.add_argument("--noise-bank", help="noise bank folder (speakerlab-noise-bank) for noise, music, babble, reverb")
     ap.add_argument("--both-sides", action="store_true", help="degrade enrolment too (default: the test side only)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every draw (crop start, noise, RIR)")

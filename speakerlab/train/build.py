@@ -15,12 +15,12 @@ import torch
 import torch.nn as nn
 
 from speakerlab.config import Config, ConfigError, load_config, needs_labels
-from speakerlab.dataio.augment import Augmenter, open_augmenter
-from speakerlab.dataio.batches import GlobalBatchSampler
-from speakerlab.dataio.corpora import resolve_corpora
-from speakerlab.dataio.degrade import channel_augment
-from speakerlab.dataio.shards import ShardStream
-from speakerlab.dataio.speed import speed_speaker_names
+from speakerlab.dataio.loaders.batches import GlobalBatchSampler
+from speakerlab.dataio.loaders.shard_stream import ShardStream
+from speakerlab.dataio.tables.corpora import resolve_corpora
+from speakerlab.dataio.waveform.augment import Augmenter, open_augmenter
+from speakerlab.dataio.waveform.degrade import channel_augment
+from speakerlab.dataio.waveform.speed import speed_speaker_names
 from speakerlab.devices import resolve_device, use_threads
 from speakerlab.features.spec import build_features
 from speakerlab.frontends import feature_spec

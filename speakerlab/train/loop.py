@@ -22,8 +22,8 @@ from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
 from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.corpora import train_corpora
-from speakerlab.dataio.lists import ListError, rerun_features
+from speakerlab.dataio.tables.corpora import train_corpora
+from speakerlab.dataio.tables.lists import ListError, rerun_features
 from speakerlab.outputs import folder_problem
 from speakerlab.train.build import Run, build_run, load_train_config
 from speakerlab.train.launch import distributed as dist_utils
