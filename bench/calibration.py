@@ -12,8 +12,9 @@ and cached under `--work` (a rerun takes seconds).
 Calibration (speakerlab-calibrate, durations as side information, fitted at the first `--p-target` unless
 `--fit-prior`): on the val trials of the duration conditions pooled (the listed trials, or every pair of val files
 with `--cal-pairs all`), then, with `--degraded`, on the val trials of every condition pooled. Each is measured on
-every condition's test trials, never fitted on: Cllr, min-Cllr, actDCF and minDCF at the priors, and the FAR
-measured at the stored 1 % threshold with its speaker-bootstrap interval. One markdown table per fit.
+every condition's test trials, never fitted on: Cllr, min-Cllr, actDCF and minDCF at the priors (at the first, how
+far actDCF / minDCF moves over speaker resamples: `ratio_interval`), and the FAR measured at the stored 1 %
+threshold with its speaker-bootstrap interval. One markdown table per fit.
 
 Open set (with the clean fit): the test speakers sorted by name, every other one enrolled (its first `--enrol` whole
 files in a gallery), the others never enrolled; every other whole test file is a probe
@@ -41,7 +42,10 @@ from speakerlab.identification.gallery import Gallery
 from speakerlab.identification.identify import analytic_fpir_threshold, speaker_scores
 from speakerlab.inference import load_embedder
 from speakerlab.scoring.calibrate import main as calibrate
+from speakerlab.scoring.calibrate import score_lists
+from speakerlab.scoring.calibration import read_durations
 from speakerlab.scoring.calibration_file import read_calibration
+from speakerlab.scoring.interval import trial_speakers
 
 
 def trial_rows(data: Path, all_pairs: bool):
@@ -177,9 +181,41 @@ def fit_and_measure(args, fit: Sequence[str], test: Sequence[str], out: Path, pa
     return read_calibration(out)
 
 
-def table(cal, test: Sequence[str], priors: Sequence[str]) -> str:
-    """One markdown row per test condition of a calibration's held-out metrics."""
-    costs = " | ".join(f"actDCF / minDCF ({p})" for p in priors)
+def ratio_interval(cal, work: Path, cond: str, p: float, replicates: int = 1000, seed: int = 0):
+    """The 2.5 and 97.5 percentiles (low, high) of actDCF / minDCF at prior `p` of the calibration `cal` on the test
+    list of `cond` over speaker resamples: each draws the list's speakers with replacement and weighs a target trial
+    of s by its count c_s and a nontarget trial of s and t by c_s c_t (as scoring.interval does for the EER).
+
+    How much the ratio moves with the test speakers, not an interval of the true ratio: every resample re-optimises
+    minDCF on itself, which pushes its ratio up (the list's own ratio can sit at the range's low end)."""
+    dirs = list(dict.fromkeys([work / f"test_{cond}", work / "test_full"]))
+    scored = score_lists(
+        [str(work / f"test_{cond}" / "trials")], [str(work / f"test_{cond}.npz")], read_durations(dirs), ""
+    )
+    scorer, tl = scored.lists[0]
+    llr = cal.to_qmf().llr(scored.features[0]).astype(np.float64)
+    spk = trial_speakers(tl, scorer.index)
+    order = np.argsort(llr)
+    llr, tar, e, t = llr[order], tl.target[order], spk.enrol[order], spk.test[order]
+    counts = np.random.default_rng(seed).multinomial(spk.count, np.full(spk.count, 1 / spk.count), replicates)
+    w = (counts[:, e] * np.where(tar, 1, counts[:, t])).astype(np.float64)  # (R, n): c_s, or c_s c_t
+    w_tar, w_non = w * tar, w * ~tar
+    n_tar, n_non = w_tar.sum(1, keepdims=True), w_non.sum(1, keepdims=True)
+    # rejecting the first k trials in score order, k = 0..n: misses and false alarms
+    miss = np.hstack([np.zeros((replicates, 1)), np.cumsum(w_tar, 1)]) / n_tar
+    fa = 1 - np.hstack([np.zeros((replicates, 1)), np.cumsum(w_non, 1)]) / n_non
+    norm = min(p, 1 - p)
+    min_dcf = ((p * miss + (1 - p) * fa) / norm).min(axis=1)
+    k = int(np.searchsorted(llr, np.log((1 - p) / p)))  # the Bayes threshold rejects the first k
+    act = (p * miss[:, k] + (1 - p) * fa[:, k]) / norm
+    ratio = act / min_dcf
+    return tuple(float(x) for x in np.percentile(ratio, [2.5, 97.5]))
+
+
+def table(cal, test: Sequence[str], priors: Sequence[str], work: Path) -> str:
+    """One markdown row per test condition of a calibration's held-out metrics, with the speaker-bootstrap interval
+    of actDCF / minDCF at the first prior."""
+    costs = " | ".join(f"actDCF / minDCF ({p})" for p in priors).replace(")", "; the ratio over speaker resamples)", 1)
     rows = [f"| test condition | trials | EER % | Cllr | min-Cllr | {costs} | FAR at the 1 % threshold (95 % CI) |"]
     rows.append("|---" * (6 + len(priors)) + "|")
     for c in test:
@@ -191,6 +227,10 @@ def table(cal, test: Sequence[str], priors: Sequence[str]) -> str:
             far_text = f"{100 * far['far']:.2f} %" + (f" ({100 * ci['low']:.2f}-{100 * ci['high']:.2f})" if ci else "")
         dcf = " | ".join(
             f"{m['act_dcf'][p]:.3f} / {m['min_dcf'][p]:.3f} = {m['act_dcf'][p] / m['min_dcf'][p]:.2f}" for p in priors
+        )
+        low, high = ratio_interval(cal, work, c, float(priors[0]))
+        dcf = (
+            dcf.replace(" | ", f" ({low:.2f}-{high:.2f}) | ", 1) if len(priors) > 1 else f"{dcf} ({low:.2f}-{high:.2f})"
         )
         cells = f"{c} | {m['n_trials']} | {100 * m['eer']:.2f} | {m['cllr']:.3f} | {m['min_cllr']:.3f}"
         rows.append(f"| {cells} | {dcf} | {far_text} |")
@@ -234,10 +274,10 @@ def main(argv=None) -> int:
     priors = [f"{p:g}" for p in args.p_target]
     test = [*durations, *args.degraded]
     cal = fit_and_measure(args, durations, test, args.work / "calibration.json", pairs)
-    print("\n### Fitted on clean val (the durations pooled)\n\n" + table(cal, test, priors))
+    print("\n### Fitted on clean val (the durations pooled)\n\n" + table(cal, test, priors, args.work))
     if args.degraded:
         pooled = fit_and_measure(args, test, test, args.work / "calibration_pooled.json", pairs)
-        print("\n### Fitted on val with the degraded conditions pooled\n\n" + table(pooled, test, priors))
+        print("\n### Fitted on val with the degraded conditions pooled\n\n" + table(pooled, test, priors, args.work))
     print("\n" + open_set(embedder, args.data / "test", cal, args.enrol, args.work))
     print(f"({time.time() - t0:.0f} s)")
     return 0
