@@ -17,8 +17,8 @@ from speakerlab.identification.identify import (
     threshold_note,
 )
 from speakerlab.scoring.calibrate import main as calibrate
-from speakerlab.scoring.calibration_file import Calibration, read_calibration
-from speakerlab.scoring.open_set import ENROL_FILES, curve_threshold, fpir_target
+from speakerlab.scoring.calibration_file import Calibration, curve_threshold, fpir_target, read_calibration
+from speakerlab.scoring.open_set import ENROL_FILES
 from tests.calibration_data import make_set
 
 FPIR = 0.05

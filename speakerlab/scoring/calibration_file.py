@@ -47,7 +47,6 @@ import numpy as np
 from speakerlab.outputs import write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, qmf_features
 from speakerlab.scoring.metrics import error_rates, fa_point
-from speakerlab.scoring.open_set import curve_threshold
 
 FORMAT = "speakerlab.calibration/1"
 FAR_POINTS = (0.01, 0.001)  # stored operating points besides the EER
@@ -110,6 +109,26 @@ def far_curve(llr: np.ndarray, target: np.ndarray) -> List[List[float]]:
         if math.isfinite(t):
             rows.append([float(far), float(t)])
     return rows
+
+
+def fpir_target(fpir: float, speakers: int, n_gallery: int) -> float:
+    """The FPIR of the calibration's `n_gallery`-speaker galleries that gives `fpir` over `speakers`: 1 - (1 -
+    fpir)^(n_gallery / speakers), the galleries combined as if independent (speakerlab.scoring.open_set)."""
+    return 1.0 - (1.0 - fpir) ** (n_gallery / max(speakers, 1))
+
+
+def curve_threshold(open_set: Dict, fpir: float, speakers: int) -> Optional[float]:
+    """The LLR threshold of `fpir` over a gallery of `speakers` from a stored open-set curve (the file's `open_set`,
+    speakerlab.scoring.open_set.open_set_curve), linear in log FPIR between its points; None where the curve did not
+    measure that FPIR (too few calibration probes)."""
+    curve = open_set.get("curve") or []
+    f = fpir_target(fpir, speakers, int(open_set["n_gallery"]))
+    fpirs = [c[0] for c in curve]
+    if not fpirs or not fpirs[-1] <= f <= fpirs[0]:
+        return None
+    x = np.log(fpirs)[::-1]
+    y = np.array([c[1] for c in curve])[::-1]
+    return float(np.interp(math.log(f), x, y))
 
 
 @dataclass

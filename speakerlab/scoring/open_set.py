@@ -15,12 +15,16 @@ A deployment's gallery has N speakers, not n_gallery: its FPIR at a threshold is
 where f is the calibration galleries' (n_gallery-speaker galleries combined as if independent): the independence
 assumption is used only for the step from n_gallery to N, not from one trial to a gallery. So `fpir_target(N)` is the
 FPIR to look up on the curve, and the curve must have measured it (at least one maximum above the threshold).
+
+This module measures the curve (speakerlab-calibrate); reading it is the calibration file's
+(speakerlab.scoring.calibration_file: `curve_threshold`, `fpir_target`), which the torch-free runtime ships without
+the trial-list machinery used here.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -75,22 +79,3 @@ def open_set_curve(lists: Sequence[Tuple[object, object]], qmf: QMF, enrol_files
         curve.append([float(f), float(np.nextafter(maxima[passing], np.inf))])
     n_gallery = min((n for m, n in got if len(m)), default=0)
     return {"n_gallery": int(n_gallery), "enrol_files": enrol_files, "n_probes": int(len(maxima)), "curve": curve}
-
-
-def fpir_target(fpir: float, speakers: int, n_gallery: int) -> float:
-    """The FPIR of the calibration's `n_gallery`-speaker galleries that gives `fpir` over `speakers` (module
-    docstring): 1 - (1 - fpir)^(n_gallery / speakers)."""
-    return 1.0 - (1.0 - fpir) ** (n_gallery / max(speakers, 1))
-
-
-def curve_threshold(open_set: Dict, fpir: float, speakers: int) -> Optional[float]:
-    """The LLR threshold of `fpir` over a gallery of `speakers` from a stored `open_set_curve`, linear in log FPIR
-    between its points; None where the curve did not measure that FPIR (too few calibration probes)."""
-    curve = open_set.get("curve") or []
-    f = fpir_target(fpir, speakers, int(open_set["n_gallery"]))
-    fpirs = [c[0] for c in curve]
-    if not fpirs or not fpirs[-1] <= f <= fpirs[0]:
-        return None
-    x = np.log(fpirs)[::-1]
-    y = np.array([c[1] for c in curve])[::-1]
-    return float(np.interp(math.log(f), x, y))
