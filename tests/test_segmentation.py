@@ -266,7 +266,7 @@ class OracleSegmenter:
 
 
 def test_overlapped_stretches_get_a_second_speaker():
-    from speakerlab.dataio.rttm import merge_intervals
+    from speakerlab.dataio.tables.rttm import merge_intervals
     from speakerlab.diarization import Diarizer
     from tests.test_diarization import THREE, spectral_shape_embedder, talk
 

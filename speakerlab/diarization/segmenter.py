@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
-from speakerlab.dataio.rttm import Interval, merge_intervals
+from speakerlab.dataio.tables.rttm import Interval, merge_intervals
 
 PREFIX = "speakerlab.segmentation."
 
