@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     from scipy.cluster.hierarchy import fcluster, linkage
     from sklearn.metrics import normalized_mutual_info_score
 
-    from speakerlab.dataio.embeddings import read_embeddings
-    from speakerlab.dataio.lists import read_utt2spk
+    from speakerlab.dataio.tables.embeddings import read_embeddings
+    from speakerlab.dataio.tables.lists import read_utt2spk
     from speakerlab.train.pseudo_label import assign, kmeans_centroids, purity, unit
 
     ids, emb = read_embeddings(args.embeddings)
