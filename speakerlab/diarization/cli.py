@@ -144,6 +144,8 @@ TUNING = {
     "fa": "vbx: scale of the acoustic log-likelihoods",
     "fb": "vbx: weight of the speaker prior (larger: fewer speakers)",
     "loop_p": "vbx: probability that the next sub-segment has the same speaker",
+    "seg_window": "--segmentation: the model's window, seconds",
+    "seg_step": "--segmentation: step between its windows, seconds (rounded to whole frames)",
 }
 
 
@@ -169,8 +171,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--segmentation",
         metavar="MODEL",
-        help="segmentation model's ONNX file (speakerlab-segmentation-train): speech and overlapped speech from it "
-        "instead of the VAD, two speakers on overlapped stretches",
+        help="segmentation model's ONNX file (speakerlab-segmentation-train): local speakers per window instead of "
+        "the VAD, an embedding per window and local speaker, two speakers where it hears two",
     )
     n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
     n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
