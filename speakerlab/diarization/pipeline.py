@@ -41,6 +41,7 @@ from speakerlab.dataio.rttm import Interval, Turn
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
+from speakerlab.diarization.segmented import diarize_segmented
 from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.common import check_finite, too_short
@@ -242,10 +243,10 @@ class Diarizer:
         notes: List[str] = []
         cached: List[str] = []
         if speech is None and self.segmenter is not None:
-            from speakerlab.diarization.segmented import diarize_segmented
-
             kit = {"embedder": self.embedder, "segmenter": self.segmenter, "options": opt, "plda": self.plda}
-            return diarize_segmented(wave, rate, count, **kit, name=name)
+            parts = diarize_segmented(wave, rate, count, **kit, name=name)
+            turns = [Turn(s, e, speaker_name(k)) for s, e, k in parts.pop("turns")]
+            return Diarization(duration=duration, turns=turns, **parts)
         if speech is None:
             if self.vad is None:
                 raise ValueError("no speech regions given and no VAD to find them")

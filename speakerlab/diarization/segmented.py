@@ -1,7 +1,11 @@
 """Diarization with a segmentation model, pyannote community-1's way: local speakers per window -> one embedding
 per (window, local speaker) from its frames without overlap -> clustering -> frame-level reconstruction.
 
-    d = diarize_segmented(wave, rate, count, embedder=e, segmenter=s, options=o, plda=p, name="conv0001")
+    parts = diarize_segmented(wave, rate, count, embedder=e, segmenter=s, options=o, plda=p, name="conv0001")
+    parts["turns"]      # [(start, end, speaker index), ...] in time order; the rest: Diarization's fields
+
+speakerlab.diarization.pipeline.Diarizer calls it when it has a segmenter (and makes the `Diarization`; this module
+does not import the pipeline, which imports it).
 
 1. The segmenter (speakerlab.diarization.segmenter) gives the local speakers' activities (W, T, K) of windows of
    `options.seg_window` seconds every `options.seg_step` seconds (frames of 20 ms).
@@ -24,12 +28,11 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.dataio.resample import resample
-from speakerlab.dataio.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.rttm import Interval, merge_intervals
 from speakerlab.diarization.cluster import SpeakerCount, cluster, normalize
 from speakerlab.inference.common import check_finite
 
 if TYPE_CHECKING:
-    from speakerlab.diarization.pipeline import Diarization, DiarizeOptions
     from speakerlab.diarization.plda import PLDA
     from speakerlab.diarization.segmenter import OnnxSegmenter
 
@@ -74,10 +77,12 @@ class LocalSpeakers:
         return [(float(s), float(s + (b - a + 1) * self.hop)) for s, a, b in zip(starts, firsts, lasts)]
 
 
-def local_speakers(segmenter: "OnnxSegmenter", wave: np.ndarray, rate: int, options: "DiarizeOptions") -> LocalSpeakers:
-    """(S,) wave at `rate` -> the segmenter's `LocalSpeakers` of windows of options.seg_window s every seg_step s."""
+def local_speakers(
+    segmenter: "OnnxSegmenter", wave: np.ndarray, rate: int, window: float, step: float
+) -> LocalSpeakers:
+    """(S,) wave at `rate` -> the segmenter's `LocalSpeakers` of windows of `window` s every `step` s."""
     x = wave if rate == segmenter.sample_rate else resample(wave, rate, segmenter.sample_rate)
-    acts, step = segmenter.sliding(x, options.seg_window, options.seg_step)
+    acts, step = segmenter.sliding(x, window, step)
     hop = segmenter.hop / segmenter.sample_rate
     return LocalSpeakers(acts, step, hop, float(segmenter.frame_centres(1)[0]), len(wave) / rate)
 
@@ -150,22 +155,22 @@ def diarize_segmented(
     *,
     embedder,
     segmenter: "OnnxSegmenter",
-    options: "DiarizeOptions",
+    options,
     plda: Optional["PLDA"] = None,
     name: str = "",
-) -> "Diarization":
-    """(S,) float32 wave at `rate` (the embedder's) -> `Diarization` (module docstring). Its `subsegments` are the
+) -> dict:
+    """(S,) float32 wave at `rate` (the embedder's), with a pipeline's DiarizeOptions -> the fields of its
+    `Diarization` but `duration` (module docstring): `turns` as (start, end, speaker index), `subsegments` the
     embedded (window, local speaker) stretches (first to last frame used), `labels` their speakers (-1: none)."""
-    from speakerlab.diarization.pipeline import Diarization, speaker_name
-
     duration = len(wave) / rate
-    local = local_speakers(segmenter, wave, rate, options)
+    local = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
     found = speaker_spans(local, options.min_embed)
     notes: List[str] = []
     if not found:
         notes.append(f"{name}: no speech found: no turns")
         empty = np.zeros((0, 0), np.float32)
-        return Diarization(duration, [], [], np.zeros((0, 2)), np.zeros(0, np.int64), empty, empty, notes)
+        none = {"subsegments": np.zeros((0, 2)), "labels": np.zeros(0, np.int64), "embeddings": empty}
+        return {"speech": [], "turns": [], **none, "centroids": empty, "notes": notes}
     need = max(int(round(options.min_embed * rate)), embedder.min_samples)
     emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
     check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
@@ -194,15 +199,12 @@ def diarize_segmented(
     firsts = [(int(np.argmax(on[:, c])), c) for c in range(on.shape[1]) if on[:, c].any()]
     rename = {c: i for i, (_, c) in enumerate(sorted(firsts))}
     turns = [
-        Turn(max(0.0, s), min(duration, e), speaker_name(rename[c]))
-        for c in rename
-        for s, e in local.spans(np.flatnonzero(on[:, c]))
+        (max(0.0, s), min(duration, e), rename[c]) for c in rename for s, e in local.spans(np.flatnonzero(on[:, c]))
     ]
-    turns.sort(key=lambda t: (t.start, t.speaker))
+    turns.sort()
     order = sorted(rename, key=rename.get)
-    return Diarization(
-        duration=duration,
-        speech=merge_intervals((t.start, t.end) for t in turns),
+    return dict(
+        speech=merge_intervals((s, e) for s, e, _ in turns),
         turns=turns,
         subsegments=np.array([(s[0][0], s[-1][1]) for _, _, s in found]),
         labels=np.array([rename.get(int(c), -1) for c in assigned], dtype=np.int64),
