@@ -47,7 +47,7 @@ from speakerlab.diarization.plda import load_plda
 from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
-from speakerlab.inference.common import add_source_args
+from speakerlab.inference.common import add_source_args, threads_of
 from speakerlab.outputs import write_lines
 
 if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder (--onnx): neither imported here
@@ -245,7 +245,8 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     speech = read_speech(args.segments) if args.segments else None
     plda = load_plda(args.plda) if args.plda else None
     cache = FrontCache(args.cache) if args.cache else None
-    segmenter = OnnxSegmenter(args.segmentation) if args.segmentation else None
+    # The segmenter on the threads --threads gives the embedder (onnxruntime would take every core otherwise).
+    segmenter = OnnxSegmenter(args.segmentation, threads=threads_of(args)) if args.segmentation else None
     vad = None if speech is not None or segmenter is not None else make_vad(args.vad)
     diarizer = Diarizer(source_embedder(ap, args), vad, options, plda, cache, segmenter)
     results, audio_seconds = [], 0.0
