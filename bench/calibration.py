@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speakerlab.dataio.embeddings import write_embeddings
-from speakerlab.dataio.lists import read_utt2spk, read_wav_scp
+from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.lists import read_utt2spk, read_wav_scp
 from speakerlab.identification.gallery import Gallery
 from speakerlab.identification.identify import fpir_threshold, speaker_scores
 from speakerlab.inference import load_embedder

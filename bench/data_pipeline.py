@@ -6,7 +6,7 @@
     crop (crop x factor) and the noise crop and the RIR file from disk, scipy.signal.resample_poly,
     scipy.signal.fftconvolve with the RIR (direct-path aligned, power kept), mixing at the SNR, Kaldi
     fbank + mean normalisation of the one sample.
-(b) ours: the loader worker reads the int16 crop and draws (speakerlab.dataio.batches.CropDataset +
+(b) ours: the loader worker reads the int16 crop and draws (speakerlab.dataio.loaders.batches.CropDataset +
     collate, noise and RIR audio sliced from the memory-mapped bank); the batched arithmetic
     (speakerlab.train.inputs.pipeline.InputPipeline: speed, RIR convolution, mixing, fbank) runs on the training
     device, here timed on this machine's CPU with a batch of `--batch`.
@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml  # noqa: E402
 
 from speakerlab.augment_settings import CHANNEL_KINDS, AugmentSettings  # noqa: E402
-from speakerlab.dataio.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
-from speakerlab.dataio.batches import CropDataset, collate  # noqa: E402
-from speakerlab.dataio.degrade import ChannelAugment  # noqa: E402
-from speakerlab.dataio.noise_bank import NoiseBank, build_bank  # noqa: E402
-from speakerlab.dataio.speed import input_length, resample_ratio  # noqa: E402
+from speakerlab.dataio.loaders.batches import CropDataset, collate  # noqa: E402
+from speakerlab.dataio.waveform.augment import Augmenter, add_at_snr, reverberate  # noqa: E402
+from speakerlab.dataio.waveform.degrade import ChannelAugment  # noqa: E402
+from speakerlab.dataio.waveform.noise_bank import NoiseBank, build_bank  # noqa: E402
+from speakerlab.dataio.waveform.speed import input_length, resample_ratio  # noqa: E402
 from speakerlab.features.fbank import Fbank, mean_normalize  # noqa: E402
 from speakerlab.features.spec import KaldiFeatures  # noqa: E402
 from speakerlab.frontends import FbankConfig  # noqa: E402
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
             f"(b) ours, device part on this CPU ({threads} thread(s), batch {args.batch}): "
             f"{1000 * b_device:.2f} ms/sample"
         )
-        # (c) the channel augmentation (speakerlab.dataio.degrade.ChannelAugment), worker side, per coded crop:
+        # (c) the channel augmentation (speakerlab.dataio.waveform.degrade.ChannelAugment), worker side, per coded crop:
         # each kind alone with probability 1, on top of (b)'s worker item.
         for kind in CHANNEL_KINDS:
             coded = CropDataset(utts, [0] * len(utts), [8 * SR] * len(utts), CROP, SR, aug, FACTORS, 1.0)

@@ -7,7 +7,7 @@ for CAM++, ERes2Net-base, ECAPA-TDNN c1024, ResNet34 and ReDimNet2-B2, and the r
 
 Modes, each timed on the same waves: `eager`, the torch path (speakerlab.inference.embedder.Embedder: front end
 then model); `compile`, the same module under torch.compile (compiled once per shape, before timing); `onnx`,
-the waveform file of speakerlab-export --waveform on onnxruntime (speakerlab.inference.runtime.OnnxEmbedder);
+the waveform file of speakerlab-export --waveform on onnxruntime (speakerlab.inference.deploy.runtime.OnnxEmbedder);
 `int8`, the same with the model part quantised statically (calibrated on 16 synthetic utterances), `int8dyn`
 dynamically; both with their cosine to the fp32 file on the timed waves (random weights: a proxy; the trained
 egs/mini model's EER is the accuracy check). Cells: 3 s and 10 s utterances, batch 1 and batch 8 (equal lengths, as the
@@ -101,8 +101,8 @@ def onnx_file(name: str, mode: str, work: Path) -> Path:
     import onnx
     import torch
 
-    from speakerlab.inference.export import waveform_metadata
-    from speakerlab.inference.onnx_graph import (
+    from speakerlab.inference.deploy.export import waveform_metadata
+    from speakerlab.inference.deploy.graph import (
         WaveFrontEnd,
         front_end_graph,
         merged_graph,
@@ -110,7 +110,7 @@ def onnx_file(name: str, mode: str, work: Path) -> Path:
         set_metadata,
         with_lengths,
     )
-    from speakerlab.inference.quantize import quantize_model_graph
+    from speakerlab.inference.deploy.quantize import quantize_model_graph
 
     embedder = embedder_of(name, work)
     source = types.SimpleNamespace(model_name=name, describe=lambda: f"{name} (bench/deploy_speed.py)")
@@ -158,7 +158,7 @@ def worker(name: str, mode: str, work: Path) -> dict:
     imported in their process."""
     cosine = None
     if mode in ("onnx", "int8", "int8dyn"):
-        from speakerlab.inference.runtime import load_onnx
+        from speakerlab.inference.deploy.runtime import load_onnx
 
         runtime = load_onnx(onnx_file(name, mode, work), threads=THREADS)
 
@@ -257,7 +257,7 @@ def line_rate(cmd, env, marker: str, cwd=None) -> float:
 
 def ours_per_file(work: Path, list_file: Path) -> None:
     """Our side of the ratio, in its own process: each file read and embedded alone by the ONNX fp32 file."""
-    from speakerlab.inference.runtime import load_onnx
+    from speakerlab.inference.deploy.runtime import load_onnx
 
     runtime = load_onnx(onnx_file("campplus", "onnx", work), threads=THREADS)
     out = {}
@@ -274,7 +274,7 @@ def ours_command(work: Path, list_file: Path) -> None:
     utterances/s of that call (the runtime loaded before, as the peer's rate leaves out its start-up and model
     load)."""
     from speakerlab.inference.cli import embed_scp
-    from speakerlab.inference.runtime import load_onnx
+    from speakerlab.inference.deploy.runtime import load_onnx
 
     runtime = load_onnx(onnx_file("campplus", "onnx", work), threads=THREADS)
     scp = work / "peer_wavs.scp"
@@ -349,7 +349,7 @@ def peer_ratio(args, work: Path, rounds: int) -> dict:
 def compare_files(paths, rounds: int = 3) -> dict:
     """ONNX files side by side in one process: each cell timed on each file, in alternating order, `rounds`
     times; utterances/s are the medians (the int8 speed-up of a trained model, e.g. egs/mini's)."""
-    from speakerlab.inference.runtime import load_onnx
+    from speakerlab.inference.deploy.runtime import load_onnx
 
     runtimes = {str(p): load_onnx(p, threads=THREADS) for p in paths}
     out = {p: {} for p in runtimes}

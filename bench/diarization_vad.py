@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from speakerlab.dataio.lists import read_wav_scp
-from speakerlab.dataio.resample import read_for_model
+from speakerlab.dataio.tables.lists import read_wav_scp
+from speakerlab.dataio.waveform.resample import read_for_model
 from speakerlab.diarization.vad import VAD_RATE, EnergyVad, SileroVad
 
 

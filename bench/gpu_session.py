@@ -90,7 +90,7 @@ def extract(out: Path, data_dir: Path, models, model_args: str, batch_size: int,
     """Extraction throughput per model: utterances/s and seconds of audio per second (wall clock)."""
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
     from speakerlab.dataio.audio import audio_info
-    from speakerlab.dataio.lists import read_wav_scp
+    from speakerlab.dataio.tables.lists import read_wav_scp
     from speakerlab.frontends import FeatureSpec
     from speakerlab.inference.extract import main as extract_main
     from speakerlab.models import build_model

@@ -4,7 +4,7 @@
     python bench/short_input.py --model exp/x --data data/test --crops 0.2 0.5 1 --pad-to 1.5 3 --both-sides
 
 For every crop length the test side of the trial list (enrolment whole and clean, or cropped too with
-`--both-sides`) is cut to a seeded crop (`truncN` of speakerlab.dataio.degrade) and embedded as it is, then
+`--both-sides`) is cut to a seeded crop (`truncN` of speakerlab.dataio.waveform.degrade) and embedded as it is, then
 repeated to each `--pad-to` length before embedding (`truncN+repP`). Every figure is a row of speakerlab-stress
 (same crops, same seed: the columns differ only by the padding), with its 95 % speaker-bootstrap interval.
 Prints the command and one markdown row per crop length (the rows of bench/RESULTS.md).

@@ -33,7 +33,7 @@ Each run is a fresh process (`--child`), as `speakerlab-train` starts:
 `--cold` removes the lists' `.compact/` first, so they are parsed (a first start without the prepare stage);
 otherwise a run maps what the prepare stage, or an earlier run, kept there (feats.scp is parsed at every start).
 `--python-lists` runs the worker phase of the audio source on the same lists held as Python lists of str / int
-(what a loader held before speakerlab.dataio.compact): the reference for copy-on-write growth. Imports run from
+(what a loader held before speakerlab.dataio.tables.compact): the reference for copy-on-write growth. Imports run from
 cached bytecode, as in a normal environment (this sandbox sets PYTHONDONTWRITEBYTECODE, which the child drops).
 Prints a JSON line per run and a table.
 """
@@ -146,8 +146,9 @@ def make_shards(work: Path, data: Path, out: Path, cfg_path: Path, steps: int) -
     import webdataset
 
     from speakerlab.config import load_config
-    from speakerlab.dataio.compact import read_compact
-    from speakerlab.dataio.shards import FORMAT, SHARDS_JSON, TAG_SHARD_ORDER, ShardStream
+    from speakerlab.dataio.loaders.shard_stream import TAG_SHARD_ORDER, ShardStream
+    from speakerlab.dataio.loaders.shards import FORMAT, SHARDS_JSON
+    from speakerlab.dataio.tables.compact import read_compact
 
     lists = read_compact(data)
     n, samples = len(lists), int(SHARD_SECONDS * SR)

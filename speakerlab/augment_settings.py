@@ -1,7 +1,7 @@
 """The settings of training's augmentation: the config's `augment` section (noise, music, babble, reverberation and
 speed perturbation on the training device; telephone channels, codecs and short crops in the loader workers),
-torch-free like the config that reads it (speakerlab.dataio.augment, speakerlab.dataio.speed and
-speakerlab.dataio.degrade implement it).
+torch-free like the config that reads it (speakerlab.dataio.waveform.augment, speakerlab.dataio.waveform.speed and
+speakerlab.dataio.waveform.degrade implement it).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any, Callable, Dict, List, Optional
 from speakerlab.settings import setting
 
 # The augmentation kinds and the ranges of the Kaldi VoxCeleb recipe (also 3D-Speaker's and
-# WeSpeaker's), in dB; speakerlab.dataio.augment implements them.
+# WeSpeaker's), in dB; speakerlab.dataio.waveform.augment implements them.
 AUGMENT_KINDS = ("reverb", "noise", "music", "babble")
 DEFAULT_SNR = {"noise": (0.0, 15.0), "music": (5.0, 15.0), "babble": (13.0, 20.0)}
-# Telephone channels and codecs of the worker-side channel augmentation (speakerlab.dataio.degrade.ChannelAugment).
+# Telephone channels and codecs of the worker-side channel augmentation
+# (speakerlab.dataio.waveform.degrade.ChannelAugment).
 CHANNEL_KINDS = ("tel", "ulaw", "gsm", "opus", "mp3")
 DEFAULT_BABBLE_SPEAKERS = (3, 7)
 
@@ -49,7 +50,7 @@ def _channel_mix(v) -> Optional[str]:
 
 
 def _speed_factors(v) -> Optional[str]:
-    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.dataio.speed).
+    # Each factor must be a ratio of small integers: the resampler is polyphase (speakerlab.dataio.waveform.speed).
     for f in v:
         if not f > 0:
             return f"must all be > 0, got {v}"
@@ -74,7 +75,8 @@ class AugmentSettings:
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors
     speed_prob: float = setting(0.0, ge=0, le=1)  # chance a crop is sped up by a factor != 1; 0: off
     speed_new_speakers: bool = True  # sped-up copies are new classes: speaker + factor class x num speakers
-    # Channel augmentation in the loader workers (speakerlab.dataio.degrade.ChannelAugment): with channel_prob a crop
+    # Channel augmentation in the loader workers (speakerlab.dataio.waveform.degrade.ChannelAugment): with
+    # channel_prob a crop
     # goes through one telephone channel or codec, drawn by the weights of channel_mix; with short_prob its first
     # short_seconds (uniform in the range) are repeated over the crop (short-utterance statistics at a fixed crop)
     channel_prob: float = setting(0.0, ge=0, le=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speakerlab.dataio.embeddings import write_embeddings
+from speakerlab.dataio.tables.embeddings import write_embeddings
 
 DIM = 32
 

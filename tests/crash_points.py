@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-import speakerlab.dataio.batches
+import speakerlab.dataio.loaders.batches
 from speakerlab.train.loop import main
 
 
@@ -40,14 +40,14 @@ def kill_at(kind: str, n: int) -> None:
 
         torch.save = save
     elif kind == "load":
-        real_item = speakerlab.dataio.batches.CropDataset.__getitem__
+        real_item = speakerlab.dataio.loaders.batches.CropDataset.__getitem__
 
         def item(self, index):
             if hit():
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_item(self, index)
 
-        speakerlab.dataio.batches.CropDataset.__getitem__ = item
+        speakerlab.dataio.loaders.batches.CropDataset.__getitem__ = item
     elif kind == "step":
         real_clip = torch.nn.utils.clip_grad_norm_
 

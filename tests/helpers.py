@@ -333,7 +333,7 @@ def relative_errors(sess, embedder, lengths: np.ndarray, rng) -> tuple:
     one zero-padded batch with their lengths, against the torch path's embeddings of the same waves
     (`Embedder.embed_waves`, whole utterances: what extraction writes): the largest |onnx - torch| of each, over
     max(1, the largest |torch| value). Compared here on purpose, not by the export's own check
-    (speakerlab.inference.export.waveform_errors), so that a fault in that check cannot pass its test."""
+    (speakerlab.inference.deploy.export.waveform_errors), so that a fault in that check cannot pass its test."""
     waves = [(0.1 * rng.standard_normal(int(n))).astype(np.float32) for n in lengths]
     with torch.no_grad():
         want = embedder.embed_waves(waves, max_batch=1)

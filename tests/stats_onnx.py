@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from speakerlab.inference.runtime import FORMAT, META
+from speakerlab.inference.deploy.runtime import FORMAT, META
 
 MIN_SAMPLES = 1600  # the test file's shortest input: 0.1 s at 16 kHz
 

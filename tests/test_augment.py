@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from speakerlab.config import ConfigError, load_config
-from speakerlab.dataio.augment import INT16_SCALE, Augmenter, power, reference_wave
-from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.noise_bank import NoiseBank, build_bank
+from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.dataio.waveform.augment import INT16_SCALE, Augmenter, power, reference_wave
+from speakerlab.dataio.waveform.noise_bank import NoiseBank, build_bank
 from speakerlab.features.spec import KaldiFeatures
 from speakerlab.frontends import FbankConfig
 from speakerlab.train.build import build_inputs, build_net, class_names

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from speakerlab.dataio.noise_bank import main as bank_main
-from speakerlab.dataio.prepare import main as prepare_main
+from speakerlab.dataio.tables.prepare import main as prepare_main
+from speakerlab.dataio.waveform.noise_bank import main as bank_main
 from speakerlab.frontends import FeatureSpec
 from speakerlab.inference.cli import run_verify
 from speakerlab.inference.extract import main as extract_main

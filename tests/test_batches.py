@@ -3,7 +3,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, collate
 from tests.helpers import write_wav
 
 

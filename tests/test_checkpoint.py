@@ -22,7 +22,7 @@ from speakerlab.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model

@@ -1,5 +1,5 @@
 """speakerlab-verify and speakerlab-embed (speakerlab.inference.cli), and audio of any rate / channel count
-(speakerlab.dataio.resample)."""
+(speakerlab.dataio.waveform.resample)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.dataio.resample import (
+from speakerlab.dataio.tables.embeddings import read_embeddings
+from speakerlab.dataio.waveform.resample import (
     MAX_WEIGHTS,
     MultiChannelWarning,
     _weights,
@@ -471,7 +471,7 @@ def test_every_console_script_help_documents_every_option_with_its_default(monke
     assert seen > len(scripts)  # the sub-commands of the corpus scripts too
     monkeypatch.undo()
     with pytest.raises(SystemExit):
-        importlib.import_module("speakerlab.datasets.folder").main(["--help"])
+        importlib.import_module("speakerlab.datasets.folder.cli").main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "trials of test/trials and val/trials, half target (default: 20000)" in shown
 

@@ -1,5 +1,5 @@
-"""Several corpora in one run (speakerlab.dataio.corpora) and the compact lists under them
-(speakerlab.dataio.compact): the same lists and errors as the validating reader, namespaced speakers, sampling
+"""Several corpora in one run (speakerlab.dataio.tables.corpora) and the compact lists under them
+(speakerlab.dataio.tables.compact): the same lists and errors as the validating reader, namespaced speakers, sampling
 weights that keep the order hardware-independent and resumable, per-corpus validation, the feature store and
 tar shards, fine-tuning onto another speaker set, and the bad inputs."""
 
@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from speakerlab.checkpoint import load_checkpoint
-from speakerlab.dataio.batches import GlobalBatchSampler
-from speakerlab.dataio.columns import as_keys, read_keyed
-from speakerlab.dataio.compact import read_compact
-from speakerlab.dataio.corpora import read_manifest
-from speakerlab.dataio.lists import ListError, load_data_dir, read_table
-from speakerlab.dataio.prepare import main as prepare_main
-from speakerlab.dataio.shards import main as shards_main
+from speakerlab.dataio.loaders.batches import GlobalBatchSampler
+from speakerlab.dataio.loaders.shards import main as shards_main
+from speakerlab.dataio.tables.columns import as_keys, read_keyed
+from speakerlab.dataio.tables.compact import read_compact
+from speakerlab.dataio.tables.corpora import read_manifest
+from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_table
+from speakerlab.dataio.tables.prepare import main as prepare_main
 from speakerlab.features.store import main as store_main
 from speakerlab.train.loop import main as train_main
 from tests.helpers import TINY_MODEL, losses, make_data_dir
@@ -41,7 +41,7 @@ def same_lists(compact, data):
 def test_compact_lists_are_the_validating_readers(tmp_path, monkeypatch):
     """Shuffled lines, spk2utt and utt2num_samples (fast path, its keys built 5 rows at a time: across chunk
     boundaries); then tabs and a comment (the validating reader)."""
-    monkeypatch.setattr("speakerlab.dataio.columns.CHUNK", 5)
+    monkeypatch.setattr("speakerlab.dataio.tables.columns.CHUNK", 5)
     root = corpus(tmp_path / "d", speakers=("b", "a", "c"))
     assert prepare_main(["--data", str(root)]) == 0
     lines = (root / "wav.scp").read_text().splitlines()

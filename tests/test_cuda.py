@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speakerlab.dataio.speed import Resampler, resample_ratio
+from speakerlab.dataio.waveform.speed import Resampler, resample_ratio
 from speakerlab.features.fbank import Fbank
 from speakerlab.frontends import FbankConfig
 from speakerlab.models import build_model

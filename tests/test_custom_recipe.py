@@ -108,7 +108,7 @@ def unseen(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("unseen")
     tree = voice_tree(root / "tree", 4322, 60)
     folder = ["--root", str(tree), "--data", str(root / "data"), "--test-speakers", "60", "--val-speakers", "0"]
-    python("-m", "speakerlab.datasets.folder", *folder, "--jobs", "2")
+    python("-m", "speakerlab.datasets.folder.cli", *folder, "--jobs", "2")
     return root / "data" / "test"
 
 

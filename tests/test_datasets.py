@@ -14,9 +14,9 @@ from urllib.error import HTTPError
 import pytest
 import soundfile as sf
 
-from speakerlab.dataio.lists import load_data_dir
-from speakerlab.dataio.prepare import prepare as index_data_dir
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.lists import load_data_dir
+from speakerlab.dataio.tables.prepare import prepare as index_data_dir
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
 from speakerlab.datasets import cnceleb, musan_rirs, threedspeaker, voxblink2, voxceleb
 from speakerlab.datasets.archives import extract
 from speakerlab.datasets.common import DatasetError

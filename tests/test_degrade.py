@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from speakerlab.dataio.augment import power
-from speakerlab.dataio.degrade import (
+from speakerlab.dataio.waveform.augment import power
+from speakerlab.dataio.waveform.degrade import (
     CODECS,
     DEFAULT_CONDITIONS,
     ConditionError,
@@ -152,7 +152,7 @@ def test_bad_condition_names_the_step_and_missing_audio_is_refused():
 
 
 def test_channel_augment_codes_and_shortens_crops_repeatably():
-    from speakerlab.dataio.degrade import ChannelAugment
+    from speakerlab.dataio.waveform.degrade import ChannelAugment
 
     crop = np.round(speechlike(2.0) * 32767).astype(np.int16)
     gsm = ChannelAugment(1.0, {"gsm": 1.0}, 0.0, [0.5, 1.5], SR)

@@ -22,8 +22,8 @@ from tests.helpers import ROOT, torch_free_env, write_wav
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from speakerlab.inference.onnx_graph import set_metadata, with_lengths  # noqa: E402
-from speakerlab.inference.runtime import FEATURES_FORMAT, load_onnx  # noqa: E402
+from speakerlab.inference.deploy.graph import set_metadata, with_lengths  # noqa: E402
+from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, load_onnx  # noqa: E402
 from tests.stats_onnx import metadata, stats, stats_graph  # noqa: E402
 
 
@@ -117,7 +117,11 @@ def test_the_runtime_distribution_ships_every_module_its_commands_import(stats_f
     assert subprocess.run([sys.executable, "-c", api, str(stats_file)], env=env).returncode == 0
     assert rttm.read_text().startswith("SPEAKER conv 1 ")
     imported = set(record.read_text().split())
-    assert {"speakerlab.inference.runtime", "speakerlab.diarization.pipeline", "speakerlab.diarization.der"} <= imported
+    assert {
+        "speakerlab.inference.deploy.runtime",
+        "speakerlab.diarization.pipeline",
+        "speakerlab.diarization.der",
+    } <= imported
     assert imported - runtime_modules() == set()
 
 
@@ -269,7 +273,7 @@ def test_nan_audio_writes_nothing(stats_file, tmp_path, capsys):
 
 
 def test_exp_threshold_is_the_cosine_eer_threshold_of_the_exp_dir(tmp_path):
-    from speakerlab.inference.export import exp_threshold
+    from speakerlab.inference.deploy.export import exp_threshold
 
     exp = tmp_path / "exp"
     (exp / "checkpoints").mkdir(parents=True)
@@ -284,7 +288,7 @@ def test_exp_threshold_is_the_cosine_eer_threshold_of_the_exp_dir(tmp_path):
 
 
 def test_int8_refusal_names_its_reasons():
-    from speakerlab.inference.quantize import refusal
+    from speakerlab.inference.deploy.quantize import refusal
 
     ok = {"cosine_mean": 0.999, "cosine_min": 0.99, "eer_fp32": 4.10, "eer_int8": 4.25}
     assert refusal(ok, max_eer_increase=0.2, min_cosine=0.98) is None
@@ -295,7 +299,7 @@ def test_int8_refusal_names_its_reasons():
 
 
 def test_a_graph_the_quantiser_cannot_handle_is_one_error():
-    from speakerlab.inference.quantize import QuantizeError, quantize_model_graph
+    from speakerlab.inference.deploy.quantize import QuantizeError, quantize_model_graph
 
     broken = stats_graph()
     broken.graph.node[0].input[1] = "no_such_value"
@@ -308,8 +312,8 @@ def test_export_silences_the_libraries_noise_only_and_needs_a_format_unless_wave
     every other library message passes; without --waveform or --int8, --format is a usage error naming it."""
     import logging
 
-    from speakerlab.inference.export import main
-    from speakerlab.inference.onnx_graph import quiet_libraries
+    from speakerlab.inference.deploy.export import main
+    from speakerlab.inference.deploy.graph import quiet_libraries
 
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level

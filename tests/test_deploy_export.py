@@ -29,8 +29,8 @@ def test_export_command_and_runtime_equal_the_torch_path(tmp_path, capsys):
     speakerlab-embed --checkpoint on files of four rates: the same embeddings; and a graph that resamples a
     declared 8 kHz input inside equals the torch path's resampling then model."""
     from speakerlab.inference.cli import run_embed
-    from speakerlab.inference.export import main
-    from speakerlab.inference.runtime import load_onnx
+    from speakerlab.inference.deploy.export import main
+    from speakerlab.inference.deploy.runtime import load_onnx
 
     out = tmp_path / "tiny.onnx"
     assert main(["--checkpoint", str(TINY), "--format", "onnx", "--waveform", "--out", str(out)]) == 0
@@ -63,8 +63,8 @@ def test_export_command_and_runtime_equal_the_torch_path(tmp_path, capsys):
 def test_int8_prints_its_check_and_refuses_a_bad_one(tmp_path, capsys):
     """--int8 dynamic on the tiny checkpoint: the cosine and both EERs printed and stored; with no EER increase
     allowed below zero the same file is refused and not written (exit 1)."""
-    from speakerlab.inference.export import main
-    from speakerlab.inference.runtime import load_onnx
+    from speakerlab.inference.deploy.export import main
+    from speakerlab.inference.deploy.runtime import load_onnx
 
     utts = {f"s{s}-{u}": f"s{s}" for s in range(4) for u in range(3)}
     trials = "".join(f"s{a}-0 s{b}-1 {'target' if a == b else 'nontarget'}\n" for a in range(4) for b in range(4))
@@ -117,7 +117,7 @@ def test_ssl_waveform_file_equals_the_pytorch_path(name, family, tmp_path):
     (the normalised wave, or w2v-BERT's stacked fbank) too: alone and padded, within 1e-4 of PyTorch."""
     pytest.importorskip("transformers")
     from speakerlab.frontends import W2VBertFbankConfig
-    from speakerlab.inference.onnx_graph import front_end_graph, merged_graph, model_graph, with_lengths
+    from speakerlab.inference.deploy.graph import front_end_graph, merged_graph, model_graph, with_lengths
     from tests.helpers import save_tiny_encoder
 
     directory = save_tiny_encoder(tmp_path / family, family)
@@ -133,7 +133,7 @@ def test_ssl_waveform_file_equals_the_pytorch_path(name, family, tmp_path):
 
 def test_features_export_of_an_ssl_model_says_to_use_waveform(tmp_path, capsys, monkeypatch):
     """Their input is not (B, T, F) features: one line, exit 2, nothing written."""
-    from speakerlab.inference import export
+    from speakerlab.inference.deploy import export
 
     class SSLSource:
         model_name, features = "ssl_mhfa", FeatureSpec(WaveformConfig())
@@ -164,7 +164,7 @@ def test_export_prints_its_own_lines_only_and_waveform_implies_onnx(tmp_path):
     out = tmp_path / "q8k.onnx"
     args = ["--checkpoint", str(TINY), "--waveform", "--int8", "static", "--calibration", str(data)]
     args += ["--input-rate", "8000", "--min-cosine", "0", "--out", str(out)]
-    code = "import sys; from speakerlab.inference.export import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from speakerlab.inference.deploy.export import main; sys.exit(main(sys.argv[1:]))"
     run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "" and all(line.startswith("export: ") for line in run.stderr.splitlines()), run.stderr

@@ -10,13 +10,14 @@ the slow recipe test, tests/test_diarization_data.py)."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.rttm import Turn, read_rttm
+from speakerlab.dataio.tables.rttm import Turn, read_rttm
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cli import run
 from speakerlab.diarization.cluster import cluster
@@ -25,7 +26,8 @@ from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.sources import read_source
 from speakerlab.synth.conversations import trim
-from speakerlab.synth.voice import SR, draw_session, draw_speaker, synth_utterance
+from speakerlab.synth.spectra import SR
+from speakerlab.synth.voice import draw_session, draw_speaker, synth_utterance
 from tests.helpers import assert_no_traceback, write_wav
 
 
@@ -167,6 +169,8 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
         capsys, *common, "--rttm", tmp_path / "a.rttm", "--json", tmp_path / "a.json", "--embeddings"
     )
     assert code == 0 and "s per hour" in err
+    # Each recording's line gives the wall time of each stage.
+    assert len(re.findall(r"\(speech [\d.]+ s, embeddings [\d.]+ s, clustering [\d.]+ s\)", err)) == 2, err
     code, _, _ = diarize(capsys, *common, "--rttm", tmp_path / "b.rttm")
     assert code == 0 and (tmp_path / "a.rttm").read_bytes() == (tmp_path / "b.rttm").read_bytes()
     turns = read_rttm(tmp_path / "a.rttm")
@@ -183,7 +187,7 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
 @pytest.mark.slow
 def test_cli_diarizes_with_a_waveform_onnx_file_as_with_its_checkpoint(capsys, tmp_path, talks, ckpt):
     """--onnx (speakerlab-export --waveform of the checkpoint, run by onnxruntime): the RTTM of --checkpoint."""
-    from speakerlab.inference.export import main as export
+    from speakerlab.inference.deploy.export import main as export
 
     pytest.importorskip("onnxruntime")
     onnx_file = tmp_path / "m.onnx"

@@ -1,4 +1,4 @@
-"""The data side of diarization: RTTM / segments / UEM files (speakerlab.dataio.rttm), DER with
+"""The data side of diarization: RTTM / segments / UEM files (speakerlab.dataio.tables.rttm), DER with
 pyannote.metrics (speakerlab-der), the synthetic conversations (speakerlab-synth-conversations), VoxConverse
 on fake archives (speakerlab-voxconverse and egs/voxconverse), and the egs/mini_diar recipe end to end."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.rttm import (
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.rttm import (
     Turn,
     merge_intervals,
     read_reco2num_spk,

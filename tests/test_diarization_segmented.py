@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speakerlab.dataio.rttm import Turn
+from speakerlab.dataio.tables.rttm import Turn
 from speakerlab.diarization import Diarizer
 from speakerlab.diarization.pipeline import DiarizeOptions
 from speakerlab.diarization.segmentation import HOP, KERNEL, STRIDE, SegmentationModel, frame_labels

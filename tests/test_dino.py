@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from speakerlab.checkpoint import load_checkpoint
-from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.dataio.prepare import prepare
+from speakerlab.dataio.tables.embeddings import read_embeddings
+from speakerlab.dataio.tables.prepare import prepare
 from speakerlab.inference.extract import main as extract_main
 from speakerlab.train.loop import main as train_main
 from speakerlab.train.pseudo_label import main as pseudo_label_main

@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from speakerlab.dataio.embeddings import check_embeddings, kaldi_paths, read_embeddings, write_embeddings
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.tables.embeddings import check_embeddings, kaldi_paths, read_embeddings, write_embeddings
+from speakerlab.dataio.tables.lists import ListError
 
 
 def test_round_trip_and_kaldi_copy(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from speakerlab.frontends import FbankConfig, FeatureSpec, ReDimNetMelConfig
+from speakerlab.inference.deploy.export import check_export, export_torchscript
 from speakerlab.inference.embedder import Embedder
-from speakerlab.inference.export import check_export, export_torchscript
 from speakerlab.models import build_model, list_models
 from tests.helpers import export_copy, registry_params, relative_errors
 
@@ -26,7 +26,7 @@ ort = pytest.importorskip("onnxruntime")
 @pytest.fixture(scope="module")
 def front_ends():
     """The front-end graph of each spec, exported once (every fbank model shares one)."""
-    from speakerlab.inference.onnx_graph import front_end_graph
+    from speakerlab.inference.deploy.graph import front_end_graph
 
     cache = {}
 
@@ -44,12 +44,12 @@ def spec_of(name: str) -> FeatureSpec:
 
 @pytest.mark.parametrize("name", registry_params(list_models(), fast=("resnet34",)))
 def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
-    """The model graph (speakerlab.inference.onnx_graph.model_graph, what both file kinds hold) exported once:
+    """The model graph (speakerlab.inference.deploy.graph.model_graph, what both file kinds hold) exported once:
     as the features file, onnxruntime vs PyTorch at 200 and 317 frames within 1e-4 (one file serves any length);
     merged with its front end as the waveform file, four random lengths of 0.5-30 s alone (batch 1) and as one
     padded batch with their lengths, each within 1e-4 of the PyTorch path (audio -> features -> model; relative
     to the embedding's largest value when that is above 1)."""
-    from speakerlab.inference.onnx_graph import merged_graph, model_graph, with_lengths
+    from speakerlab.inference.deploy.graph import merged_graph, model_graph, with_lengths
 
     torch.manual_seed(0)
     spec = spec_of(name)
@@ -58,7 +58,7 @@ def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     onnx.save(graph, tmp_path / "feats.onnx")
     rng = np.random.default_rng(sum(map(ord, name)))
     feats_file = ort.InferenceSession(str(tmp_path / "feats.onnx"), providers=["CPUExecutionProvider"])
-    for frames in (200, 317):  # compared here, not by the export's own check (speakerlab.inference.export)
+    for frames in (200, 317):  # compared here, not by the export's own check (speakerlab.inference.deploy.export)
         x = rng.standard_normal((2, frames, spec.feat_dim)).astype(np.float32)
         with torch.no_grad():
             want = model(torch.from_numpy(x)).numpy()
@@ -76,8 +76,8 @@ def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
 def test_the_tests_comparison_sees_a_wrong_waveform_file(front_ends, tmp_path, monkeypatch):
     """The comparison above is the test's own: with the export's check made blind (its comparator answering 0), a
     waveform file of slightly other weights (one tensor + 0.2) is still seen, and the right file passes."""
-    from speakerlab.inference import export
-    from speakerlab.inference.onnx_graph import merged_graph, model_graph, with_lengths
+    from speakerlab.inference.deploy import export
+    from speakerlab.inference.deploy.graph import merged_graph, model_graph, with_lengths
     from tests.helpers import TINY_CAMPPLUS
 
     monkeypatch.setattr(export, "waveform_errors", lambda *a, **k: (0.0, 0.0))
@@ -113,7 +113,7 @@ def test_an_export_that_disagrees_with_pytorch_is_one_line_and_not_written(fmt, 
     command's check catches it, exit 1 with one line, and neither the file nor its unchecked temporary is left."""
     import copy
 
-    from speakerlab.inference import export
+    from speakerlab.inference.deploy import export
     from tests.helpers import ROOT
 
     name = "export_onnx" if fmt == "onnx" else "export_torchscript"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder, length_batches, load_embedder
 from speakerlab.inference.extract import embed_data_dir, main

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.dataio.lists import load_data_dir
+from speakerlab.dataio.tables.embeddings import read_embeddings
+from speakerlab.dataio.tables.lists import load_data_dir
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.inference.extract import StreamingExtractor, main, plan_units
 from tests.helpers import assert_no_traceback, free_port, write_wav

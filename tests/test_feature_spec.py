@@ -15,7 +15,7 @@ import torch
 
 from speakerlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from speakerlab.config import ConfigError, load_config
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.features.fbank import Fbank, mean_normalize
 from speakerlab.features.redimnet import ReDimNetMel, release_mel_config
 from speakerlab.features.spec import KaldiFeatures, build_features

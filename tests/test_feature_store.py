@@ -10,8 +10,8 @@ import torch
 
 from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.columns import FixedView
-from speakerlab.dataio.lists import ListError, read_table
+from speakerlab.dataio.tables.columns import FixedView
+from speakerlab.dataio.tables.lists import ListError, read_table
 from speakerlab.features.fbank import Fbank, num_frames
 from speakerlab.features.store import FEATS_SCP, FeatureCropDataset, FeatureStore, collate_feats, main
 from speakerlab.frontends import FbankConfig, FeatureSpec
@@ -140,7 +140,7 @@ def test_a_store_of_lists_since_rewritten_says_to_rerun_stage_2(tmp_path, capsys
 
 
 def test_odd_scp_forms_find_what_the_dict_did_and_errors_name_the_line(data):
-    """feats.scp by key (speakerlab.dataio.compact.read_keyed) gives the matrices the dict of read_table gave, in
+    """feats.scp by key (speakerlab.dataio.tables.columns.read_keyed) gives the matrices the dict of read_table gave, in
     the form kaldiio writes (read vectorised) and in forms only the validating reader takes (tabs, a comment, lines
     out of order); a duplicate id is its error, with file and line."""
     assert main(["--data", str(data)]) == 0

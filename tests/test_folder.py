@@ -1,4 +1,4 @@
-"""`python -m speakerlab.datasets.folder`: a folder tree or CSV of one's own recordings -> Kaldi data dirs with a
+"""`python -m speakerlab.datasets.folder.cli`: a folder tree or CSV of one's own recordings -> Kaldi data dirs with a
 speaker-disjoint split and balanced trials. Its bad-input catalogue: every file that is not used has one report
 line saying why (asserted exactly), every malformed list one error naming FILE:LINE, and nothing is lost."""
 
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speakerlab.dataio.lists import load_data_dir
-from speakerlab.dataio.prepare import prepare as index_data_dir
-from speakerlab.dataio.resample import rate_ratio, resample
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.lists import load_data_dir
+from speakerlab.dataio.tables.prepare import prepare as index_data_dir
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
+from speakerlab.dataio.waveform.resample import rate_ratio, resample
 from speakerlab.datasets.filecheck import check_file
-from speakerlab.datasets.folder import main as folder_main
+from speakerlab.datasets.folder.cli import main as folder_main
 from speakerlab.datasets.split import split_sizes
 from speakerlab.outputs import OutputError
 from tests.helpers import write_wav
@@ -240,7 +240,7 @@ def test_unusable_input_is_one_error(tmp_path, capsys, args, message):
 def test_an_unusable_data_folder_is_named_before_any_file_is_read(tmp_path, capsys, monkeypatch, data, message):
     """--data with whitespace (files converted or linked under it could not be listed) or under a file: refused
     first, naming --data, before the recordings are read."""
-    import speakerlab.datasets.folder as folder
+    import speakerlab.datasets.folder.cli as folder
 
     root = tree(tmp_path / "root", utts=2)
     write_wav(root / "a" / "8k.wav", tone(1.2, rate=8000))  # converted under --data

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.identification.cli import run_enrol, run_identify
 from speakerlab.identification.gallery import Gallery, GalleryError, read_gallery, write_gallery
 from speakerlab.identification.identify import identify
@@ -143,7 +143,7 @@ def test_enrol_and_identify_from_onnx_without_torch(tmp_path):
     """speakerlab-enrol / -identify on a waveform ONNX file carrying a model digest and a calibration, in processes
     where `import torch` fails."""
     pytest.importorskip("onnxruntime")
-    from speakerlab.inference.onnx_graph import set_metadata, with_lengths
+    from speakerlab.inference.deploy.graph import set_metadata, with_lengths
     from tests.helpers import torch_free_env
     from tests.stats_onnx import metadata, stats_graph
 

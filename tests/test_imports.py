@@ -77,6 +77,20 @@ LAYERS: Dict[str, Set[str]] = {
 }
 
 
+# Rooms: a layer of more than ~12 modules is split by concern into subpackages, and inside it data flows top-down
+# too (a room may always import itself). dataio: the one audio reader; the text tables (lists, trials, RTTM,
+# embeddings I/O); the signal transforms (resampling, speed, noise bank, augmentation, degradations); the loaders
+# (crops, batches, shards) on top.
+ROOMS: Dict[str, Dict[str, Set[str]]] = {
+    "dataio": {
+        "audio": set(),
+        "tables": {"audio"},
+        "waveform": {"audio", "tables"},
+        "loaders": {"audio", "tables", "waveform"},
+    },
+}
+
+
 def module_name(path: Path) -> str:
     rel = path.relative_to(PACKAGE.parent).with_suffix("")
     parts = list(rel.parts)
@@ -84,7 +98,7 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> str:
-    """`speakerlab.dataio.lists` -> `dataio`; `speakerlab.config` -> `config`; the package itself -> ``."""
+    """`speakerlab.dataio.tables.lists` -> `dataio`; `speakerlab.config` -> `config`; the package itself -> ``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -147,7 +161,7 @@ def test_no_import_cycles():
 
 def test_inference_imports_load_no_training_module():
     code = (
-        "import speakerlab.inference.extract, speakerlab.inference.export, speakerlab.inference.cli, "
+        "import speakerlab.inference.extract, speakerlab.inference.deploy.export, speakerlab.inference.cli, "
         "speakerlab.scoring.score, sys; print([m for m in sys.modules if m.startswith('speakerlab.train')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -192,3 +206,23 @@ def test_no_two_modules_share_a_name():
             seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
     twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert not twice, twice
+
+
+def room(module: str) -> str:
+    """`speakerlab.dataio.tables.lists` -> `tables`; `speakerlab.dataio.audio` -> `audio`; the layer's package -> ``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def test_every_import_inside_a_layer_follows_its_rooms():
+    graph = import_graph()
+    unknown = sorted(m for m in graph if layer(m) in ROOMS and room(m) and room(m) not in ROOMS[layer(m)])
+    assert not unknown, f"modules outside their layer's rooms: {unknown}"
+    bad = [
+        f"{m} ({room(m)}) imports {d} ({room(d)})"
+        for m, deps in sorted(graph.items())
+        if layer(m) in ROOMS and room(m)
+        for d in sorted(deps)
+        if layer(d) == layer(m) and room(d) and room(d) != room(m) and room(d) not in ROOMS[layer(m)][room(m)]
+    ]
+    assert not bad, "\n".join(bad)

@@ -105,7 +105,7 @@ def test_the_runtime_installs_without_torch_and_embeds_and_diarizes_like_the_tor
     its RTTM; torch commands and too-short audio are one line each; the Python API of docs/deployment.md."""
     from speakerlab.diarization.cli import run as diarize
     from speakerlab.inference.cli import run_embed
-    from speakerlab.inference.export import main as export
+    from speakerlab.inference.deploy.export import main as export
 
     bin_dir = runtime_venv / "bin"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

@@ -1,66 +1,58 @@
-"""README's Layout is where a newcomer looks for a file: every folder and module it names exists where it says, and
-every subpackage of speakerlab (and every top-level module of speakerlab/ and of a folder whose line lists its
-modules) is named there."""
+"""The package's rooms as a newcomer meets them: no folder of more than a dozen modules, no module over ~400
+lines, and every file README's Layout names is in the folder it is listed under."""
 
 import re
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME = re.compile(r"^[A-Za-z_][\w.]*(/|\.py)$")
+PACKAGE = ROOT / "speakerlab"
+MAX_MODULES_PER_FOLDER = 12
+MAX_MODULE_LINES = 400
 
 
-def layout_block() -> List[str]:
+def package_folders() -> List[Path]:
+    return [PACKAGE, *sorted(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+
+
+def test_no_folder_holds_more_than_a_dozen_modules():
+    """A newcomer scans a folder at a glance; past a dozen modules it is split by concern into rooms."""
+    crowded = {}
+    for folder in package_folders():
+        modules = [p for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")]
+        if len(modules) > MAX_MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(ROOT))] = len(modules)
+    assert not crowded, f"split these by concern: {crowded}"
+
+
+def test_no_module_is_longer_than_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these by concern: {long}"
+
+
+def layout_entries() -> List[Tuple[str, str]]:
+    """README's Layout block -> (folder under which a line stands, a `name.py` it names), folders from indentation:
+    `  dataio/ ...` opens speakerlab/dataio, `    tables/ ...` below it opens speakerlab/dataio/tables."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("## Layout")
-    body = text[start:].split("```", 2)[1]
-    return [line for line in body.splitlines() if line.strip()]
+    block = text.split("## Layout", 1)[1].split("```")[1]
+    stack: Dict[int, str] = {}
+    entries = []
+    for line in block.splitlines():
+        entry = re.match(r"^( *)(\w+)(/|\.py\b)", line)  # a line that opens with a folder or a file is an entry
+        if entry and len(entry.group(1)) < 16:  # deeper lines continue the one above (the description column)
+            depth = len(entry.group(1)) // 2
+            stack = {d: name for d, name in stack.items() if d < depth}
+            if entry.group(3) == "/":
+                stack[depth] = entry.group(2)
+        where = "/".join(stack[d] for d in sorted(stack))
+        entries += [(where, name) for name in re.findall(r"(?<![\w/])(\w+\.py)\b", line)]
+    return entries
 
 
-def layout_entries() -> Dict[Path, Tuple[str, ...]]:
-    """Path named by the Layout -> the description text of its line and of its continuation lines."""
-    entries: Dict[Path, List[str]] = {}
-    parents: List[Tuple[int, Path]] = []  # (indent, folder) of the enclosing entries
-    last = None
-    for line in layout_block():
-        indent = len(line) - len(line.lstrip())
-        first, _, description = line.strip().partition("  ")
-        names = [n.strip() for n in first.split(",")]
-        if not all(NAME.match(n) for n in names):  # a continuation of the previous entry's description
-            entries[last].append(line.strip())
-            continue
-        while parents and parents[-1][0] >= indent:
-            parents.pop()
-        base = parents[-1][1] if parents else ROOT
-        for name in names:
-            last = base / name.rstrip("/")
-            entries[last] = [description.strip()]
-            if name.endswith("/"):
-                parents.append((indent, last))
-    return {path: tuple(text) for path, text in entries.items()}
-
-
-def test_every_path_of_the_layout_exists():
-    missing = []
-    for path, text in layout_entries().items():
-        if not path.exists():
-            missing.append(str(path.relative_to(ROOT)))
-        if path.is_dir():  # modules and folders its description names (`loop.py (...)`, `ssl/`)
-            for name in re.findall(r"\b([a-z_]\w*\.py|[a-z_]\w*/)(?=[\s,;:)]|$)", " ".join(text)):
-                if not (path / name.rstrip("/")).exists() and not (ROOT / name.rstrip("/")).exists():
-                    missing.append(f"{path.relative_to(ROOT)}/{name} (named in its description)")
-    assert not missing, "README's Layout names what is not there: " + ", ".join(missing)
-
-
-def test_every_package_and_module_is_in_the_layout():
+def test_every_file_the_readme_layout_names_is_where_it_says():
     entries = layout_entries()
-    named = set(entries)
-    for path, text in entries.items():
-        named |= {path / n.rstrip("/") for n in re.findall(r"\b([a-z_]\w*\.py|[a-z_]\w*/)", " ".join(text))}
-    package = ROOT / "speakerlab"
-    absent = [p.parent for p in package.rglob("__init__.py") if p.parent != package and p.parent not in named]
-    absent += [p for p in package.glob("*.py") if p.name != "__init__.py" and p not in named]
-    for folder, text in entries.items():  # a folder whose line lists its modules (3 or more) lists them all
-        if folder.is_dir() and folder != package and len(re.findall(r"\b\w+\.py\b", " ".join(text))) >= 3:
-            absent += [p for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__") and p not in named]
-    assert not absent, "not in README's Layout: " + ", ".join(str(p.relative_to(ROOT)) for p in absent)
+    # the parser reads the nesting: these are known to be listed, each in its room
+    assert ("speakerlab/dataio/tables", "trials.py") in entries
+    assert ("speakerlab/inference/deploy", "runtime.py") in entries
+    missing = [f"{where}/{name}" for where, name in entries if not (ROOT / where / name).is_file()]
+    assert not missing, f"README's Layout names files that are not there: {missing}"

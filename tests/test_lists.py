@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from speakerlab.dataio.lists import ListError, load_data_dir, read_utt2num_samples, read_wav_scp
+from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_utt2num_samples, read_wav_scp
 from tests.helpers import make_data_dir
 
 

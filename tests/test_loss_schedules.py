@@ -126,7 +126,7 @@ def test_schedules_depend_on_global_step_only():
     """Same global batch on 1 process, 4 ranks or 4 accumulation steps: the same steps per epoch, and
     optimizer step k sees the same utterances and crops, so LR and margin (functions of the global step
     and steps per epoch) meet the same data."""
-    from speakerlab.dataio.batches import GlobalBatchSampler
+    from speakerlab.dataio.loaders.batches import GlobalBatchSampler
 
     one = GlobalBatchSampler(1000, 64, 64, 1, 0, 1, seed=3)
     ranks = [GlobalBatchSampler(1000, 64, 16, 1, r, 4, seed=3) for r in range(4)]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from speakerlab.scoring.metrics import compute_eer, compute_min_dcf, verification_metrics
-from speakerlab.scoring.score import Scorer
+from speakerlab.scoring.scorer import Scorer
 
 
 def brute_force(scores, labels, p_target=0.01):

@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from speakerlab.dataio.noise_bank import AUDIO, BankError, NoiseBank, bank_problem, build_bank, main
+from speakerlab.dataio.waveform.noise_bank import AUDIO, BankError, NoiseBank, bank_problem, build_bank, main
 from tests.helpers import write_wav
 
 SR = 16000

@@ -153,7 +153,7 @@ def test_every_command_is_listed():
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, ckpt, tiny_corpus) -> Inputs:
-    from speakerlab.dataio.embeddings import write_embeddings
+    from speakerlab.dataio.tables.embeddings import write_embeddings
 
     root = tmp_path_factory.mktemp("device_inputs")
     utts = {f"s{s}-{u}": f"s{s}" for s in range(3) for u in range(3)}

@@ -1,9 +1,9 @@
-"""speakerlab.dataio.prepare (stage 2) as a module and a command: validate, check audio, index lengths."""
+"""speakerlab.dataio.tables.prepare (stage 2) as a module and a command: validate, check audio, index lengths."""
 
 import numpy as np
 
-from speakerlab.dataio.lists import load_data_dir
-from speakerlab.dataio.prepare import main, prepare
+from speakerlab.dataio.tables.lists import load_data_dir
+from speakerlab.dataio.tables.prepare import main, prepare
 from tests.helpers import make_data_dir, write_wav
 
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from speakerlab.dataio.embeddings import write_embeddings
-from speakerlab.dataio.lists import load_data_dir
+from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.lists import load_data_dir
 from speakerlab.train.pseudo_label import keep_confident, main, purity
 
 

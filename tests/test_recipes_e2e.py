@@ -24,7 +24,7 @@ import soundfile as sf
 import yaml
 
 from speakerlab.checkpoint import load_checkpoint
-from speakerlab.dataio.shards import load_index
+from speakerlab.dataio.loaders.shards import load_index
 from speakerlab.scoring.metrics import compute_eer
 from tests.fake_corpora import (
     REPO,

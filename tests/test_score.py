@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from speakerlab.dataio.trials import IdIndex, TrialList
+from speakerlab.dataio.tables.trials import IdIndex, TrialList
 from speakerlab.scoring.metrics import compute_eer, compute_min_dcf
 from speakerlab.scoring.plots import HEIGHT, WIDTH
 from speakerlab.scoring.report import write_scores
-from speakerlab.scoring.score import evaluate, main
+from speakerlab.scoring.score import main
+from speakerlab.scoring.scorer import evaluate
 
 
 def _case(tmp_path, n_spk=8, per_spk=4, dim=12, seed=0):

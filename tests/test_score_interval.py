@@ -12,8 +12,8 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.stats import norm
 
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.trials import IdIndex, TrialList
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.trials import IdIndex, TrialList
 from speakerlab.scoring.interval import (
     SortedTrials,
     TrialSpeakers,

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from speakerlab.dataio.trials import TrialList
+from speakerlab.dataio.tables.trials import TrialList
 from speakerlab.scoring.calibration import QMF, act_dcf, cllr, logistic_fit, qmf_features
 from speakerlab.scoring.norm import Cohort, asnorm, cohort_stats
-from speakerlab.scoring.score import Scorer, cosine_trial_scores
+from speakerlab.scoring.scorer import Scorer, cosine_trial_scores
 
 
 def _cos(x, y):
@@ -153,7 +153,7 @@ def test_qmf_features_are_symmetric():
 
 
 def test_read_durations_from_files_and_data_dirs(tmp_path):
-    from speakerlab.dataio.lists import ListError
+    from speakerlab.dataio.tables.lists import ListError
     from speakerlab.scoring.calibration import read_durations
 
     (tmp_path / "d").mkdir()

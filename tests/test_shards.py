@@ -1,4 +1,4 @@
-"""Sharded corpora (speakerlab.dataio.shards): the writer's WebDataset layout, the stream's epoch split across
+"""Sharded corpora (speakerlab.dataio.loaders.shards): the writer's WebDataset layout, the stream's epoch split across
 ranks and loader workers, determinism and resume, items equal to CropDataset's, bad settings, torchrun, the index
 as memory-mapped arrays (format 2)."""
 
@@ -19,12 +19,13 @@ import yaml
 
 from speakerlab.config import ConfigError, DataSettings, load_config
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.batches import CropDataset
-from speakerlab.dataio.compact import read_compact
-from speakerlab.dataio.corpora import Corpus, TrainLists
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.prepare import prepare
-from speakerlab.dataio.shards import ARRAYS, ShardStream, load_index, load_shard_data, main, write_shards
+from speakerlab.dataio.loaders.batches import CropDataset
+from speakerlab.dataio.loaders.shard_stream import ShardStream
+from speakerlab.dataio.loaders.shards import ARRAYS, load_index, load_shard_data, main, write_shards
+from speakerlab.dataio.tables.compact import read_compact
+from speakerlab.dataio.tables.corpora import Corpus, TrainLists
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.prepare import prepare
 from speakerlab.train.loop import main as train_main
 from tests.helpers import assert_no_traceback, free_port, losses, make_data_dir, tiny_config, write_wav
 
@@ -206,7 +207,7 @@ def test_bad_settings_and_stale_or_broken_shards(tmp_path, capsys):
 TORCHRUN_STREAM = """
 import json, sys
 import torch, torch.distributed as dist
-from speakerlab.dataio.shards import ShardStream
+from speakerlab.dataio.loaders.shard_stream import ShardStream
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 out = {}

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.signal import resample_poly
 
-from speakerlab.dataio.speed import (
+from speakerlab.dataio.waveform.speed import (
     Resampler,
     SpeedPerturb,
     factor_classes,

@@ -14,7 +14,7 @@ import soundfile as sf
 import torch
 
 from speakerlab.checkpoint import load_checkpoint, rebuild_model
-from speakerlab.dataio.embeddings import read_embeddings
+from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.features.spec import build_features
 from speakerlab.inference.cli import run_embed
 from speakerlab.inference.extract import main as extract_main

@@ -1,12 +1,13 @@
-"""Vectorised trial-list parsing (speakerlab.dataio.trials) against a direct line-by-line parse and the bad inputs."""
+"""Vectorised trial-list parsing (speakerlab.dataio.tables.trials) against a direct line-by-line parse
+and the bad inputs."""
 
 import re
 
 import numpy as np
 import pytest
 
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
 
 IDS = ["a", "ab", "abc", "id10001/1zcIwhmdeo4/00001.wav", "id10001/1zcIwhmdeo4/00002.wav", "x" * 40, "ü-ß", "12345678"]
 

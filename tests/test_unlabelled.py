@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from speakerlab.config import ConfigError, load_config
-from speakerlab.dataio.compact import UNLABELLED, read_compact, without_labels
-from speakerlab.dataio.corpora import Corpus, TrainLists
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.prepare import prepare
+from speakerlab.dataio.tables.compact import UNLABELLED, read_compact, without_labels
+from speakerlab.dataio.tables.corpora import Corpus, TrainLists
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.prepare import prepare
 from speakerlab.train.inputs.loader import load_train_lists
 from tests.helpers import make_data_dir
 

@@ -65,7 +65,7 @@ def test_onnx_file_carries_the_calibration_and_decides_as_the_torch_path(calibra
     """The waveform file exported from the exp dir holds its calibration; verify --onnx (in a process without torch)
     prints the LLR, probability and decision of verify --checkpoint at two FARs; the Python API gives the same."""
     from speakerlab.inference import load_embedder
-    from speakerlab.inference.export import main as export
+    from speakerlab.inference.deploy.export import main as export
     from speakerlab.inference.verify import verify_files
 
     root, ckpt, (a, b) = calibrated

@@ -72,7 +72,7 @@ if stage_on 2; then
   if [ "$musan_rirs" = true ]; then   # noise/RIR audio read once into an int16 bank training memory-maps
     speakerlab-noise-bank --lists "$data/musan_rirs"
   fi
-  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.shards): for data on network storage
+  if [ "$shards" = true ]; then   # WebDataset tar shards (speakerlab.dataio.loaders.shards): for data on network storage
     speakerlab-shards --data "$data/$train_set" --out "$data/$train_set/shards"
   fi
 fi

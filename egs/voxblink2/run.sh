@@ -42,7 +42,7 @@ opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g
 . ../tools/parse_options.sh
 . ../tools/env.sh
 
-# The corpora of stages 2, 3 and 7 (speakerlab.dataio.corpora): one record each, in this order.
+# The corpora of stages 2, 3 and 7 (speakerlab.dataio.tables.corpora): one record each, in this order.
 corpora="$data/train_corpora.yaml"
 write_corpora() {
   {

@@ -37,7 +37,7 @@ def read_first_channel(path: str, warn: Optional[Callable[[str], None]] = None) 
     A multi-channel file gives its first channel, and a message naming the file goes to `warn` (default:
     `warnings.warn(..., MultiChannelWarning)`): the other channels are dropped, not mixed, because a mixdown
     of a two-party call would blend two speakers. Errors (unreadable, empty) raise `AudioError` naming the
-    file. Inference tools read through this, then resample (torch: speakerlab.dataio.resample; the ONNX
+    file. Inference tools read through this, then resample (torch: speakerlab.dataio.waveform.resample; the ONNX
     runtime: scipy)."""
     try:
         wave, sr = sf.read(path, dtype="float32", always_2d=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.lists import ListError, write_table
+from speakerlab.dataio.tables.lists import ListError, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
 from speakerlab.outputs import OutputError, check_folder_output

@@ -14,7 +14,7 @@ import numpy as np
 import soundfile as sf
 
 from speakerlab.dataio.audio import wav_shortfall
-from speakerlab.dataio.resample import resample
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.outputs import OutputError, is_special, output_file
 
 KEEP_FORMATS = ("WAV", "FLAC")  # read in place by training (seekable crops); others are converted

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Sequence
 
-from speakerlab.dataio.lists import write_table
+from speakerlab.dataio.tables.lists import write_table
 from speakerlab.datasets.common import CorpusCommand, DatasetError, check_count, iter_list, require_dir
 from speakerlab.datasets.download import Archive, log
 

@@ -1,11 +1,11 @@
 """A speaker-disjoint split of a corpus into training, validation and test speakers, and a balanced trial list
-over held-out speakers, both seeded (used by `python -m speakerlab.datasets.folder`).
+over held-out speakers, both seeded (used by `python -m speakerlab.datasets.folder.cli`).
 
 Held-out sizes (`split_sizes`), when not given: the test split takes a quarter of the speakers, at most
 max(40, a tenth) of them, at least 2; the validation split (model selection while training) half as many as
 the test split, none when that is fewer than 2. So 12 speakers give 3 test speakers and no validation split,
 90 give 22 and 11, 200 give 40 and 20, 1,000 give 100 and 50. An EER needs about `MIN_SPEAKERS` speakers
-(speakerlab.dataio.trials) to tell models apart: a quarter of the speakers is what reaches it at 80 speakers
+(speakerlab.dataio.tables.trials) to tell models apart: a quarter of the speakers is what reaches it at 80 speakers
 while leaving most of them for training, and beyond 40 (or a tenth) more test speakers cost training data for
 an interval that is already narrow (about +-33% of the EER at 40 speakers, speakerlab.scoring.interval).
 """

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from speakerlab.dataio.audio import sf
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.rttm import read_rttm, rttm_lines
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.rttm import read_rttm, rttm_lines
 from speakerlab.datasets.common import CorpusCommand, DatasetError, check_count, require_dir
 from speakerlab.datasets.download import Archive, log
 from speakerlab.outputs import write_lines

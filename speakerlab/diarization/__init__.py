@@ -12,7 +12,7 @@ Modules: vad (Silero and energy speech detection), cluster (spectral clustering 
 pipeline (`Diarizer`), cli (`speakerlab-diarize`), der (`speakerlab-der`: DER with pyannote.metrics);
 segmentation (the powerset segmentation model and its loss, torch), segmentation_train
 (`speakerlab-segmentation-train`), segmenter (its ONNX file run torch-free: speech and overlapped speech).
-RTTM and the other list files are speakerlab.dataio.rttm. docs/diarization.md tells the whole story.
+RTTM and the other list files are speakerlab.dataio.tables.rttm. docs/diarization.md tells the whole story.
 """
 
 from speakerlab.diarization.cluster import SpeakerCount

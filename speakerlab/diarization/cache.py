@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.rttm import Interval
+from speakerlab.dataio.tables.rttm import Interval
 from speakerlab.outputs import output_path, write_text
 
 SAMPLED = 1 << 16  # bytes read from each end of an audio file for its key

@@ -12,7 +12,8 @@ recording id of a file given on the command line is its name without the extensi
 spk00, spk01, ... per recording, in order of first appearance. The JSON holds per recording its duration,
 speech regions, turns and speaker centroids (unit-length mean embeddings); with --embeddings also every
 sub-segment with its speaker and embedding; and the model that made them (`model`, and `model_id`: a speakerlab
-checkpoint's content digest). Messages go to stderr, one line per recording.
+checkpoint's content digest). Messages go to stderr, one line per recording (with the wall seconds of its
+stages: speech detection, embeddings, clustering).
 
 Every file of the list is checked before any work ("no such file: PATH (wav.scp line N)"), and the RTTM is
 written after each recording, so a failure in a later one loses none that finished (the JSON, written once,
@@ -38,8 +39,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.dataio.rttm import read_reco2num_spk, read_speech, rttm_lines
+from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.cluster import METHODS, SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
@@ -266,7 +267,9 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
             write_rttm(args, results)
             print(
                 f"speakerlab-diarize: {reco}: {d.duration:.1f} s, {len(d.speakers)} speaker(s), "
-                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s"
+                f"{len(d.turns)} turn(s) in {time.time() - t1:.1f} s ("
+                + ", ".join(f"{stage} {took:.1f} s" for stage, took in d.seconds.items())
+                + ")"
                 + (f" ({' and '.join(d.cached)} from the cache)" if d.cached else ""),
                 file=sys.stderr,
             )

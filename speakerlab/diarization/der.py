@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.rttm import Interval, Turn, read_rttm, read_uem
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.rttm import Interval, Turn, read_rttm, read_uem
 from speakerlab.outputs import write_lines
 
 CONDITIONS = ((0.25, False), (0.25, True), (0.0, False), (0.0, True))  # (collar, skip overlap)

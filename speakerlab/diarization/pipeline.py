@@ -30,14 +30,15 @@ alone (tests/test_diarization.py checks this).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.resample import resample
-from speakerlab.dataio.rttm import Interval, Turn
+from speakerlab.dataio.tables.rttm import Interval, Turn
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
@@ -46,12 +47,12 @@ from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.common import check_finite, too_short
 
-# Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.runtime) diarization runs in the
+# Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.deploy.runtime) diarization runs in the
 # torch-free install.
 if TYPE_CHECKING:
     from speakerlab.diarization.segmenter import OnnxSegmenter
+    from speakerlab.inference.deploy.runtime import OnnxEmbedder
     from speakerlab.inference.embedder import Embedder
-    from speakerlab.inference.runtime import OnnxEmbedder
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class Diarization:
     centroids: np.ndarray  # (K, D) float32, unit length
     notes: List[str] = field(default_factory=list)
     cached: List[str] = field(default_factory=list)  # what came from the cache: "speech", "embeddings"
+    # Wall seconds of each stage run: "speech" (VAD or segmentation), "embeddings", "clustering".
+    seconds: Dict[str, float] = field(default_factory=dict)
 
     @property
     def speakers(self) -> List[str]:
@@ -242,6 +245,8 @@ class Diarizer:
             raise AudioError(f"{name}: {short}" if name else short)
         notes: List[str] = []
         cached: List[str] = []
+        seconds: Dict[str, float] = {}
+        t0 = time.perf_counter()
         if speech is None and self.segmenter is not None:
             kit = {"embedder": self.embedder, "segmenter": self.segmenter, "options": opt, "plda": self.plda}
             parts = diarize_segmented(wave, rate, count, **kit, name=name)
@@ -257,15 +262,17 @@ class Diarizer:
                 speech = self.vad(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
                 if entry:
                     entry.put_speech(speech)
+        seconds["speech"] = time.perf_counter() - t0
         regions = [(max(0.0, s), min(duration, e)) for s, e in speech if min(duration, e) > max(0.0, s)]
         pieces = subsegments(regions, opt.window, opt.hop)
         if not pieces:
             notes.append(f"{name}: no speech found: no turns")
             empty = np.zeros((0, 0), np.float32)
             none = np.zeros(0, np.int64)
-            return Diarization(duration, regions, [], np.zeros((0, 2)), none, empty, empty, notes, cached)
+            return Diarization(duration, regions, [], np.zeros((0, 2)), none, empty, empty, notes, cached, seconds)
         need = self.embedder.min_samples
         settings = (opt.window, opt.hop, opt.min_embed)
+        t0 = time.perf_counter()
         emb = entry.embeddings(settings, regions) if entry else None
         if emb is not None and len(emb) == len(pieces):
             cached.append("embeddings")
@@ -275,11 +282,13 @@ class Diarizer:
             check_finite([f"{name} {s:.2f}-{e:.2f} s" for _, s, e in pieces], emb)
             if entry:
                 entry.put_embeddings(settings, regions, emb)
+        seconds["embeddings"] = time.perf_counter() - t0
         if count.min > len(pieces):
             notes.append(
                 f"{name}: {count.min} speakers asked for, but the speech gives only {len(pieces)} "
                 f"sub-segment(s): {len(pieces)} speaker(s) at most"
             )
+        t0 = time.perf_counter()
         labels = cluster(
             emb,
             count,
@@ -292,6 +301,7 @@ class Diarizer:
             self.plda,
             opt.vbx,
         )
+        seconds["clustering"] = time.perf_counter() - t0
         x = normalize(emb)
         centroids = normalize(np.stack([x[labels == k].mean(axis=0) for k in range(labels.max() + 1)]))
         return Diarization(
@@ -304,4 +314,5 @@ class Diarizer:
             centroids=centroids.astype(np.float32),
             notes=notes,
             cached=cached,
+            seconds=seconds,
         )

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.lists import load_data_dir
+from speakerlab.dataio.tables.lists import load_data_dir
 from speakerlab.diarization.pipeline import DiarizeOptions, embed_window
 from speakerlab.diarization.plda import fit_plda
 from speakerlab.inference.cli import BAD_INPUT, source_embedder

@@ -154,7 +154,7 @@ def export_onnx(model: SegmentationModel, path) -> None:
     """Write `model` as ONNX: input `wave` (B, S) at 16 kHz, S >= 560 -> output `scores` (B, T, NUM_CLASSES)
     logits, batch and length dynamic; the frame layout in the metadata (speakerlab.diarization.segmenter
     reads it)."""
-    from speakerlab.inference.onnx_graph import set_metadata, torch_to_onnx
+    from speakerlab.inference.deploy.graph import set_metadata, torch_to_onnx
     from speakerlab.outputs import output_file
 
     # 2.5 s plus an odd tail: no length axis is specialised to a round value.

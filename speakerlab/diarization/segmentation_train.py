@@ -21,8 +21,8 @@ import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, read_audio
-from speakerlab.dataio.lists import ListError, read_wav_scp
-from speakerlab.dataio.rttm import read_rttm
+from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.outputs import OutputError, check_folder_output, output_file
 from speakerlab.settings import ConfigError, build_settings, parse_overrides, read_yaml, set_dotted, setting
 

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.resample import resample
-from speakerlab.dataio.rttm import Interval, merge_intervals
+from speakerlab.dataio.tables.rttm import Interval, merge_intervals
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.cluster import SpeakerCount, cluster, normalize
 from speakerlab.inference.common import check_finite
 

@@ -28,9 +28,9 @@ from torch.utils.data import Dataset
 
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import read_audio
-from speakerlab.dataio.columns import as_keys, read_keyed
-from speakerlab.dataio.embeddings import import_kaldiio, write_kaldi_ark
-from speakerlab.dataio.lists import ListError, load_data_dir, read_wav_scp, rerun_features
+from speakerlab.dataio.tables.columns import as_keys, read_keyed
+from speakerlab.dataio.tables.embeddings import import_kaldiio, write_kaldi_ark
+from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_wav_scp, rerun_features
 from speakerlab.features.fbank import Fbank, num_frames
 from speakerlab.frontends import FRONT_ENDS, FbankConfig, feature_spec
 from speakerlab.outputs import write_text
@@ -93,7 +93,7 @@ def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
 
 class FeatureStore:
     """Read side of a store: `store[utt]` -> `(T, F)` float32, or by row: `store.load(store.rows(keys)[i])`.
-    Holds only the scp entries, as a few arrays (speakerlab.dataio.compact.KeyedColumn; picklable: loader
+    Holds only the scp entries, as a few arrays (speakerlab.dataio.tables.columns.KeyedColumn; picklable: loader
     workers open the ark per read)."""
 
     def __init__(self, data_dir, expect: Optional[FbankConfig] = None):
@@ -163,7 +163,7 @@ class FeatureCropDataset(Dataset):
         crop_samples: int,
         fbank: FbankConfig,
     ):
-        # Kept as given (arrays, compact views: see speakerlab.dataio.batches.CropDataset).
+        # Kept as given (arrays, compact views: see speakerlab.dataio.loaders.batches.CropDataset).
         self.store, self.utts, self.paths, self.labels = store, utts, paths, labels
         self.crop_samples, self.frames = crop_samples, num_frames(crop_samples, fbank)
         # Each utterance's row in the store, found once for all (vectorised): an item reads by row, no search.

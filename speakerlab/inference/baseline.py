@@ -19,7 +19,7 @@ from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.outputs import write_text
-from speakerlab.scoring.score import evaluate
+from speakerlab.scoring.scorer import evaluate
 
 
 class MeanOverTime(torch.nn.Module):

@@ -11,10 +11,12 @@
 
 Both load the model through `speakerlab.inference.embedder.load_embedder` (our checkpoint file or exp dir, a
 3D-Speaker state dict with its published features, or a ReDimNet2 release with its own log-mel front-end) and
-read audio with `speakerlab.dataio.resample.read_for_model`: any sample rate (resampled in torch to the model's),
+read audio with `speakerlab.dataio.waveform.resample.read_for_model`:
+any sample rate (resampled in torch to the model's),
 multi-channel files as their first channel (with a warning on stderr naming the file). `speakerlab-embed --onnx`
-runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.runtime instead: no torch,
-resampling by speakerlab.dataio.resample (numpy, the same filter); this module imports torch only for the other sources.
+runs a waveform ONNX file (speakerlab-export --waveform) through speakerlab.inference.deploy.runtime instead: no torch,
+resampling by speakerlab.dataio.waveform.resample (numpy, the same filter);
+this module imports torch only for the other sources.
 
 `speakerlab-verify` decides with the model's calibration when it has one (speakerlab.inference.verify: `--calibration-
 file`, else the one an ONNX file carries, else `<exp>/calibration.json` of `--checkpoint`; another model's is
@@ -40,7 +42,7 @@ The cosine threshold is, first found of:
   4. DEFAULT_THRESHOLD: a placeholder, not tuned for any model, and the threshold line says so.
 
 `speakerlab-embed` reads `<id> <path>` lines and writes OUT: `.npz` with `ids` (wav.scp order) and
-`embeddings (N, D)` float32 (`speakerlab.dataio.embeddings`, as extraction writes); an OUT ending in `.ark`, or
+`embeddings (N, D)` float32 (`speakerlab.dataio.tables.embeddings`, as extraction writes); an OUT ending in `.ark`, or
 `--kaldi`, also writes a Kaldi float-vector ark and its scp (kaldiio) next to the .npz. Nothing is written when a
 file fails or an embedding is not finite.
 
@@ -60,8 +62,8 @@ import numpy as np
 
 from speakerlab.commands import CommandParser, require_torch
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.embeddings import kaldi_paths, read_embeddings, write_embeddings
-from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.embeddings import kaldi_paths, read_embeddings, write_embeddings
+from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.devices import use_threads
 from speakerlab.inference.common import NonFiniteEmbedding, add_source_args, check_finite, read_wave, warn_stderr
 from speakerlab.inference.verify import Decision, decide, exp_dir_of, find_calibration
@@ -71,8 +73,8 @@ from speakerlab.scoring.metrics import eer_point, error_rates
 # torch is imported by the functions that load a torch model (speakerlab.inference.embedder), not here:
 # `speakerlab-embed --onnx` runs in the torch-free install (runtime/pyproject.toml).
 if TYPE_CHECKING:
+    from speakerlab.inference.deploy.runtime import OnnxEmbedder
     from speakerlab.inference.embedder import Embedder
-    from speakerlab.inference.runtime import OnnxEmbedder
 
 DEFAULT_THRESHOLD = 0.5
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
@@ -110,7 +112,7 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
 
     `dim`: the model's embedding size, checked against the file's (embeddings of another model would
     give a meaningless threshold)."""
-    from speakerlab.scoring.score import evaluate  # the scoring stack only when calibrating
+    from speakerlab.scoring.scorer import evaluate  # the scoring stack only when calibrating
 
     ids, emb = read_embeddings(embeddings)
     if dim is not None and emb.shape[1] != dim:
@@ -266,7 +268,7 @@ def source_embedder(ap: argparse.ArgumentParser, args):
     """The embedder the options of `add_source_args` name: a waveform ONNX file on onnxruntime (`--onnx`, torch
     never imported), else `speakerlab.inference.embedder.embedder_from_args` (torch)."""
     if getattr(args, "onnx", None):
-        from speakerlab.inference.runtime import load_onnx
+        from speakerlab.inference.deploy.runtime import load_onnx
 
         threads, args.threads_line = use_threads(args.threads)
         return load_onnx(args.onnx, threads=threads)

@@ -1,5 +1,5 @@
 """The torch-free parts of inference, shared by the PyTorch embedder (speakerlab.inference.embedder) and the ONNX
-runtime (speakerlab.inference.runtime): the options that name a model, batching waves by length, the check that
+runtime (speakerlab.inference.deploy.runtime): the options that name a model, batching waves by length, the check that
 no embedding is NaN or inf. Nothing here imports torch, so `speakerlab-embed --onnx` and the runtime's Python API
 run where torch is not installed (the torch-free install, runtime/pyproject.toml: numpy, soundfile, scipy,
 onnxruntime).

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.dataio.resample import read_for_model
+from speakerlab.dataio.waveform.resample import read_for_model
 from speakerlab.devices import resolve_device, use_threads
 from speakerlab.features.spec import build_features
 from speakerlab.frontends import FRONT_ENDS, FeatureSpec
@@ -121,7 +121,7 @@ def load_embedder(
     - `threedspeaker=NAME, weights=FILE`: a 3D-Speaker state dict for the registered model NAME.
     - `redimnet2=FILE`: a released ReDimNet2 file, with its own front-end.
     - `onnx=FILE`: a waveform ONNX file of speakerlab-export, run on the CPU by onnxruntime: an `OnnxEmbedder`
-      (speakerlab.inference.runtime) with the same `read` and `embed_waves`. Without torch installed, import
+      (speakerlab.inference.deploy.runtime) with the same `read` and `embed_waves`. Without torch installed, import
       this function from `speakerlab.inference` instead.
     """
     if sum(x is not None for x in (checkpoint, threedspeaker, redimnet2, onnx)) != 1:
@@ -129,7 +129,7 @@ def load_embedder(
             "give exactly one of a checkpoint, a 3D-Speaker model name (with weights), a ReDimNet2 file or an ONNX file"
         )
     if onnx is not None:
-        from speakerlab.inference.runtime import load_onnx
+        from speakerlab.inference.deploy.runtime import load_onnx
 
         return load_onnx(onnx)
     dev = resolve_device(device) if isinstance(device, str) else device

@@ -34,7 +34,7 @@ anything is embedded, in one line naming its wav.scp line (speakerlab.inference.
 every command), never embedded into a garbage vector.
 
 Output: OUT is an .npz with `ids` ((N,) unicode, sorted) and `embeddings` ((N, D) float32), written and
-read by `speakerlab.dataio.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
+read by `speakerlab.dataio.tables.embeddings` (numpy alone reads it too: `z = np.load(OUT); dict(zip(z["ids"],
 z["embeddings"]))`). `--kaldi` also writes `<OUT without .npz>.ark/.scp` (Kaldi float vectors,
 kaldiio). When the data dir has an offline feature store (speakerlab-feature-store) with the checkpoint's
 fbank options (a kaldi_fbank front-end), fbank is read from it instead of computed from the audio
@@ -63,8 +63,8 @@ from torch.utils.data import DataLoader
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.embeddings import write_embeddings
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir
 from speakerlab.inference.common import too_short
 from speakerlab.inference.embedder import (
     Embedder,

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from speakerlab.dataio.audio import audio_info, read_segment
-from speakerlab.dataio.lists import DataDir, ListError
+from speakerlab.dataio.tables.lists import DataDir, ListError
 from speakerlab.features.fbank import num_frames
 from speakerlab.frontends import FRONT_ENDS
 from speakerlab.inference.embedder import Embedder

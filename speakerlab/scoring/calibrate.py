@@ -30,9 +30,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.embeddings import embeddings_model_id, read_embeddings
-from speakerlab.dataio.lists import ListError
-from speakerlab.dataio.trials import TrialList
+from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
+from speakerlab.dataio.tables.lists import ListError
+from speakerlab.dataio.tables.trials import TrialList
 from speakerlab.outputs import OutputError
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, min_cllr, read_durations
 from speakerlab.scoring.calibration_file import (
@@ -45,7 +45,7 @@ from speakerlab.scoring.calibration_file import (
 )
 from speakerlab.scoring.interval import CI_REPLICATES, far_interval, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
-from speakerlab.scoring.score import Scorer
+from speakerlab.scoring.scorer import Scorer
 
 
 class Scored:

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from speakerlab.dataio.lists import ListError, read_table, read_utt2num_samples
+from speakerlab.dataio.tables.lists import ListError, read_table, read_utt2num_samples
 
 FEATURES_NO_DUR = ["score", "norm_min", "norm_max"]
 FEATURES = ["score", "logdur_min", "logdur_max", "norm_min", "norm_max"]

@@ -41,8 +41,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from speakerlab.dataio.lists import ListError, read_utt2spk
-from speakerlab.dataio.trials import IdIndex, TrialList
+from speakerlab.dataio.tables.lists import ListError, read_utt2spk
+from speakerlab.dataio.tables.trials import IdIndex, TrialList
 from speakerlab.scoring.metrics import eer_between
 
 CI_LEVEL = 0.95

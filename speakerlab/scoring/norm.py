@@ -21,7 +21,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.tables.lists import ListError
 
 
 def unit_rows(emb: np.ndarray, mean: np.ndarray | None = None) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from speakerlab.dataio.trials import TrialList
+from speakerlab.dataio.tables.trials import TrialList
 from speakerlab.outputs import output_file, write_text
 from speakerlab.scoring.interval import CI_MIN_SPEAKERS
 

@@ -32,7 +32,8 @@ from speakerlab.dataio.audio import sf
 from speakerlab.outputs import OutputError, check_folder_output, output_file, write_lines
 
 from . import rooms
-from .voice import SR, SpeakerTraits, draw_session, draw_speaker, synth_utterance
+from .spectra import SR
+from .voice import SpeakerTraits, draw_session, draw_speaker, synth_utterance
 
 FORMAT_VERSION = 1
 SETS = ("train", "val", "test")
@@ -120,7 +121,7 @@ def _code_fingerprint() -> str:
     """SHA-1 of the generator's own sources: an edited voice model never reuses an old corpus."""
     h = hashlib.sha1()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("voice.py", "rooms.py", "__main__.py"):
+    for name in ("voice.py", "spectra.py", "rooms.py", "__main__.py"):
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()

@@ -29,8 +29,8 @@ import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, read_audio, sf
-from speakerlab.dataio.lists import ListError, load_data_dir
-from speakerlab.dataio.rttm import Turn, rttm_lines
+from speakerlab.dataio.tables.lists import ListError, load_data_dir
+from speakerlab.dataio.tables.rttm import Turn, rttm_lines
 from speakerlab.outputs import OutputError, check_folder_output, output_file, write_lines
 
 SR = 16000

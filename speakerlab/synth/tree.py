@@ -23,9 +23,9 @@ import numpy as np
 import soundfile as sf
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.resample import resample
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.outputs import OutputError, check_folder_output, output_file
-from speakerlab.synth.voice import SR
+from speakerlab.synth.spectra import SR
 
 BAND_HZ = (300.0, 3400.0)
 PHONE_RATE = 8000

@@ -1,6 +1,6 @@
 """Source-filter voice model: per-speaker traits, random phone strings, per-session channel.
 
-Everything is 16 kHz mono float32 in [-1, 1]. Synthesis works on an STFT grid (512-point frames
+Everything is 16 kHz mono float32 in [-1, 1]. Synthesis works on an STFT grid (spectra.py: 512-point frames
 every 128 samples, 8 ms): a glottal pulse train and a white-noise source are each transformed,
 multiplied frame by frame by a spectral envelope (formant resonances / fricative shape / session
 channel), and overlap-added back. That is a time-varying filter without a per-sample recursion,
@@ -20,14 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .rooms import smooth_eq_db
-
-SR = 16000
-N_FFT = 512
-HOP = 128
-_FREQS = np.fft.rfftfreq(N_FFT, 1.0 / SR)  # (257,) Hz
-# sqrt-Hann analysis and synthesis windows: their product (Hann) sums to 2 at a hop of N_FFT / 4.
-_WIN = np.sqrt(np.hanning(N_FFT + 1)[:N_FFT]).astype(np.float64)
-_OLA_GAIN = 2.0
+from .spectra import FREQS, HOP, SR, istft, resonances, stft
 
 # Phone inventory: name, kind, F1-F4 (Hz, adult-male reference), duration range (ms),
 # voicing amplitude, noise amplitude, noise centre (Hz), noise width (octaves).
@@ -275,40 +268,6 @@ def _glottal_source(
     return source
 
 
-def _stft(x: np.ndarray) -> np.ndarray:
-    """(N,) -> (T, 257) complex, T = N // HOP + 1 frames centred on multiples of HOP."""
-    padded = np.pad(x, (N_FFT // 2, N_FFT // 2 + HOP))
-    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][: len(x) // HOP + 1]
-    return np.fft.rfft(frames * _WIN, axis=1)
-
-
-def _istft(spec: np.ndarray, num_samples: int) -> np.ndarray:
-    """Weighted overlap-add inverse of :func:`_stft`: (T, 257) -> (num_samples,)."""
-    frames = np.fft.irfft(spec, n=N_FFT, axis=1) * _WIN
-    T, k = len(frames), N_FFT // HOP
-    blocks = np.zeros((T + k - 1, HOP))
-    for j in range(k):
-        blocks[j : j + T] += frames[:, j * HOP : (j + 1) * HOP]
-    return blocks.reshape(-1)[N_FFT // 2 : N_FFT // 2 + num_samples] / _OLA_GAIN
-
-
-def _resonances(formants: np.ndarray, bandwidths: np.ndarray) -> np.ndarray:
-    """Log-magnitude of a cascade of 2-pole resonators, unity gain at DC.
-
-    formants (T, K) Hz, bandwidths (K,) Hz -> (T, 257) natural log.
-    """
-    f2 = (_FREQS**2).astype(formants.dtype)[None, :]
-    power = np.ones((formants.shape[0], len(_FREQS)), dtype=formants.dtype)
-    # Analog-prototype magnitude |H|^2 = (F^2 + b^2)^2 / (((f-F)^2 + b^2)((f+F)^2 + b^2)), b = B/2,
-    # multiplied over the resonators so that only one log is taken (the log is the slow part).
-    for k in range(formants.shape[1]):
-        F = formants[:, k : k + 1]
-        b2 = (0.5 * bandwidths[k]) ** 2
-        s = F * F + b2
-        power *= s * s / ((f2 + s) ** 2 - 4.0 * f2 * F * F)
-    return 0.5 * np.log(power)
-
-
 def _vocal_tract(traits: SpeakerTraits, track: dict) -> np.ndarray:
     """Vocal-tract + source-tilt magnitude envelope per frame: (T, 257) linear, float32."""
     # Formant tracks are smoothed over ~7 frames, so every other frame is enough; the frames in
@@ -316,17 +275,17 @@ def _vocal_tract(traits: SpeakerTraits, track: dict) -> np.ndarray:
     half = track["formants"][::2].astype(np.float32)
     f5 = np.full((len(half), 1), 4400.0 * traits.vtl, dtype=np.float32)
     bandwidths = np.append(_BANDWIDTHS, 250.0).astype(np.float32) * np.float32(traits.bandwidth)
-    log_env = _resonances(np.concatenate([half, f5], axis=1), bandwidths)
+    log_env = resonances(np.concatenate([half, f5], axis=1), bandwidths)
     # Nasal coupling: an anti-resonance (zero) at the speaker's nasal-zero frequency and a low
     # nasal pole, both growing with the frame's nasal weight.
-    zero = _resonances(np.array([[traits.nasal_zero * traits.vtl]]), np.array([120.0]))
-    pole = _resonances(np.array([[270.0 * traits.vtl]]), np.array([100.0]))
-    octaves = np.log2(np.maximum(_FREQS, 500.0) / 500.0)
+    zero = resonances(np.array([[traits.nasal_zero * traits.vtl]]), np.array([120.0]))
+    pole = resonances(np.array([[270.0 * traits.vtl]]), np.array([100.0]))
+    octaves = np.log2(np.maximum(FREQS, 500.0) / 500.0)
     tilt = (traits.tilt * np.log(10.0) / 20.0) * octaves[None, :]
     # The extra resonance (hypopharynx / piriform cavities) is fixed by anatomy, not articulation:
     # the same peak in every voiced frame, a per-frame cue that mean normalisation keeps.
     # An 18 dB Lorentzian bump, 400 Hz wide: a peak without the roll-off a resonator would add.
-    extra = (18.0 * np.log(10.0) / 20.0) / (1.0 + ((_FREQS - traits.extra_formant) / 200.0) ** 2)
+    extra = (18.0 * np.log(10.0) / 20.0) / (1.0 + ((FREQS - traits.extra_formant) / 200.0) ** 2)
     log_env += (track["nasal"][::2, None] * (0.6 * pole - zero) + extra + tilt).astype(np.float32)
     env = np.exp(log_env)
     out = np.empty((len(track["formants"]), env.shape[1]), dtype=np.float32)
@@ -338,7 +297,7 @@ def _vocal_tract(traits: SpeakerTraits, track: dict) -> np.ndarray:
 
 def _frication(track: dict) -> np.ndarray:
     """Fricative / burst noise log envelope per frame: (T, 257) natural log (amplitude folded in)."""
-    octaves = np.log2(np.maximum(_FREQS, 50.0)[None, :] / track["ncentre"][:, None])
+    octaves = np.log2(np.maximum(FREQS, 50.0)[None, :] / track["ncentre"][:, None])
     shape = -0.5 * (octaves / (0.5 * track["nwidth"][:, None])) ** 2
     return shape + np.log(track["namp"][:, None] + 1e-6)
 
@@ -366,13 +325,13 @@ def draw_session(
     ``eq_std_db`` is the typical std of the channel gain over frequency, ``snr_range`` and
     ``level_range`` (dBFS) are uniform ranges, ``band_limit_prob`` the chance of a band limit.
     """
-    f = np.maximum(_FREQS, 20.0)
-    eq = smooth_eq_db(_FREQS, rng, eq_std_db)
+    f = np.maximum(FREQS, 20.0)
+    eq = smooth_eq_db(FREQS, rng, eq_std_db)
     if rng.random() < band_limit_prob:  # band-limited microphone / codec: 24 dB/octave outside [lo, hi]
         lo, hi = rng.uniform(80.0, 300.0), rng.uniform(3400.0, 7500.0)
         eq = eq - 24.0 * (np.log2(np.maximum(lo / f, 1.0)) + np.log2(np.maximum(f / hi, 1.0)))
     # Background noise is mostly low-frequency heavy (fans, traffic, rooms): -7 to -1 dB/octave.
-    noise = rng.uniform(-7.0, -1.0) * np.log2(f / 1000.0) + smooth_eq_db(_FREQS, rng, 4.0)
+    noise = rng.uniform(-7.0, -1.0) * np.log2(f / 1000.0) + smooth_eq_db(FREQS, rng, 4.0)
     drift = rng.uniform(0.0, 0.5) if rng.random() < 0.3 else 0.0
     return Session(
         eq_db=eq,
@@ -396,8 +355,8 @@ def synth_utterance(
     source = _glottal_source(traits, _f0_contour(traits, T, rng), num_samples, rng)
     # Voicing amplitude is applied to the source before filtering, so that onsets stay sharp.
     source *= np.interp(np.arange(num_samples), np.arange(T) * HOP, track["vamp"])
-    white = _stft(rng.standard_normal(num_samples))
-    spec = _stft(source) * _vocal_tract(traits, track) + white * np.exp(_frication(track))
+    white = stft(rng.standard_normal(num_samples))
+    spec = stft(source) * _vocal_tract(traits, track) + white * np.exp(_frication(track))
     if session is not None:
         spec *= (10.0 ** (session.eq_db / 20.0))[None, :]
         # Background noise shares the white STFT with the frication: a sum of independent and of
@@ -411,7 +370,7 @@ def synth_utterance(
             )[:, None]
         ratio = np.sum(np.abs(spec) ** 2) / (np.sum(np.abs(noise) ** 2) + 1e-12)
         spec += noise * np.sqrt(ratio * 10.0 ** (-session.snr_db / 10.0))
-    out = _istft(spec, num_samples)
+    out = istft(spec, num_samples)
     level = -20.0 if session is None else session.level_db
     out *= 10.0 ** (level / 20.0) / (np.sqrt(np.mean(out**2)) + 1e-9)
     peak = np.max(np.abs(out))

@@ -30,8 +30,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.embeddings import read_embeddings
-from speakerlab.dataio.lists import ListError, load_data_dir, read_utt2spk
+from speakerlab.dataio.tables.embeddings import read_embeddings
+from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_utt2spk
 from speakerlab.outputs import OutputError, check_folder_output, write_lines
 
 BLOCK = 8192  # rows per assignment block

@@ -40,7 +40,7 @@ import yaml
 
 from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, FreezeRule, load_config
-from speakerlab.dataio.lists import ListError, read_utt2spk
+from speakerlab.dataio.tables.lists import ListError, read_utt2spk
 from speakerlab.settings import parse_overrides
 from speakerlab.train.optim.freeze import trunk_frozen_until
 

@@ -1,4 +1,5 @@
-"""A run's training data: the corpora of `data.train` read into compact lists (speakerlab.dataio.compact), checked
+"""A run's training data: the corpora of `data.train` read into compact lists
+(speakerlab.dataio.tables.compact), checked
 at start, and this rank's loader over them (indexed audio crops, the feature store, or tar shards).
 
 Start-up cost does not grow with the corpus beyond reading its lists: with `utt2num_samples` (the prepare stage,
@@ -15,13 +16,14 @@ import numpy as np
 import torch
 
 from speakerlab.config import SELF_SUPERVISED, Config, needs_labels
-from speakerlab.dataio.augment import Augmenter
-from speakerlab.dataio.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.compact import CompactLists, read_compact, subset_data_dir, without_labels
-from speakerlab.dataio.corpora import Corpus, TrainLists, train_corpora
-from speakerlab.dataio.lists import ListError, rerun_features
-from speakerlab.dataio.prepare import index_lengths
-from speakerlab.dataio.shards import ShardStream, load_shard_data, pass_batch
+from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.dataio.loaders.shard_stream import ShardStream, pass_batch
+from speakerlab.dataio.loaders.shards import load_shard_data
+from speakerlab.dataio.tables.compact import CompactLists, read_compact, subset_data_dir, without_labels
+from speakerlab.dataio.tables.corpora import Corpus, TrainLists, train_corpora
+from speakerlab.dataio.tables.lists import ListError, rerun_features
+from speakerlab.dataio.tables.prepare import index_lengths
+from speakerlab.dataio.waveform.augment import Augmenter
 from speakerlab.features.store import FeatureCropDataset, FeatureStore, collate_feats
 from speakerlab.frontends import feature_spec
 from speakerlab.train.hardware.batch_plan import BatchPlan
@@ -57,8 +59,8 @@ def check_audio(lists: CompactLists, cfg: Config) -> None:
 
 
 def load_train_lists(cfg: Config, log: Callable[[str], None]) -> TrainLists:
-    """The corpora of `data.train` (speakerlab.dataio.corpora.resolve_corpora has read a manifest) as one training
-    set; its audio checked (module doc), or with `data.shards` its lists checked against the shards' index."""
+    """The corpora of `data.train` (speakerlab.dataio.tables.corpora.resolve_corpora has read a manifest) as one
+    training set; its audio checked (module doc), or with `data.shards` its lists checked against the shards' index."""
     corpora = []
     for key, c in train_corpora(cfg.data):
         try:

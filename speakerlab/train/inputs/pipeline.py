@@ -1,21 +1,22 @@
 """The training step's input pipeline, batched on the training device: loader batch -> (features, labels).
 
     pipeline = InputPipeline(features, crop_samples, speed_factors=[0.9, 1.1], num_speakers=S)
-    feats, labels = pipeline(batch)    # batch: `speakerlab.dataio.batches.collate` output, on the host or device
+    feats, labels = pipeline(batch)    # batch: `speakerlab.dataio.loaders.batches.collate`'s, host or device
 
-The loader workers only read int16 audio and draw (speakerlab.dataio.batches, speakerlab.dataio.augment); here,
+The loader workers only read int16 audio and draw (speakerlab.dataio.loaders.batches,
+speakerlab.dataio.waveform.augment); here,
 for the whole batch at once and on whatever device the module sits on (CPU tensors for CPU
 training and the tests):
 
-  speed      items grouped by factor, polyphase resampling (speakerlab.dataio.speed), cut to the crop
+  speed      items grouped by factor, polyphase resampling (speakerlab.dataio.waveform.speed), cut to the crop
   reverb     FFT convolution with each item's RIR, aligned on its direct path, input power kept
   additive   segments at equal level, summed per item (babble), scaled to the drawn SNR, added
   features   the front-end module of the run's FeatureSpec (speakerlab.features.spec.build_features):
              Kaldi fbank and per-utterance mean normalisation, or the ReDimNet2 log-mel
 
-The arithmetic is float32 (the float64 per-sample reference, `speakerlab.dataio.augment.reference_wave`,
+The arithmetic is float32 (the float64 per-sample reference, `speakerlab.dataio.waveform.augment.reference_wave`,
 agrees to ~1e-5 of full scale). Labels: with speed perturbation as new speakers, speaker index +
-factor class x num_speakers (speakerlab.dataio.speed).
+factor class x num_speakers (speakerlab.dataio.waveform.speed).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from speakerlab.dataio.augment import INT16_SCALE
-from speakerlab.dataio.speed import SpeedPerturb, by_rows, speed_labels
+from speakerlab.dataio.waveform.augment import INT16_SCALE
+from speakerlab.dataio.waveform.speed import SpeedPerturb, by_rows, speed_labels
 
-CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.dataio.speed.by_rows); a GPU takes the batch at once
+CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.dataio.waveform.speed.by_rows); a GPU takes the batch at once
 
 
 def mean_square(x: Tensor) -> Tensor:
@@ -75,7 +76,8 @@ class InputPipeline(torch.nn.Module):
 
     `features`: wave `(B, samples)` -> model input, from `speakerlab.features.spec.build_features` (with
     the training dither); a feature-store batch only goes through its `normalize`.
-    `speed_factors`: the factors the dataset draws from (its classes, `speakerlab.dataio.speed.factor_classes`);
+    `speed_factors`: the factors the dataset draws from (its classes,
+    `speakerlab.dataio.waveform.speed.factor_classes`);
     `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded).
     `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch)."""
 

@@ -16,7 +16,7 @@ The resolved sections are what the run records (config.yaml, checkpoints). A LoR
 The classifier is the source's when that is a speakerlab checkpoint of the same speakers and head
 (large-margin fine-tuning, recipe stage 7); otherwise it is new, for the run's speakers, and with
 `train.init_match_speakers` the rows of speakers the source also had (same id: the checkpoint's speaker list,
-namespaced `name/spk` for runs on several corpora, speakerlab.dataio.corpora) start from the source's; the
+namespaced `name/spk` for runs on several corpora, speakerlab.dataio.tables.corpora) start from the source's; the
 others, speakers the source never saw, keep the fresh head's random rows (xavier-uniform, as in a run from
 scratch), so a pre-training on VoxBlink2 + VoxCeleb2 fine-tuned on VoxCeleb2 alone (or its large-margin stage on a
 subset of the speakers) starts every known speaker where the pre-training left it. Sub-centers and shards:

@@ -10,12 +10,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from speakerlab.dataio.corpora import train_corpora
+from speakerlab.dataio.tables.corpora import train_corpora
 from speakerlab.frontends import FeatureSpec, feature_spec
 from speakerlab.inference.embedder import Embedder, NonFiniteEmbedding
 from speakerlab.inference.extract import embed_data_dir
 from speakerlab.inference.units import fitting_store
-from speakerlab.scoring.score import evaluate
+from speakerlab.scoring.scorer import evaluate
 
 
 def validation_eer(

@@ -10,7 +10,7 @@ the two Nyquist rates and scaled by `up`: the filter and the alignment of `scipy
 the tests compare against. The outputs m = q x up + r of one phase r share one sub-filter of h, the row r of
 `phase_weights`.
 
-Two executors read these weights: `speakerlab.dataio.speed.Resampler` (a strided torch `conv1d`, batched, on
+Two executors read these weights: `speakerlab.dataio.waveform.speed.Resampler` (a strided torch `conv1d`, batched, on
 any device: speed perturbation in training, the ONNX graph) and `polyphase` here (numpy, one signal, in blocks:
 whole files for inference, which must run where torch is not installed).
 """

@@ -21,7 +21,7 @@ from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.tables.lists import ListError
 from speakerlab.outputs import output_file
 
 

@@ -14,7 +14,7 @@ lookup is exact). Memory is the block plus 13 bytes per trial for the result.
 Bad input raises `ListError` naming the file and line: a line without exactly three fields, an unknown
 label, a trial repeated (same enrol and test), ids without an embedding (each such id with the lines
 that name it, up to SHOWN ids), an empty list. Blank lines and lines starting with `#` are skipped, as
-in `speakerlab.dataio.lists`.
+in `speakerlab.dataio.tables.lists`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.lists import ListError
+from speakerlab.dataio.tables.lists import ListError
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant (golden ratio): multiplying spreads the bits
 _SHIFT = np.uint64(31)

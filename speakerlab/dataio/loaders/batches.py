@@ -5,10 +5,10 @@ positions [k*G, (k+1)*G) of it (G = global batch), split into world_size x accum
 Each item's crop offset is drawn from (seed, epoch, position). So the samples seen by every
 optimizer step, and their crops, are the same on 1 or 8 GPUs, with any accumulation and any
 number of loader workers; and a run resumed at step k continues with exactly the batches it
-would have seen. Speed perturbation and augmentation (speakerlab.dataio.augment) draw from the same
+would have seen. Speed perturbation and augmentation (speakerlab.dataio.waveform.augment) draw from the same
 per-item generator, so augmented samples keep that guarantee.
 
-Several corpora with sampling weights (speakerlab.dataio.compact.TrainLists.blocks): the items of an epoch are
+Several corpora with sampling weights (speakerlab.dataio.tables.corpora.TrainLists.blocks): the items of an epoch are
 drawn first, from (seed, epoch, 2, corpus): a corpus of n utterances and weight w gives floor(w) copies of all
 of them plus round((w - floor(w)) n) of them drawn without repeats, so an epoch holds round(w n) of its
 utterances (a fixed number: steps per epoch do not change), a new subset each epoch; the permutation and the
@@ -25,8 +25,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from speakerlab.dataio.audio import AudioError, read_crop_int16
-from speakerlab.dataio.augment import Augmenter, Draw
-from speakerlab.dataio.speed import factor_classes, input_length
+from speakerlab.dataio.waveform.augment import Augmenter, Draw
+from speakerlab.dataio.waveform.speed import factor_classes, input_length
 
 Item = Tuple[int, int]  # (utterance index, crop seed)
 CropReader = Callable[[int, np.random.Generator], Tuple[np.ndarray, bool]]  # (samples, rng) -> (int16 crop, finite)
@@ -63,12 +63,12 @@ class CropDataset(Dataset):
     ):
         if not (len(paths) == len(labels) == len(lengths)):
             raise ValueError("paths, labels and lengths must have equal lengths")
-        # Kept as given: numpy arrays and speakerlab.dataio.compact views, whose reads in a forked worker write
+        # Kept as given: numpy arrays and speakerlab.dataio.tables.compact views, whose reads in a forked worker write
         # nothing shared (a list's items would have their reference counts written, and their pages copied).
         self.paths, self.labels, self.lengths = paths, labels, lengths
         self.crop_samples, self.sample_rate, self.augment = crop_samples, sample_rate, augment
         self.factors, self.speed_prob = factor_classes(speed_factors), float(speed_prob)
-        self.skip_bad, self.channel = skip_bad, channel  # channel: a speakerlab.dataio.degrade.ChannelAugment
+        self.skip_bad, self.channel = skip_bad, channel  # channel: a speakerlab.dataio.waveform.degrade.ChannelAugment
         self.augment_copies = int(augment_copies)
         if self.speed_prob > 0 and len(self.factors) < 2:
             raise ValueError(f"speed_prob {speed_prob} needs a speed factor other than 1, got {list(speed_factors)}")
@@ -87,7 +87,7 @@ class CropDataset(Dataset):
 
     def crop_item(self, index: int, crop_seed, read: CropReader) -> Dict[str, object]:
         """The item of utterance `index` whose crop `read(num_samples, rng) -> (int16 (num_samples,), finite)`
-        reads (from its file here; from a tar shard's bytes in `speakerlab.dataio.shards`); `crop_seed` is
+        reads (from its file here; from a tar shard's bytes in `speakerlab.dataio.loaders.shards`); `crop_seed` is
         anything `np.random.default_rng` takes. One function for both, so both draw alike."""
         rng = np.random.default_rng(crop_seed)
         speed = 0

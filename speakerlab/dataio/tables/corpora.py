@@ -12,7 +12,7 @@ Each corpus's utterance and speaker ids are read as `name/id`: `vox2/id00012` an
 speakers, and the classifier's classes (the checkpoint's speaker list) carry the namespace. A run on one data dir
 given by its path (`train: data/vox2_dev`) keeps its ids as they are. The corpora come one after the other in the
 given order, each sorted by id; a weight says how many passes over a corpus an epoch makes
-(speakerlab.dataio.batches); `val` is a data dir with trials scored for that corpus during training.
+(speakerlab.dataio.loaders.batches); `val` is a data dir with trials scored for that corpus during training.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import numpy as np
 import yaml
 
 from speakerlab.config import DataSettings, TrainCorpus
-from speakerlab.dataio.columns import JoinedView
-from speakerlab.dataio.compact import CompactLists
-from speakerlab.dataio.lists import DataDir, load_data_dir
+from speakerlab.dataio.tables.columns import JoinedView
+from speakerlab.dataio.tables.compact import CompactLists
+from speakerlab.dataio.tables.lists import DataDir, load_data_dir
 from speakerlab.settings import ConfigError, build_settings, read_yaml
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
@@ -142,7 +142,7 @@ class TrainLists:
     `speakers` are all corpora's namespaced speaker ids, sorted (as a DataDir's, and as the tar shards written from
     the same corpora list them); `labels` (N,) int32 index them (all UNLABELLED, -1, when the corpora are);
     `lengths` (N,) int64 or None; `paths[i]`, `utts[i]` (namespaced) decode one string; `blocks` = [(utterances,
-    weight)] per corpus, for the sampler (speakerlab.dataio.batches)."""
+    weight)] per corpus, for the sampler (speakerlab.dataio.loaders.batches)."""
 
     def __init__(self, corpora: List[Corpus]):
         self.corpora = corpora

@@ -33,7 +33,7 @@ import numpy as np
 from speakerlab.augment_settings import AUGMENT_KINDS
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, audio_info, sf
-from speakerlab.dataio.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.outputs import check_folder_output, output_path, write_text
 
 KINDS = AUGMENT_KINDS

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Tuple
 
-from speakerlab.dataio.lists import ListError, read_table
+from speakerlab.dataio.tables.lists import ListError, read_table
 
 Interval = Tuple[float, float]
 

@@ -9,14 +9,14 @@
 model's rate (or the `--input-rate` declared, resampled inside the graph) and `lengths (B,)` int64 (each row's
 samples; a padded batch gives each row its own embedding), its output `embedding (B, D)`; the model's own
 front end is in the graph (Kaldi fbank without dither and its mean normalisation, or the ReDimNet2 log-mel:
-speakerlab.inference.onnx_graph), and its metadata says what it is (speakerlab.inference.runtime.META: model,
+speakerlab.inference.deploy.graph), and its metadata says what it is (speakerlab.inference.deploy.runtime.META: model,
 rate, feature spec, embedding size, speakerlab version, the exp dir's calibrated threshold where scoring wrote
 one; the checkpoint's digest and the exp dir's calibration.json when it is this checkpoint's: LLRs and operating
 points, speakerlab.scoring.calibration_file; neither for int8 files, whose scores differ). It runs without torch
-(speakerlab.inference.runtime, `speakerlab-embed --onnx`). After writing, the file is checked against the PyTorch
+(speakerlab.inference.deploy.runtime, `speakerlab-embed --onnx`). After writing, the file is checked against the PyTorch
 path (audio -> features -> model) on two lengths, alone and as a padded batch.
 
-`--int8 dynamic|static` quantises the model part (speakerlab.inference.quantize; static ranges from
+`--int8 dynamic|static` quantises the model part (speakerlab.inference.deploy.quantize; static ranges from
 `--calibration DIR`'s audio), then compares it with the fp32 file and prints the comparison: cosine to fp32 on
 the calibration audio and, with `--trials DIR` (a data dir with wav.scp and trials), both EERs. A file whose
 int8 EER is more than `--max-eer-increase` points above fp32's, or whose mean cosine is below `--min-cosine`,
@@ -39,8 +39,8 @@ import torch
 import torch.nn as nn
 
 from speakerlab.commands import CommandParser
-from speakerlab.inference.onnx_graph import quiet_libraries
-from speakerlab.inference.runtime import FEATURES_FORMAT, FORMAT, META
+from speakerlab.inference.deploy.graph import quiet_libraries
+from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
 from speakerlab.outputs import OutputError, check_path_output, output_path
 
@@ -75,7 +75,7 @@ def export_onnx(model: nn.Module, path, feat_dim: int, opset: int = 18):
     onnx.ModelProto)."""
     import onnx
 
-    from speakerlab.inference.onnx_graph import EMBEDDING, FEATS, set_metadata, torch_to_onnx
+    from speakerlab.inference.deploy.graph import EMBEDDING, FEATS, set_metadata, torch_to_onnx
 
     # 537 frames: every size derived from time (e.g. CAM++ segments) is >= 2 and not a multiple of
     # anything, so torch.export does not specialise a size-1 or exactly-divisible axis.
@@ -134,7 +134,7 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None, calibratio
     Source): what the runtime needs to batch, check and describe it; the checkpoint's digest and `calibration` (a
     scoring.calibration_file.Calibration of that checkpoint) when given."""
     from speakerlab import __version__
-    from speakerlab.dataio.resample import rate_ratio
+    from speakerlab.dataio.waveform.resample import rate_ratio
 
     spec = embedder.spec
     up, down = rate_ratio(input_rate, spec.sample_rate)
@@ -166,7 +166,7 @@ def waveform_metadata(embedder, src, input_rate: int, threshold=None, calibratio
 
 def torch_waveform(embedder, input_rate: int):
     """The PyTorch path a waveform file must equal: `(1, N)` samples at `input_rate` -> `(1, D)` numpy."""
-    from speakerlab.inference.onnx_graph import WaveFrontEnd
+    from speakerlab.inference.deploy.graph import WaveFrontEnd
 
     front = WaveFrontEnd(embedder.spec, input_rate).eval()
 
@@ -210,8 +210,8 @@ def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: 
 
 def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List[str], List[np.ndarray]]:
     """Up to `limit` utterances of a data dir's wav.scp (ids, waves at `input_rate`), in its order."""
-    from speakerlab.dataio.lists import ListError, read_wav_scp
-    from speakerlab.dataio.resample import resample
+    from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+    from speakerlab.dataio.waveform.resample import resample
 
     scp = Path(data_dir) / "wav.scp"
     if not scp.exists():
@@ -235,8 +235,8 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
 
     import onnx
 
-    from speakerlab.inference import quantize
-    from speakerlab.inference.onnx_graph import front_end_graph, merged_graph, model_graph, set_metadata, with_lengths
+    from speakerlab.inference.deploy import quantize
+    from speakerlab.inference.deploy.graph import front_end_graph, merged_graph, model_graph, set_metadata, with_lengths
 
     rate = args.input_rate or embedder.spec.sample_rate
     front, model = front_end_graph(embedder.spec, rate), model_graph(embedder.model, embedder.spec)
@@ -279,7 +279,7 @@ def write_waveform(embedder, args, meta: Dict[str, str], name: str) -> str:
 
 
 def _features(embedder, rate: int, wave: np.ndarray) -> np.ndarray:
-    from speakerlab.inference.onnx_graph import WaveFrontEnd
+    from speakerlab.inference.deploy.graph import WaveFrontEnd
 
     with torch.no_grad():
         return WaveFrontEnd(embedder.spec, rate)(torch.from_numpy(wave[None])).numpy()

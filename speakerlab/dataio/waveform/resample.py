@@ -4,7 +4,7 @@ resample it to the model's rate. Torch-free (numpy only): the diarization and ON
     wave = read_for_model("call.wav", 16000)   # an 8 kHz stereo file -> (samples at 16 kHz,) float32
 
 Training reads 16 kHz mono only (speakerlab.dataio.audio refuses anything else, so a mislabelled corpus is
-caught); inference tools take what users have. Sample-rate conversion is `speakerlab.dataio.polyphase`'s numpy
+caught); inference tools take what users have. Sample-rate conversion is `speakerlab.dataio.waveform.polyphase`'s numpy
 executor (the filter of `scipy.signal.resample_poly` and of the torch `Resampler` of speed perturbation; on a
 10-minute file it took 0.21 s where the torch conv1d took 1.9 s at 8 -> 16 kHz and 0.69 s at 44.1 -> 16 kHz, one
 thread of the 2-core VM) with up / down = target / source in lowest terms:
@@ -23,7 +23,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError, MultiChannelWarning, read_first_channel  # noqa: F401 (re-exported)
-from speakerlab.dataio.polyphase import ZERO_CROSSINGS, phase_weights, polyphase
+from speakerlab.dataio.waveform.polyphase import ZERO_CROSSINGS, phase_weights, polyphase
 
 MAX_WEIGHTS = 1_000_000  # floats (4 MB) of polyphase weights; see the module docstring
 

@@ -10,9 +10,9 @@ augmentation, drawn uniformly among the enabled kinds:
 With `reverb_noise_prob` > 0, a reverberated crop also gets, with that probability, one of the
 enabled additive kinds on top (reverberant speech in a noisy room).
 
-The audio comes from a `speakerlab.dataio.noise_bank.NoiseBank` (memory-mapped int16, built once by
+The audio comes from a `speakerlab.dataio.waveform.noise_bank.NoiseBank` (memory-mapped int16, built once by
 `speakerlab-noise-bank`); every draw comes from the generator the caller passes (the
-per-item generator of `speakerlab.dataio.batches.CropDataset`), so the samples of an optimizer step are
+per-item generator of `speakerlab.dataio.loaders.batches.CropDataset`), so the samples of an optimizer step are
 the same on any hardware and with any number of loader workers.
 
 `reference_wave` is the per-sample float64 numpy / scipy path (scipy.signal.resample_poly,
@@ -30,8 +30,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.augment_settings import DEFAULT_BABBLE_SPEAKERS, DEFAULT_SNR
-from speakerlab.dataio.noise_bank import KINDS, NoiseBank, bank_problem, build_bank
-from speakerlab.dataio.speed import input_length, resample_ratio
+from speakerlab.dataio.waveform.noise_bank import KINDS, NoiseBank, bank_problem, build_bank
+from speakerlab.dataio.waveform.speed import input_length, resample_ratio
 
 INT16_SCALE = 1.0 / 32768.0  # int16 -> float as soundfile reads PCM_16 (the features' input scale)
 

@@ -6,7 +6,7 @@ one is written.
     problem = refusal(report, max_eer_increase=0.2, min_cosine=0.98)            # None: write it
 
 Only the model graph (features -> embedding) is quantised; the front end (fbank or mel, whose mel matrix and log
-would not survive 8 bits) stays fp32 (speakerlab.inference.onnx_graph joins the two). Quantised ops: Conv,
+would not survive 8 bits) stays fp32 (speakerlab.inference.deploy.graph joins the two). Quantised ops: Conv,
 MatMul and Gemm, the weight-bearing ones where the time goes; pooling, attention softmaxes, SE gates and
 normalisations stay float. `dynamic`: int8 weights, activations quantised per call from their own range
 (ConvInteger / MatMulInteger); `static`: weights per channel and activations with ranges calibrated on the
@@ -94,7 +94,7 @@ def int8_report(fp32: str, int8: str, waves: Sequence[np.ndarray], trials: Optio
     cos = (_unit(_embed(fp, waves)) * _unit(_embed(q, waves))).sum(axis=1)
     report = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "utterances": len(waves)}
     if trials is not None:
-        from speakerlab.scoring.score import evaluate
+        from speakerlab.scoring.scorer import evaluate
 
         ids, test_waves, path = trials
         for key, session in (("eer_fp32", fp), ("eer_int8", q)):

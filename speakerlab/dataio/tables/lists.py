@@ -1,4 +1,4 @@
-"""Kaldi-style data lists: wav.scp, utt2spk, spk2utt, utt2num_samples (trial lists: `speakerlab.dataio.trials`).
+"""Kaldi-style data lists: wav.scp, utt2spk, spk2utt, utt2num_samples (trial lists: `speakerlab.dataio.tables.trials`).
 
 Every reader validates as it reads and raises `ListError` naming the file and line number:
 malformed lines, duplicate ids, utterances without a speaker.

@@ -1,6 +1,6 @@
 """Kaldi `key value` lists (wav.scp, utt2spk, feats.scp, ...) read vectorised into a few numpy arrays, and the
 string views over them: no Python object per line, so a list of 10 M lines costs its bytes and a few offset arrays
-and a forked loader worker reading it copies nothing (speakerlab.dataio.compact says why that matters).
+and a forked loader worker reading it copies nothing (speakerlab.dataio.tables.compact says why that matters).
 
     buf, start, sep, end = read_columns(path)   # key i is buf[start[i]:sep[i]], its value buf[sep[i] + 1:end[i]]
     feats = read_keyed(root / "feats.scp")      # by key: feats["utt"], "utt" in feats, feats.rows(keys)
@@ -8,7 +8,7 @@ and a forked loader worker reading it copies nothing (speakerlab.dataio.compact 
 
 The vectorised form is the one our preparers write: `key value` lines, one space, no blank or comment lines,
 UTF-8. Anything else raises NotFast, and callers read the file again with the validating readers of
-speakerlab.dataio.lists, whose errors name the file and line.
+speakerlab.dataio.tables.lists, whose errors name the file and line.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.lists import read_table
+from speakerlab.dataio.tables.lists import read_table
 
 NEWLINE, SPACE = 10, 32
 CHUNK = 1 << 16  # rows gathered at once into fixed-width keys: (CHUNK, width) temporaries stay in cache
@@ -199,7 +199,7 @@ class KeyedColumn:
 
 def read_keyed(path, fallback: Optional[Callable[[Path], Dict[str, str]]] = None) -> KeyedColumn:
     """A `key value` list as a KeyedColumn: vectorised in the one-space form (module doc), the file memory-mapped;
-    anything else through `fallback(path) -> {key: value}` (default speakerlab.dataio.lists.read_table, two
+    anything else through `fallback(path) -> {key: value}` (default speakerlab.dataio.tables.lists.read_table, two
     fields per line), whose errors name the file and line."""
     path = Path(path)
     try:

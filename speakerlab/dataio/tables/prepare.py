@@ -2,9 +2,10 @@
 
     speakerlab-prepare --data data/train [--data data/test ...]
 
-Trial lists (`trials*`) are parsed as scoring will parse them (`speakerlab.dataio.trials`): every id must be
+Trial lists (`trials*`) are parsed as scoring will parse them (`speakerlab.dataio.tables.trials`): every id must be
 in wav.scp. Writes `spk2utt` (when missing) and `utt2num_samples` (so training never decodes headers at start-up,
-and crops can be drawn without opening files), and training's compact lists `.compact/` (speakerlab.dataio.compact:
+and crops can be drawn without opening files), and training's compact lists `.compact/`
+(speakerlab.dataio.tables.compact:
 a start-up maps them instead of parsing millions of lines). Every problem is reported, with file and line, before
 anything is written. This is its own recipe stage: multi-GPU training then starts from prepared
 lists and no rank waits on another's preparation.
@@ -20,9 +21,9 @@ from typing import Dict
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, audio_info
-from speakerlab.dataio.compact import read_compact
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir, write_table
-from speakerlab.dataio.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.compact import read_compact
+from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir, write_table
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
 
 
 def index_lengths(data: DataDir, sample_rate: int = 16000, jobs: int = 4) -> Dict[str, int]:
@@ -58,7 +59,9 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
         for u in data.utts:
             spk2utt[data.utt2spk[u]].append(u)
         write_table(root / "spk2utt", sorted(spk2utt.items()))
-    read_compact(root)  # training's compact lists, read once here (speakerlab.dataio.compact): its starts map them
+    read_compact(
+        root
+    )  # training's compact lists, read once here (speakerlab.dataio.tables.compact): its starts map them
     hours = sum(lengths.values()) / sample_rate / 3600
     speakers = f"{len(data.speakers)} speakers" if data.utt2spk else "unlabelled (no utt2spk)"
     return f"{root}: {len(data.utts)} utterances, {speakers}, {hours:.2f} h"

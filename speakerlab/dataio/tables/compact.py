@@ -12,7 +12,7 @@ string and writes nothing shared, so forked workers stay at what they inherited.
 
 Reading is vectorised for the form our preparers and speakerlab-prepare write (`key value` lines, one space, no
 blank or comment lines, UTF-8). Anything else (tabs, comments, duplicates, an utterance without a speaker, a
-malformed count) is read again by the validating reader of speakerlab.dataio.lists, so every error is its
+malformed count) is read again by the validating reader of speakerlab.dataio.tables.lists, so every error is its
 message with file and line, and every file it accepts is accepted here.
 
 What a read in the fast form found is kept in `<data dir>/.compact/` (the arrays as .npy, then meta.json with the
@@ -32,8 +32,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from speakerlab.dataio.columns import NEWLINE, SPACE, NotFast, StringView, fixed_width, offsets, sorted_keys
-from speakerlab.dataio.lists import DataDir, ListError, load_data_dir
+from speakerlab.dataio.tables.columns import NEWLINE, SPACE, NotFast, StringView, fixed_width, offsets, sorted_keys
+from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir
 from speakerlab.outputs import folder_problem, output_file, write_text
 
 
@@ -90,7 +90,7 @@ def without_labels(lists: CompactLists) -> CompactLists:
 def read_compact(root) -> CompactLists:
     """`root`'s wav.scp, utt2spk (when present: without it the lists are unlabelled) and utt2num_samples (when
     present) as CompactLists, cross-checked as
-    speakerlab.dataio.lists.load_data_dir checks them (whose errors it raises). The arrays of a read in the fast
+    speakerlab.dataio.tables.lists.load_data_dir checks them (whose errors it raises). The arrays of a read in the fast
     form are kept in `root/.compact/` (when it can be written), and memory-mapped by the next read as long as
     the lists have the same sizes and times: the prepare stage reads once, every training start maps."""
     root = Path(root)
@@ -252,7 +252,7 @@ def missing_files(lists: CompactLists, indices) -> List[Tuple[int, str]]:
 
 def subset_data_dir(lists: CompactLists, indices) -> DataDir:
     """The utterances `indices` of `lists` as a DataDir (ids, paths, wav.scp lines): for the checks of
-    speakerlab.dataio.lists and .prepare on a sample of a large corpus, with their messages."""
+    speakerlab.dataio.tables.lists and .prepare on a sample of a large corpus, with their messages."""
     utts, paths = lists.utts(), lists.paths
     chosen = [(utts[i], paths[i], lists.line(i)) for i in indices]
     return DataDir(

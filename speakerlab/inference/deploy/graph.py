@@ -5,10 +5,10 @@
 Built from two graphs the torch exporter writes, joined here with the `onnx` package:
 
 - the front end, `WaveFrontEnd`: the input rate's samples, resampled to the model's rate when a rate is declared
-  (speakerlab.dataio.speed.Resampler, the torch path's polyphase filter), then the kind's module
+  (speakerlab.dataio.waveform.speed.Resampler, the torch path's polyphase filter), then the kind's module
   (speakerlab.features.spec.build_features: Kaldi fbank without dither and its mean normalisation, or the
   ReDimNet2 log-mel), kept fp32 whatever the model graph becomes (an int8 mel matrix would ruin the features);
-- the model graph over features `(B, T, F)` (speakerlab.inference.export.export_onnx), fp32 or int8.
+- the model graph over features `(B, T, F)` (speakerlab.inference.deploy.export.export_onnx), fp32 or int8.
 
 Merged, they map `wave (B, N)` to `embedding (B, D)` with every row taken whole. `with_lengths` wraps that
 in the graph users get, with `lengths (B,)` int64 beside the wave: when every length is N (a batch of equal
@@ -29,8 +29,8 @@ import torch
 import torch.nn as nn
 from onnx import TensorProto, helper
 
-from speakerlab.dataio.resample import rate_ratio
-from speakerlab.dataio.speed import Resampler
+from speakerlab.dataio.waveform.resample import rate_ratio
+from speakerlab.dataio.waveform.speed import Resampler
 from speakerlab.features.spec import build_features
 from speakerlab.frontends import FeatureSpec
 

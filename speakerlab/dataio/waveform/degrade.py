@@ -10,7 +10,7 @@ A condition is steps joined by `+`, e.g. `trunc2`, `gsm`, `reverb+noise5`, `tel+
   opus      Opus at its lowest bitrate through libsndfile (OGG/OPUS, compression level 1: about 8 kbit/s at 16 kHz)
   mp3       MP3 (MPEG layer III, VBR, compression level 0.99: about 20 kbit/s at 16 kHz)
   noiseS    additive noise at S dB SNR (`noise0`, `noise5`; also `musicS`, `babbleS`), from a noise bank
-  reverb    a room impulse response of the noise bank (speakerlab.dataio.noise_bank)
+  reverb    a room impulse response of the noise bank (speakerlab.dataio.waveform.noise_bank)
   repN      not a degradation but a short-input policy: audio shorter than N seconds repeated up to N (as
             inference pads by repetition); `trunc1+rep2` against `trunc1` measures padding (bench/short_input.py)
 
@@ -38,9 +38,9 @@ import numpy as np
 import soundfile as sf
 
 from speakerlab.augment_settings import CHANNEL_KINDS
-from speakerlab.dataio.augment import INT16_SCALE, add_at_snr, babble_mix, reverberate
-from speakerlab.dataio.noise_bank import NoiseBank
-from speakerlab.dataio.resample import resample
+from speakerlab.dataio.waveform.augment import INT16_SCALE, add_at_snr, babble_mix, reverberate
+from speakerlab.dataio.waveform.noise_bank import NoiseBank
+from speakerlab.dataio.waveform.resample import resample
 
 PHONE_RATE = 8000
 PHONE_BAND = (300.0, 3400.0)  # Hz, ITU-T G.712's pass band
@@ -211,7 +211,7 @@ def degrade(
     """`wave (samples,)` at `rate` under `condition` -> float32 `(samples',)` (shorter only by a crop).
 
     Draws (in step order): the crop start; the RIR index; the noise file index and its crop. `bank`
-    (speakerlab.dataio.noise_bank) serves noise, music, babble and RIRs."""
+    (speakerlab.dataio.waveform.noise_bank) serves noise, music, babble and RIRs."""
     x = np.asarray(wave, np.float32)
     for step in parse_condition(condition):
         if step.kind == "trunc":

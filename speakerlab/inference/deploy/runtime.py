@@ -5,7 +5,7 @@
     speakerlab-embed data/test/wav.scp test.npz --onnx campplus.onnx
 
 A file of `speakerlab-export --waveform` holds the model's own front end and the model: `wave (B, N)` float
-samples at its input rate and `lengths (B,)` int64 -> `embedding (B, D)` (speakerlab.inference.onnx_graph), and
+samples at its input rate and `lengths (B,)` int64 -> `embedding (B, D)` (speakerlab.inference.deploy.graph), and
 its metadata (`META`): format, model, input rate, feature spec, embedding size, project version, how to batch,
 the shortest input, a calibrated threshold where the exp dir had one, the int8 check where quantised; for fp32 files
 the checkpoint's digest and, where the exp dir had one of that checkpoint, its calibration (`OnnxEmbedder.calibration`:
@@ -16,7 +16,8 @@ with `scipy.signal.resample_poly`, the same polyphase filter as the torch path's
 same samples to ~1e-5; multi-channel: the first channel, with a warning), `num_frames` and `embed_waves`
 (batched by length exactly as the torch path: speakerlab.inference.common.embed_in_batches).
 
-Why scipy for resampling: it is what the torch path reproduces (speakerlab.dataio.speed), so an 8 kHz or 44.1 kHz
+Why scipy for resampling: it is what the torch path reproduces (speakerlab.dataio.waveform.speed),
+so an 8 kHz or 44.1 kHz
 file embeds the same in both runtimes; it is maintained with numpy, has wheels everywhere, and needs no system
 library. (soxr is faster and of higher quality, but would give other samples than the torch path.)
 """
@@ -30,7 +31,7 @@ from typing import Callable, Dict, Optional, Sequence, Union
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError, read_first_channel
-from speakerlab.dataio.resample import resample
+from speakerlab.dataio.waveform.resample import resample
 from speakerlab.inference.common import MIN_FRAMES, embed_in_batches
 
 FORMAT = "speakerlab.waveform/1"  # a waveform-in file; "speakerlab.features/1": the model over (B, T, F)

@@ -3,7 +3,7 @@
 Speeding up by a factor f (sox `speed f`) = resampling the signal from sr to sr/f and playing it at
 sr: the duration becomes 1/f of the input and every frequency (F0, formants) is multiplied by f. The
 factors are rationals (0.9 = 9/10), so this is a polyphase resampler with ratio up/down = 1/f: the filter
-and phase weights of speakerlab.dataio.polyphase (those of `scipy.signal.resample_poly`), applied to a
+and phase weights of speakerlab.dataio.waveform.polyphase (those of `scipy.signal.resample_poly`), applied to a
 whole batch as one strided `conv1d` with `up` output channels, on any device.
 
 With `speed_new_speakers`, each speaker at each factor is its own class (a speaker sped up by 10 %
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speakerlab.dataio.polyphase import output_length, phase_weights
+from speakerlab.dataio.waveform.polyphase import output_length, phase_weights
 from speakerlab.devices import in_exact_fp32
 
 MAX_DENOMINATOR = 100

@@ -1,0 +1,60 @@
+"""The requirements files and pyproject.toml's dependency lists say the same thing.
+
+pip reads `requirements*.txt` (egs/tools/env.sh, tests/run.sh) and `pyproject.toml` (`pip install -e .[extra]`):
+two spellings of one list. pyproject.toml is the source; each requirements file must hold exactly its lists
+(its `-r` includes followed), so an edit to one that forgets the other fails here, naming the file.
+"""
+
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is Python >= 3.11 (the project supports 3.10)")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+EXTRAS = PROJECT["optional-dependencies"]
+
+
+def own_lines(path: Path) -> set[str]:
+    """The requirement specifiers a requirements file adds itself (comments, blanks and `-r` includes left out)."""
+    specs = set()
+    for line in path.read_text().splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if spec and not spec.startswith("-r"):
+            specs.add(spec.replace(" ", ""))
+    return specs
+
+
+def includes(path: Path) -> set[Path]:
+    return {
+        (path.parent / line.split()[1]).resolve() for line in path.read_text().splitlines() if line.startswith("-r")
+    }
+
+
+@pytest.mark.parametrize(
+    "path, lists",
+    [
+        ("requirements.txt", ["dependencies"]),
+        ("egs/tools/requirements-diarization.txt", ["diarization"]),
+        ("requirements-test.txt", ["test", "ssl"]),
+    ],
+)
+def test_each_requirements_file_holds_exactly_pyprojects_lists(path, lists):
+    expected = set()
+    for name in lists:
+        expected |= set(PROJECT["dependencies"] if name == "dependencies" else EXTRAS[name])
+    got = own_lines(ROOT / path)
+    assert got == expected, (
+        f"{path}: only here {sorted(got - expected)}, only in pyproject.toml {sorted(expected - got)}"
+    )
+
+
+def test_the_test_requirements_include_the_runtime_and_diarization_lists():
+    # The suite runs every layer: the test file pulls the plain and diarization files in, pyproject's [test] extra is
+    # used with them (pip install -e .[test,ssl,diarization]).
+    assert includes(ROOT / "requirements-test.txt") == {
+        (ROOT / "requirements.txt").resolve(),
+        (ROOT / "egs/tools/requirements-diarization.txt").resolve(),
+    }
+    assert includes(ROOT / "egs/tools/requirements-diarization.txt") == {(ROOT / "requirements.txt").resolve()}
