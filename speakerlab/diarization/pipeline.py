@@ -73,7 +73,7 @@ class DiarizeOptions:
     fb: float = VBX_DEFAULTS.fb
     loop_p: float = VBX_DEFAULTS.loop_p
     seg_window: float = 5.0
-    seg_step: float = 2.5
+    seg_step: float = 1.0
 
     @property
     def vbx(self) -> VBxParams:

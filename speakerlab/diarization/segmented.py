@@ -23,6 +23,7 @@ does not import the pipeline, which imports it).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -163,17 +164,22 @@ def diarize_segmented(
     `Diarization` but `duration` (module docstring): `turns` as (start, end, speaker index), `subsegments` the
     embedded (window, local speaker) stretches (first to last frame used), `labels` their speakers (-1: none)."""
     duration = len(wave) / rate
+    t0 = time.perf_counter()
     local = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
     found = speaker_spans(local, options.min_embed)
+    seconds = {"speech": time.perf_counter() - t0}  # the segmentation: the pipeline's stage names
     notes: List[str] = []
     if not found:
         notes.append(f"{name}: no speech found: no turns")
         empty = np.zeros((0, 0), np.float32)
         none = {"subsegments": np.zeros((0, 2)), "labels": np.zeros(0, np.int64), "embeddings": empty}
-        return {"speech": [], "turns": [], **none, "centroids": empty, "notes": notes}
+        return {"speech": [], "turns": [], **none, "centroids": empty, "notes": notes, "seconds": seconds}
+    t0 = time.perf_counter()
     need = max(int(round(options.min_embed * rate)), embedder.min_samples)
     emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
     check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
+    seconds["embeddings"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     if count.min > len(found):
         notes.append(
             f"{name}: {count.min} speakers asked for, but the segmentation finds {len(found)} local speaker(s)"
@@ -203,6 +209,7 @@ def diarize_segmented(
     ]
     turns.sort()
     order = sorted(rename, key=rename.get)
+    seconds["clustering"] = time.perf_counter() - t0  # with the reconstruction
     return dict(
         speech=merge_intervals((s, e) for s, e, _ in turns),
         turns=turns,
@@ -211,4 +218,5 @@ def diarize_segmented(
         embeddings=emb,
         centroids=centroids[order].astype(np.float32),
         notes=notes,
+        seconds=seconds,
     )
