@@ -254,3 +254,24 @@ def test_the_meter_leaves_a_skipped_steps_values_out_on_the_device():
     assert meter.count == 3 and meter.reset() == {"loss": 3.0, "grad_norm": 2.0}
     meter.add(torch.tensor(False), loss=torch.tensor(float("nan")))
     assert meter.reset() is None  # no step taken: nothing to log
+
+
+def test_the_grad_scaler_lowers_its_scale_on_an_overflow_the_device_skipped():
+    """The fp16 path of the training step, on the CPU: unscale, clip, step_unless on the norm's verdict, then the
+    scaler's update. An overflowing step leaves the weights and halves the scale; a finite one updates them."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    for overflow in (True, False):
+        before = [p.detach().clone() for p in model.parameters()]
+        loss = model(torch.randn(3, 4)).square().sum() * (float("inf") if overflow else 1.0)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        scale = scaler.get_scale()
+        step_unless(opt, ~torch.isfinite(norm))
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        same = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert same == overflow and scaler.get_scale() == (scale / 2 if overflow else scale), overflow

@@ -157,5 +157,7 @@ def agreed_flags(run: Run, loss: torch.Tensor, shard_sq: torch.Tensor) -> torch.
     signals = [torch.full((), flag, dtype=torch.float64, device=run.device) for flag in preemption.requested()]
     flags = torch.stack([shard_sq.double(), run.guard.nonfinite(loss).double(), *signals])
     if run.info.enabled:
+        # Not async_op: the update's verdict needs the sum before the optimizer step, and on NCCL a plain
+        # all_reduce is ordered on the device's stream already (the host does not wait for it; gloo's does).
         torch.distributed.all_reduce(flags)
     return flags
