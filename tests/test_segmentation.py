@@ -154,7 +154,8 @@ def test_onnx_frame_scores_match_torch(tmp_path):
     from speakerlab.diarization.segmenter import OnnxSegmenter
 
     torch.manual_seed(1)
-    model = SegmentationModel(SegmentationShape(filters=16, channels=16, hidden=16)).eval()
+    # Two LSTM layers: torch.export could not decompose one nn.LSTM of two (the model stacks single layers).
+    model = SegmentationModel(SegmentationShape(filters=16, channels=16, hidden=16, layers=2)).eval()
     path = tmp_path / "seg.onnx"
     export_onnx(model, path)
     segmenter = OnnxSegmenter(path, threads=1)
