@@ -6,9 +6,11 @@ import json
 import numpy as np
 import pytest
 
+from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
 from speakerlab.dataio.waveform.degrade import degrade, rng_for
 from speakerlab.inference.embedder import load_embedder
-from speakerlab.inference.stress import run
+from speakerlab.inference.stress import keep_test_side, run
 from speakerlab.scoring.metrics import compute_eer
 from tests.helpers import write_wav
 from tests.test_augment import bank_of, lists  # noqa: F401 (the lists fixture)
@@ -96,3 +98,56 @@ def test_too_short_input_and_bad_conditions_are_one_line_errors(ckpt, data, caps
     assert "needs noise audio" in capsys.readouterr().err
     assert run(["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "gsm+tele"]) == 2
     assert "unknown step 'tele'" in capsys.readouterr().err
+
+
+def test_a_test_side_draw_keeps_exactly_the_trials_of_the_drawn_utterances(ckpt, data, tmp_path):
+    js = tmp_path / "stress.json"
+    common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "trunc1", "--json", str(js)]
+    assert run([*common, "--test-utts", "4", "--ci-replicates", "100"]) == 0
+    first = json.loads(js.read_text())
+    assert (first["test_utts"], first["list_trials"]) == (4, 72)
+    tl = read_trial_list(data / "trials", IdIndex([f"s{s}-{u}" for s in range(6) for u in range(3)]))
+    kept = keep_test_side(tl, 4, 0)
+    drawn = set(np.unique(kept.test).tolist())
+    # Every trial of a drawn test utterance is kept (6 enrolment utterances each), no other one.
+    assert len(drawn) == 4 and np.array_equal(kept.line, tl.line[np.isin(tl.test, list(drawn))])
+    assert all(r["n_trials"] == 24 and r["n_target"] == int(kept.target.sum()) for r in first["rows"])
+    # The clean row is the EER of the kept trials, computed here without the command.
+    embedder = load_embedder(ckpt, device="cpu")
+    wav = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
+    ids = tl.index.ids
+    unit = {u: (lambda e: e / np.linalg.norm(e))(embedder.embed_waves([embedder.read(wav[u])])[0]) for u in ids}
+    scores = np.array([float(unit[ids[a]] @ unit[ids[b]]) for a, b in zip(kept.enrol, kept.test)])
+    assert first["rows"][0]["eer"] == pytest.approx(compute_eer(scores, kept.target), abs=1e-6)
+    # Seeded: the same draw and rows again; another seed draws other utterances.
+    assert run([*common, "--test-utts", "4", "--ci-replicates", "100"]) == 0
+    assert json.loads(js.read_text())["rows"] == first["rows"]
+    assert set(np.unique(keep_test_side(tl, 4, 1).test).tolist()) != drawn
+    # A draw of every test utterance is the whole list; a draw of none is refused.
+    assert keep_test_side(tl, 12, 0) is tl
+    assert run([*common, "--test-utts", "0"]) == 2
+
+
+def test_clean_side_from_this_models_embeddings_gives_the_same_rows_and_another_models_is_refused(
+    ckpt, data, tmp_path, capsys
+):
+    js = tmp_path / "stress.json"
+    common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "trunc1", "--json", str(js)]
+    assert run([*common, "--ci-replicates", "100"]) == 0
+    computed = json.loads(js.read_text())["rows"]
+    embedder = load_embedder(ckpt, device="cpu")
+    wav = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
+    ids = sorted(wav)
+    emb = np.stack([embedder.embed_waves([embedder.read(wav[u])])[0] for u in ids]).astype(np.float32)
+    npz = write_embeddings(tmp_path / "test.npz", ids, emb, model_id=embedder.model_id)
+    assert run([*common, "--ci-replicates", "100", "--clean-embeddings", str(npz)]) == 0
+    stored = json.loads(js.read_text())["rows"]
+    assert [r["eer"] for r in stored] == pytest.approx([r["eer"] for r in computed], abs=1e-6)
+    assert [r["test_seconds"] for r in stored] == pytest.approx([r["test_seconds"] for r in computed])
+    # Another model's file, a file without an utterance of the list: one error line naming the file.
+    other = write_embeddings(tmp_path / "other.npz", ids, emb, model_id="0" * 40)
+    assert run([*common, "--clean-embeddings", str(other)]) == 2
+    assert f"{other}: made by model {'0' * 40}, not this model" in capsys.readouterr().err
+    part = write_embeddings(tmp_path / "part.npz", ids[1:], emb[1:], model_id=embedder.model_id)
+    assert run([*common, "--clean-embeddings", str(part)]) == 2
+    assert f"{part}: no embedding of '{ids[0]}'" in capsys.readouterr().err

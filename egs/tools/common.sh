@@ -92,18 +92,21 @@ listed_eval_stages() {
   for t in "$@"; do lists+=("$eval_dir/trials_$t"); done
   if stage_on 8; then calibration_stage "$exp" "$model" "$cal_dir" "$eval_dir" "${lists[@]}"; fi
   if stage_on 9; then  # every condition on the test side
-    stress_stage "$model" "$eval_dir" "${lists[0]}" "$1" "$exp" "$(dirname "$eval_dir")/musan_rirs/bank"
+    stress_stage "$model" "$eval_dir" "${lists[0]}" "$1" "$exp" "$(dirname "$eval_dir")/musan_rirs/bank" \
+      "$exp/embeddings/$(basename "$eval_dir").npz"
   fi
 }
 
-# stress_stage MODEL DATA TRIALS NAME EXP [BANK]: stage 9, the same in every recipe. The stress table
+# stress_stage MODEL DATA TRIALS NAME EXP [BANK [CLEAN]]: stage 9, the same in every recipe. The stress table
 # (speakerlab-stress) of MODEL (a checkpoint or exp dir) on the list TRIALS of the data dir DATA: the
 # conditions of speakerlab.dataio.waveform.degrade on the test side, those with noise and RIRs from the noise bank
-# BANK when it was built -> EXP/stress/NAME.md and NAME.json. $stress_opts (when the recipe declares it)
-# adds options, e.g. "--both-sides" or "--conditions clean trunc1 gsm".
+# BANK when it was built -> EXP/stress/NAME.md and NAME.json; the clean side read from stage 4's embeddings
+# CLEAN when they exist (the command refuses them if another model made them). $stress_opts (when the recipe
+# declares it) adds options, e.g. "--both-sides" or "--conditions clean trunc1 gsm".
 stress_stage() {
-  local model="$1" data="$2" trials="$3" name="$4" exp="$5" bank="${6:-}" extra=()
+  local model="$1" data="$2" trials="$3" name="$4" exp="$5" bank="${6:-}" clean="${7:-}" extra=()
   [ -n "$bank" ] && [ -f "$bank/index.json" ] && extra=(--noise-bank "$bank")
+  [ -n "$clean" ] && [ -f "$clean" ] && extra+=(--clean-embeddings "$clean")
   log "stage 9: stress table of $model on $trials -> $exp/stress/$name.md"
   mkdir -p "$exp/stress"
   speakerlab-stress --checkpoint "$model" --data "$data" --trials "$trials" "${extra[@]}" ${stress_opts:-} \

@@ -12,7 +12,9 @@ a noise bank when none is given (said on stderr). Each is applied to the test si
 Streamed, not cached: every condition reads its side's audio again and degrades it in memory, EMBED_CHUNK
 utterances at a time (a degraded utterance is a function of (utterance, condition, seed), so nothing needs
 keeping); the disk cost is nil and the memory one chunk of audio plus one embedding per utterance. The
-clean embeddings are computed once and serve the clean side of every condition.
+clean embeddings are computed once (an utterance on both sides of the list once) and serve the clean side of every
+condition. `--test-utts N` keeps the trials of a seeded draw of N test utterances: a condition's cost is that of
+embedding its test side, so the draw bounds it (egs/mini's stage 9 default: see egs/mini/run.sh).
 
 Rows: the condition, the side, the mean seconds of the degraded test audio, the trial and speaker counts,
 the EER with its 95% speaker-bootstrap interval (speakerlab.scoring.interval), minDCF at p_target 0.01
@@ -26,14 +28,16 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from speakerlab.commands import CommandParser
+from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
-from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
+from speakerlab.dataio.tables.trials import IdIndex, TrialList, read_trial_list
 from speakerlab.dataio.waveform.degrade import (
     DEFAULT_CONDITIONS,
     ConditionError,
@@ -43,7 +47,7 @@ from speakerlab.dataio.waveform.degrade import (
     rng_for,
 )
 from speakerlab.dataio.waveform.noise_bank import NoiseBank
-from speakerlab.inference.cli import EMBED_CHUNK, bad_input, read_wave, source_embedder
+from speakerlab.inference.cli import EMBED_CHUNK, UsageError, bad_input, read_wave, source_embedder
 from speakerlab.inference.common import add_source_args, check_finite, too_short
 from speakerlab.outputs import write_text
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
@@ -56,9 +60,21 @@ P_TARGET = 0.01
 
 class StressSet:
     """A data dir's trials for the stress table: `tl` (speakerlab.dataio.tables.trials.TrialList) over the ids of
-    its wav.scp, the `speakers` of every trial, and the rows each side uses (`enrol_rows`, `test_rows`)."""
+    its wav.scp, the `speakers` of every trial, and the rows each side uses (`enrol_rows`, `test_rows`).
 
-    def __init__(self, data: Path, trials: Optional[Path] = None, utt2spk: Optional[Path] = None):
+    `test_utts`: keep a seeded draw of that many test-side utterances and the trials whose test side is among
+    them (None or more than the list has: all). Each condition degrades and embeds the test side only, so its
+    cost falls with the draw; the rows' trial counts and speaker-bootstrap intervals are those of the kept
+    trials, so a smaller draw shows as a wider interval, not as a better number."""
+
+    def __init__(
+        self,
+        data: Path,
+        trials: Optional[Path] = None,
+        utt2spk: Optional[Path] = None,
+        test_utts: Optional[int] = None,
+        seed: int = 0,
+    ):
         self.scp = data / "wav.scp"
         if not self.scp.is_file():
             raise ListError(f"{self.scp}: file does not exist (--data must be a Kaldi data dir)")
@@ -66,6 +82,9 @@ class StressSet:
         self.ids = list(self.table)
         self.index = IdIndex(self.ids, str(self.scp))
         self.tl = read_trial_list(trials or data / "trials", self.index, lacking=f"not in {self.scp}")
+        self.all_trials = len(self.tl)
+        if test_utts is not None:
+            self.tl = keep_test_side(self.tl, test_utts, seed)
         self.speakers = trial_speakers(self.tl, self.index, utt2spk)
         self.enrol_rows = np.unique(self.tl.enrol)
         self.test_rows = np.unique(self.tl.test)
@@ -75,16 +94,29 @@ class StressSet:
         return f"{self.scp}:{self.table[utt][0]}: {utt}: "
 
 
+def keep_test_side(tl: TrialList, count: int, seed: int) -> TrialList:
+    """The trials of `tl` whose test side is among a seeded draw (without replacement) of `count` of its distinct
+    test utterances, in list order; `tl` itself when it has no more than `count`."""
+    tests = np.unique(tl.test)
+    if count >= len(tests):
+        return tl
+    drawn = np.random.default_rng([int(seed), count]).choice(tests, size=count, replace=False)
+    keep = np.isin(tl.test, drawn)
+    if not tl.target[keep].any() or tl.target[keep].all():
+        raise ListError(f"{tl.path}: a draw of {count} test utterances keeps no target or no non-target trial")
+    return replace(tl, enrol=tl.enrol[keep], test=tl.test[keep], target=tl.target[keep], line=tl.line[keep])
+
+
 def embed_rows(embedder, data: StressSet, rows: np.ndarray, condition: str, seed: int, bank, batch: int):
-    """Embeddings `(M, D)` of the utterances `rows` (of data.ids) under `condition`, and their mean seconds.
+    """Embeddings `(M, D)` of the utterances `rows` (of data.ids) under `condition`, and their seconds `(M,)`.
 
     Read, degraded and embedded EMBED_CHUNK utterances at a time; a degraded wave too short for the model
     is refused by `read_wave`'s rule, naming the wav.scp line and the condition."""
-    parts, seconds = [], 0.0
+    parts, seconds = [], np.zeros(len(rows))
     rate = embedder.sample_rate
     for lo in range(0, len(rows), EMBED_CHUNK):
         waves = []
-        for r in rows[lo : lo + EMBED_CHUNK]:
+        for k, r in enumerate(rows[lo : lo + EMBED_CHUNK], lo):
             utt, where = data.ids[r], data.where(r)
             wave = read_wave(embedder, data.table[utt][1], where)
             if condition != "clean":
@@ -92,12 +124,12 @@ def embed_rows(embedder, data: StressSet, rows: np.ndarray, condition: str, seed
             short = too_short(len(wave), embedder)
             if short:
                 raise ConditionError(f"{where}under {condition}: {short}")
-            seconds += len(wave) / rate
+            seconds[k] = len(wave) / rate
             waves.append(wave)
         parts.append(embedder.embed_waves(waves, batch))
     emb = np.concatenate(parts)
     check_finite([f"{data.where(r)}under {condition}" for r in rows], emb)
-    return emb, seconds / max(len(rows), 1)
+    return emb, seconds
 
 
 def side_matrix(data: StressSet, rows: np.ndarray, emb: np.ndarray) -> np.ndarray:
@@ -118,19 +150,44 @@ def condition_row(name: str, data: StressSet, enrol: np.ndarray, test: np.ndarra
     return row
 
 
+def stored_clean(path: str, embedder, data: StressSet, rows: np.ndarray) -> np.ndarray:
+    """The clean embeddings `(len(rows), D)` of `rows` from an embeddings .npz of this same model (its `model_id`,
+    a checkpoint's content digest, must be the embedder's: a file of another model is refused, naming it)."""
+    made_by, model_id = embeddings_model_id(path), getattr(embedder, "model_id", "")
+    if not made_by or made_by != model_id:
+        said = f"model {made_by}" if made_by else "no model_id"
+        raise ListError(f"{path}: made by {said}, not this model ({model_id or 'no model_id'}): re-run its extraction")
+    ids, emb = read_embeddings(path)
+    at = {u: i for i, u in enumerate(ids)}
+    missing = [data.ids[r] for r in rows if data.ids[r] not in at]
+    if missing:
+        raise ListError(f"{path}: no embedding of '{missing[0]}' of {data.scp} ({len(missing)} utterances)")
+    return emb[[at[data.ids[r]] for r in rows]]
+
+
+def clean_side(embedder, data: StressSet, args) -> tuple:
+    """The clean embeddings of every utterance of the list as a unit matrix `(len(ids), D)` (an utterance on both
+    sides embedded once; read from `args.clean_embeddings` when given), and the mean seconds of the test side."""
+    both = np.union1d(data.enrol_rows, data.test_rows)
+    if args.clean_embeddings:
+        emb = stored_clean(args.clean_embeddings, embedder, data, both)
+        samples = [len(read_wave(embedder, data.table[data.ids[r]][1], data.where(r))) for r in data.test_rows]
+        return side_matrix(data, both, emb), float(np.mean(samples)) / embedder.sample_rate
+    emb, secs = embed_rows(embedder, data, both, "clean", args.seed, None, args.batch_size)
+    return side_matrix(data, both, emb), float(secs[np.isin(both, data.test_rows)].mean())
+
+
 def stress_rows(embedder, data: StressSet, conditions: Sequence[str], args, bank, log) -> List[Dict]:
-    """The table's rows, one per condition, in order; clean embeddings computed once."""
-    clean_e, _ = embed_rows(embedder, data, data.enrol_rows, "clean", args.seed, None, args.batch_size)
-    clean_t, clean_s = embed_rows(embedder, data, data.test_rows, "clean", args.seed, None, args.batch_size)
-    clean_enrol = side_matrix(data, data.enrol_rows, clean_e)
-    clean_test = side_matrix(data, data.test_rows, clean_t)
+    """The table's rows, one per condition, in order; clean embeddings computed (or read) once."""
+    clean_enrol, clean_s = clean_side(embedder, data, args)
+    clean_test = clean_enrol
     rows = []
     for name in conditions:
         t0 = time.time()
         enrol, test, seconds = clean_enrol, clean_test, clean_s
         if name != "clean":
-            t, seconds = embed_rows(embedder, data, data.test_rows, name, args.seed, bank, args.batch_size)
-            test = side_matrix(data, data.test_rows, t)
+            t, secs = embed_rows(embedder, data, data.test_rows, name, args.seed, bank, args.batch_size)
+            test, seconds = side_matrix(data, data.test_rows, t), float(secs.mean())
             if args.both_sides:
                 e, _ = embed_rows(embedder, data, data.enrol_rows, name, args.seed, bank, args.batch_size)
                 enrol = side_matrix(data, data.enrol_rows, e)
@@ -184,6 +241,17 @@ def parser() -> argparse.ArgumentParser:
         "--conditions", nargs="+", help="condition names (speakerlab.dataio.waveform.degrade); default: all"
     )
     ap.add_argument("--noise-bank", help="noise bank folder (speakerlab-noise-bank) for noise, music, babble, reverb")
+    ap.add_argument(
+        "--test-utts",
+        type=int,
+        help="a seeded draw of this many test-side utterances and their trials (default: all; the cost of a "
+        "condition is that of embedding its test side)",
+    )
+    ap.add_argument(
+        "--clean-embeddings",
+        help="the clean side's embeddings from this model's extraction (.npz of speakerlab-extract, the same "
+        "model_id), instead of embedding it again",
+    )
     ap.add_argument("--both-sides", action="store_true", help="degrade enrolment too (default: the test side only)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every draw (crop start, noise, RIR)")
     ap.add_argument("--batch-size", type=int, default=32, help="utterances per model call (equal frame counts)")
@@ -207,6 +275,13 @@ def pick_conditions(asked: Optional[Sequence[str]], bank, log) -> List[str]:
     return names
 
 
+def drawn(data: StressSet) -> str:
+    """What the test-side draw kept, for the log line ('' when it kept everything)."""
+    if len(data.tl) == data.all_trials:
+        return ""
+    return f" (of {data.all_trials}: those of a seeded draw of {len(data.test_rows)} test utterances)"
+
+
 def run(argv: Optional[Sequence[str]] = None) -> int:
     """`speakerlab-stress` without the process exit: returns the exit code."""
     ap = parser()
@@ -218,18 +293,23 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     try:
         bank = NoiseBank(args.noise_bank) if args.noise_bank else None
         conditions = pick_conditions(args.conditions, bank, log)
-        data = StressSet(Path(args.data), Path(args.trials) if args.trials else None, args.utt2spk)
+        if args.test_utts is not None and args.test_utts < 1:
+            raise UsageError(f"--test-utts must be >= 1, got {args.test_utts}")
+        trials = Path(args.trials) if args.trials else None
+        data = StressSet(Path(args.data), trials, args.utt2spk, args.test_utts, args.seed)
         embedder = source_embedder(ap, args)
         log(
-            f"speakerlab-stress: {embedder.name}, {len(data.tl)} trials of {data.tl.path}, {len(conditions)} "
-            f"condition(s) on the {'both' if args.both_sides else 'test'} side(s), audio streamed (nothing cached)"
+            f"speakerlab-stress: {embedder.name}, {len(data.tl)} trials of {data.tl.path}{drawn(data)}, "
+            f"{len(conditions)} condition(s) on the {'both' if args.both_sides else 'test'} side(s), "
+            "audio streamed (nothing cached)"
         )
         rows = stress_rows(embedder, data, conditions, args, bank, log)
         table = markdown(rows)
         if args.out:
             write_text(args.out, table)
         if args.json:
-            payload = {"model": embedder.name, "trials": str(data.tl.path), "seed": args.seed, "rows": rows}
+            payload = {"model": embedder.name, "trials": str(data.tl.path), "seed": args.seed}
+            payload.update(test_utts=len(data.test_rows), list_trials=data.all_trials, rows=rows)
             write_text(args.json, json.dumps(payload, indent=2) + "\n", allow_stdout=True)
     except bad_input() as e:
         print(f"error: {e}", file=sys.stderr)
