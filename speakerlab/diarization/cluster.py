@@ -5,9 +5,9 @@ appearance (the first segment is speaker 0).
     labels = cluster(emb, SpeakerCount.exactly(3), method="ahc")
 
 spectral: the cosine affinities of the L2-normalised embeddings, each row pruned to its `pruning` x N
-    strongest neighbours (at least `MIN_NEIGHBOURS`; negative ones dropped), symmetrised; the normalised
-    graph Laplacian's smallest eigenvalues (`scipy.linalg.eigh`); the speaker count k is the largest
-    eigengap lambda_k - lambda_{k-1} within the allowed range (or the count given); k-means
+    strongest neighbours (at least `MIN_NEIGHBOURS`, at most `MAX_NEIGHBOURS`; negative ones dropped),
+    symmetrised; the normalised graph Laplacian's smallest eigenvalues (`scipy.linalg.eigh`); the speaker count
+    k is the largest eigengap lambda_k - lambda_{k-1} within the allowed range (or the count given); k-means
     (`sklearn.cluster.KMeans`, `seed`) on the rows of the first k eigenvectors, row-normalised.
 ahc: average-linkage agglomerative clustering on cosine distance (`scipy.cluster.hierarchy`), cut at
     distance `threshold` (1 - cosine), or at the count given; a cut outside [min, max] is moved to the
@@ -43,6 +43,11 @@ from speakerlab.diarization.vbx import VBxParams, assign, one_hot, vbx
 METHODS = ("spectral", "ahc", "vbx")
 VBX_DEFAULTS = VBxParams()
 MIN_NEIGHBOURS = 6  # spectral pruning keeps at least this many affinities per row
+# ... and at most this many: a fraction of N grows with the recording, and at 1,500 units 10 % (150 neighbours, more
+# than a speaker's share of a long conversation) made the eigengap say one speaker on 30-minute and 3-hour
+# conversations (bench/RESULTS.md, the 3-hour recording). 30 leaves every recording of <= 300 sub-segments
+# (the 90-s conversations the defaults were chosen on) as it was.
+MAX_NEIGHBOURS = 30
 MAX_UNITS = 1500  # clustered at most; more sub-segments are grouped into this many units (module docstring)
 
 
@@ -82,10 +87,10 @@ def first_appearance(labels: np.ndarray) -> np.ndarray:
 
 def pruned_affinity(x: np.ndarray, pruning: float) -> np.ndarray:
     """`(N, D)` unit rows -> `(N, N)` symmetric non-negative affinity: each row's cosines kept for its
-    max(ceil(pruning x N), MIN_NEIGHBOURS) strongest, the rest zero."""
+    ceil(pruning x N) strongest (within [MIN_NEIGHBOURS, MAX_NEIGHBOURS]), the rest zero."""
     n = len(x)
     sim = np.clip(x @ x.T, 0.0, None)
-    keep = min(n, max(int(np.ceil(pruning * n)), MIN_NEIGHBOURS))
+    keep = min(n, max(min(int(np.ceil(pruning * n)), MAX_NEIGHBOURS), MIN_NEIGHBOURS))
     cut = np.argsort(-sim, axis=1, kind="stable")[:, keep:]
     np.put_along_axis(sim, cut, 0.0, axis=1)
     return 0.5 * (sim + sim.T)
