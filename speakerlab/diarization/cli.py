@@ -135,7 +135,7 @@ DEFAULT_MAX_SPEAKERS = 20
 TUNING = {
     "window": "sub-segment length, seconds",
     "hop": "sub-segment step, seconds",
-    "pruning": "spectral: fraction of affinities kept per row",
+    "pruning": "spectral: fraction of affinities kept per row (6 to 30 of them)",
     "threshold": "ahc: cosine distance where clusters stop joining",
     "merge_cosine": "estimated counts: merge speakers whose centroids' cosine exceeds this (1: never)",
     "seed": "k-means seed: the same input and seed give the same output",
