@@ -161,7 +161,7 @@ class TrainSettings:
     max_consecutive_skips: int = setting(10, ge=1)  # non-finite steps in a row before training stops
     save_every_steps: int = setting(200, ge=0)  # mid-epoch checkpoint interval (optimizer steps); 0: epoch ends
     keep_checkpoints: int = setting(5, ge=1)  # epoch checkpoints kept (for averaging the last N)
-    log_every_steps: int = setting(10, ge=1)
+    log_every_steps: int = setting(10, ge=1)  # also when the guard's verdicts and stop signals are read
     val_every: int = setting(1, ge=1)  # epochs between validation EERs (needs data.val)
     keep_best: bool = False  # with data.val, model selection: the validation EER of train.init's model before the
     # first step and after each validated epoch; the lowest so far is checkpoints/best.pt, the run's result

@@ -7,9 +7,13 @@ when it was made from the loader (collate, numpy) or by a factory without a `dev
 tensors only; every other tensor (parameters, gradients, `.to(device)`, factories given the run's device) is a
 device tensor. A host sync is `item`, `tolist`, `cpu`, `numpy`, `bool`, `float`, `int` or `index` of a device
 tensor, or what sizes its result by a device tensor's data (`nonzero`, `unique`, `masked_select`, indexing by a
-bool mask); a torch function mode sees each. Collectives: every public `torch.distributed` collective, wrapped.
-DDP's own (its gradient buckets, in C++) are not seen. Each record names the first speakerlab frame that made
-it, `path:function`.
+bool mask); a torch function mode sees each. A copy of a device tensor to the host made by speakerlab's own code
+(`.to("cpu")`, `.copy_` into a host tensor) is a host sync too, `non_blocking` or not, unless copied into pinned
+memory without blocking (on CUDA only that stays asynchronous, and the copy is unreadable until a later sync).
+A `.to(device)` given a torch.device is taken as a move to the run's device (on a CPU run the two are one name;
+speakerlab spells a move to the host `.cpu()` or `.to("cpu")`). Collectives: every public `torch.distributed`
+collective, wrapped. DDP's own (its gradient buckets, in C++) are not seen. Each record names the first speakerlab
+frame that made it, `path:function`.
 
 One interval runs from a `train_step` call to the next: the step, the loop's work after it and the check before
 the next. An interval is `logging` when the loop logged, saved or ended an epoch in it.
@@ -80,6 +84,19 @@ def leaves(value):
             yield from leaves(v)
 
 
+def to_host(name: str, args, kwargs) -> bool:
+    """A device tensor copied to the host by a call in speakerlab itself (torch's own moves within an op are not)."""
+    if name not in ("to", "copy_") or not sys._getframe(2).f_code.co_filename.startswith(PACKAGE):
+        return False  # frames: 0 this, 1 __torch_function__, 2 the caller
+    source = args[1] if name == "copy_" else args[0]
+    if not isinstance(source, torch.Tensor) or getattr(source, "_on_host", False):
+        return False
+    if name == "copy_":
+        pinned = kwargs.get("non_blocking", args[2] if len(args) > 2 else False) and args[0].is_pinned()
+        return getattr(args[0], "_on_host", False) and not pinned
+    return any(isinstance(a, str) and torch.device(a).type == "cpu" for a in (*args[1:], kwargs.get("device")))
+
+
 def bool_mask(t: torch.Tensor) -> bool:
     return t.dtype == torch.bool and not getattr(t, "_on_host", False)
 
@@ -98,6 +115,8 @@ class HostOrDevice(TorchFunctionMode):
             record("syncs", name)
         elif name in ("__getitem__", "__setitem__") and any(bool_mask(t) for t in leaves(args[1:2])):
             record("syncs", f"{name} by a mask")
+        elif to_host(name, args, kwargs):
+            record("syncs", f"{name} the host")
         moved = name == "to" and any(isinstance(a, (torch.device, str)) for a in (*args[1:], kwargs.get("device")))
         out = func(*args, **kwargs)
         if (moved or name == "cpu") and any(out is t for t in tensors):

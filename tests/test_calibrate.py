@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from speakerlab.scoring.calibrate import main
-from speakerlab.scoring.calibration import cllr, min_cllr
+from speakerlab.scoring.calibration import QMF, act_dcf, cllr, min_cllr
 from speakerlab.scoring.calibration_file import CalibrationError, read_calibration
 from tests.calibration_data import make_set
 
@@ -99,3 +99,20 @@ def test_embeddings_of_two_models_or_of_none_are_refused(sets, tmp_path, capsys)
     assert main(["--trials", str(anon / "trials"), "--embeddings", str(tmp_path / "an.npz"), "--out", "x.json"]) == 2
     assert "without a model digest" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_prior_weighting_serves_the_prior_it_was_fitted_at():
+    # Target scores wider than nontarget ones: the true LLR is quadratic in the score, so a linear calibration can be
+    # right near one operating point only. Weighted at p = 0.01 (the recipe's prior, speakerlab-calibrate's default
+    # fit prior) the fit puts it where decisions at 0.01 are made; weighted at 0.5, at the equal-prior point.
+    rng = np.random.default_rng(0)
+
+    def draw(n):
+        y = rng.random(n) < 0.3
+        return np.where(y, rng.normal(2.5, 2.0, n), rng.normal(0.0, 1.0, n))[:, None], y
+
+    x, y = draw(40000)
+    x_held, y_held = draw(40000)
+    at = {p: QMF(prior=p).fit(x, y).llr(x_held) for p in (0.01, 0.5)}
+    assert act_dcf(at[0.01], y_held, 0.01) < 0.85 * act_dcf(at[0.5], y_held, 0.01)
+    assert act_dcf(at[0.5], y_held, 0.5) <= act_dcf(at[0.01], y_held, 0.5)

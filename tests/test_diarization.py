@@ -10,6 +10,7 @@ the slow recipe test, tests/test_diarization_data.py)."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import numpy as np
@@ -168,6 +169,8 @@ def test_cli_writes_rttm_and_json_and_is_deterministic(capsys, tmp_path, talks, 
         capsys, *common, "--rttm", tmp_path / "a.rttm", "--json", tmp_path / "a.json", "--embeddings"
     )
     assert code == 0 and "s per hour" in err
+    # Each recording's line gives the wall time of each stage.
+    assert len(re.findall(r"\(speech [\d.]+ s, embeddings [\d.]+ s, clustering [\d.]+ s\)", err)) == 2, err
     code, _, _ = diarize(capsys, *common, "--rttm", tmp_path / "b.rttm")
     assert code == 0 and (tmp_path / "a.rttm").read_bytes() == (tmp_path / "b.rttm").read_bytes()
     turns = read_rttm(tmp_path / "a.rttm")

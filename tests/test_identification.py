@@ -124,7 +124,10 @@ def test_enrol_and_identify_commands_on_a_checkpoint(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == ["alice\t2\t2.9", "bob\t1\t1.6"]
     files = [str(wav["x"]), str(wav["a1"]), str(wav["short"])]
     assert run_identify([gal, *files, *src, "--min-seconds", "0.5"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    got = capsys.readouterr()
+    lines = got.out.splitlines()
+    # 12 calibration speakers, each left out against the other 11: FPIR 1 % over 2 enrolled is measured there
+    assert "threshold at FPIR 1 % over 2 speakers: measured" in got.err
     assert [ln.split("\t")[0] for ln in lines] == files and lines[2].endswith("too short (0.30 s)")
     assert all(("FPIR 1 %" in ln) for ln in lines[:2]) and lines[1].split("\t")[1].split()[0] in ("alice", "unknown")
     other = save_tiny_checkpoint(tmp_path / "other" / "c.pt", seed=1)

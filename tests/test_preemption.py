@@ -52,6 +52,29 @@ def test_signals_in_a_step_stop_after_it_with_a_checkpoint_and_the_resumed_run_i
     assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
 
 
+def test_a_signal_is_read_on_the_next_logging_step_and_the_resumed_run_is_exact(tmp_path, monkeypatch):
+    """Between logging steps no step reads the signal flags on the host: a SIGTERM in the first step stops the run
+    after the second (the epoch's end, a logging step), with its checkpoint, and nothing is lost."""
+    cfg, _ = tiny_config(tmp_path, val=False)
+    sparse = ("train.log_every_steps=100", "train.save_every_steps=0")
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a"), *sparse]) == 0
+    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def clip(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    exp = tmp_path / "b"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), *sparse]) == 75
+    assert len(calls) == 2 and "stopped by SIGTERM at step 2 (epoch 1, 2/2 steps)" in (exp / "train.log").read_text()
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), *sparse]) == 0
+    assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
+
+
 def train_module(cfg, exp, *overrides) -> list:
     """The training command after the agent's options: `-m speakerlab.train --config CFG --exp-dir EXP ...`."""
     return ["-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(exp), *overrides]

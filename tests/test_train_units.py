@@ -2,12 +2,15 @@ import contextlib
 
 import pytest
 import torch
+from torch import nn
 
 from speakerlab.config import ConfigError, load_config
 from speakerlab.train.build import build_net, build_optimizer
 from speakerlab.train.hardware.batch_plan import MemoryProbe, find_max_batch, plan_batches, probe_sizes
 from speakerlab.train.hardware.precision import resolve_precision
 from speakerlab.train.losses.margin import AAMSoftmax, SphereFace2
+from speakerlab.train.monitor import Meter
+from speakerlab.train.optim.stability import step_unless
 
 
 def test_precision_gets_device_type_from_any_device_string():
@@ -198,3 +201,77 @@ def test_build_net_picks_the_loss_head_and_trains_one_step(name, head):
 def test_unknown_loss_name_is_a_config_error():
     with pytest.raises(ConfigError, match="loss.name"):
         load_config(raw={"model": {"name": "campplus"}, "data": {"train": "x"}, "loss": {"name": "softmax"}})
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (torch.optim.SGD, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-2}),
+        (torch.optim.Adam, {"weight_decay": 1e-2}),
+        (torch.optim.AdamW, {"weight_decay": 1e-2}),
+    ],
+)
+def test_a_step_skipped_on_the_device_equals_a_step_not_taken(cls, kwargs):
+    """The fused optimizers under step_unless: a skipped step (the first one too) leaves weights, momentum,
+    moments and Adam's step count as if step() had not been called, bit for bit; the taken ones update."""
+    torch.manual_seed(0)
+    shapes = [(5, 3), (4,)]
+    skipped = [
+        nn.ParameterList([nn.Parameter(torch.randn(*s)) for s in shapes]) for _ in range(2)
+    ]  # [on the device, reference]
+    skipped[1].load_state_dict(skipped[0].state_dict())
+    opts = [cls(list(ps), lr=0.1, fused=True, **kwargs) for ps in skipped]
+    grads = [[torch.randn(*s) for s in shapes] for _ in range(5)]
+    for i, bad in enumerate([True, False, True, True, False]):
+        for ps in skipped:
+            for p, g in zip(ps, grads[i]):
+                p.grad = g.clone()
+        before = [p.detach().clone() for p in skipped[0]]
+        step_unless(opts[0], torch.tensor(bad))
+        if not bad:
+            opts[1].step()
+        assert all(torch.equal(a, b) for a, b in zip(skipped[0], skipped[1])), (cls, i)
+        assert all(torch.equal(a, b) for a, b in zip(skipped[0], before)) == bad, (cls, i)
+        for p, q in zip(skipped[0], skipped[1]):
+            s, r = opts[0].state[p], opts[1].state[q]
+            for key in ("momentum_buffer", "exp_avg", "exp_avg_sq", "step"):
+                if r.get(key) is not None:
+                    assert torch.equal(s[key], r[key]), (cls, i, key)
+    assert not hasattr(opts[0], "found_inf")
+
+
+def test_the_optimizer_is_fused_on_the_cpu():
+    cfg = load_config(raw={"model": {"name": "campplus", "args": _TINY_CAMPPLUS}, "data": {"train": "x"}})
+    net = build_net(cfg, num_speakers=7, autocast=contextlib.nullcontext)
+    assert build_optimizer(cfg, net).defaults["fused"]
+
+
+def test_the_meter_leaves_a_skipped_steps_values_out_on_the_device():
+    meter = Meter()
+    meter.add(torch.tensor(True), loss=torch.tensor(2.0), grad_norm=torch.tensor(1.0))
+    meter.add(torch.tensor(False), loss=torch.tensor(float("nan")), grad_norm=torch.tensor(float("inf")))
+    meter.add(torch.tensor(True), loss=torch.tensor(4.0), grad_norm=torch.tensor(3.0))
+    assert meter.count == 3 and meter.reset() == {"loss": 3.0, "grad_norm": 2.0}
+    meter.add(torch.tensor(False), loss=torch.tensor(float("nan")))
+    assert meter.reset() is None  # no step taken: nothing to log
+
+
+def test_the_grad_scaler_lowers_its_scale_on_an_overflow_the_device_skipped():
+    """The fp16 path of the training step, on the CPU: unscale, clip, step_unless on the norm's verdict, then the
+    scaler's update. An overflowing step leaves the weights and halves the scale; a finite one updates them."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    for overflow in (True, False):
+        before = [p.detach().clone() for p in model.parameters()]
+        loss = model(torch.randn(3, 4)).square().sum() * (float("inf") if overflow else 1.0)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        scale = scaler.get_scale()
+        step_unless(opt, ~torch.isfinite(norm))
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        same = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert same == overflow and scaler.get_scale() == (scale / 2 if overflow else scale), overflow

@@ -19,10 +19,9 @@ one speaker within a region are joined. With a `FrontCache` (cache.py), `diarize
 regions and embeddings a run before made for the same file, VAD, model and settings.
 
 Without a segmentation model every instant gets at most one speaker, so the second speaker of an overlap is
-missed speech in the DER. With one (`segmenter`, speakerlab.diarization.segmenter), speech and overlapped
-speech come from its frame counts instead of the VAD, and each overlapped stretch gets a second speaker: of the
-clusters other than the one already there, the one nearest (cosine) the mean embedding of the sub-segments
-that cover the stretch.
+missed speech in the DER. With one (`segmenter`, speakerlab.diarization.segmenter), the recording goes the
+segmentation way instead (speakerlab.diarization.segmented): an embedding per (window, local speaker) from its
+frames without overlap, clustered, then frames with two speakers where the segmenter hears two.
 
 A `Diarizer` keeps no state between calls: its embedder's model runs under `torch.no_grad` in eval mode
 and its VAD keeps none, so several threads may call one `Diarizer` at once and get what each would get
@@ -31,17 +30,19 @@ alone (tests/test_diarization.py checks this).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.tables.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.tables.rttm import Interval, Turn
 from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
+from speakerlab.diarization.segmented import diarize_segmented
 from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.common import check_finite, too_short
@@ -71,6 +72,8 @@ class DiarizeOptions:
     fa: float = VBX_DEFAULTS.fa
     fb: float = VBX_DEFAULTS.fb
     loop_p: float = VBX_DEFAULTS.loop_p
+    seg_window: float = 5.0
+    seg_step: float = 1.0
 
     @property
     def vbx(self) -> VBxParams:
@@ -82,6 +85,8 @@ class DiarizeOptions:
             problems.append(f"need 0 < hop <= window, got hop {self.hop}, window {self.window}")
         if not 0 < self.min_embed <= self.window:
             problems.append(f"need 0 < min_embed <= window, got {self.min_embed}")
+        if not 0 < self.seg_step <= self.seg_window:
+            problems.append(f"need 0 < seg_step <= seg_window, got {self.seg_step}, {self.seg_window}")
         if self.batch_size < 1:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if self.method not in METHODS:
@@ -112,6 +117,8 @@ class Diarization:
     centroids: np.ndarray  # (K, D) float32, unit length
     notes: List[str] = field(default_factory=list)
     cached: List[str] = field(default_factory=list)  # what came from the cache: "speech", "embeddings"
+    # Wall seconds of each stage run: "speech" (VAD or segmentation), "embeddings", "clustering".
+    seconds: Dict[str, float] = field(default_factory=dict)
 
     @property
     def speakers(self) -> List[str]:
@@ -168,37 +175,6 @@ def embed_window(
         b = a + need
     piece = wave[a:b]
     return piece if len(piece) >= need else np.resize(piece, need)
-
-
-def add_overlap_speakers(
-    turns: List[Turn], overlap: Sequence[Interval], pieces, x: np.ndarray, centroids: np.ndarray
-) -> List[Turn]:
-    """`turns` plus a second speaker on each `overlap` interval: the cluster nearest the mean of the unit
-    embeddings `x` (N, D) of the `pieces` that cover it, other than the speaker already there. Turns of one
-    speaker that touch are joined."""
-    if len(centroids) < 2 or not overlap:
-        return turns
-    spans = np.array([(s, e) for _, s, e in pieces])
-    extra = []
-    for start, end in overlap:
-        covering = (spans[:, 0] < end) & (spans[:, 1] > start)
-        if not covering.any():
-            continue
-        sims = centroids @ normalize(x[covering].mean(axis=0, keepdims=True))[0]
-        # The speaker already there: the one whose turns cover most of the stretch.
-        cover: dict = {}
-        for t in turns:
-            cover[t.speaker] = cover.get(t.speaker, 0.0) + max(0.0, min(end, t.end) - max(start, t.start))
-        present = {max(cover, key=cover.get)} if cover and max(cover.values()) > 0 else set()
-        for k in np.argsort(-sims, kind="stable"):
-            if speaker_name(int(k)) not in present:
-                extra.append(Turn(start, end, speaker_name(int(k))))
-                break
-    by_speaker: dict = {}
-    for t in [*turns, *extra]:
-        by_speaker.setdefault(t.speaker, []).append((t.start, t.end))
-    joined = [Turn(s, e, spk) for spk, spans in by_speaker.items() for s, e in merge_intervals(spans)]
-    return sorted(joined, key=lambda t: (t.start, t.speaker))
 
 
 class Diarizer:
@@ -269,9 +245,13 @@ class Diarizer:
             raise AudioError(f"{name}: {short}" if name else short)
         notes: List[str] = []
         cached: List[str] = []
-        overlap: List[Interval] = []
+        seconds: Dict[str, float] = {}
+        t0 = time.perf_counter()
         if speech is None and self.segmenter is not None:
-            speech, overlap = self.segmenter.regions(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
+            kit = {"embedder": self.embedder, "segmenter": self.segmenter, "options": opt, "plda": self.plda}
+            parts = diarize_segmented(wave, rate, count, **kit, name=name)
+            turns = [Turn(s, e, speaker_name(k)) for s, e, k in parts.pop("turns")]
+            return Diarization(duration=duration, turns=turns, **parts)
         if speech is None:
             if self.vad is None:
                 raise ValueError("no speech regions given and no VAD to find them")
@@ -282,15 +262,17 @@ class Diarizer:
                 speech = self.vad(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
                 if entry:
                     entry.put_speech(speech)
+        seconds["speech"] = time.perf_counter() - t0
         regions = [(max(0.0, s), min(duration, e)) for s, e in speech if min(duration, e) > max(0.0, s)]
         pieces = subsegments(regions, opt.window, opt.hop)
         if not pieces:
             notes.append(f"{name}: no speech found: no turns")
             empty = np.zeros((0, 0), np.float32)
             none = np.zeros(0, np.int64)
-            return Diarization(duration, regions, [], np.zeros((0, 2)), none, empty, empty, notes, cached)
+            return Diarization(duration, regions, [], np.zeros((0, 2)), none, empty, empty, notes, cached, seconds)
         need = self.embedder.min_samples
         settings = (opt.window, opt.hop, opt.min_embed)
+        t0 = time.perf_counter()
         emb = entry.embeddings(settings, regions) if entry else None
         if emb is not None and len(emb) == len(pieces):
             cached.append("embeddings")
@@ -300,11 +282,13 @@ class Diarizer:
             check_finite([f"{name} {s:.2f}-{e:.2f} s" for _, s, e in pieces], emb)
             if entry:
                 entry.put_embeddings(settings, regions, emb)
+        seconds["embeddings"] = time.perf_counter() - t0
         if count.min > len(pieces):
             notes.append(
                 f"{name}: {count.min} speakers asked for, but the speech gives only {len(pieces)} "
                 f"sub-segment(s): {len(pieces)} speaker(s) at most"
             )
+        t0 = time.perf_counter()
         labels = cluster(
             emb,
             count,
@@ -317,16 +301,18 @@ class Diarizer:
             self.plda,
             opt.vbx,
         )
+        seconds["clustering"] = time.perf_counter() - t0
         x = normalize(emb)
         centroids = normalize(np.stack([x[labels == k].mean(axis=0) for k in range(labels.max() + 1)]))
         return Diarization(
             duration=duration,
             speech=regions,
-            turns=add_overlap_speakers(labels_to_turns(pieces, labels), overlap, pieces, x, centroids),
+            turns=labels_to_turns(pieces, labels),
             subsegments=np.array([(s, e) for _, s, e in pieces]),
             labels=labels,
             embeddings=emb,
             centroids=centroids.astype(np.float32),
             notes=notes,
             cached=cached,
+            seconds=seconds,
         )

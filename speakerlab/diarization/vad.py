@@ -124,18 +124,21 @@ def silero_session():
 
 def silero_probabilities(session, wave: np.ndarray) -> np.ndarray:
     """`(samples,)` at 16 kHz -> `(ceil(samples / 512),)` speech probabilities, one per 32 ms frame (the last
-    frame zero-padded). Each frame is fed with the 64 samples before it (zeros before the first)."""
+    frame zero-padded). Each frame is fed with the 64 samples before it (zeros before the first). The inputs are
+    made one block at a time: framing 3 hours at once would copy the audio twice over (1.5 GB, measured)."""
     x = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
     count = -(-x.size // SILERO_FRAME)
-    frames = np.zeros((count, SILERO_FRAME), np.float32)
-    frames.reshape(-1)[: x.size] = x
-    context = np.zeros((count, SILERO_CONTEXT), np.float32)
-    context[1:] = frames[:-1, -SILERO_CONTEXT:]
-    inputs = np.concatenate([context, frames], axis=1)
+    width = SILERO_CONTEXT + SILERO_FRAME
     h, c = np.zeros(SILERO_STATE, np.float32), np.zeros(SILERO_STATE, np.float32)
     out = []
     for a in range(0, count, SILERO_BLOCK):
-        p, h, c = session.run(["speech_probs", "hn", "cn"], {"input": inputs[a : a + SILERO_BLOCK], "h": h, "c": c})
+        n = min(SILERO_BLOCK, count - a)
+        start = a * SILERO_FRAME - SILERO_CONTEXT  # the block's first frame's context; before 0 at the first
+        piece = np.zeros(SILERO_CONTEXT + n * SILERO_FRAME, np.float32)  # zeros before the start and past the end
+        src = x[max(start, 0) : start + len(piece)]
+        piece[max(-start, 0) : max(-start, 0) + len(src)] = src
+        inputs = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(piece, width)[::SILERO_FRAME])
+        p, h, c = session.run(["speech_probs", "hn", "cn"], {"input": inputs, "h": h, "c": c})
         out.append(np.asarray(p, np.float32).reshape(-1))
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 from speakerlab.commands import CommandParser
 from speakerlab.identification.gallery import Gallery, GalleryError, read_gallery, write_gallery
-from speakerlab.identification.identify import MIN_SECONDS, identify_many
+from speakerlab.identification.identify import MIN_SECONDS, identify_many, threshold_note
 from speakerlab.inference.cli import bad_input, source_embedder
 from speakerlab.inference.common import add_source_args, check_finite, read_wave, warn_stderr
 from speakerlab.inference.verify import find_calibration
@@ -126,6 +126,7 @@ def run_identify(argv: Optional[Sequence[str]] = None) -> int:
             )
         emb, seconds = embed_files(embedder, args.files)
         results = identify_many(g, found[0], emb, seconds, args.fpir, args.min_seconds)
+        print(threshold_note(found[0], args.fpir, len(g.names())), file=sys.stderr)
     except (GalleryError, *bad_input()) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

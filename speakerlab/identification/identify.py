@@ -7,11 +7,14 @@ calibration was fitted on), and a speaker's score is the mean LLR over their enr
 best speaker, with the margin of its score over the second's.
 
 "unknown" at a target FPIR (false-positive identification rate: the share of never-enrolled speakers' files given
-a name). A never-enrolled file is named when its best score over N speakers passes the threshold; with independent
-nontarget scores that happens with probability 1 - (1 - FAR)^N, so the threshold is the calibration's at the
-per-speaker FAR 1 - (1 - FPIR)^(1/N) (Calibration.threshold: measured on the calibration lists). A speaker with k
-enrolment files has a mean of k LLRs, whose nontarget spread is narrower than one trial's: the FPIR reached is then
-at most the target (bench/identification.py measures it).
+a name). A never-enrolled file is named when its best score over N speakers passes the threshold. The threshold is
+measured where the calibration file has an open-set curve (speakerlab.scoring.open_set: the best scores that the
+calibration speakers' files reached over galleries of the other calibration speakers, rescaled to N). Otherwise,
+for older files, it is analytic: with independent nontarget scores a file is named with probability
+1 - (1 - FAR)^N, so the threshold is the calibration's at the per-speaker FAR 1 - (1 - FPIR)^(1/N)
+(Calibration.threshold). A speaker with k enrolment files has a mean of k LLRs, whose nontarget spread is narrower
+than one trial's: the FPIR the analytic threshold reaches is at most the target, often far below it
+(bench/calibration.py measures both).
 
 "too short": a test file under `min_seconds` gets no guess (short files give the least reliable embeddings and
 the most confident mistakes).
@@ -63,7 +66,28 @@ def speaker_scores(g: Gallery, cal: Calibration, emb: np.ndarray, seconds: float
 
 
 def fpir_threshold(cal: Calibration, fpir: float, speakers: int) -> float:
-    """The LLR threshold of a target FPIR over `speakers` enrolled ones (module docstring)."""
+    """The LLR threshold of a target FPIR over `speakers` enrolled ones: measured (the calibration's open-set curve),
+    else the analytic per-speaker one (module docstring)."""
+    measured = cal.open_set_threshold(fpir, speakers)
+    if measured is not None:
+        return measured
+    return analytic_fpir_threshold(cal, fpir, speakers)
+
+
+def threshold_note(cal: Calibration, fpir: float, speakers: int) -> str:
+    """One line saying where `fpir_threshold` took the threshold from (for the command's stderr)."""
+    head = f"'unknown' threshold at FPIR {100 * fpir:g} % over {speakers} speakers"
+    if cal.open_set_threshold(fpir, speakers) is not None:
+        o = cal.open_set
+        return (
+            f"{head}: measured on the calibration's impostor maxima ({o['n_probes']} probes against galleries of "
+            f"{o['n_gallery']} speakers)"
+        )
+    return f"{head}: analytic (per-speaker FAR 1 - (1 - FPIR)^(1/N)), not measured by this calibration"
+
+
+def analytic_fpir_threshold(cal: Calibration, fpir: float, speakers: int) -> float:
+    """The calibration's single-trial threshold at FAR 1 - (1 - FPIR)^(1/N), N = `speakers` (module docstring)."""
     return cal.threshold(1.0 - (1.0 - fpir) ** (1.0 / max(speakers, 1)))
 
 

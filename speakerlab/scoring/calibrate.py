@@ -19,7 +19,9 @@ the fit) also the FAR measured at the stored FAR thresholds, with its speaker-bo
 The file (speakerlab.scoring.calibration_file): the QMF, the model digest every embeddings file must share (the
 `model_id` speakerlab-extract records; files of two models, or of none, are refused), the lists it was fitted on
 (paths, sha256, counts), the metrics, and the operating points (thresholds at the EER and at FAR 1 % and 0.1 %, in
-LLR and raw-cosine units, measured on the fitting lists). Bad input: one `error:` line naming the file, exit 2.
+LLR and raw-cosine units, measured on the fitting lists), and the open-set "unknown" thresholds measured on the
+fitting lists' impostor maxima over galleries of their own speakers (speakerlab.scoring.open_set). Bad input: one
+`error:` line naming the file, exit 2.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from speakerlab.scoring.calibration_file import (
 )
 from speakerlab.scoring.interval import CI_REPLICATES, far_interval, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
+from speakerlab.scoring.open_set import open_set_curve
 from speakerlab.scoring.scorer import Scorer
 
 
@@ -156,6 +159,7 @@ def run(args) -> Calibration:
     raw = np.concatenate(fit.raw)
     cal.operating_points = operating_points(llr, raw, target)
     cal.far_curve = far_curve(llr, target)
+    cal.open_set = open_set_curve(fit.lists, qmf)
     cal.metrics["fit"] = list_metrics(llr, target, args.p_target)
     print(line("fit (pooled: " + " ".join(map(str, args.trials)) + ")", cal.metrics["fit"]))
     for k, (scorer, tl) in enumerate(held.lists if held else []):

@@ -24,6 +24,9 @@ naming the file):
                       lists is not measurable and its thresholds are null
     far_curve         [[far, llr threshold], ...] on a log grid of FARs, the measurable ones, falling: `threshold`
                       interpolates it (log FAR) for FARs between the stored points
+    open_set          (optional) the "unknown" threshold measured on the fitting lists' own impostor maxima over
+                      galleries of their speakers (speakerlab.scoring.open_set): n_gallery, enrol_files, n_probes,
+                      curve [[fpir, llr threshold], ...]; `open_set_threshold` reads it
 
 Why LLR thresholds as well as a calibrated LLR: a Bayes threshold (accept when llr >= log((1 - p) / p)) fixes a
 cost, not a false-accept rate; a deployment asked for "1 in 100 impostors accepted" needs the threshold that gave
@@ -48,6 +51,7 @@ from speakerlab.scoring.metrics import error_rates, fa_point
 FORMAT = "speakerlab.calibration/1"
 FAR_POINTS = (0.01, 0.001)  # stored operating points besides the EER
 FAR_GRID = np.geomspace(0.5, 1e-6, 57)  # the curve's FARs: 8 per decade
+OPTIONAL = ("open_set",)  # keys a file written before they existed may lack
 
 
 class CalibrationError(ValueError):
@@ -107,6 +111,26 @@ def far_curve(llr: np.ndarray, target: np.ndarray) -> List[List[float]]:
     return rows
 
 
+def fpir_target(fpir: float, speakers: int, n_gallery: int) -> float:
+    """The FPIR of the calibration's `n_gallery`-speaker galleries that gives `fpir` over `speakers`: 1 - (1 -
+    fpir)^(n_gallery / speakers), the galleries combined as if independent (speakerlab.scoring.open_set)."""
+    return 1.0 - (1.0 - fpir) ** (n_gallery / max(speakers, 1))
+
+
+def curve_threshold(open_set: Dict, fpir: float, speakers: int) -> Optional[float]:
+    """The LLR threshold of `fpir` over a gallery of `speakers` from a stored open-set curve (the file's `open_set`,
+    speakerlab.scoring.open_set.open_set_curve), linear in log FPIR between its points; None where the curve did not
+    measure that FPIR (too few calibration probes)."""
+    curve = open_set.get("curve") or []
+    f = fpir_target(fpir, speakers, int(open_set["n_gallery"]))
+    fpirs = [c[0] for c in curve]
+    if not fpirs or not fpirs[-1] <= f <= fpirs[0]:
+        return None
+    x = np.log(fpirs)[::-1]
+    y = np.array([c[1] for c in curve])[::-1]
+    return float(np.interp(math.log(f), x, y))
+
+
 @dataclass
 class Calibration:
     """One model's calibration (the module docstring's format)."""
@@ -120,6 +144,7 @@ class Calibration:
     metrics: Dict[str, Dict] = field(default_factory=dict)
     operating_points: Dict[str, Dict] = field(default_factory=dict)
     far_curve: List[List[float]] = field(default_factory=list)
+    open_set: Dict[str, object] = field(default_factory=dict)
     format: str = FORMAT
 
     @classmethod
@@ -172,6 +197,12 @@ class Calibration:
         y = np.array([t for _, t in self.far_curve])[::-1]
         return float(np.interp(math.log(far), x, y))
 
+    def open_set_threshold(self, fpir: float, speakers: int) -> Optional[float]:
+        """The LLR threshold that names a share `fpir` of never-enrolled speakers' files over a gallery of
+        `speakers`, from the measured impostor maxima (speakerlab.scoring.open_set); None without them or where
+        they did not measure that FPIR."""
+        return curve_threshold(self.open_set, fpir, speakers) if self.open_set else None
+
     def check_model(self, model_id: str, where: str) -> None:
         """A CalibrationError in one line unless the calibration was fitted on embeddings of `model_id`."""
         if not model_id:
@@ -201,7 +232,7 @@ class Calibration:
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
             raise CalibrationError(f"{where}: calibration format {got!r} is not {FORMAT!r}")
         names = [k for k in cls.__dataclass_fields__]
-        missing = [k for k in names if k not in d]
+        missing = [k for k in names if k not in d and k not in OPTIONAL]
         unknown = [k for k in d if k not in names]
         if missing or unknown:
             raise CalibrationError(f"{where}: calibration keys missing {missing}, unknown {unknown}")

@@ -91,8 +91,8 @@ class SpeakerNet(nn.Module):
         return clip_grad_norm(params, max_norm, self.classifier, agree)
 
     # What a self-supervised objective (DinoNet) does around the optimizer step; nothing for a classifier.
-    def end_step(self, updated: bool) -> None:
-        """After the optimizer step (`updated`: it was taken)."""
+    def end_step(self, updated: torch.Tensor) -> None:
+        """After the optimizer step (`updated`: a 0-dim bool tensor on the device, True when it was taken)."""
 
     def scalars(self) -> Dict[str, float]:
         """The objective's own values for the log (read every train.log_every_steps)."""
@@ -181,13 +181,16 @@ def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
     o = cfg.optim
     groups = parameter_groups(net.model, net.classifier, o)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[o.name]
-    # On CUDA the fused kernels update every parameter in one launch (torch picks the slower foreach path
-    # by default); on the CPU the default is kept.
-    params = [p for g in groups for p in g["params"]]
-    fused = {"fused": True} if all(p.is_cuda for p in params) and supports_fused(cls) else {}
-    if o.name == "sgd":
-        return cls(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, **fused)
-    return cls(groups, lr=o.lr, **fused)
+    # Fused kernels on every device (CUDA and, since torch 2.4, the CPU): one launch for all parameters, and
+    # the only update that honours `found_inf`, which skips a non-finite step on the device without a host
+    # read (speakerlab.train.optim.stability.step_unless). A torch without them keeps its default path.
+    kwargs = {"momentum": o.momentum, "nesterov": o.nesterov} if o.name == "sgd" else {}
+    if supports_fused(cls):
+        try:
+            return cls(groups, lr=o.lr, fused=True, **kwargs)
+        except RuntimeError:  # a device or dtype this torch has no fused kernel for
+            pass
+    return cls(groups, lr=o.lr, **kwargs)
 
 
 def supports_fused(cls) -> bool:

@@ -35,7 +35,7 @@ from speakerlab.train.optim.stability import TrainingStopped
 from speakerlab.train.state.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
 from speakerlab.train.state.selection import outcome, selecting, stopped, validate_epoch, validate_start
 from speakerlab.train.state.validation import validate_corpora
-from speakerlab.train.step import StepResult, train_step
+from speakerlab.train.step import StepResult, settle, train_step
 
 
 def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
@@ -53,21 +53,23 @@ def train_epoch(run: Run, start: int, stop_at: Optional[int]) -> bool:
         result = train_step(run, batches)
         done += 1
         wait += result.data_wait_s
-        if result.updated:
-            meter.add(loss=result.loss, accuracy=result.accuracy, grad_norm=result.grad_norm)
+        meter.add(result.updated, loss=result.loss, accuracy=result.accuracy, grad_norm=result.grad_norm)
         if bar is not None:
             bar.update(1)
-        if run.state.step % cfg.train.log_every_steps == 0 or done == run.steps_per_epoch:
+        logs = run.state.step % cfg.train.log_every_steps == 0 or done == run.steps_per_epoch
+        every = cfg.train.save_every_steps
+        saves = every and run.state.step % every == 0 and done < run.steps_per_epoch
+        if not (logs or saves):
+            continue  # no host read: the guard's verdicts and the stop signals wait for the next logging step
+        signum = settle(run, result)  # may stop training (non-finite steps) before anything is written
+        if logs:
             log_step(run, meter, result, wait, time.perf_counter() - t_log)
             wait, t_log = 0.0, time.perf_counter()
-        if (
-            cfg.train.save_every_steps
-            and run.state.step % cfg.train.save_every_steps == 0
-            and done < run.steps_per_epoch
-        ):
+        if saves:
             save_mid_epoch(run, done)
-        preemption.stop(run, done, result.stop_signal)  # a signal any rank got before the step's all-reduce
+        preemption.stop(run, done, signum)  # a signal any rank got before the step's all-reduce
     run.monitor.end_progress()
+    settle(run, None)  # --max-steps: the last steps' verdicts before its checkpoint
     preemption.stop_if_requested(run, done)  # a signal after the last step's all-reduce
     if done < run.steps_per_epoch:
         save_mid_epoch(run, done)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -125,23 +125,32 @@ class Monitor:
 
 
 class Meter:
-    """Running sums of per-step metrics between two log points. A tensor value is summed where it is (the
-    training step's, on the device): it is read on the host by `means`, at a log point only."""
+    """Running sums of per-step metrics between two log points, over the steps taken (a skipped step's values
+    count nothing). A tensor value is summed where it is (the training step's, on the device), masked there by
+    the step's `taken` flag: it is read on the host by `means`, at a log point only."""
 
     def __init__(self):
         self.sums: Dict[str, object] = {}
-        self.count = 0
+        self.count = 0  # steps added, taken or not
+        self.taken: Union[float, torch.Tensor] = 0.0
 
-    def add(self, **values) -> None:
+    def add(self, taken: Union[bool, torch.Tensor] = True, **values) -> None:
         for k, v in values.items():
             v = v.detach().double() if isinstance(v, torch.Tensor) else float(v)
+            if isinstance(taken, torch.Tensor):
+                v = torch.where(taken, v, 0.0)  # not a product: a skipped step's NaN x 0 is NaN
+            elif not taken:
+                v = 0.0
             self.sums[k] = self.sums[k] + v if k in self.sums else v
         self.count += 1
+        self.taken = self.taken + (taken.double() if isinstance(taken, torch.Tensor) else float(taken))
 
-    def means(self) -> Dict[str, float]:
-        return {k: float(v) / max(1, self.count) for k, v in self.sums.items()}
+    def means(self) -> Optional[Dict[str, float]]:
+        """The mean of each value over the steps taken; None when none was."""
+        taken = float(self.taken)
+        return {k: float(v) / taken for k, v in self.sums.items()} if taken else None
 
     def reset(self) -> Optional[Dict[str, float]]:
         out = self.means() if self.count else None
-        self.sums, self.count = {}, 0
+        self.sums, self.count, self.taken = {}, 0, 0.0
         return out

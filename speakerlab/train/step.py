@@ -2,8 +2,11 @@
 input pipeline to features, the forward and backward, then clipping, the non-finite guard and the update.
 
     result = train_step(run, batches)    # StepResult: its loss, accuracy and gradient norm on the device
+    signal = settle(run, result)         # on logging and saving steps only: the guard's verdicts, stop signals
 
-The epochs, checkpoints and the command around it are speakerlab.train.loop's.
+No host sync in a step: whether the update is taken is decided on the device (a non-finite step is skipped
+there), and read on the host by `settle`. The epochs, checkpoints and the command around it are
+speakerlab.train.loop's.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -21,22 +24,22 @@ from speakerlab.train.build import Run
 from speakerlab.train.launch import preemption
 from speakerlab.train.optim.freeze import apply_freeze
 from speakerlab.train.optim.schedules import lr_at, margin_at
-from speakerlab.train.optim.stability import TrainingStopped, batch_culprits
+from speakerlab.train.optim.stability import TrainingStopped, batch_culprits, step_unless
 
 
 @dataclass
 class StepResult:
-    """What one optimizer step reports. Loss, accuracy and gradient norm stay 0-dim tensors on the device (read on
-    logging steps only: speakerlab.train.loop)."""
+    """What one optimizer step reports. Its tensors stay on the device (read on logging steps only:
+    speakerlab.train.loop)."""
 
-    updated: bool  # False when the guard skipped the step
+    updated: torch.Tensor  # 0-dim bool: False when the step was not finite and its update skipped
     loss: torch.Tensor
     accuracy: torch.Tensor
     grad_norm: torch.Tensor
     lr: float
     margin: float
     data_wait_s: float
-    stop_signal: int  # a stop signal some rank got (SIGTERM, SIGUSR1: speakerlab.train.launch.preemption), else 0
+    signals: torch.Tensor  # per stop signal, the ranks that got it (speakerlab.train.launch.preemption.SIGNALS)
 
 
 def set_schedules(run: Run) -> tuple:
@@ -90,7 +93,8 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
     Each micro-batch: loader batch -> fp32 features `(B, T, F)` -> loss / accumulation, backward. Under DDP
     gradients are all-reduced on the last micro-batch only. Then unscale, clip, agree and update. Beyond DDP's
     gradients the step makes one small all-reduce (`agree`: the guard's flags, pre-emption's and a sharded head's
-    squared norm) and reads it on the host once."""
+    squared norm) and no host read: the verdict is the same on every rank (DDP's gradients and the agreed norm)
+    and skips a non-finite update on the device."""
     cfg, accum = run.cfg, run.plan.accumulation
     lr, margin = set_schedules(run)
     loss_sum = torch.zeros((), device=run.device)
@@ -120,24 +124,30 @@ def train_step(run: Run, batches: Iterator) -> StepResult:
         return flags[0][0]
 
     grad_norm = run.raw.clip_grad_norm(params, max_norm, agree)
-    norm_bad = run.guard.nonfinite(grad_norm).double()[None]
-    bad_ranks, norm_bad, *signals = torch.cat([flags[0][1:2], norm_bad, flags[0][2:]]).tolist()  # the host read
-    ok = run.guard.check(
-        run.state.step,
-        bool(bad_ranks or norm_bad),
-        loss_sum,
-        grad_norm,
-        lambda: batch_culprits(pending, run.loader.dataset.paths, run.info),
-        lambda: run.precision.use_scaler and run.scaler.get_scale() >= 1.0,
-    )
-    if ok:
-        run.scaler.step(run.optimizer)
-    run.raw.end_step(ok)  # a self-supervised objective's teacher and centre
+    bad = (flags[0][1] > 0) | run.guard.nonfinite(grad_norm)  # some rank's loss, or the whole gradient's norm
+    run.guard.defer(run.state.step, bad, loss_sum, grad_norm, pending)
+    # Not scaler.step: the gradients are unscaled already and the verdict is ours (it covers the scaler's own
+    # found_inf: a non-finite gradient makes the norm non-finite); scaler.update() reads its own found_inf.
+    step_unless(run.optimizer, bad)
+    run.raw.end_step(~bad)  # a self-supervised objective's teacher and centre
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.state.step += 1
     accuracy = hits.float() / max(seen, 1)
-    return StepResult(ok, loss_sum, accuracy, grad_norm, lr, margin, wait, preemption.chosen(signals))
+    return StepResult(~bad, loss_sum, accuracy, grad_norm, lr, margin, wait, flags[0][2:])
+
+
+def settle(run: Run, last: Optional[StepResult]) -> int:
+    """On a logging or saving step, on every rank: the guard's verdicts of the steps since the last settle (their
+    skips logged, TrainingStopped past train.max_consecutive_skips, before anything is written) and the stop
+    signals of `last`'s all-reduce (signals stay recorded: the last step's flags hold every one so far), in one
+    host read. Returns the signal every rank stops by (speakerlab.train.launch.preemption.chosen), else 0."""
+    signals = run.guard.settle(
+        lambda pending: batch_culprits(pending, run.loader.dataset.paths, run.info),
+        lambda: run.precision.use_scaler and run.scaler.get_scale() >= 1.0,
+        None if last is None else last.signals,
+    )
+    return preemption.chosen(signals)
 
 
 def agreed_flags(run: Run, loss: torch.Tensor, shard_sq: torch.Tensor) -> torch.Tensor:
@@ -147,5 +157,7 @@ def agreed_flags(run: Run, loss: torch.Tensor, shard_sq: torch.Tensor) -> torch.
     signals = [torch.full((), flag, dtype=torch.float64, device=run.device) for flag in preemption.requested()]
     flags = torch.stack([shard_sq.double(), run.guard.nonfinite(loss).double(), *signals])
     if run.info.enabled:
+        # Not async_op: the update's verdict needs the sum before the optimizer step, and on NCCL a plain
+        # all_reduce is ordered on the device's stream already (the host does not wait for it; gloo's does).
         torch.distributed.all_reduce(flags)
     return flags

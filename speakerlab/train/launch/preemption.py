@@ -4,8 +4,10 @@
 The handlers only record the signal, so nothing in progress is cut short: a step, a checkpoint being
 written, validation or a data-loader start-up each run to their end, and a second signal changes
 nothing. Every optimizer step sums each rank's signals within its one all-reduce (speakerlab.train.step, with
-the non-finite guard's flags), and `stop_if_requested` does the same before an epoch's first step and after its
-last: the decision is common, so all ranks stop after the same step even when the signal reached one of them.
+the non-finite guard's flags); they are read on the host on logging and saving steps only (speakerlab.train.step
+.settle: no step waits for the host), and `stop_if_requested` sums and reads them before an epoch's first step
+and after its last: the decision is common, so all ranks stop after the same step even when the signal reached
+one of them.
 Then rank 0 writes the mid-epoch checkpoint (the atomic, digest-checked file of every save: `partial_NNN.pt`,
 exactly resumable), every rank waits for it at a barrier (so that torchrun, seeing the first process leave, cannot kill
 rank 0 mid-write), and all of them exit with EXIT_PREEMPTED. Re-running the same command, or the job

@@ -128,9 +128,10 @@ class DinoNet(nn.Module):
         agree(torch.zeros((), dtype=torch.float64, device=norm.device))
         return norm
 
-    def end_step(self, updated: bool) -> None:
-        """Centre and teacher after the optimizer step (speakerlab.train.losses.dino)."""
-        self.classifier.end_step(updated, self.model)
+    def end_step(self, updated: torch.Tensor) -> None:
+        """Centre and teacher after the optimizer step (speakerlab.train.losses.dino). `updated` (0-dim bool on the
+        device) is read on the host here: DINO's step waits for its own all-reduce of the teacher's sums anyway."""
+        self.classifier.end_step(bool(updated), self.model)
 
     def scalars(self) -> Dict[str, float]:
         return self.classifier.scalars()

@@ -4,12 +4,15 @@ A skipped step changes no weight. It is counted and logged with the files of its
 whose features are non-finite when there are any, e.g. a wav holding NaN samples). After
 `max_consecutive` skipped steps in a row training stops with `TrainingStopped`, before any further
 checkpoint is written, so the last good checkpoint is intact.
+
+The verdict stays on the device: `step_unless` skips the update there, and the guard reads the step's
+verdicts on the host on logging and saving steps only (`defer`, then `settle`, before anything is written).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -30,6 +33,7 @@ class NonFiniteGuard:
         self.log = log
         self.consecutive = 0
         self.total = 0
+        self._deferred: List[tuple] = []  # (step, bad, loss, grad_norm, pending) of the steps not yet settled
 
     @staticmethod
     def nonfinite_rows(feats: torch.Tensor) -> torch.Tensor:
@@ -82,6 +86,65 @@ class NonFiniteGuard:
                 "The last checkpoint in the exp dir is from before these steps and can be resumed."
             )
         return False
+
+    def defer(self, step: int, bad: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor, pending) -> None:
+        """Keep step `step`'s verdict (`bad`, a 0-dim bool tensor on the device) for `settle`: no host read.
+        `pending`: the step's (utterance indices, `nonfinite_rows` mask) per micro-batch (`batch_culprits`)."""
+        self._deferred.append((step, bad, loss, grad_norm, pending))
+
+    def settle(
+        self,
+        culprits: Callable[[list], List[str]],
+        fp16_overflow: Callable[[], bool] = lambda: False,
+        extra: Optional[torch.Tensor] = None,
+    ) -> List[float]:
+        """`check` each deferred step in order (logging its skips, raising TrainingStopped past the limit), from
+        one host read of their verdicts; `culprits(pending)` names a bad step's files. `extra`, a 1-D tensor on
+        the device, is read in the same copy and returned as floats (the step's stop signals). The fp16 rule
+        sees the loss scale of now (the GradScaler's scale is a host read: not taken at each step)."""
+        steps, self._deferred = self._deferred, []
+        flags = [bad.reshape(1).double() for _, bad, *_ in steps]
+        if extra is not None:
+            flags.append(extra.double())
+        values = torch.cat(flags).tolist() if flags else []
+        for (step, _, loss, grad_norm, pending), bad in zip(steps, values):
+            self.check(step, bool(bad), loss, grad_norm, lambda p=pending: culprits(p), fp16_overflow)
+        return values[len(steps) :]
+
+
+def step_unless(optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> None:
+    """`optimizer.step()` unless `bad` (a 0-dim bool tensor on the device, the same on every rank), decided on the
+    device. torch's fused SGD / Adam / AdamW kernels (CPU and CUDA) honour the optimizer's `found_inf` attribute,
+    the public contract torch.amp.GradScaler uses: on a non-zero flag they leave the weights, the momentum and
+    the Adam moments alone and Adam's step count is taken back; read in torch 2.13's optim/sgd.py, adam.py and
+    amp/grad_scaler.py and checked by tests/test_train_units.py. The foreach and single-tensor paths refuse the
+    attribute, so an optimizer without fused kernels is stepped on a host read of `bad`. The LR schedule and the
+    run's step count are the caller's, moved whether the step was taken or not."""
+    if not optimizer.defaults.get("fused"):
+        if not bool(bad):
+            optimizer.step()
+        return
+    prime_momentum(optimizer)
+    optimizer.found_inf = bad.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
+
+
+def prime_momentum(optimizer: torch.optim.Optimizer) -> None:
+    """Zero momentum buffers for SGD's parameters that have none. Fused SGD makes them on its first step with
+    `empty_like` and fills them in the kernel: a first step skipped by `found_inf` would leave them unset (seen:
+    the next step then differs). Zero then a step equals the first step's copy of the gradient (no dampening)."""
+    for group in optimizer.param_groups:
+        if not group.get("momentum"):
+            continue
+        if group.get("dampening"):
+            raise ValueError("momentum with dampening: a zero buffer is not the first step's, see prime_momentum")
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def batch_culprits(pending: List[Tuple[torch.Tensor, torch.Tensor]], paths: Sequence[str], info) -> List[str]:
