@@ -132,12 +132,11 @@ def golden_losses(name: str, workdir: Path, overrides: Sequence[str] = (), pertu
 def spread(name: str, workdir: Path) -> str:
     """How far the losses move under rounding-sized changes: features perturbed by 1e-13 of themselves (1,000x
     float64's rounding), and 2 threads instead of 1 (other reduction orders, as another CPU's kernels make)."""
-    torch.set_num_threads(1)
-    base = np.array(golden_losses(name, workdir / "base"))
-    moved = np.array(golden_losses(name, workdir / "perturbed", perturb=1e-13))
-    torch.set_num_threads(2)
-    threads = np.array(golden_losses(name, workdir / "threads"))
-    torch.set_num_threads(1)
+    # The thread count goes through the config: build_run sets torch's from hardware.threads (auto: OMP_NUM_THREADS
+    # or the CPU affinity), so a torch.set_num_threads before it would be overridden.
+    base = np.array(golden_losses(name, workdir / "base", ["hardware.threads=1"]))
+    moved = np.array(golden_losses(name, workdir / "perturbed", ["hardware.threads=1"], perturb=1e-13))
+    threads = np.array(golden_losses(name, workdir / "threads", ["hardware.threads=2"]))
 
     def worst(run):
         return float(np.max(np.abs(run - base) / np.maximum(np.abs(base), 1e-3)))
