@@ -195,7 +195,7 @@ def mini_model(mini_corpus, tmp_path_factory):
     def build(directory: Path) -> None:
         shutil.copytree(mini_corpus.data, directory / "data")
         paths = ["--mini_data", directory / "data", "--model", directory / "exp", "--exp", directory / "diar"]
-        stages = ["--stage", "3", "--stop_stage", "3", "--train_overrides", MINI_TRAIN]
+        stages = ["--stage", "3", "--stop_stage", "3", "--train_overrides", MINI_TRAIN, "--segmenter", "false"]
         recipe("mini_diar", *paths, *stages, log=directory / "train.log")
 
     directory = built_once(tmp_path_factory, "mini_model", build)

@@ -4,8 +4,9 @@
 #   bash egs/mini_ssl/run.sh --stage 10 --stop_stage 10 --rounds 1   # pseudo-label rounds, then
 #   bash egs/mini_ssl/run.sh --stage 4 --stop_stage 5 --exp exp/dino_pl1
 # Stages (the numbers of every recipe): 1 the corpus (egs/mini's), its training set as an unlabelled data dir
-# (wav.scp only; data/train keeps the true labels, read by nothing but stage 10's purity print); 2 lists checked,
-# lengths indexed, fbank stores of val/test; 3 DINO (conf/mini/dino.yaml); 4 embeddings; 5 scoring and the
+# (wav.scp only; data/train keeps the true labels, read by nothing but stage 10's purity print), its MUSAN/RIR
+# lists; 2 lists checked, lengths indexed, fbank stores of val/test, the noise bank; 3 DINO (conf/mini/dino.yaml,
+# every crop augmented on its own from the noise bank); 4 embeddings; 5 scoring and the
 # no-training baseline; 10 pseudo-label rounds: embed, cluster, train the supervised CAM++ from the last model.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -33,26 +34,30 @@ launch_options none
 . ../tools/env.sh
 
 unlabelled="$data/train_unlabelled"
-preflight --config "$config" --exp-dir "$exp" --hardware "$hardware" data.train="$unlabelled" data.val="$data/val" \
-  $train_overrides
+# Without per-crop augmentation the crops of one utterance share its session (background noise, SNR, level):
+# DINO then learns the session, not the voice (docs/selfsup.md, "What DINO learns on this corpus").
+train_data=(data.train="$unlabelled" data.val="$data/val" augment.lists="$data/musan_rirs")
+preflight --config "$config" --exp-dir "$exp" --hardware "$hardware" "${train_data[@]}" $train_overrides
 
 if stage_on 1; then
   log "stage 1: synthetic corpus -> $data; its training set without labels -> $unlabelled"
   speakerlab-synth --out "$data" --seed "$seed" --jobs "$jobs" $corpus_opts
   mkdir -p "$unlabelled"
   cp "$data/train/wav.scp" "$unlabelled/wav.scp"
+  speakerlab-musan-rirs prepare --raw-dir "$data" --out "$data/musan_rirs"
 fi
 
 if stage_on 2; then
   log "stage 2: features: lists checked, lengths indexed; fbank stores of val/test (DINO reads the audio)"
   speakerlab-prepare --data "$unlabelled" --data "$data/val" --data "$data/test"
   speakerlab-feature-store --config "$supervised_config" --data "$data/val" --data "$data/test"
+  speakerlab-noise-bank --lists "$data/musan_rirs"
 fi
 
 if stage_on 3; then
   log "stage 3: DINO $config on $unlabelled -> $exp"
-  launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" data.train="$unlabelled" \
-    data.val="$data/val" $train_overrides
+  launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" "${train_data[@]}" \
+    $train_overrides
 fi
 
 if stage_on 4; then
