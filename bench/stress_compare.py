@@ -33,12 +33,16 @@ def main(argv=None) -> int:
     print("command: python bench/stress_compare.py " + " ".join(sys.argv[1:] if argv is None else argv))
     docs = [json.loads(p.read_text()) for p in (args.first, args.second)]
     a, b = ({r["condition"]: r for r in d["rows"]} for d in docs)
-    if list(a) != list(b) or docs[0]["trials"] != docs[1]["trials"]:
-        print("error: the two tables differ in conditions or trial list", file=sys.stderr)
+    # The same trials: list, seed and test-side draw (speakerlab-stress --test-utts) of both tables.
+    same = [docs[0].get(k) == docs[1].get(k) for k in ("trials", "seed", "test_utts", "list_trials")]
+    if list(a) != list(b) or not all(same):
+        print("error: the two tables differ in conditions, trial list, seed or test-side draw", file=sys.stderr)
         return 2
     first, second = args.names
     clean = a["clean"]
-    print(f"\ntrials: {docs[0]['trials']} ({clean['n_trials']}), seed {docs[0]['seed']}, side {clean['side']}")
+    head = docs[0]
+    drawn = f" of {head['list_trials']}, test side a draw of {head['test_utts']}" if "test_utts" in head else ""
+    print(f"\ntrials: {docs[0]['trials']} ({clean['n_trials']}{drawn}), seed {docs[0]['seed']}, side {clean['side']}")
     print(f"\n| condition | test s | {first}: EER % (95 % CI) | {second}: EER % (95 % CI) | {second} vs {first} |")
     print("|---|---|---|---|---|")
     for name in a:

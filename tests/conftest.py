@@ -3,6 +3,7 @@ modifies one of these (an exp dir it resumes, a corpus it rewrites) copies it in
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -194,8 +195,26 @@ def mini_model(mini_corpus, tmp_path_factory):
     def build(directory: Path) -> None:
         shutil.copytree(mini_corpus.data, directory / "data")
         paths = ["--mini_data", directory / "data", "--model", directory / "exp", "--exp", directory / "diar"]
-        stages = ["--stage", "3", "--stop_stage", "3", "--train_overrides", MINI_TRAIN]
+        stages = ["--stage", "3", "--stop_stage", "3", "--train_overrides", MINI_TRAIN, "--segmenter", "false"]
         recipe("mini_diar", *paths, *stages, log=directory / "train.log")
 
     directory = built_once(tmp_path_factory, "mini_model", build)
     return MiniModel(directory / "data", directory / "exp", (directory / "train.log").read_text())
+
+
+@pytest.fixture(scope="session")
+def front_ends():
+    """`get(spec)`: the ONNX front-end graph of `spec` at its own rate (speakerlab.inference.deploy.graph.
+    front_end_graph, `wave (B, N)` -> `feats (B, T, F)`), a copy of the one exported for that spec this session:
+    every fbank model's waveform file shares one, as the self-supervised models' do theirs (an export took 2.6 s of
+    CPU, the first of a process 6.6 to 8.3 s, on the loaded 2-core AMD VM)."""
+    from speakerlab.inference.deploy.graph import front_end_graph
+
+    cache = {}
+
+    def get(spec):
+        if spec not in cache:
+            cache[spec] = front_end_graph(spec, spec.sample_rate)
+        return copy.deepcopy(cache[spec])
+
+    return get

@@ -94,6 +94,18 @@ def test_der_parts_match_the_hand_count():
     assert der({"r": REF, "s": [Turn(0, 2, "C")]}, {"r": REF}, collar=0.0)["missed detection"] == pytest.approx(2 / 13)
 
 
+def test_missed_overlapped_speech_is_counted_on_the_overlapped_stretches_alone():
+    from speakerlab.diarization.der import overlap_missed
+
+    # 4-5 holds A and B: 2 s of speaker time; one speaker there misses half of it, both miss none.
+    assert overlap_missed({"r": REF}, {"r": HYP}, None, 0.0) == pytest.approx((0.5, 2.0))
+    both = [*HYP, Turn(4.0, 5.0, "y")]
+    assert overlap_missed({"r": REF}, {"r": both}, None, 0.0) == pytest.approx((0.0, 2.0))
+    # Nothing there at all: all of it missed; a reference without overlap has nothing to miss.
+    assert overlap_missed({"r": REF}, {"r": [Turn(6.0, 10.0, "y")]}, None, 0.0)[0] == pytest.approx(1.0)
+    assert overlap_missed({"r": REF[:1]}, {"r": HYP}, None, 0.0) == (0.0, 0.0)
+
+
 def test_der_command_prints_each_condition_and_writes_json(tmp_path, capsys):
     ref = write(tmp_path / "ref.rttm", "\n".join(rttm_lines("r", REF)) + "\n")
     hyp = write(tmp_path / "hyp.rttm", "\n".join(rttm_lines("r", HYP)) + "\n")
@@ -105,6 +117,8 @@ def test_der_command_prints_each_condition_and_writes_json(tmp_path, capsys):
     assert lines[5].split()[3] == "0.00" and "1/1 (mean |error| 0.00)" in lines[1]
     result = json.loads((tmp_path / "d.json").read_text())
     assert result["sys"]["conditions"][2]["der"] == pytest.approx(2 / 11)
+    assert result["sys"]["conditions"][2]["overlap_missed"] == pytest.approx(0.5) and lines[3].split()[8] == "50.00"
+    assert "overlap_missed" not in result["sys"]["conditions"][3] and lines[4].split()[8] == "nan"
     assert der_main(["--ref", str(tmp_path / "nothing.rttm"), "--hyp", str(hyp)]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'nothing.rttm'}: file does not exist\n"
 
@@ -233,6 +247,7 @@ def test_mini_diar_recipe_end_to_end(mini_model, tmp_path):
         "mini_diar",
         *("--mini_data", mini_model.data, "--model", mini_model.exp, "--data", tmp_path / "data"),
         *("--exp", tmp_path / "exp", "--num_conversations", 3, "--conv_opts", "--max-speakers 3 --duration 40"),
+        *("--segmenter", "false"),  # test_segmentation.py trains one; its systems are in bench/RESULTS.md
     )
     # The shared model and corpus are only read: stage 3 finds the checkpoint and trains nothing.
     assert f"stage 3: train: {mini_model.exp} has a checkpoint, nothing to do" in r.stderr + r.stdout

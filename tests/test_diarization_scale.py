@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speakerlab.diarization.cluster import SpeakerCount, cluster, group_neighbours
+from speakerlab.diarization.cluster import MAX_NEIGHBOURS, SpeakerCount, cluster, group_neighbours, pruned_affinity
 
 
 def turns_of_speakers(seed: int, speakers: int, n: int, dim: int = 32, noise: float = 0.6):
@@ -63,3 +63,18 @@ def test_capped_clustering_honours_the_count(count):
     x, _ = turns_of_speakers(1, 5, 900)
     k = len(np.unique(cluster(x, count, "spectral", max_units=100)))
     assert count.min <= k <= count.max
+
+
+def test_spectral_pruning_keeps_a_fraction_of_neighbours_up_to_a_cap():
+    """`pruning` x N neighbours per row (10 of 100 rows), but never more than MAX_NEIGHBOURS however long the
+    recording (1000 rows: 30, not 100), each row's strongest ones."""
+    g = np.random.default_rng(0)
+    for n, keep in ((100, 10), (1000, MAX_NEIGHBOURS)):
+        x = g.standard_normal((n, 8))
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        kept = pruned_affinity(x, 0.1) > 0
+        # Symmetrised: a row holds its own strongest `keep` (those with positive cosine) and the rows that kept it.
+        own = np.clip(x @ x.T, 0, None)
+        top = np.argsort(-own, axis=1, kind="stable")[:, :keep]
+        assert np.all(np.take_along_axis(kept, top, axis=1) | (np.take_along_axis(own, top, axis=1) == 0))
+        assert kept.sum() <= 2 * n * keep

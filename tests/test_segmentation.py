@@ -154,7 +154,8 @@ def test_onnx_frame_scores_match_torch(tmp_path):
     from speakerlab.diarization.segmenter import OnnxSegmenter
 
     torch.manual_seed(1)
-    model = SegmentationModel(SegmentationShape(filters=16, channels=16, hidden=16)).eval()
+    # Two LSTM layers: torch.export could not decompose one nn.LSTM of two (the model stacks single layers).
+    model = SegmentationModel(SegmentationShape(filters=16, channels=16, hidden=16, layers=2)).eval()
     path = tmp_path / "seg.onnx"
     export_onnx(model, path)
     segmenter = OnnxSegmenter(path, threads=1)
@@ -169,16 +170,12 @@ def test_onnx_frame_scores_match_torch(tmp_path):
     t = ref.shape[1]
     assert np.allclose(segmenter.frame_centres(t), SegmentationModel.frame_centres(t))
     assert np.array_equal(segmenter.activities(wave.numpy()), to_multilabel(model(wave).argmax(-1)).numpy())
-    # A recording in windows of 1 s side by side (the last one 0.1 s): each window's counts, one after another.
+    # A recording in windows of 1 s every 0.5 s (the last one zero-padded): each window's activities, in order.
     x = wave[0].numpy()
-    counts, times = segmenter.speaker_counts(x, window=1.0)
-    parts = [segmenter.activities(x[a : a + 16000]).sum(-1) for a in (0, 16000, 32000, 48000)]
-    assert np.array_equal(counts, np.concatenate(parts))
-    assert len(times) == len(counts) and np.all(np.diff(times) > 0) and times[-1] < len(x) / 16000
-    speech, overlap = segmenter.regions(x, window=1.0)
-    inside = [any(s <= t < e for s, e in speech) for t in times]
-    assert inside == list(counts >= 1)
-    assert all(any(s <= t < e for s, e in overlap) for t in times[counts >= 2])
+    acts, step = segmenter.sliding(x, window=1.0, step=0.5)
+    padded = np.pad(x, (0, 56000 - len(x)))
+    parts = [segmenter.activities(padded[a : a + 16000]) for a in range(0, 40001, 8000)]
+    assert step == 25 and np.array_equal(acts, np.stack(parts))
 
 
 def write_conversations(folder, count: int = 4, seconds: float = 4.0):
@@ -253,42 +250,3 @@ def test_training_command_writes_weights_and_onnx(tmp_path):
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.from_numpy(wave)[None]), -1)[0].numpy()
     assert np.abs(OnnxSegmenter(tmp_path / "exp" / "segmentation.onnx").scores(wave) - ref).max() < 1e-4
-
-
-class OracleSegmenter:
-    """Speech and overlapped speech as given: the pipeline's part tested apart from a model's."""
-
-    def __init__(self, speech, overlap):
-        self.speech, self.overlap = speech, overlap
-
-    def regions(self, wave):
-        return self.speech, self.overlap
-
-
-def test_overlapped_stretches_get_a_second_speaker():
-    from speakerlab.dataio.tables.rttm import merge_intervals
-    from speakerlab.diarization import Diarizer
-    from tests.test_diarization import THREE, spectral_shape_embedder, talk
-
-    wave, ref = talk(*THREE)
-    # Speaker s1's first turn said again over s0's second turn: 1.5 s of two speakers at once.
-    src, dst = ref[1], ref[3]
-    assert (src.speaker, dst.speaker) == ("s1", "s0") and dst.end - dst.start > 2.0
-    a, b = int(src.start * 16000), int(dst.start * 16000 + 8000)
-    wave = wave.copy()
-    wave[b : b + 24000] += wave[a : a + 24000]
-    overlap = (b / 16000, b / 16000 + 1.5)
-    speech = merge_intervals([(t.start, t.end) for t in ref])
-    result = Diarizer(spectral_shape_embedder(), segmenter=OracleSegmenter(speech, [overlap])).diarize(wave, 16000)
-
-    def who(t):
-        return {turn.speaker for turn in result.turns if turn.start <= t < turn.end}
-
-    middle = sum(overlap) / 2
-    s0, s1 = who((ref[0].start + ref[0].end) / 2), who((ref[1].start + ref[1].end) / 2)
-    assert len(s0) == len(s1) == 1 and s0 != s1
-    assert who(middle) == s0 | s1
-    # Only the overlapped stretch has two speakers.
-    times = np.arange(0, len(wave) / 16000, 0.05)
-    two = [t for t in times if len(who(t)) >= 2]
-    assert two and min(two) >= overlap[0] - 0.05 and max(two) <= overlap[1] + 0.05

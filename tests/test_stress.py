@@ -2,6 +2,9 @@
 interval; a too-short degraded or raw input is one error line."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,3 +154,22 @@ def test_clean_side_from_this_models_embeddings_gives_the_same_rows_and_another_
     part = write_embeddings(tmp_path / "part.npz", ids[1:], emb[1:], model_id=embedder.model_id)
     assert run([*common, "--clean-embeddings", str(part)]) == 2
     assert f"{part}: no embedding of '{ids[0]}'" in capsys.readouterr().err
+
+
+def test_the_side_by_side_script_refuses_tables_of_different_test_side_draws(tmp_path):
+    def table(path, eers, test_utts):
+        rows = [{"condition": c, "eer": e, "test_seconds": 6.0, "n_trials": 10, "side": "test"} for c, e in eers]
+        head = {"trials": "data/test/trials", "seed": 0, "test_utts": test_utts, "list_trials": 30}
+        path.write_text(json.dumps({**head, "rows": rows}))
+        return str(path)
+
+    script = [sys.executable, str(Path(__file__).parents[1] / "bench" / "stress_compare.py")]
+    base = table(tmp_path / "a.json", [("clean", 0.04), ("tel", 0.10), ("mp3", 0.20)], 200)
+    other = table(tmp_path / "b.json", [("clean", 0.05), ("tel", 0.05), ("mp3", 0.10)], 200)
+    out = subprocess.run([*script, base, other], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "mean EER over the 2 degraded conditions: first 15.00 %, second 7.50 %: -50.0 % relative" in out.stdout
+    assert "clean +25.0 % relative" in out.stdout and "(10 of 30, test side a draw of 200)" in out.stdout
+    drawn = table(tmp_path / "c.json", [("clean", 0.05), ("tel", 0.05), ("mp3", 0.10)], 100)
+    out = subprocess.run([*script, base, drawn], capture_output=True, text=True)
+    assert out.returncode == 2 and "test-side draw" in out.stderr

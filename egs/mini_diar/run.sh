@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # egs/mini_diar: speaker diarization with the egs/mini model on synthetic conversations of the mini corpus's
-# held-out test speakers (2-6 speakers, pauses, some overlapped speech, background noise), scored by DER.
+# held-out test speakers (2-6 speakers, pauses, 10-15 % overlapped speech, background noise), scored by DER.
 #   bash egs/mini_diar/run.sh                      # stages 1-5: corpus and model of egs/mini made when absent
 #   bash egs/mini_diar/run.sh --stage 4 --vad energy --diarize_opts "--window 2.0 --hop 1.0"
-# Stages (numbers as in every recipe): 1 data preparation (egs/mini's corpus if absent; the conversations,
-# their reference RTTM, reco2num_spk, uem), 3 train (egs/mini stages 2-3 when $model has no checkpoint; then
-# the PLDA of VBx on the model's embeddings of egs/mini's training speakers), 4 diarize
-# (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker baseline, VBx;
-# the VAD and embeddings once per recording, in $exp/cache), 5 DER of each (collar 0.25 and 0, overlap scored and skipped). No stage 2: nothing to prepare.
+# Stages (numbers as in every recipe): 1 data preparation (egs/mini's corpus if absent; the conversations of the
+# test speakers, their reference RTTM, reco2num_spk, uem; the segmentation model's training conversations of the
+# training speakers, $data/seg_train), 3 train (egs/mini stages 2-3 when $model has no checkpoint; the PLDA of
+# VBx on the model's embeddings of egs/mini's training speakers; the segmentation model, $seg_config, -> ONNX),
+# 4 diarize (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker baseline,
+# VBx, and the segmentation systems; the VAD and embeddings once per recording, in $exp/cache), 5 DER of each
+# (collar 0.25 and 0, overlap scored and skipped; missed overlapped speech). No stage 2: nothing to prepare.
 # Every stage can be re-run. docs/diarization.md says what the figures mean.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,7 +26,13 @@ opt train_overrides ""             # egs/mini's --train_overrides when it trains
 opt data data                      # the conversations go to $data/conv
 opt exp exp/diar
 opt num_conversations 20
-opt conv_opts ""                   # more speakerlab-synth-conversations options, e.g. "--overlap 0.3 --snr 0:10"
+opt overlap 0.5                    # chance a turn starts before the last ends: 0.5 gives 10-15 % overlapped speech
+opt conv_opts ""                   # more speakerlab-synth-conversations options, e.g. "--snr 0:10"
+opt segmenter true                 # train the segmentation model (stage 3) and diarize with it too (stage 4)
+opt seg_conversations 200          # the segmentation model's training conversations (training speakers)
+opt seg_conv_opts "--overlap 0.6 --min-speakers 1 --max-speakers 6"
+opt seg_config ../../conf/diarization/segmentation_cpu.yaml  # segmentation_gpu.yaml: pyannote's sizes, a GPU
+opt seg_opts ""                    # more speakerlab-segmentation-train options, e.g. "--set steps=200"
 opt vad silero                     # silero | energy
 opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --hop 1.0"
 opt seed 0
@@ -34,6 +42,8 @@ opt plda_opts ""                   # more speakerlab-plda options, e.g. "--per-u
 export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-diarization.txt}"
 . ../tools/env.sh
 plda="$exp/plda.npz"
+segmentation=""  # egs/tools/diarization.sh runs the segmentation systems where this file exists
+if [ "$segmenter" = true ]; then segmentation="$exp/segmentation/segmentation.onnx"; fi
 # egs/mini/run.sh works in its own folder: it gets absolute paths.
 mini=(bash ../mini/run.sh --data "$(realpath -m "$mini_data")" --corpus_opts "$corpus_opts" --train_overrides "$train_overrides")
 
@@ -41,7 +51,12 @@ if stage_on 1; then
   log "stage 1: data preparation: $num_conversations conversations of $mini_data/test's speakers -> $data/conv"
   [ -f "$mini_data/test/wav.scp" ] || "${mini[@]}" --stage 1 --stop_stage 1
   speakerlab-synth-conversations --data "$mini_data/test" --out "$data/conv" --noise "$mini_data/musan/noise" \
-    --num-conversations "$num_conversations" --seed "$seed" $conv_opts
+    --num-conversations "$num_conversations" --seed "$seed" --overlap "$overlap" $conv_opts
+  if [ -n "$segmentation" ]; then
+    log "stage 1: $seg_conversations training conversations of $mini_data/train's speakers -> $data/seg_train"
+    speakerlab-synth-conversations --data "$mini_data/train" --out "$data/seg_train" --noise "$mini_data/musan/noise" \
+      --num-conversations "$seg_conversations" --seed "$((seed + 1))" $seg_conv_opts
+  fi
 fi
 
 if stage_on 3; then
@@ -53,6 +68,15 @@ if stage_on 3; then
   fi
   log "stage 3: the PLDA of VBx: $model's embeddings of $mini_data/train -> $plda"
   fit_plda "$mini_data/train" "$plda" --checkpoint "$model" $plda_opts
+  if [ -z "$segmentation" ]; then
+    log "stage 3: train: no segmentation model (--segmenter false)"
+  elif [ -f "$segmentation" ]; then
+    log "stage 3: train: $segmentation exists, nothing to do"
+  else
+    log "stage 3: train the segmentation model ($seg_config) on $data/seg_train -> $segmentation"
+    speakerlab-segmentation-train --data "$data/seg_train" --out "$(dirname "$segmentation")" --config "$seg_config" \
+      $seg_opts 2> >(tee "$exp/segmentation_train.log" >&2)
+  fi
 fi
 
 if stage_on 4; then

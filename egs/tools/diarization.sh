@@ -9,8 +9,11 @@
 # The systems: estimated (speaker count estimated: spectral clustering, eigengap), estimated_ahc (AHC),
 # oracle_count (DATA/reco2num_spk given), oracle_vad (the reference's speech instead of the VAD) and
 # one_speaker (the baseline: every speech region of the VAD is one speaker), and vbx (VBx on EXP/plda.npz,
-# started from AHC; only where the recipe's $plda file exists). The VAD regions and embeddings are computed once per recording
-# and shared through EXP/cache (speakerlab-diarize --cache).
+# started from AHC; only where the recipe's $plda file exists), and where the recipe's $segmentation model exists:
+# segmentation (its local speakers per window, embedded outside overlap, spectral clustering, count estimated),
+# segmentation_vbx (the same clustered by VBx on $plda) and segmentation_oracle_count. The VAD regions and
+# embeddings of the VAD systems are computed once per recording and shared through EXP/cache (speakerlab-diarize
+# --cache); each segmentation system computes its own.
 # $vad, $diarize_opts (extra speakerlab-diarize options) and, where a recipe sets it, $max_speakers (the
 # highest speaker count an estimate may reach) come from the recipe's options.
 fit_plda() {
@@ -23,6 +26,10 @@ fit_plda() {
 systems() {
   echo estimated estimated_ahc oracle_count oracle_vad one_speaker
   if [ -n "${plda:-}" ] && [ -f "$plda" ]; then echo vbx; fi
+  if [ -n "${segmentation:-}" ] && [ -f "$segmentation" ]; then
+    echo segmentation segmentation_oracle_count
+    if [ -n "${plda:-}" ] && [ -f "$plda" ]; then echo segmentation_vbx; fi
+  fi
 }
 
 diarize_systems() {
@@ -36,6 +43,9 @@ diarize_systems() {
       oracle_vad) opts=(--vad oracle --segments "$data/rttm") ;;
       one_speaker) opts=(--vad "$vad" --num-speakers 1) ;;
       vbx) opts=(--vad "$vad" --clustering vbx --plda "$plda") ;;
+      segmentation) opts=(--segmentation "$segmentation") ;;
+      segmentation_oracle_count) opts=(--segmentation "$segmentation" --reco2num-spk "$data/reco2num_spk") ;;
+      segmentation_vbx) opts=(--segmentation "$segmentation" --clustering vbx --plda "$plda") ;;
     esac
     if [ -n "${max_speakers:-}" ]; then opts+=(--max-speakers "$max_speakers"); fi
     log "  $name: speakerlab-diarize ${opts[*]} $diarize_opts"

@@ -48,7 +48,7 @@ from speakerlab.diarization.plda import load_plda
 from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
-from speakerlab.inference.common import add_source_args
+from speakerlab.inference.common import add_source_args, threads_of
 from speakerlab.outputs import write_lines
 
 if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder (--onnx): neither imported here
@@ -135,7 +135,7 @@ DEFAULT_MAX_SPEAKERS = 20
 TUNING = {
     "window": "sub-segment length, seconds",
     "hop": "sub-segment step, seconds",
-    "pruning": "spectral: fraction of affinities kept per row",
+    "pruning": "spectral: fraction of affinities kept per row (6 to 30 of them)",
     "threshold": "ahc: cosine distance where clusters stop joining",
     "merge_cosine": "estimated counts: merge speakers whose centroids' cosine exceeds this (1: never)",
     "seed": "k-means seed: the same input and seed give the same output",
@@ -145,6 +145,8 @@ TUNING = {
     "fa": "vbx: scale of the acoustic log-likelihoods",
     "fb": "vbx: weight of the speaker prior (larger: fewer speakers)",
     "loop_p": "vbx: probability that the next sub-segment has the same speaker",
+    "seg_window": "--segmentation: the model's window, seconds",
+    "seg_step": "--segmentation: step between its windows, seconds (rounded to whole frames)",
 }
 
 
@@ -170,8 +172,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--segmentation",
         metavar="MODEL",
-        help="segmentation model's ONNX file (speakerlab-segmentation-train): speech and overlapped speech from it "
-        "instead of the VAD, two speakers on overlapped stretches",
+        help="segmentation model's ONNX file (speakerlab-segmentation-train): local speakers per window instead of "
+        "the VAD, an embedding per window and local speaker, two speakers where it hears two",
     )
     n = ap.add_argument_group("speaker count (default: estimated between --min-speakers and --max-speakers)")
     n.add_argument("--num-speakers", type=int, help="exactly this many speakers in every recording")
@@ -244,7 +246,8 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     speech = read_speech(args.segments) if args.segments else None
     plda = load_plda(args.plda) if args.plda else None
     cache = FrontCache(args.cache) if args.cache else None
-    segmenter = OnnxSegmenter(args.segmentation) if args.segmentation else None
+    # The segmenter on the threads --threads gives the embedder (onnxruntime would take every core otherwise).
+    segmenter = OnnxSegmenter(args.segmentation, threads=threads_of(args)) if args.segmentation else None
     vad = None if speech is not None or segmenter is not None else make_vad(args.vad)
     diarizer = Diarizer(source_embedder(ap, args), vad, options, plda, cache, segmenter)
     results, audio_seconds = [], 0.0

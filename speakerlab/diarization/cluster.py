@@ -5,9 +5,9 @@ appearance (the first segment is speaker 0).
     labels = cluster(emb, SpeakerCount.exactly(3), method="ahc")
 
 spectral: the cosine affinities of the L2-normalised embeddings, each row pruned to its `pruning` x N
-    strongest neighbours (at least `MIN_NEIGHBOURS`; negative ones dropped), symmetrised; the normalised
-    graph Laplacian's smallest eigenvalues (`scipy.linalg.eigh`); the speaker count k is the largest
-    eigengap lambda_k - lambda_{k-1} within the allowed range (or the count given); k-means
+    strongest neighbours (at least `MIN_NEIGHBOURS`, at most `MAX_NEIGHBOURS`; negative ones dropped),
+    symmetrised; the normalised graph Laplacian's smallest eigenvalues (`scipy.linalg.eigh`); the speaker count
+    k is the largest eigengap lambda_k - lambda_{k-1} within the allowed range (or the count given); k-means
     (`sklearn.cluster.KMeans`, `seed`) on the rows of the first k eigenvectors, row-normalised.
 ahc: average-linkage agglomerative clustering on cosine distance (`scipy.cluster.hierarchy`), cut at
     distance `threshold` (1 - cosine), or at the count given; a cut outside [min, max] is moved to the
@@ -26,9 +26,8 @@ order) are averaged into one unit, the units are clustered as above, and every s
 speaker whose centroid (the mean of that speaker's sub-segments) is nearest by cosine: the speaker changes
 inside a unit are found again at sub-segment resolution. Should that empty a speaker, each sub-segment keeps
 its unit's. Memory is O(max_units^2 + N x D), time O(max_units^3 + N x D x k) (bench/diarization_scale.py).
-VBx is capped only where it is quadratic: its AHC start is cut on the units (each sub-segment takes its unit's
-label), and VBx itself, linear in N, runs on every sub-segment (bench/diarization_long.sh: on 30-minute
-recordings, VBx on units gave DER 1.9 points above the uncapped clustering's).
+VBx too runs on the units, not only its AHC start: on every sub-segment of a 3-hour conversation (11,160) it kept 14
+speakers for 8 (DER 35.1 %), on units of 8 it kept 7 (DER 18.0 %; bench/RESULTS.md, the 3-hour recording).
 """
 
 from __future__ import annotations
@@ -44,6 +43,11 @@ from speakerlab.diarization.vbx import VBxParams, assign, one_hot, vbx
 METHODS = ("spectral", "ahc", "vbx")
 VBX_DEFAULTS = VBxParams()
 MIN_NEIGHBOURS = 6  # spectral pruning keeps at least this many affinities per row
+# ... and at most this many: a fraction of N grows with the recording, and at 1,500 units 10 % (150 neighbours, more
+# than a speaker's share of a long conversation) made the eigengap say one speaker on 30-minute and 3-hour
+# conversations (bench/RESULTS.md, the 3-hour recording). 30 leaves every recording of <= 300 sub-segments
+# (the 90-s conversations the defaults were chosen on) as it was.
+MAX_NEIGHBOURS = 30
 MAX_UNITS = 1500  # clustered at most; more sub-segments are grouped into this many units (module docstring)
 
 
@@ -83,10 +87,10 @@ def first_appearance(labels: np.ndarray) -> np.ndarray:
 
 def pruned_affinity(x: np.ndarray, pruning: float) -> np.ndarray:
     """`(N, D)` unit rows -> `(N, N)` symmetric non-negative affinity: each row's cosines kept for its
-    max(ceil(pruning x N), MIN_NEIGHBOURS) strongest, the rest zero."""
+    ceil(pruning x N) strongest (within [MIN_NEIGHBOURS, MAX_NEIGHBOURS]), the rest zero."""
     n = len(x)
     sim = np.clip(x @ x.T, 0.0, None)
-    keep = min(n, max(int(np.ceil(pruning * n)), MIN_NEIGHBOURS))
+    keep = min(n, max(min(int(np.ceil(pruning * n)), MAX_NEIGHBOURS), MIN_NEIGHBOURS))
     cut = np.argsort(-sim, axis=1, kind="stable")[:, keep:]
     np.put_along_axis(sim, cut, 0.0, axis=1)
     return 0.5 * (sim + sim.T)
@@ -133,20 +137,11 @@ def ahc(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
     return labels.astype(np.int64) - 1
 
 
-def capped_ahc(x: np.ndarray, count: SpeakerCount, threshold: float, max_units: int) -> np.ndarray:
-    """`ahc` of unit rows `(N, D)`; beyond `max_units` rows (0: no limit), of the means of runs of neighbours
-    (`group_neighbours`), each row then taking the nearest cluster (`assign_nearest`) -> `(N,)` labels."""
-    if not max_units or len(x) <= max_units:
-        return ahc(x, count, threshold)
-    unit_of = group_neighbours(x, max_units)
-    return assign_nearest(x, unit_of, ahc(unit_means(x, unit_of), count, threshold))
-
-
-def vbx_clusters(x: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxParams, max_units: int) -> np.ndarray:
+def vbx_clusters(x: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxParams) -> np.ndarray:
     """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring."""
     n = len(x)
     z = plda.project(x)
-    init = capped_ahc(x, SpeakerCount(1, n), params.init_threshold, max_units)
+    init = ahc(x, SpeakerCount(1, n), params.init_threshold)
     gamma, _ = vbx(z, plda.phi, one_hot(init, init.max() + 1, params.smoothing), params)
     labels = np.argmax(gamma, axis=1)
     found = len(np.unique(labels))
@@ -156,7 +151,7 @@ def vbx_clusters(x: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxPara
     if target < found:  # the speakers of most mass stay
         start = np.argmax(gamma[:, np.argsort(-gamma.sum(axis=0), kind="stable")[:target]], axis=1)
     else:
-        start = capped_ahc(x, SpeakerCount.exactly(target), params.init_threshold, max_units)
+        start = ahc(x, SpeakerCount.exactly(target), params.init_threshold)
     return assign(z, plda.phi, start, target, params)
 
 
@@ -227,12 +222,13 @@ def cluster(
     x = normalize(emb)
     if count.fixed and count.min >= n:
         return np.arange(n, dtype=np.int64)  # every segment its own speaker: nothing to cluster
-    if method == "vbx":
-        return first_appearance(vbx_clusters(x, count, plda, vbx_params, max_units))
     if max_units and n > max_units:
         unit_of = group_neighbours(x, max_units)
-        unit_labels = cluster(unit_means(x, unit_of), count, method, seed, pruning, threshold, merge_cosine, 0)
+        units = unit_means(x, unit_of)
+        unit_labels = cluster(units, count, method, seed, pruning, threshold, merge_cosine, 0, plda, vbx_params)
         return first_appearance(assign_nearest(x, unit_of, unit_labels))
+    if method == "vbx":
+        return first_appearance(vbx_clusters(x, count, plda, vbx_params))
     labels = spectral(x, count, seed, pruning) if method == "spectral" else ahc(x, count, threshold)
     if merge_cosine is not None and not count.fixed:
         labels = merge_similar(x, labels, count.min, merge_cosine)

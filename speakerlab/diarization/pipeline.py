@@ -19,10 +19,9 @@ one speaker within a region are joined. With a `FrontCache` (cache.py), `diarize
 regions and embeddings a run before made for the same file, VAD, model and settings.
 
 Without a segmentation model every instant gets at most one speaker, so the second speaker of an overlap is
-missed speech in the DER. With one (`segmenter`, speakerlab.diarization.segmenter), speech and overlapped
-speech come from its frame counts instead of the VAD, and each overlapped stretch gets a second speaker: of the
-clusters other than the one already there, the one nearest (cosine) the mean embedding of the sub-segments
-that cover the stretch.
+missed speech in the DER. With one (`segmenter`, speakerlab.diarization.segmenter), the recording goes the
+segmentation way instead (speakerlab.diarization.segmented): an embedding per (window, local speaker) from its
+frames without overlap, clustered, then frames with two speakers where the segmenter hears two.
 
 A `Diarizer` keeps no state between calls: its embedder's model runs under `torch.no_grad` in eval mode
 and its VAD keeps none, so several threads may call one `Diarizer` at once and get what each would get
@@ -38,11 +37,12 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.tables.rttm import Interval, Turn, merge_intervals
+from speakerlab.dataio.tables.rttm import Interval, Turn
 from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.plda import PLDA, PLDAError
+from speakerlab.diarization.segmented import diarize_segmented
 from speakerlab.diarization.vad import VAD_RATE, Detector
 from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.common import check_finite, too_short
@@ -72,6 +72,8 @@ class DiarizeOptions:
     fa: float = VBX_DEFAULTS.fa
     fb: float = VBX_DEFAULTS.fb
     loop_p: float = VBX_DEFAULTS.loop_p
+    seg_window: float = 5.0
+    seg_step: float = 1.0
 
     @property
     def vbx(self) -> VBxParams:
@@ -83,6 +85,8 @@ class DiarizeOptions:
             problems.append(f"need 0 < hop <= window, got hop {self.hop}, window {self.window}")
         if not 0 < self.min_embed <= self.window:
             problems.append(f"need 0 < min_embed <= window, got {self.min_embed}")
+        if not 0 < self.seg_step <= self.seg_window:
+            problems.append(f"need 0 < seg_step <= seg_window, got {self.seg_step}, {self.seg_window}")
         if self.batch_size < 1:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if self.method not in METHODS:
@@ -173,37 +177,6 @@ def embed_window(
     return piece if len(piece) >= need else np.resize(piece, need)
 
 
-def add_overlap_speakers(
-    turns: List[Turn], overlap: Sequence[Interval], pieces, x: np.ndarray, centroids: np.ndarray
-) -> List[Turn]:
-    """`turns` plus a second speaker on each `overlap` interval: the cluster nearest the mean of the unit
-    embeddings `x` (N, D) of the `pieces` that cover it, other than the speaker already there. Turns of one
-    speaker that touch are joined."""
-    if len(centroids) < 2 or not overlap:
-        return turns
-    spans = np.array([(s, e) for _, s, e in pieces])
-    extra = []
-    for start, end in overlap:
-        covering = (spans[:, 0] < end) & (spans[:, 1] > start)
-        if not covering.any():
-            continue
-        sims = centroids @ normalize(x[covering].mean(axis=0, keepdims=True))[0]
-        # The speaker already there: the one whose turns cover most of the stretch.
-        cover: dict = {}
-        for t in turns:
-            cover[t.speaker] = cover.get(t.speaker, 0.0) + max(0.0, min(end, t.end) - max(start, t.start))
-        present = {max(cover, key=cover.get)} if cover and max(cover.values()) > 0 else set()
-        for k in np.argsort(-sims, kind="stable"):
-            if speaker_name(int(k)) not in present:
-                extra.append(Turn(start, end, speaker_name(int(k))))
-                break
-    by_speaker: dict = {}
-    for t in [*turns, *extra]:
-        by_speaker.setdefault(t.speaker, []).append((t.start, t.end))
-    joined = [Turn(s, e, spk) for spk, spans in by_speaker.items() for s, e in merge_intervals(spans)]
-    return sorted(joined, key=lambda t: (t.start, t.speaker))
-
-
 class Diarizer:
     """`Embedder` + speech detector + options (+ the PLDA that vbx clustering needs, fitted to this
     embedder's embeddings) -> `Diarization`s (see the module docstring)."""
@@ -272,11 +245,13 @@ class Diarizer:
             raise AudioError(f"{name}: {short}" if name else short)
         notes: List[str] = []
         cached: List[str] = []
-        overlap: List[Interval] = []
         seconds: Dict[str, float] = {}
         t0 = time.perf_counter()
         if speech is None and self.segmenter is not None:
-            speech, overlap = self.segmenter.regions(wave if rate == VAD_RATE else resample(wave, rate, VAD_RATE))
+            kit = {"embedder": self.embedder, "segmenter": self.segmenter, "options": opt, "plda": self.plda}
+            parts = diarize_segmented(wave, rate, count, **kit, name=name)
+            turns = [Turn(s, e, speaker_name(k)) for s, e, k in parts.pop("turns")]
+            return Diarization(duration=duration, turns=turns, **parts)
         if speech is None:
             if self.vad is None:
                 raise ValueError("no speech regions given and no VAD to find them")
@@ -332,7 +307,7 @@ class Diarizer:
         return Diarization(
             duration=duration,
             speech=regions,
-            turns=add_overlap_speakers(labels_to_turns(pieces, labels), overlap, pieces, x, centroids),
+            turns=labels_to_turns(pieces, labels),
             subsegments=np.array([(s, e) for _, s, e in pieces]),
             labels=labels,
             embeddings=emb,

@@ -109,14 +109,20 @@ class SegmentationModel(nn.Module):
             nn.BatchNorm1d(shape.channels),
             nn.ReLU(),
         )
-        self.lstm = nn.LSTM(shape.channels, shape.hidden, num_layers=shape.layers, batch_first=True, bidirectional=True)
+        # Layers as single-layer LSTMs, one after the other (the same function as num_layers): torch.export cannot
+        # decompose a multi-layer LSTM whose length axis is dynamic (measured: the ONNX export of 2 layers fails).
+        self.lstm = nn.ModuleList(
+            nn.LSTM(shape.channels if i == 0 else 2 * shape.hidden, shape.hidden, batch_first=True, bidirectional=True)
+            for i in range(shape.layers)
+        )
         self.head = nn.Linear(2 * shape.hidden, NUM_CLASSES)
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         x = self.filterbank(wave.unsqueeze(1))  # (B, F, T0), 10 ms frames
         x = self.norm(torch.log1p(x.abs()))
         x = self.conv(x).transpose(1, 2)  # (B, T, channels), 20 ms frames
-        x, _ = self.lstm(x)
+        for lstm in self.lstm:
+            x, _ = lstm(x)
         return self.head(x)
 
     @staticmethod
@@ -160,6 +166,12 @@ def export_onnx(model: SegmentationModel, path) -> None:
     # 2.5 s plus an odd tail: no length axis is specialised to a round value.
     example = torch.randn(2, 40123)
     graph = torch_to_onnx(model.eval(), example, ("wave", "scores"), min_length=KERNEL + STRIDE * HOP)
+    # With LSTM layers one after the other, torch.export declares the frame axis of the output (and of a few
+    # intermediate values) at the example's 125 frames although the graph computes it from the input (measured:
+    # 364 frames of a 7.3 s wave match torch): the output's declared dynamic, as it is, and the optional shape
+    # hints of intermediate values dropped, so that onnxruntime does not warn on every call.
+    graph.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "frames"
+    del graph.graph.value_info[:]
     meta = {
         "speakerlab.segmentation.sample_rate": SAMPLE_RATE,
         "speakerlab.segmentation.kernel": KERNEL,

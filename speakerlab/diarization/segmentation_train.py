@@ -29,8 +29,9 @@ from speakerlab.settings import ConfigError, build_settings, parse_overrides, re
 
 @dataclass
 class SegmentationTrainSettings:
-    """The training config (YAML keys, all optional): window length (s), steps, batch, Adam's learning rate,
-    the seed, and the model's sizes (speakerlab.diarization.segmentation.SegmentationShape)."""
+    """The training config (YAML keys, all optional): window length (s), steps, batch, Adam's learning rate, the
+    seed, the model's sizes (speakerlab.diarization.segmentation.SegmentationShape) and the device (fp32 on both;
+    the windows are drawn on the CPU)."""
 
     window: float = setting(3.0, ge=0.5, le=30.0)
     steps: int = setting(500, ge=1)
@@ -42,6 +43,7 @@ class SegmentationTrainSettings:
     channels: int = setting(64, ge=1)
     hidden: int = setting(64, ge=1)
     layers: int = setting(1, ge=1, le=4)
+    device: str = setting("cpu", choices=("cpu", "cuda"))
 
 
 class Recordings:
@@ -87,22 +89,26 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     shape = SegmentationShape(settings.filters, settings.channels, settings.hidden, settings.layers)
-    model = SegmentationModel(shape)
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda, but torch sees no CUDA device (device: cpu trains on the CPU)")
+    device = torch.device(settings.device)
+    model = SegmentationModel(shape).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    print(f"segmentation-train: {len(recordings.names)} recordings, fp32, {shape}", file=sys.stderr)
+    print(f"segmentation-train: {len(recordings.names)} recordings, fp32 on {device}, {shape}", file=sys.stderr)
     began, running = time.time(), []
     for step in range(1, settings.steps + 1):
         waves, labels = recordings.batch(rng, settings.batch_size, settings.window)
-        loss = powerset_loss(model(torch.from_numpy(waves)), torch.from_numpy(labels))
+        loss = powerset_loss(model(torch.from_numpy(waves).to(device)), torch.from_numpy(labels).to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        running.append(float(loss))
+        running.append(float(loss.detach()))
         if step % settings.log_every == 0 or step == settings.steps:
             mean = sum(running) / len(running)
             print(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)", file=sys.stderr)
             running = []
     folder.mkdir(parents=True, exist_ok=True)
+    model = model.cpu()
     with output_file(folder / "segmentation.pt", "wb") as f:
         torch.save({"shape": asdict(shape), "state": model.state_dict(), "settings": asdict(settings)}, f)
     export_onnx(model, folder / "segmentation.onnx")

@@ -3,6 +3,7 @@
     segmenter = OnnxSegmenter("exp/segmentation/segmentation.onnx")
     scores = segmenter.scores(wave)            # (T, C) log-probabilities of the powerset classes, 20 ms frames
     active = segmenter.activities(wave)        # (T, K) 0/1: which local speaker talks in each frame
+    acts, step = segmenter.sliding(wave, 5.0, 2.5)   # (W, T, K) of windows every `step` frames
 
 The file's metadata (written by speakerlab.diarization.segmentation.export_onnx) gives the frame layout and
 the powerset classes, so nothing here depends on the model code.
@@ -11,13 +12,20 @@ the powerset classes, so nothing here depends on the model code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
-from speakerlab.dataio.tables.rttm import Interval, merge_intervals
-
 PREFIX = "speakerlab.segmentation."
+
+
+def window_layout(num_samples: int, window: float, step: float, rate: int, kernel: int, hop: int):
+    """Windows of `window` s every `step` s (a whole number of frames of `hop` samples, at least one) over
+    `num_samples` samples -> (samples per window, samples between window starts, number of windows): enough
+    windows that the last reaches the end, one for a shorter recording."""
+    size = max(int(round(window * rate)), kernel + hop)
+    stride = max(1, int(round(step * rate / hop))) * hop
+    return size, stride, 1 + max(0, int(np.ceil((num_samples - size) / stride)))
 
 
 class SegmentationFileError(ValueError):
@@ -68,30 +76,18 @@ class OnnxSegmenter:
         """(B, S) or (S,) -> (B, T, K) or (T, K) 0/1 float32: the local speakers of each frame's best class."""
         return self.powerset[self.scores(waves).argmax(-1)]
 
-    def speaker_counts(self, wave: np.ndarray, window: float = 5.0) -> Tuple[np.ndarray, np.ndarray]:
-        """(S,) wave at the model's rate -> counts (T,) int, how many speakers talk in each frame, and times
-        (T,) each frame's centre in seconds. Windows of `window` seconds side by side (a count needs no matching
-        of local speakers across windows); a piece shorter than two frames is zero-padded and keeps one."""
-        step = int(window * self.sample_rate)
-        counts, times = [], []
-        for start in range(0, len(wave), step):
-            piece = np.asarray(wave[start : start + step], np.float32)
-            full = max(len(piece), self.kernel + self.hop)
-            frames = max(1, 1 + (len(piece) - self.kernel) // self.hop)
-            counts.append(self.activities(np.pad(piece, (0, full - len(piece)))).sum(-1)[:frames].astype(np.int64))
-            times.append(start / self.sample_rate + self.frame_centres(frames))
-        if not counts:
-            return np.zeros(0, np.int64), np.zeros(0)
-        return np.concatenate(counts), np.concatenate(times)
-
-    def regions(self, wave: np.ndarray, window: float = 5.0) -> Tuple[List[Interval], List[Interval]]:
-        """(S,) wave -> (speech, overlap): intervals in seconds where >= 1 and >= 2 speakers talk. A frame
-        reaches halfway to its neighbours' centres (so windows side by side leave no gap), the first and last
-        half a hop beyond their centres."""
-        counts, times = self.speaker_counts(wave, window)
-        if not len(times):
-            return [], []
-        half = self.hop / self.sample_rate / 2
-        mids = (times[1:] + times[:-1]) / 2
-        lo, hi = np.concatenate([[times[0] - half], mids]), np.concatenate([mids, [times[-1] + half]])
-        return tuple(merge_intervals(zip(lo[counts >= k], hi[counts >= k])) for k in (1, 2))
+    def sliding(
+        self, wave: np.ndarray, window: float = 5.0, step: float = 2.5, batch: int = 32
+    ) -> Tuple[np.ndarray, int]:
+        """(S,) wave at the model's rate -> activities (W, T, K) 0/1 float32 of windows of `window` seconds every
+        `step` seconds (rounded to whole frames), and that step in frames: frame t of window w is frame
+        w * step + t of the recording (its centre: `frame_centres`). The wave is zero-padded so that the last
+        window reaches its end; a wave shorter than a window is one window."""
+        size, stride, count = window_layout(len(wave), window, step, self.sample_rate, self.kernel, self.hop)
+        padded = np.zeros((count - 1) * stride + size, np.float32)
+        padded[: len(wave)] = wave
+        out = []
+        for first in range(0, count, batch):
+            starts = range(first * stride, min(first + batch, count) * stride, stride)
+            out.append(self.activities(np.stack([padded[a : a + size] for a in starts])))
+        return np.concatenate(out), stride // self.hop

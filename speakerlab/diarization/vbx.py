@@ -38,7 +38,8 @@ class VBxParams:
     # fb 2 (was 5) and init_threshold 0.6 (was 0.4) by measurement (bench/RESULTS.md, "Speaker counts"): chosen by
     # bench/diarization_sweep.py --grid vbx on 40 conversations of egs/mini's validation speakers (count right 23/40
     # against 20/40, DER 17.10 % against 18.14 %), then on 40 of its test speakers 21/40 against 17/40, DER 19.80 %
-    # against 22.68 %. On 30-minute conversations fb 2 keeps more speakers than there are (bench/diarization_long.sh).
+    # against 22.68 %. Longer recordings still over-split on raw sub-segments (30 minutes, uncapped: 11, 11 and 9
+    # speakers for 6, 7 and 8); capped into units (cluster.py) 6, 9 and 6 (bench/diarization_long.sh).
     fb: float = 2.0
     loop_p: float = 0.5
     init_threshold: float = 0.6
