@@ -220,3 +220,32 @@ def test_launch_uses_every_visible_gpu_by_default_and_the_cpu_without_one(tmp_pa
     assert "--nproc_per_node=2" in out and "on the CPU" in err
     out, err = launch("--gpus", "1 3", gpus_seen=8)
     assert "--nproc_per_node=2" in out and "CVD=1,3" in out
+
+
+def test_stress_stage_reads_the_clean_side_from_stage_4s_embeddings_when_they_exist(tmp_path):
+    """stress_stage (egs/tools/common.sh) with a stub `speakerlab-stress` that records its arguments: the noise bank
+    when built, stage 4's embeddings when written, $stress_opts after them."""
+    stub = tmp_path / "bin" / "speakerlab-stress"
+    stub.parent.mkdir()
+    stub.write_text('#!/usr/bin/env bash\necho "STRESS $*"\n')
+    stub.chmod(0o755)
+    bank, clean = tmp_path / "bank", tmp_path / "exp" / "embeddings" / "test.npz"
+    script = (
+        f'. {ROOT}/egs/tools/common.sh; stress_opts="--test-utts 200"; '
+        f"stress_stage ckpt data data/trials test {tmp_path / 'exp'} {bank} {clean}"
+    )
+
+    def stage() -> str:
+        env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"}
+        r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return next(line for line in r.stdout.splitlines() if line.startswith("STRESS "))
+
+    out = stage()
+    assert "--noise-bank" not in out and "--clean-embeddings" not in out and "--test-utts 200" in out
+    bank.mkdir()
+    (bank / "index.json").write_text("{}")
+    clean.parent.mkdir(parents=True)
+    clean.write_bytes(b"")
+    out = stage()
+    assert f"--noise-bank {bank} --clean-embeddings {clean} --test-utts 200" in out
