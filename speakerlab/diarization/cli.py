@@ -42,9 +42,9 @@ from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cache import FrontCache
-from speakerlab.diarization.cluster import METHODS, SpeakerCount
+from speakerlab.diarization.clustering.cluster import METHODS, SpeakerCount
+from speakerlab.diarization.clustering.plda import load_plda
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
-from speakerlab.diarization.plda import load_plda
 from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
