@@ -12,9 +12,11 @@ Rewrite them only for a change that moves the losses on purpose, and say why in 
 Float64 throughout the step: the model, the margin head (float64 in, float64 out) and the optimizer state. The
 features are made here in float64 and enter through the input pipeline's feature-store path (only the mean
 normalisation), so no float32 front-end rounds them: what another CPU's kernels change is then ~1e-16 of each value.
-Measured by `--spread` (2-core AMD EPYC VM, torch 2.13.0): 2 threads against 1 moved a loss by at most 1.4e-10 of
-itself (CAM++; ERes2Net 1.1e-13, ERes2NetV2 1.5e-12), features perturbed by 1e-13 of themselves by at most 2.1e-7
-(CAM++): tests/test_learning.py's tolerance of 1e-6 lies between those and the mutations' > 1e-1.
+Measured by `OMP_NUM_THREADS=1 python -m tests.golden_run --spread` (2-core AMD EPYC VM, torch 2.13.0), the largest
+move of a loss relative to itself, 2 threads against 1 / features x (1 + 1e-13 noise): CAM++ 1.4e-10 / 2.1e-7,
+ResNet 7.8e-11 / 3.8e-8, ReDimNet2 2.4e-10 / 2.3e-8, ERes2NetV2 1.5e-12 / 5.5e-10, ECAPA 2.6e-12 / 1.7e-11,
+ERes2Net 1.2e-13 / 7.0e-11, DF-ResNet 1.5e-15 / 4.2e-13: tests/test_learning.py's tolerance of 1e-6 lies between
+those and the mutations' > 1e-1. The run's thread count is the config's (hardware.threads: 1), not the environment's.
 """
 
 from __future__ import annotations

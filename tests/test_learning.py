@@ -18,7 +18,8 @@ from tests.helpers import TINY_MODEL, losses, registry_params, voice_data_dir
 # Float64 makes the run reproducible far below this tolerance: another CPU's kernels (AVX2 against AVX-512, other
 # BLAS blocking, other thread counts) change each value by ~1e-16; measured, features perturbed by 1e-13 of their
 # size (1,000x that) moved a loss by at most 2.1e-7 of itself, one thread against two by at most 1.4e-10 (CAM++, the
-# most sensitive; tests/golden_run.py's note). Each mutation below moves a later loss by more than 1e-1 of itself.
+# most sensitive of the 7 families; tests/golden_run.py's note, ReDimNet2 at its own lr). Each mutation below moves
+# a later loss by more than 1e-1 of itself.
 GOLDEN_RTOL, GOLDEN_ATOL = 1e-6, 1e-9
 # A change the goldens must catch -> its dotted config overrides (the same effect as a bug in the schedule code).
 MUTATIONS = {
