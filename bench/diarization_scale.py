@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from speakerlab.dataio.tables.rttm import Turn
-from speakerlab.diarization.cluster import MAX_UNITS, SpeakerCount, cluster
+from speakerlab.diarization.clustering.cluster import MAX_UNITS, SpeakerCount, cluster
 from speakerlab.diarization.der import der
 from speakerlab.diarization.pipeline import labels_to_turns, subsegments
 

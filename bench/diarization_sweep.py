@@ -25,11 +25,11 @@ from speakerlab.dataio.tables.lists import read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm, read_uem
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cache import FrontCache
-from speakerlab.diarization.cluster import cluster
+from speakerlab.diarization.clustering.cluster import cluster
+from speakerlab.diarization.clustering.plda import load_plda
+from speakerlab.diarization.clustering.vbx import VBxParams
 from speakerlab.diarization.der import count_agreement, der
 from speakerlab.diarization.pipeline import labels_to_turns, subsegments
-from speakerlab.diarization.plda import load_plda
-from speakerlab.diarization.vbx import VBxParams
 from speakerlab.inference.embedder import load_embedder
 
 

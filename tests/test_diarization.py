@@ -20,7 +20,7 @@ import torch
 from speakerlab.dataio.tables.rttm import Turn, read_rttm
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount, make_vad
 from speakerlab.diarization.cli import run
-from speakerlab.diarization.cluster import cluster
+from speakerlab.diarization.clustering.cluster import cluster
 from speakerlab.diarization.der import der
 from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import Embedder

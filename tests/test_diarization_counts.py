@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from speakerlab.dataio.tables.rttm import read_rttm
-from speakerlab.diarization.cluster import SpeakerCount, cluster
-from speakerlab.diarization.plda import fit_plda
+from speakerlab.diarization.clustering.cluster import SpeakerCount, cluster
+from speakerlab.diarization.clustering.plda import fit_plda
 from tests.helpers import write_wav
 from tests.test_deploy import stats_file  # noqa: F401 (the fixture)
 from tests.test_diarization import SR, diarize, talk

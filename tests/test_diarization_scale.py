@@ -1,4 +1,4 @@
-"""Clustering of long recordings (speakerlab.diarization.cluster, `max_units`): units of neighbouring sub-segments
+"""Clustering of long recordings (diarization.clustering.cluster, `max_units`): units of neighbouring sub-segments
 clustered, then every sub-segment assigned to its nearest speaker, giving what clustering every sub-segment gives,
 speaker changes inside a unit included, and the counts asked for. The time and memory it saves are measured by
 bench/diarization_scale.py, not here."""
@@ -8,7 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speakerlab.diarization.cluster import MAX_NEIGHBOURS, SpeakerCount, cluster, group_neighbours, pruned_affinity
+from speakerlab.diarization.clustering.cluster import (
+    MAX_NEIGHBOURS,
+    SpeakerCount,
+    cluster,
+    group_neighbours,
+    pruned_affinity,
+)
 
 
 def turns_of_speakers(seed: int, speakers: int, n: int, dim: int = 32, noise: float = 0.6):

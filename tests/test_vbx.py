@@ -1,4 +1,4 @@
-"""VBx clustering on a PLDA (speakerlab.diarization.plda, .vbx, cluster(method="vbx")): the PLDA finds the
+"""VBx clustering on a PLDA (speakerlab.diarization.clustering.plda, .vbx, cluster(method="vbx")): the PLDA finds the
 speaker subspace of embeddings whose within-speaker noise is strongest elsewhere, the HMM's forward-backward
 equals brute-force enumeration, VBx finds the speakers of simulated conversations at least as well as AHC,
 and the counts asked for (exact, min, max, one speaker) are honoured."""
@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from speakerlab.diarization.cluster import SpeakerCount, cluster
-from speakerlab.diarization.plda import PLDAError, fit_plda, load_plda
-from speakerlab.diarization.vbx import VBxParams, constrained_assignment, forward_backward
+from speakerlab.diarization.clustering.cluster import SpeakerCount, cluster
+from speakerlab.diarization.clustering.plda import PLDAError, fit_plda, load_plda
+from speakerlab.diarization.clustering.vbx import VBxParams, constrained_assignment, forward_backward
 from tests.test_diarization_scale import agreement
 
 DIM = 32
@@ -190,7 +190,7 @@ def train_dir(tmp_path_factory):
 def test_speakerlab_plda_fits_a_plda_that_speakerlab_diarize_uses(capsys, tmp_path, train_dir, ckpt):
     """speakerlab-plda on a training set -> a PLDA of the model's digest; speakerlab-diarize --clustering vbx
     with it honours an exact count, says "no speech" for silence, and refuses a PLDA of another model."""
-    from speakerlab.diarization.plda_fit import run as plda_run
+    from speakerlab.diarization.clustering.plda_fit import run as plda_run
     from speakerlab.sources import read_source
     from tests.helpers import write_wav
     from tests.test_diarization import THREE, diarize, talk

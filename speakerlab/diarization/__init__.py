@@ -15,7 +15,7 @@ segmentation (the powerset segmentation model and its loss, torch), segmentation
 RTTM and the other list files are speakerlab.dataio.tables.rttm. docs/diarization.md tells the whole story.
 """
 
-from speakerlab.diarization.cluster import SpeakerCount
+from speakerlab.diarization.clustering.cluster import SpeakerCount
 from speakerlab.diarization.pipeline import Diarization, DiarizeOptions, Diarizer
 from speakerlab.diarization.vad import make_vad
 

@@ -13,7 +13,7 @@ does not import the pipeline, which imports it).
    frames where it talks alone, joined; where those are shorter than `options.min_embed`, from all its frames
    (a voice under another is still that voice; nothing at all would lose the window's speaker).
 3. The embeddings are clustered as the pipeline's sub-segments are (spectral, AHC or VBx on a PLDA, the count
-   estimated or given: speakerlab.diarization.cluster). Each window's local speakers then take distinct
+   estimated or given: speakerlab.diarization.clustering.cluster). Each window's local speakers then take distinct
    clusters, the assignment of highest total cosine to the cluster centroids (two local speakers of one window
    are two people).
 4. Reconstruction: each frame of the recording gets the mean, over the windows that cover it, of each cluster's
@@ -30,11 +30,11 @@ import numpy as np
 
 from speakerlab.dataio.tables.rttm import Interval, merge_intervals
 from speakerlab.dataio.waveform.resample import resample
-from speakerlab.diarization.cluster import SpeakerCount, cluster, normalize
+from speakerlab.diarization.clustering.cluster import SpeakerCount, cluster, normalize
 from speakerlab.inference.common import check_finite
 
 if TYPE_CHECKING:
-    from speakerlab.diarization.plda import PLDA
+    from speakerlab.diarization.clustering.plda import PLDA
     from speakerlab.diarization.segmenter import OnnxSegmenter
 
 # A local speaker of a window active for less than this (seconds) is not embedded: too little to say who it is

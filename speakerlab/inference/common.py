@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from speakerlab.dataio.audio import AudioError
-from speakerlab.devices import THREADS_HELP, parse_threads, resolve_threads
+from speakerlab.devices import THREADS_HELP, parse_threads
 
 # Shorter inputs break the registered models: statistics pooling over < 2 frames is NaN, ECAPA's reflect
 # padding needs 5 frames, ResNet34 / ERes2Net(V2) downsample time by 8 and give NaN below 9 (random weights).
@@ -151,12 +151,6 @@ def read_wave(embedder, path: str, where: str = "") -> np.ndarray:
     if short:
         raise AudioError(f"{where}{path}: {short}")
     return wave
-
-
-def threads_of(args) -> int:
-    """The number of threads `--threads` (add_source_args) comes to on this machine: what the embedder runs on,
-    for another model of the same command to run on as many."""
-    return resolve_threads(args.threads, "--threads")[0]
 
 
 def threads_arg(value: str):

@@ -6,7 +6,7 @@ training set's speakers (a Kaldi data dir: wav.scp, utt2spk).
 
 Each utterance gives up to `--per-utterance` windows of `--window` seconds (the sub-segment length the
 diarization uses: the PLDA should see embeddings like the ones it will cluster), evenly spread over it; a
-shorter utterance is one window. The windows are embedded in batches, and speakerlab.diarization.plda fits
+shorter utterance is one window. The windows are embedded in batches, and speakerlab.diarization.clustering.plda fits
 the PLDA, which records the model's digest: speakerlab-diarize refuses it with another model.
 
 Exit codes: 0 written; 2 bad input (a message naming the file, list line or option).
@@ -22,8 +22,8 @@ import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.lists import load_data_dir
+from speakerlab.diarization.clustering.plda import fit_plda
 from speakerlab.diarization.pipeline import DiarizeOptions, embed_window
-from speakerlab.diarization.plda import fit_plda
 from speakerlab.inference.cli import BAD_INPUT, source_embedder
 from speakerlab.inference.common import add_source_args, read_wave
 from speakerlab.outputs import check_path_output

@@ -37,8 +37,8 @@ from typing import Optional
 
 import numpy as np
 
-from speakerlab.diarization.plda import PLDA
-from speakerlab.diarization.vbx import VBxParams, assign, one_hot, vbx
+from speakerlab.diarization.clustering.plda import PLDA
+from speakerlab.diarization.clustering.vbx import VBxParams, assign, one_hot, vbx
 
 METHODS = ("spectral", "ahc", "vbx")
 VBX_DEFAULTS = VBxParams()
