@@ -151,7 +151,11 @@ def test_model_args_are_checked_against_the_builder(tmp_path):
 
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-SHIPPED = sorted(str(p.relative_to(CONF)) for p in CONF.rglob("*.yaml") if p.parent.name != "hardware")
+# speakerlab-train configs; conf/diarization/ holds speakerlab-segmentation-train's, conf/hardware/ the profiles.
+SHIPPED = sorted(
+    str(p.relative_to(CONF)) for p in CONF.rglob("*.yaml") if p.parent.name not in ("hardware", "diarization")
+)
+SEGMENTATION = sorted(str(p.relative_to(CONF)) for p in (CONF / "diarization").glob("*.yaml"))
 CORPORA = ("3dspeaker", "voxceleb", "cnceleb")
 _NETS = {}  # (model, args, features, head) -> (logits shape, loss finite): each distinct net is built once
 
@@ -223,6 +227,15 @@ def test_every_shipped_config_builds_its_model_and_head(name):
     assert _NETS[key] == ((2, classes), True), name
 
 
+@pytest.mark.parametrize("name", SEGMENTATION)
+def test_every_segmentation_config_loads_into_its_settings(name):
+    """conf/diarization/*.yaml are speakerlab-segmentation-train's: each loads into its typed settings."""
+    from speakerlab.diarization.segmentation_train import read_settings
+
+    settings = read_settings(str(CONF / name), [])
+    assert settings.steps > 0 and settings.window > 0, name
+
+
 def test_hardware_profiles_load_on_top_of_a_config():
     from speakerlab.train.build import load_train_config
 
@@ -241,15 +254,15 @@ def _header_commands(text):
     return [c.split() for c in head if c.startswith("bash egs/")]
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", SHIPPED + SEGMENTATION)
 def test_every_config_header_names_the_command_that_runs_it(name):
     """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for
-    an overlay, --lm_config / --augment_config / --ft_config / --scratch_config), and that recipe exists and
-    takes that option; a <corpus>/<model>.yaml file's command runs the <corpus> recipe."""
+    an overlay, --lm_config / --augment_config / --ft_config / --scratch_config; a segmentation config
+    --seg_config), and that recipe exists and takes that option; a <corpus>/<model>.yaml file's command runs the <corpus> recipe."""
     root = CONF.parent
     found = []
     for words in _header_commands((CONF / name).read_text()):
-        for opt in ("--config", "--lm_config", "--augment_config", "--ft_config", "--scratch_config"):
+        for opt in ("--config", "--lm_config", "--augment_config", "--ft_config", "--scratch_config", "--seg_config"):
             if opt in words[:-1] and words[words.index(opt) + 1] == f"../../conf/{name}":
                 found.append((words[1], opt))
     assert found, f"{name}: no 'bash egs/<recipe>/run.sh ... --config ../../conf/{name}' in its header"
