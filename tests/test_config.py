@@ -258,7 +258,8 @@ def _header_commands(text):
 def test_every_config_header_names_the_command_that_runs_it(name):
     """The comment header holds a `bash egs/<recipe>/run.sh` command passing this very file as --config (or, for
     an overlay, --lm_config / --augment_config / --ft_config / --scratch_config; a segmentation config
-    --seg_config), and that recipe exists and takes that option; a <corpus>/<model>.yaml file's command runs the <corpus> recipe."""
+    --seg_config), and that recipe exists and takes that option; a <corpus>/<model>.yaml file's command runs the
+    <corpus> recipe."""
     root = CONF.parent
     found = []
     for words in _header_commands((CONF / name).read_text()):
