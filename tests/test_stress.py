@@ -154,6 +154,8 @@ def test_clean_side_from_this_models_embeddings_gives_the_same_rows_and_another_
     part = write_embeddings(tmp_path / "part.npz", ids[1:], emb[1:], model_id=embedder.model_id)
     assert run([*common, "--clean-embeddings", str(part)]) == 2
     assert f"{part}: no embedding of '{ids[0]}'" in capsys.readouterr().err
+    assert run([*common, "--clean-embeddings", str(tmp_path / "none.npz")]) == 2
+    assert f"{tmp_path / 'none.npz'}: embeddings file does not exist" in capsys.readouterr().err
 
 
 def test_the_side_by_side_script_refuses_tables_of_different_test_side_draws(tmp_path):

@@ -153,11 +153,11 @@ def condition_row(name: str, data: StressSet, enrol: np.ndarray, test: np.ndarra
 def stored_clean(path: str, embedder, data: StressSet, rows: np.ndarray) -> np.ndarray:
     """The clean embeddings `(len(rows), D)` of `rows` from an embeddings .npz of this same model (its `model_id`,
     a checkpoint's content digest, must be the embedder's: a file of another model is refused, naming it)."""
+    ids, emb = read_embeddings(path)  # first: a missing or unreadable file is said as such
     made_by, model_id = embeddings_model_id(path), getattr(embedder, "model_id", "")
     if not made_by or made_by != model_id:
         said = f"model {made_by}" if made_by else "no model_id"
         raise ListError(f"{path}: made by {said}, not this model ({model_id or 'no model_id'}): re-run its extraction")
-    ids, emb = read_embeddings(path)
     at = {u: i for i, u in enumerate(ids)}
     missing = [data.ids[r] for r in rows if data.ids[r] not in at]
     if missing:
