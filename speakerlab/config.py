@@ -263,6 +263,12 @@ def _validate_labels(cfg: Config) -> None:
                 f"config key '{key}' ({seconds:g}) must be <= data.crop_seconds ({cfg.data.crop_seconds:g}): the crops "
                 "are cut from the loaded training crop"
             )
+    if d.disjoint_globals and d.global_crops * d.global_seconds > cfg.data.crop_seconds + 1e-9:
+        raise ConfigError(
+            f"config key 'dino.disjoint_globals': {d.global_crops} global crops of {d.global_seconds:g} s that share "
+            f"no audio need data.crop_seconds >= {d.global_crops * d.global_seconds:g} "
+            f"(it is {cfg.data.crop_seconds:g})"
+        )
     for key, value in (("data.feats", cfg.data.feats is True), ("data.shards", cfg.data.shards)):
         if value:
             raise ConfigError(f"config key '{key}': loss.name dino cuts its crops from the audio; unset {key}")

@@ -32,6 +32,10 @@ class DinoSettings:
     global_seconds: float = setting(3.0, gt=0)  # WeSpeaker global_chunk_len 300 frames
     local_crops: int = setting(4, ge=0)  # WeSpeaker local_chunk_num
     local_seconds: float = setting(2.0, gt=0)  # WeSpeaker local_chunk_len 200 frames
+    # Global crops that share no audio: crop g is cut from the g-th of global_crops equal parts of the loaded crop
+    # (data.crop_seconds >= global_crops x global_seconds). Off (the papers'): anywhere, so on utterances not much
+    # longer than two crops they share most of their audio, words included: a match that needs no voice.
+    disjoint_globals: bool = False
     # Sharpening: softmax temperatures; the teacher's rises linearly from teacher_temp_start over the warm-up.
     student_temp: float = setting(0.1, gt=0)  # WeSpeaker student_temp
     teacher_temp: float = setting(0.07, gt=0)  # WeSpeaker, 3D-Speaker teacher_temp

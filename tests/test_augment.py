@@ -288,3 +288,20 @@ def test_each_dino_crop_is_cut_from_its_own_copy():
     for c in range(3):
         assert torch.all(crops[c] // 1000 == c)  # crop c from copy c
         torch.testing.assert_close(crops[c] - 1000 * c, shared[c])  # at the offsets of the shared wave
+
+
+def test_disjoint_global_crops_share_no_sample_and_still_move_with_the_step():
+    waves = torch.arange(200.0).expand(4, 200)  # (B, N): a sample's value is its position
+    index = torch.arange(4) * 7
+    starts = set()
+    for step in range(20):
+        crops = cut_crops(waves, index, step, 3, 0, 2, 60, disjoint=True).view(2, 4, 60)
+        assert torch.all(crops[0] < 100) and torch.all(crops[1] >= 100)  # crop c within part c of the 200
+        starts |= {int(x) for x in crops[:, :, 0].flatten()}
+        again = cut_crops(waves, index, step, 3, 0, 2, 60, disjoint=True).view(2, 4, 60)
+        torch.testing.assert_close(crops, again)  # a function of (seed, step, index, crop)
+    assert len(starts) > 20  # every offset within [0, 40] of its part is drawn, not one fixed layout
+    overlapping = cut_crops(waves, index, 0, 3, 0, 2, 60).view(2, 4, 60)
+    assert torch.any(overlapping[0] >= 100) or torch.any(overlapping[1] < 100)  # off: anywhere in the 200
+    with pytest.raises(ValueError, match="does not fit"):
+        cut_crops(waves, index, 0, 3, 0, 2, 101, disjoint=True)

@@ -70,6 +70,9 @@ def test_data_labels_against_the_objective(tmp_path):
     with pytest.raises(ConfigError, match=r"'data.feats': loss.name dino cuts its crops from the audio"):
         config(tmp_path, root, *DINO, "data.feats=true")
     assert config(tmp_path, root, *DINO, "data.feats=auto").data.feats is False
+    with pytest.raises(ConfigError, match=r"'dino.disjoint_globals': 2 global crops of 0.2 s .* >= 0.4 \(it is 0.2\)"):
+        config(tmp_path, root, *DINO, "dino.disjoint_globals=true")
+    assert config(tmp_path, root, *DINO, "dino.disjoint_globals=true", "data.crop_seconds=0.4").dino.disjoint_globals
     with pytest.raises(ConfigError, match=r"'data.labels' \(false\): loss.name aam classifies speakers"):
         config(tmp_path, root, "data.labels=false")
     labelled = make_data_dir(tmp_path / "l", {"a-1": "a", "b-1": "b"}, seconds=0.25)

@@ -6,7 +6,8 @@
 
 Each utterance's loaded training crop (data.crop_seconds) is cut into dino.global_crops crops of global_seconds
 and dino.local_crops of local_seconds, at offsets drawn from (train.seed, optimizer step, dataset index, crop
-number) alone: the same crops on any device count and after a resume. The crops go through the front end (fp32),
+number) alone: the same crops on any device count and after a resume; with dino.disjoint_globals the global
+crops come from separate parts of it and share no audio. The crops go through the front end (fp32),
 the student sees all of them, the teacher the global ones (speakerlab.train.losses.dino).
 
 `top1` is not a speaker: it is the row's index where the student's prototype on the first global crop is the
@@ -38,14 +39,20 @@ def crop_offsets(index: Tensor, step: int, seed: int, crop: int, room: int) -> T
     return x % (room + 1)
 
 
-def cut_crops(waves: Tensor, index: Tensor, step: int, seed: int, first: int, count: int, length: int) -> Tensor:
+def cut_crops(
+    waves: Tensor, index: Tensor, step: int, seed: int, first: int, count: int, length: int, disjoint: bool = False
+) -> Tensor:
     """`count` crops of `length` samples of each row of `waves`, crop numbers first.. first+count-1:
     `(count x B, length)`, crop-major (all rows' first crop, then their second, ...). `waves` is `(B, N)`, shared
-    by the crops, or `(count, B, N)`: crop c is cut from `waves[c]` (its own augmented copy)."""
-    room = waves.shape[-1] - length
+    by the crops, or `(count, B, N)`: crop c is cut from `waves[c]` (its own augmented copy). `disjoint`: crop c
+    lies within the c-th of `count` equal parts of the N samples, so no two crops share a sample."""
+    span = waves.shape[-1] // count if disjoint else waves.shape[-1]
+    room = span - length
     if room < 0:
-        raise ValueError(f"a crop of {length} samples does not fit the loaded {waves.shape[1]}")
-    starts = torch.stack([crop_offsets(index, step, seed, first + c, room) for c in range(count)])  # (count, B)
+        raise ValueError(f"a crop of {length} samples does not fit the loaded {waves.shape[-1]} ({count} parts)")
+    starts = torch.stack(
+        [crop_offsets(index, step, seed, first + c, room) + (c * span if disjoint else 0) for c in range(count)]
+    )  # (count, B)
     at = starts.unsqueeze(-1) + torch.arange(length, device=waves.device)  # (count, B, length)
     source = waves.unsqueeze(0).expand(count, -1, -1) if waves.dim() == 2 else waves
     return torch.gather(source, 2, at).reshape(-1, length)
@@ -106,7 +113,9 @@ class DinoNet(nn.Module):
             copies = waves.view(-1, len(index), waves.shape[-1])
             glob, local = copies[: s.global_crops], copies[s.global_crops :]
         # The global crops' features once for student and teacher (one dither draw)
-        feats = self.features(cut_crops(glob, index, step, self.seed, 0, s.global_crops, self.global_len))
+        feats = self.features(
+            cut_crops(glob, index, step, self.seed, 0, s.global_crops, self.global_len, s.disjoint_globals)
+        )
         emb = self.embed(feats).float()  # (global_crops x B, D)
         student: List[Tensor] = list(obj.head(emb).chunk(s.global_crops))
         if s.local_crops:
