@@ -21,7 +21,7 @@ import yaml
 from speakerlab.augment_settings import AugmentSettings
 from speakerlab.frontends import FRONT_ENDS, FeatureSettings, feature_spec
 from speakerlab.hardware_settings import HardwareSettings
-from speakerlab.objectives import DinoSettings
+from speakerlab.objectives import DinoSettings, check_dino
 from speakerlab.outputs import output_file
 from speakerlab.settings import (
     ConfigError,
@@ -256,19 +256,7 @@ def _validate_labels(cfg: Config) -> None:
         )
     if needs_labels(cfg):
         return
-    d = cfg.dino
-    for key, seconds in (("dino.global_seconds", d.global_seconds), ("dino.local_seconds", d.local_seconds)):
-        if seconds > cfg.data.crop_seconds:
-            raise ConfigError(
-                f"config key '{key}' ({seconds:g}) must be <= data.crop_seconds ({cfg.data.crop_seconds:g}): the crops "
-                "are cut from the loaded training crop"
-            )
-    if d.disjoint_globals and d.global_crops * d.global_seconds > cfg.data.crop_seconds + 1e-9:
-        raise ConfigError(
-            f"config key 'dino.disjoint_globals': {d.global_crops} global crops of {d.global_seconds:g} s that share "
-            f"no audio need data.crop_seconds >= {d.global_crops * d.global_seconds:g} "
-            f"(it is {cfg.data.crop_seconds:g})"
-        )
+    check_dino(cfg.dino, cfg.data.crop_seconds)
     for key, value in (("data.feats", cfg.data.feats is True), ("data.shards", cfg.data.shards)):
         if value:
             raise ConfigError(f"config key '{key}': loss.name dino cuts its crops from the audio; unset {key}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speakerlab.settings import setting
+from speakerlab.settings import ConfigError, setting
 
 
 @dataclass
@@ -47,6 +47,14 @@ class DinoSettings:
     teacher_momentum: float = setting(0.996, ge=0, le=1)  # WeSpeaker, 3D-Speaker momentum_teacher
     freeze_prototypes_epochs: float = setting(1.0, ge=0)  # the prototype layer takes no gradient this long
     # (WeSpeaker, 3D-Speaker freeze_last_layer: 1)
+    # The self-distillation term (teacher, prototypes); 0 with contrastive_weight > 0 is SimCLR alone: no teacher
+    # pass, no prototypes, no local crops
+    distill_weight: float = setting(1.0, ge=0)
+    # Contrastive term: InfoNCE between the global crops of the micro-batch, the crops of one utterance positives,
+    # every other crop a negative, on the unit outputs of the head's MLP (the bottleneck). SimCLR: WeSpeaker
+    # examples/voxceleb/v3/simclr (8.52% Vox1-O, ECAPA c512); beside self-distillation: C3-DINO (Zhang et al. 2022).
+    contrastive_weight: float = setting(0.0, ge=0)
+    contrastive_temp: float = setting(0.07, gt=0)  # WeSpeaker simclr_args T
     koleo_weight: float = setting(0.0, ge=0)  # KoLeo spreading term on the student's unit embeddings (DINOv2: 0.1)
     # RDINO's regularisers on the student's embeddings (the mean over the global crops, per micro-batch): diversity,
     # a hinge pulling each dimension's std across the batch up to 1; redundancy elimination, the squared
@@ -56,3 +64,26 @@ class DinoSettings:
     # End of run: the embeddings are collapsed when their spread (per-dimension std of the unit embeddings across
     # the batch x sqrt(D): about 1 when spread over the sphere, 0 when all alike) is below this.
     collapse_spread: float = setting(0.05, ge=0, lt=1)
+
+
+def check_dino(d: DinoSettings, crop_seconds: float) -> None:
+    """The rules that tie the dino section's keys to each other and to data.crop_seconds (ConfigError naming the
+    key)."""
+    for key, seconds in (("dino.global_seconds", d.global_seconds), ("dino.local_seconds", d.local_seconds)):
+        if seconds > crop_seconds:
+            raise ConfigError(
+                f"config key '{key}' ({seconds:g}) must be <= data.crop_seconds ({crop_seconds:g}): the crops "
+                "are cut from the loaded training crop"
+            )
+    if d.disjoint_globals and d.global_crops * d.global_seconds > crop_seconds + 1e-9:
+        raise ConfigError(
+            f"config key 'dino.disjoint_globals': {d.global_crops} global crops of {d.global_seconds:g} s that share "
+            f"no audio need data.crop_seconds >= {d.global_crops * d.global_seconds:g} (it is {crop_seconds:g})"
+        )
+    if d.distill_weight == 0 and d.contrastive_weight == 0:
+        raise ConfigError("config key 'dino.distill_weight': 0 with dino.contrastive_weight 0 leaves nothing to learn")
+    if d.distill_weight == 0 and d.local_crops:
+        raise ConfigError(
+            f"config key 'dino.local_crops' ({d.local_crops}): without self-distillation (dino.distill_weight 0) "
+            "only the global crops are contrasted; set it to 0"
+        )

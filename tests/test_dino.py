@@ -1,7 +1,8 @@
 """DINO (loss.name dino) end to end on a tiny model and an unlabelled corpus: exact resume mid-epoch (teacher,
 centre and schedules in the checkpoint), 2 processes equal to 1 with accumulation, collapse said at the end,
 an unlabelled data dir from preparation to embeddings, a run with an augmentation per crop. The tiny run weights
-KoLeo and RDINO's regularisers, so resume and the 2-process equality cover them."""
+KoLeo, RDINO's regularisers and the contrastive term (C3-DINO), so resume and the 2-process equality cover them;
+SimCLR alone (no teacher) resumes exactly too, and its InfoNCE is checked against a cross-entropy written apart."""
 
 import os
 import subprocess
@@ -15,13 +16,16 @@ from speakerlab.checkpoint import load_checkpoint
 from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.dataio.tables.prepare import prepare
 from speakerlab.inference.extract import main as extract_main
+from speakerlab.objectives import DinoSettings
 from speakerlab.train.loop import main as train_main
+from speakerlab.train.losses.dino import DinoHead, info_nce, nearest_is_own
 from speakerlab.train.pseudo_label import main as pseudo_label_main
 from tests.helpers import ROOT, free_port, losses, tiny_config, write_wav
 from tests.test_augment import write_lists
 
 DINO = """dino: {prototypes: 64, hidden_dim: 32, bottleneck_dim: 16, global_seconds: 0.4, local_seconds: 0.2,
-       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1, diversity_weight: 2.0, redundancy_weight: 0.2}
+       local_crops: 2, teacher_temp_warmup_epochs: 1, koleo_weight: 0.1, diversity_weight: 2.0, redundancy_weight: 0.2,
+       contrastive_weight: 0.5, contrastive_temp: 0.1}
 features: {dither: 0.0}
 """
 
@@ -145,3 +149,36 @@ def test_dino_trains_with_an_augmentation_per_crop(tmp_path, capsys):
     assert "augmentation with probability 1" in capsys.readouterr().err
     steps = losses(tmp_path / "exp")
     assert len(steps) == 4 and all(np.isfinite(v) for v in steps.values())
+
+
+def test_info_nce_is_simclr_nt_xent_for_two_crops_and_rewards_crops_that_find_each_other():
+    torch.manual_seed(0)
+    a, b = torch.nn.functional.normalize(torch.randn(2, 6, 8), dim=-1)
+    # NT-Xent as SimCLR writes it: row i of [a; b] has its positive at i + 6 (mod 12) among the 11 others
+    logits = torch.cat([a, b]) @ torch.cat([a, b]).T / 0.1
+    logits.fill_diagonal_(float("-inf"))
+    target = torch.cat([torch.arange(6, 12), torch.arange(6)])
+    expected = torch.nn.functional.cross_entropy(logits, target)
+    torch.testing.assert_close(info_nce(torch.stack([a, b]), 0.1), expected)
+    near = torch.nn.functional.normalize(a + 0.05 * torch.randn(6, 8), dim=-1)
+    assert info_nce(torch.stack([a, near]), 0.1) < 0.2 * expected  # each crop's twin is its nearest
+    assert nearest_is_own(torch.stack([a, near])).all()
+    assert nearest_is_own(torch.stack([a, near[torch.tensor([1, 0, 2, 3, 4, 5])]])).tolist() == [0, 0, 1, 1, 1, 1]
+    three = torch.stack([a, near, torch.nn.functional.normalize(a + 0.05 * torch.randn(6, 8), dim=-1)])
+    assert info_nce(three, 0.1) < 0.2 * expected  # V = 3: two positives each
+    assert DinoHead(8, DinoSettings(distill_weight=0.0, contrastive_weight=1.0, hidden_dim=4)).prototypes is None
+
+
+def test_simclr_alone_trains_without_a_teacher_and_resumes_exactly(tmp_path):
+    cfg, _ = dino_config(tmp_path)
+    simclr = ["dino.distill_weight=0", "dino.contrastive_weight=1", "dino.local_crops=0", "dino.disjoint_globals=true"]
+    simclr = ["--config", str(cfg), *simclr, "data.crop_seconds=0.8"]
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    assert train_main([*simclr, "--exp-dir", str(ref)]) == 0
+    assert train_main([*simclr, "--exp-dir", str(cut), "--max-steps", "3"]) == 0
+    assert train_main([*simclr, "--exp-dir", str(cut)]) == 0
+    a, b = losses(ref), losses(cut)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4] and all(b[k] == pytest.approx(a[k], rel=1e-6) for k in a)
+    last = load_checkpoint(ref / "checkpoints" / "epoch_002.pt")
+    assert not any(k.startswith(("teacher.", "head.prototypes")) for k in last.classifier)
+    assert "contrastive_loss" in (ref / "train.log").read_text()

@@ -11,8 +11,9 @@ crops come from separate parts of it and share no audio. The crops go through th
 the student sees all of them, the teacher the global ones (speakerlab.train.losses.dino).
 
 `top1` is not a speaker: it is the row's index where the student's prototype on the first global crop is the
-teacher's on the second, else -1, so the step's `accuracy` (top1 == label, the label being the index) is the share
-of utterances on which student and teacher agree.
+teacher's on the second (without distillation: where the first global crop's nearest other crop is one of its
+own), else -1, so the step's `accuracy` (top1 == label, the label being the index) is the share of utterances on
+which student and teacher agree (the crops find each other).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from speakerlab.objectives import DinoSettings
 from speakerlab.train.inputs.pipeline import InputPipeline
-from speakerlab.train.losses.dino import DinoObjective
+from speakerlab.train.losses.dino import DinoObjective, nearest_is_own
 
 PRIME = 2**31 - 1  # Park-Miller generator: x -> 48271 x mod PRIME stays within int64 on every device
 
@@ -117,18 +118,27 @@ class DinoNet(nn.Module):
             cut_crops(glob, index, step, self.seed, 0, s.global_crops, self.global_len, s.disjoint_globals)
         )
         emb = self.embed(feats).float()  # (global_crops x B, D)
-        student: List[Tensor] = list(obj.head(emb).chunk(s.global_crops))
-        if s.local_crops:
-            local = cut_crops(local, index, step, self.seed, s.global_crops, s.local_crops, self.local_len)
-            student += list(obj.head(self.embed(self.features(local)).float()).chunk(s.local_crops))
-        with torch.no_grad():
-            with self._autocast():
-                t_emb = obj.teacher["model"](feats)
-            teacher = list(obj.teacher["head"](t_emb.float()).chunk(s.global_crops))
-        unit = nn.functional.normalize(emb[: len(index)], dim=-1)
-        mean_emb = emb.reshape(s.global_crops, len(index), -1).mean(dim=0)
-        agree = student[0].argmax(-1) == teacher[1].argmax(-1)
-        return obj.loss(student, teacher, unit, mean_emb), torch.where(agree, index, torch.full_like(index, -1))
+        b = len(index)
+        projected = obj.head.project(emb)  # (global_crops x B, bottleneck), unit rows
+        student: List[Tensor] = []
+        teacher: List[Tensor] = []
+        if obj.distill:
+            student = list(obj.head.prototypes(projected).chunk(s.global_crops))
+            if s.local_crops:
+                local = cut_crops(local, index, step, self.seed, s.global_crops, s.local_crops, self.local_len)
+                student += list(obj.head(self.embed(self.features(local)).float()).chunk(s.local_crops))
+            with torch.no_grad():
+                with self._autocast():
+                    t_emb = obj.teacher["model"](feats)
+                teacher = list(obj.teacher["head"](t_emb.float()).chunk(s.global_crops))
+            agree = student[0].argmax(-1) == teacher[1].argmax(-1)
+        views = projected.view(s.global_crops, b, -1)
+        if not obj.distill:
+            agree = nearest_is_own(views)
+        unit = nn.functional.normalize(emb[:b], dim=-1)
+        mean_emb = emb.reshape(s.global_crops, b, -1).mean(dim=0)
+        loss = obj.loss(student, teacher, unit, mean_emb, views)
+        return loss, torch.where(agree, index, torch.full_like(index, -1))
 
     def clip_grad_norm(self, params: List[Tensor], max_norm: float, agree: Callable) -> Tensor:
         """As the classifier's (speakerlab.train.build): the step's one all-reduce through `agree`, here with zero
