@@ -70,6 +70,12 @@ class AugmentSettings:
     babble_snr: List[float] = setting(list(DEFAULT_SNR["babble"]), check=_pair())
     babble_speakers: List[int] = setting(list(DEFAULT_BABBLE_SPEAKERS), check=_pair(1))  # files summed
     reverb_noise_prob: float = setting(0.0, ge=0, le=1)  # chance a reverberated crop also gets an additive kind
+    # Random smooth equaliser (a microphone's, a room's colouring), drawn apart from `prob`: with eq_prob a crop's
+    # speech (after reverb, before the additive kinds) gets gains drawn N(0, eq_db) dB at 10 log-spaced frequencies
+    # from 60 Hz to 8 kHz, linear in log-frequency between them (FilterAugment, Nam et al. 2022, is one such);
+    # the crops of one utterance then differ in channel, which self-supervised objectives would otherwise learn
+    eq_prob: float = setting(0.0, ge=0, le=1)
+    eq_db: float = setting(5.0, gt=0, le=30)
     bank: Optional[str] = None  # int16 noise bank (speakerlab-noise-bank); null: <lists>/bank,
     # built at start when missing or older than the lists
     speed_factors: List[float] = setting([0.9, 1.0, 1.1], check=_speed_factors)  # sox `speed` factors

@@ -9,7 +9,7 @@ import torch
 
 from speakerlab.config import ConfigError, load_config
 from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, collate
-from speakerlab.dataio.waveform.augment import INT16_SCALE, Augmenter, power, reference_wave
+from speakerlab.dataio.waveform.augment import EQ_HZ, INT16_SCALE, Augmenter, eq_curve, power, reference_wave
 from speakerlab.dataio.waveform.noise_bank import NoiseBank, build_bank
 from speakerlab.features.spec import KaldiFeatures
 from speakerlab.frontends import FbankConfig
@@ -115,6 +115,25 @@ def test_delta_rir_leaves_the_signal_unchanged(tmp_path, utts):
         np.testing.assert_allclose(row, clean(item), atol=1e-6)
 
 
+def test_the_equaliser_colours_each_crop_with_its_own_drawn_curve(lists, utts):
+    ds = dataset(utts, Augmenter(bank_of(lists), prob=0.0, eq_prob=1.0, eq_db=8.0))
+    items, batch = batch_of(ds, range(8))
+    y = pipeline().waves(batch).double().numpy()
+    freqs = np.fft.rfftfreq(CROP, 1 / 16000)
+    gains = set()
+    for item, row in zip(items, y):
+        x, curve = clean(item), eq_curve(np.array(item["picked"].draw.eq_db), freqs)
+        assert item["picked"].draw.kind is None and len(item["picked"].draw.eq_db) == len(EQ_HZ)
+        assert power(row) == pytest.approx(power(x), rel=1e-4)
+        # Every frequency bin of the crop is scaled by the drawn curve (up to one gain that keeps the power)
+        sx, sy = np.abs(np.fft.rfft(x)), np.abs(np.fft.rfft(row))
+        strong = sx > 0.1 * np.median(sx)
+        residual = 20 * np.log10(sy[strong] / sx[strong]) - curve[strong]
+        assert np.ptp(residual) < 0.05 and np.ptp(curve) > 10
+        gains.add(item["picked"].draw.eq_db)
+    assert len(gains) == 8  # a curve of its own for every crop
+
+
 def test_reverb_keeps_length_power_and_alignment(lists, utts):
     items, batch = batch_of(dataset(utts, Augmenter(bank_of(lists), prob=1.0, kinds=["reverb"])), range(6))
     y = pipeline().waves(batch).double().numpy()
@@ -127,18 +146,20 @@ def test_reverb_keeps_length_power_and_alignment(lists, utts):
 
 
 def test_batched_device_path_equals_the_per_sample_reference(lists, utts):
-    aug = Augmenter(bank_of(lists), prob=0.9, reverb_noise_prob=0.5)
+    aug = Augmenter(bank_of(lists), prob=0.9, reverb_noise_prob=0.5, eq_prob=0.5)
     ds = dataset(utts, aug, speed=[0.9, 1.0, 1.1])
     items, batch = batch_of(ds, range(100, 140))
     y = pipeline(speed=[0.9, 1.1]).waves(batch).double().numpy()
-    kinds, speeds = set(), set()
+    kinds, speeds, eq = set(), set(), set()
     for item, row in zip(items, y):
         ref = reference_wave(item["wave"], ds.factors[item["speed"]], CROP, item["picked"])
         # float32 on the device against the float64 reference, for crops of peak ~0.5.
         np.testing.assert_allclose(row, ref, atol=2e-5, rtol=0)
         kinds.add(item["picked"].draw.kind)
         speeds.add(item["speed"])
+        eq.add(bool(item["picked"].draw.eq_db))
     assert {"reverb", "noise", "music", "babble", None} <= kinds and any(k and "+" in k for k in kinds)
+    assert eq == {True, False}
     assert speeds == {0, 1, 2}
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # egs/mini_ssl: speaker embeddings without speaker labels on egs/mini's synthetic corpus, labels hidden, CPU only.
-#   bash egs/mini_ssl/run.sh                       # stages 1-5: DINO, then its EER on the test trials
+#   bash egs/mini_ssl/run.sh                       # stages 1-5: SimCLR, then its EER on the test trials
 #   bash egs/mini_ssl/run.sh --stage 10 --stop_stage 10 --rounds 1   # pseudo-label rounds, then
-#   bash egs/mini_ssl/run.sh --stage 4 --stop_stage 5 --exp exp/dino_pl1
+#   bash egs/mini_ssl/run.sh --stage 4 --stop_stage 5 --exp exp/ssl_pl1
+#   bash egs/mini_ssl/run.sh --config ../../conf/mini/dino.yaml --exp exp/dino   # DINO instead
 # Stages (the numbers of every recipe): 1 the corpus (egs/mini's), its training set as an unlabelled data dir
 # (wav.scp only; data/train keeps the true labels, read by nothing but stage 10's purity print), its MUSAN/RIR
-# lists; 2 lists checked, lengths indexed, fbank stores of val/test, the noise bank; 3 DINO (conf/mini/dino.yaml,
-# every crop augmented on its own from the noise bank); 4 embeddings; 5 scoring and the
+# lists; 2 lists checked, lengths indexed, fbank stores of val/test, the noise bank; 3 self-supervised training
+# (conf/mini/simclr.yaml; every crop augmented on its own from the noise bank); 4 embeddings; 5 scoring and the
 # no-training baseline; 10 pseudo-label rounds: embed, cluster, train the supervised CAM++ from the last model.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,8 +17,8 @@ help_message="Usage: bash egs/mini_ssl/run.sh [--stage N] [--stop_stage N] [--op
 opt stage 1
 opt stop_stage 5
 opt data data
-opt exp exp/dino                  # stages 3-5 (and 4-5 of a round: exp/dino_pl<r>)
-opt config ../../conf/mini/dino.yaml
+opt exp exp/ssl                   # stages 3-5 (and 4-5 of a round: exp/ssl_pl<r>)
+opt config ../../conf/mini/simclr.yaml  # or dino.yaml (DINO)
 opt supervised_config ../../conf/mini/campplus.yaml  # stage 10: the supervised recipe trained on the clusters
 opt rounds 1                      # stage 10: pseudo-label rounds
 opt clusters 400                  # stage 10: pseudo-speakers; "estimate": AHC on a sample says how many
@@ -35,7 +36,7 @@ launch_options none
 
 unlabelled="$data/train_unlabelled"
 # Without per-crop augmentation the crops of one utterance share its session (background noise, SNR, level):
-# DINO then learns the session, not the voice (docs/selfsup.md, "What DINO learns on this corpus").
+# self-supervision then learns the session, not the voice (docs/selfsup.md, "What DINO learns on this corpus").
 train_data=(data.train="$unlabelled" data.val="$data/val" augment.lists="$data/musan_rirs")
 preflight --config "$config" --exp-dir "$exp" --hardware "$hardware" "${train_data[@]}" $train_overrides
 
@@ -48,14 +49,14 @@ if stage_on 1; then
 fi
 
 if stage_on 2; then
-  log "stage 2: features: lists checked, lengths indexed; fbank stores of val/test (DINO reads the audio)"
+  log "stage 2: features: lists checked, lengths indexed; fbank stores of val/test (stage 3 reads the audio)"
   speakerlab-prepare --data "$unlabelled" --data "$data/val" --data "$data/test"
   speakerlab-feature-store --config "$supervised_config" --data "$data/val" --data "$data/test"
   speakerlab-noise-bank --lists "$data/musan_rirs"
 fi
 
 if stage_on 3; then
-  log "stage 3: DINO $config on $unlabelled -> $exp"
+  log "stage 3: self-supervised $config on $unlabelled -> $exp"
   launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" "${train_data[@]}" \
     $train_overrides
 fi

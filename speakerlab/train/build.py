@@ -114,7 +114,7 @@ def build_augmenter(cfg: Config, log: Callable[[str], None]) -> Optional[Augment
     once), or None when `augment.lists` is not set. Validation and extraction never augment."""
     a = cfg.augment
     if not a.lists:
-        log("augmentation off (augment.lists not set)")
+        log("augmentation off (augment.lists not set: no noise, music, babble, reverberation or equaliser)")
         return None
     return open_augmenter(a, cfg.data.sample_rate, log)
 
@@ -128,6 +128,7 @@ def build_inputs(cfg: Config, features: nn.Module, num_speakers: int) -> Union[I
         crop,
         a.speed_factors if a.speed_prob > 0 else (),
         num_speakers if a.speed_prob > 0 and a.speed_new_speakers and needs_labels(cfg) else None,
+        sample_rate=cfg.data.sample_rate,
     )
     return pipeline if needs_labels(cfg) else WaveInputs(pipeline)
 

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from speakerlab.dataio.audio import AudioError, read_crop_int16
-from speakerlab.dataio.waveform.augment import Augmenter, Draw
+from speakerlab.dataio.waveform.augment import EQ_HZ, Augmenter, Draw
 from speakerlab.dataio.waveform.speed import factor_classes, input_length
 
 Item = Tuple[int, int]  # (utterance index, crop seed)
@@ -127,7 +127,8 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     wave (B, N') int16; finite (B,) bool (False: the file had NaN / inf samples);
     label / index / speed (B,) int64; snr (C x B,) float32 (nan: no additive noise);
     rir (R, L) int16 zero-padded, rir_item (R,) int64 the augmented row of each;
-    noise (S, crop) int16, noise_item (S,) int64; draws: each augmented row's `Draw` (a list, stays on the host);
+    noise (S, crop) int16, noise_item (S,) int64; eq (Q, len(EQ_HZ)) float32 the equaliser gains in dB of the Q
+    equalised rows, eq_item (Q,) int64 those rows; draws: each augmented row's `Draw` (a list, stays on the host);
     bad: per item "" or why its audio could not be read (a list, stays on the host); copies: C, the augmented
     copies of each item (items with a list of C augmentations, CropDataset augment_copies), rows copy-major
     (row c x B + i: copy c of item i); 1 otherwise.
@@ -144,6 +145,7 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
         rir[row, : r.shape[0]] = r
     noise = np.stack([s for _, s in segs]) if segs else np.zeros((0, 1), dtype=np.int16)
     draws = [p.draw if p is not None else Draw() for p in picked]
+    eqs = [(i, d.eq_db) for i, d in enumerate(draws) if d.eq_db]
 
     def ints(values) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int64)
@@ -159,6 +161,8 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
         "rir_item": ints(i for i, _ in rirs),
         "noise": torch.from_numpy(noise),
         "noise_item": ints(i for i, _ in segs),
+        "eq": torch.tensor([g for _, g in eqs], dtype=torch.float32).reshape(len(eqs), len(EQ_HZ)),
+        "eq_item": ints(i for i, _ in eqs),
         "draws": draws,
         "bad": [str(it.get("bad", "")) for it in items],
         "copies": copies,

@@ -8,7 +8,8 @@ augmentation, drawn uniformly among the enabled kinds:
   music   the same with music files and `snr["music"]`
   babble  3-7 (`babble_speakers`) speech files at equal level, summed, added at `snr["babble"]`
 With `reverb_noise_prob` > 0, a reverberated crop also gets, with that probability, one of the
-enabled additive kinds on top (reverberant speech in a noisy room).
+enabled additive kinds on top (reverberant speech in a noisy room). Apart from those, with `eq_prob` a crop's
+speech is coloured by a random smooth equaliser (`eq_db` dB std at EQ_HZ; after reverb, before the additive part).
 
 The audio comes from a `speakerlab.dataio.waveform.noise_bank.NoiseBank` (memory-mapped int16, built once by
 `speakerlab-noise-bank`); every draw comes from the generator the caller passes (the
@@ -22,6 +23,7 @@ times it as the per-sample pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,18 +36,27 @@ from speakerlab.dataio.waveform.noise_bank import KINDS, NoiseBank, bank_problem
 from speakerlab.dataio.waveform.speed import input_length, resample_ratio
 
 INT16_SCALE = 1.0 / 32768.0  # int16 -> float as soundfile reads PCM_16 (the features' input scale)
+# The random equaliser's control points (Hz): 10 log-spaced from 60 Hz to 8 kHz; gains hold flat outside them.
+EQ_HZ = tuple(float(f) for f in np.geomspace(60.0, 8000.0, 10))
+
+
+def eq_curve(gains_db: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """The equaliser's gain `(F,)` in dB at `freqs` (Hz) from its gains `(len(EQ_HZ),)` at EQ_HZ: linear in
+    log-frequency between the points (numpy; the training pipeline has the batched torch twin)."""
+    return np.interp(np.log(np.maximum(freqs, EQ_HZ[0])), np.log(EQ_HZ), gains_db)
 
 
 @dataclass(frozen=True)
 class Draw:
-    """What one crop got: `kind` None when clean, else e.g. "noise" or "reverb+music"; `rir` the RIR
-    index (-1: none); `snr_db` the SNR of the additive part (nan: none); `sources` the bank files
-    of the additive part."""
+    """What one crop got: `kind` None when clean (of `prob`'s kinds), else e.g. "noise" or "reverb+music"; `rir` the
+    RIR index (-1: none); `snr_db` the SNR of the additive part (nan: none); `sources` the bank files of the additive
+    part."""
 
     kind: Optional[str] = None
     rir: int = -1
     snr_db: float = math.nan
     sources: Tuple[int, ...] = ()
+    eq_db: Tuple[float, ...] = ()  # the random equaliser's gains at EQ_HZ (none: not equalised)
 
 
 @dataclass
@@ -72,12 +83,16 @@ class Augmenter:
         snr: Optional[Dict[str, Sequence[float]]] = None,
         babble_speakers: Sequence[int] = DEFAULT_BABBLE_SPEAKERS,
         reverb_noise_prob: float = 0.0,
+        eq_prob: float = 0.0,
+        eq_db: float = 5.0,
     ):
         unknown = sorted(set(kinds) - set(KINDS))
         if unknown or not kinds:
             raise ValueError(f"augmentation kinds must be a non-empty subset of {KINDS}, got {list(kinds)}")
-        if not (0.0 <= prob <= 1.0 and 0.0 <= reverb_noise_prob <= 1.0):
-            raise ValueError(f"augmentation probabilities must be in [0, 1], got {prob}, {reverb_noise_prob}")
+        if not all(0.0 <= p <= 1.0 for p in (prob, reverb_noise_prob, eq_prob)):
+            raise ValueError(
+                f"augmentation probabilities must be in [0, 1], got {prob}, {reverb_noise_prob}, {eq_prob}"
+            )
         empty = [k for k in kinds if bank.count(k) == 0]
         if empty:
             raise ValueError(f"noise bank {bank.root} has no files of kind(s) {empty}")
@@ -85,6 +100,7 @@ class Augmenter:
         self.snr = {k: tuple(map(float, v)) for k, v in {**DEFAULT_SNR, **(snr or {})}.items()}
         self.babble_speakers = (int(babble_speakers[0]), int(babble_speakers[1]))
         self.reverb_noise_prob = float(reverb_noise_prob)
+        self.eq_prob, self.eq_db = float(eq_prob), float(eq_db)
         self.additive = tuple(k for k in self.kinds if k != "reverb")
 
     def describe(self) -> str:
@@ -98,12 +114,23 @@ class Augmenter:
         both = ""
         if self.reverb_noise_prob > 0 and "reverb" in self.kinds and self.additive:
             both = f"; reverb + an additive kind with probability {self.reverb_noise_prob:g} of reverb"
+        if self.eq_prob > 0:
+            both += f"; a random equaliser ({self.eq_db:g} dB std, {EQ_HZ[0]:g}-{EQ_HZ[-1]:g} Hz) with probability "
+            both += f"{self.eq_prob:g}"
         return f"augmentation with probability {self.prob:g}, one of: {', '.join(parts)}{both} from {self.bank.root}"
 
     def pick(self, rng: np.random.Generator, n: int) -> Picked:
         """The draws for a crop of `n` samples, and their audio. Draws: one uniform for `prob`, then
         (only when augmenting) the kind and that kind's own draws; after reverb, one uniform for
-        `reverb_noise_prob` when it is > 0 (so the default draws do not depend on the option)."""
+        `reverb_noise_prob` when it is > 0; last, when `eq_prob` > 0, one uniform for it and (when equalising) the
+        gains (so the default draws do not depend on the options)."""
+        picked = self._pick(rng, n)
+        if self.eq_prob > 0 and rng.random() < self.eq_prob:
+            gains = tuple(float(g) for g in rng.normal(0.0, self.eq_db, len(EQ_HZ)))
+            picked.draw = dataclasses.replace(picked.draw, eq_db=gains)
+        return picked
+
+    def _pick(self, rng: np.random.Generator, n: int) -> Picked:
         if rng.random() >= self.prob:
             return Picked(Draw(), None, [])
         kind = self.kinds[int(rng.integers(len(self.kinds)))]
@@ -146,7 +173,14 @@ def open_augmenter(settings, sample_rate: int, log=print) -> Augmenter:
         build_bank(lists, root, settings.kinds, sample_rate, log)
     snr = {"noise": settings.noise_snr, "music": settings.music_snr, "babble": settings.babble_snr}
     aug = Augmenter(
-        NoiseBank(root), settings.prob, settings.kinds, snr, settings.babble_speakers, settings.reverb_noise_prob
+        NoiseBank(root),
+        settings.prob,
+        settings.kinds,
+        snr,
+        settings.babble_speakers,
+        settings.reverb_noise_prob,
+        settings.eq_prob,
+        settings.eq_db,
     )
     log(aug.describe())
     return aug
@@ -196,8 +230,19 @@ def babble_mix(segments: Sequence[np.ndarray]) -> np.ndarray:
     return total
 
 
-def reference_wave(wave: np.ndarray, speed_factor: float, crop: int, picked: Picked) -> np.ndarray:
-    """One worker item, per sample, in float64: int16 `(N',)` -> speed -> reverb -> noise -> `(crop,)`."""
+def equalise(x: np.ndarray, gains_db: np.ndarray, sample_rate: int) -> np.ndarray:
+    """`x (N,)` through the equaliser of `gains_db` (at EQ_HZ), zero phase over the crop, its power kept."""
+    spectrum = np.fft.rfft(x) * 10.0 ** (eq_curve(gains_db, np.fft.rfftfreq(len(x), 1.0 / sample_rate)) / 20.0)
+    y = np.fft.irfft(spectrum, len(x))
+    py = power(y)
+    return y * np.sqrt(power(x) / py) if py > 0 else y
+
+
+def reference_wave(
+    wave: np.ndarray, speed_factor: float, crop: int, picked: Picked, sample_rate: int = 16000
+) -> np.ndarray:
+    """One worker item, per sample, in float64: int16 `(N',)` -> speed -> reverb -> equaliser -> noise ->
+    `(crop,)`."""
     from scipy.signal import resample_poly
 
     x = wave.astype(np.float64) * INT16_SCALE
@@ -207,6 +252,8 @@ def reference_wave(wave: np.ndarray, speed_factor: float, crop: int, picked: Pic
     x = x[:crop]
     if picked.rir is not None:
         x = reverberate(x, picked.rir.astype(np.float64))
+    if picked.draw.eq_db:
+        x = equalise(x, np.array(picked.draw.eq_db), sample_rate)
     if picked.noise:
         noise = (
             picked.noise[0].astype(np.float64)

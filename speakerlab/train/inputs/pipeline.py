@@ -10,6 +10,7 @@ training and the tests):
 
   speed      items grouped by factor, polyphase resampling (speakerlab.dataio.waveform.speed), cut to the crop
   reverb     FFT convolution with each item's RIR, aligned on its direct path, input power kept
+  equaliser  each drawn item's random smooth EQ (gains at EQ_HZ), zero phase over the crop, power kept
   additive   segments at equal level, summed per item (babble), scaled to the drawn SNR, added
   features   the front-end module of the run's FeatureSpec (speakerlab.features.spec.build_features):
              Kaldi fbank and per-utterance mean normalisation, or the ReDimNet2 log-mel
@@ -21,12 +22,13 @@ factor class x num_speakers (speakerlab.dataio.waveform.speed).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from speakerlab.dataio.waveform.augment import INT16_SCALE
+from speakerlab.dataio.waveform.augment import EQ_HZ, INT16_SCALE
 from speakerlab.dataio.waveform.speed import SpeedPerturb, by_rows, speed_labels
 
 CPU_ROWS = 16  # rows per block on a CPU (see speakerlab.dataio.waveform.speed.by_rows); a GPU takes the batch at once
@@ -51,6 +53,22 @@ def reverberate_batch(x: Tensor, rirs: Tensor) -> Tensor:
     gain = torch.where(pout > 0, (pin / pout.clamp_min(torch.finfo(x.dtype).tiny)).sqrt(), torch.ones_like(pout))
     keep = (rirs != 0).any(dim=1, keepdim=True)
     return torch.where(keep, out * gain.unsqueeze(1), x)
+
+
+def equalise_batch(x: Tensor, gains_db: Tensor, sample_rate: int) -> Tensor:
+    """`x (R, N)` each through its equaliser, `gains_db (R, len(EQ_HZ))` at EQ_HZ, linear in log-frequency between
+    them and flat beyond (speakerlab.dataio.waveform.augment.eq_curve), zero phase over the crop: `(R, N)`, each row's
+    power kept."""
+    n = x.shape[1]
+    points = torch.log(torch.tensor(EQ_HZ, dtype=x.dtype, device=x.device))
+    at = torch.log(torch.fft.rfftfreq(n, 1.0 / sample_rate, device=x.device).to(x.dtype).clamp_min(EQ_HZ[0]))
+    upper = torch.searchsorted(points, at).clamp(1, len(EQ_HZ) - 1)
+    w = ((at - points[upper - 1]) / (points[upper] - points[upper - 1])).clamp(0.0, 1.0)
+    curve = gains_db[:, upper - 1] * (1.0 - w) + gains_db[:, upper] * w  # (R, F) dB
+    y = torch.fft.irfft(torch.fft.rfft(x, dim=1) * torch.pow(10.0, curve / 20.0), n, dim=1)
+    px, py = mean_square(x), mean_square(y)
+    gain = torch.where(py > 0, (px / py.clamp_min(torch.finfo(x.dtype).tiny)).sqrt(), torch.ones_like(py))
+    return y * gain.unsqueeze(1)
 
 
 def add_noise_batch(x: Tensor, noise: Tensor, owner: Tensor, snr_db: Tensor) -> Tensor:
@@ -79,7 +97,8 @@ class InputPipeline(torch.nn.Module):
     `speed_factors`: the factors the dataset draws from (its classes,
     `speakerlab.dataio.waveform.speed.factor_classes`);
     `num_speakers`: set it when speed-perturbed copies are new speakers (labels are expanded).
-    `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch)."""
+    `cpu_rows`: block size of the heavy steps on a CPU (None: whole batch); `sample_rate`: of the crops (the
+    equaliser's frequencies)."""
 
     def __init__(
         self,
@@ -88,9 +107,10 @@ class InputPipeline(torch.nn.Module):
         speed_factors: Sequence[float] = (),
         num_speakers: Optional[int] = None,
         cpu_rows: Optional[int] = CPU_ROWS,
+        sample_rate: int = 16000,
     ):
         super().__init__()
-        self.features, self.crop = features, int(crop_samples)
+        self.features, self.crop, self.sample_rate = features, int(crop_samples), int(sample_rate)
         # Where this module lives (the front-end of every kind has buffers, but need not).
         self.register_buffer("anchor", torch.zeros(0), persistent=False)
         self.speed = SpeedPerturb(speed_factors)
@@ -116,6 +136,10 @@ class InputPipeline(torch.nn.Module):
         if b["rir"].shape[0]:
             rows = b["rir_item"]
             x = x.index_copy(0, rows, by_rows(reverberate_batch, chunk, x[rows], b["rir"].float()))
+        if "eq" in b and b["eq"].shape[0]:
+            rows = b["eq_item"]
+            coloured = by_rows(partial(equalise_batch, sample_rate=self.sample_rate), chunk, x[rows], b["eq"])
+            x = x.index_copy(0, rows, coloured)
         if b["noise"].shape[0]:
             x = add_noise_batch(x, b["noise"].float(), b["noise_item"], b["snr"])
         # A file with NaN / inf samples (int16 cannot hold them) becomes a non-finite row again, so the
