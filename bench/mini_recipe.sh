@@ -30,7 +30,7 @@ if [ "$status" -ne 0 ]; then
 fi
 
 echo "command: (in a fresh clone of $rev) bash egs/mini/run.sh $*"
-echo "machine: $(nproc) CPU cores, $(uname -m), python $("$clone/.venv/bin/python" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo '?')"
+echo "machine: $(nproc --all) CPU cores, $(uname -m), python $("$clone/.venv/bin/python" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo '?')"
 # Steps begin at the recipe's "stage N:" lines; set-up is everything before the first one.
 awk -v start="$start" -v total="$total" '
   / stage [0-9]+: / && !/epoch/ {

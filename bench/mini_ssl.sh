@@ -24,7 +24,7 @@ step() {  # step NAME ARGS...: one recipe invocation, timed, its output appended
   (cd "$clone" && bash egs/mini_ssl/run.sh "$@") >> "$log" 2>&1 || { tail -n 20 "$log" >&2; exit 1; }
   printf '  %-52s %6d s   bash egs/mini_ssl/run.sh %s\n' "$name" $(( $(date +%s) - t0 )) "$*"
 }
-echo "code: $rev; machine: $(nproc) CPU cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+echo "code: $rev; machine: $(nproc --all) CPU cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 step "stages 1-2: corpus, lists" --stop_stage 2
 step "stage 3: self-supervised training" --stage 3 --stop_stage 3 "$@"
 step "stages 4-5: its test EER, baseline" --stage 4 --stop_stage 5 "$@"

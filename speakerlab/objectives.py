@@ -24,7 +24,7 @@ class DinoSettings:
     prototypes: int = setting(65536, ge=2)  # WeSpeaker dino_head_args.out_dim
     hidden_dim: int = setting(2048, ge=1)  # DINO's head
     bottleneck_dim: int = setting(256, ge=1)  # DINO's head
-    head_layers: int = setting(3, ge=1)  # WeSpeaker nlayers
+    head_layers: int = setting(3, ge=0)  # WeSpeaker nlayers; 0: no MLP, SimCLR on the embedding (WeSpeaker mlp False)
     head_batchnorm: bool = True  # WeSpeaker use_bn, 3D-Speaker use_bn_in_head
     # Multi-crop: crops of one loaded training crop (data.crop_seconds, which must hold the longest) at random
     # offsets; the teacher sees the global crops, the student all of them.
@@ -82,6 +82,11 @@ def check_dino(d: DinoSettings, crop_seconds: float) -> None:
         )
     if d.distill_weight == 0 and d.contrastive_weight == 0:
         raise ConfigError("config key 'dino.distill_weight': 0 with dino.contrastive_weight 0 leaves nothing to learn")
+    if d.head_layers == 0 and d.distill_weight > 0:
+        raise ConfigError(
+            "config key 'dino.head_layers': 0 (no projection MLP) is for SimCLR alone (dino.distill_weight 0); "
+            "self-distillation's prototypes need the bottleneck"
+        )
     if d.distill_weight == 0 and d.local_crops:
         raise ConfigError(
             f"config key 'dino.local_crops' ({d.local_crops}): without self-distillation (dino.distill_weight 0) "

@@ -73,6 +73,12 @@ def test_data_labels_against_the_objective(tmp_path):
     with pytest.raises(ConfigError, match=r"'dino.disjoint_globals': 2 global crops of 0.2 s .* >= 0.4 \(it is 0.2\)"):
         config(tmp_path, root, *DINO, "dino.disjoint_globals=true")
     assert config(tmp_path, root, *DINO, "dino.disjoint_globals=true", "data.crop_seconds=0.4").dino.disjoint_globals
+    with pytest.raises(ConfigError, match=r"'dino.head_layers': 0 \(no projection MLP\) is for SimCLR alone"):
+        config(tmp_path, root, *DINO, "dino.head_layers=0")
+    with pytest.raises(ConfigError, match=r"'dino.local_crops' \(4\): without self-distillation"):
+        config(tmp_path, root, *DINO, "dino.distill_weight=0", "dino.contrastive_weight=1")
+    with pytest.raises(ConfigError, match=r"'dino.distill_weight': 0 with dino.contrastive_weight 0 leaves nothing"):
+        config(tmp_path, root, *DINO, "dino.distill_weight=0", "dino.local_crops=0")
     with pytest.raises(ConfigError, match=r"'data.labels' \(false\): loss.name aam classifies speakers"):
         config(tmp_path, root, "data.labels=false")
     labelled = make_data_dir(tmp_path / "l", {"a-1": "a", "b-1": "b"}, seconds=0.25)

@@ -43,14 +43,14 @@ class DinoHead(nn.Module):
 
     def __init__(self, in_dim: int, s: DinoSettings):
         super().__init__()
-        dims = [in_dim] + [s.hidden_dim] * (s.head_layers - 1) + [s.bottleneck_dim]
+        dims = [in_dim] + [s.hidden_dim] * (s.head_layers - 1) + [s.bottleneck_dim] if s.head_layers else []
         layers: List[nn.Module] = []
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             layers.append(nn.Linear(a, b))
             if i < s.head_layers - 1:
                 layers += [nn.BatchNorm1d(b)] if s.head_batchnorm else []
                 layers.append(nn.GELU())
-        self.mlp = nn.Sequential(*layers)
+        self.mlp = nn.Sequential(*layers) if s.head_layers else nn.Identity()  # 0: SimCLR on the embedding
         self.prototypes = None
         if s.distill_weight == 0:
             return
