@@ -72,12 +72,15 @@ class DiarizeOptions:
     fa: float = VBX_DEFAULTS.fa
     fb: float = VBX_DEFAULTS.fb
     loop_p: float = VBX_DEFAULTS.loop_p
+    vbx_init: float = VBX_DEFAULTS.init_threshold
+    # --segmentation with ahc or vbx: the local speakers of one window may not share a cluster (constrained.py).
+    cannot_link: bool = False
     seg_window: float = 5.0
     seg_step: float = 1.0
 
     @property
     def vbx(self) -> VBxParams:
-        return VBxParams(fa=self.fa, fb=self.fb, loop_p=self.loop_p)
+        return VBxParams(fa=self.fa, fb=self.fb, loop_p=self.loop_p, init_threshold=self.vbx_init)
 
     def __post_init__(self):
         problems = []
@@ -96,7 +99,7 @@ class DiarizeOptions:
         if self.max_units < 0 or 0 < self.max_units < 2:
             problems.append(f"max_units must be 0 (no limit) or >= 2, got {self.max_units}")
         try:
-            VBxParams(fa=self.fa, fb=self.fb, loop_p=self.loop_p)
+            VBxParams(fa=self.fa, fb=self.fb, loop_p=self.loop_p, init_threshold=self.vbx_init)
         except ValueError as e:
             problems.append(str(e))
         if problems:

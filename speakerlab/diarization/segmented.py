@@ -31,6 +31,7 @@ import numpy as np
 from speakerlab.dataio.tables.rttm import Interval, merge_intervals
 from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.clustering.cluster import SpeakerCount, cluster, normalize
+from speakerlab.diarization.clustering.constrained import cluster_constrained
 from speakerlab.inference.common import check_finite
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class LocalSpeakers:
     centre of frame 0) in seconds."""
 
     def __init__(self, acts: np.ndarray, step: int, hop: float, first: float, duration: float):
-        self.acts, self.step, self.hop, self.first = acts, step, hop, first
+        self.acts, self.step, self.hop, self.first, self.duration = acts, step, hop, first, duration
         self.num_frames = max(1, int(np.ceil((duration - first) / hop)))
 
     def window_frames(self, w: int) -> Tuple[int, int]:
@@ -163,11 +164,35 @@ def diarize_segmented(
     """(S,) float32 wave at `rate` (the embedder's), with a pipeline's DiarizeOptions -> the fields of its
     `Diarization` but `duration` (module docstring): `turns` as (start, end, speaker index), `subsegments` the
     embedded (window, local speaker) stretches (first to last frame used), `labels` their speakers (-1: none)."""
-    duration = len(wave) / rate
     t0 = time.perf_counter()
     local = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
     found = speaker_spans(local, options.min_embed)
     seconds = {"speech": time.perf_counter() - t0}  # the segmentation: the pipeline's stage names
+    if not found:
+        return clustered(local, found, np.zeros((0, 0), np.float32), count, options, plda, name, seconds)
+    t0 = time.perf_counter()
+    need = max(int(round(options.min_embed * rate)), embedder.min_samples)
+    emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
+    check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
+    seconds["embeddings"] = time.perf_counter() - t0
+    return clustered(local, found, emb, count, options, plda, name, seconds)
+
+
+def clustered(
+    local: LocalSpeakers,
+    found: Sequence[Tuple[int, int, List[Interval]]],
+    emb: np.ndarray,
+    count: SpeakerCount,
+    options,
+    plda: Optional["PLDA"] = None,
+    name: str = "",
+    seconds: Optional[dict] = None,
+) -> dict:
+    """Steps 3-4 of the module docstring: the `speaker_spans` of `local` and their embeddings (N, D) -> the
+    dict of `diarize_segmented` (the turns of a recording of `local.duration` seconds; bench scripts call it to
+    re-cluster the same embeddings with other settings)."""
+    seconds = dict(seconds or {})
+    duration = local.duration
     notes: List[str] = []
     if not found:
         notes.append(f"{name}: no speech found: no turns")
@@ -175,27 +200,26 @@ def diarize_segmented(
         none = {"subsegments": np.zeros((0, 2)), "labels": np.zeros(0, np.int64), "embeddings": empty}
         return {"speech": [], "turns": [], **none, "centroids": empty, "notes": notes, "seconds": seconds}
     t0 = time.perf_counter()
-    need = max(int(round(options.min_embed * rate)), embedder.min_samples)
-    emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
-    check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
-    seconds["embeddings"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     if count.min > len(found):
         notes.append(
             f"{name}: {count.min} speakers asked for, but the segmentation finds {len(found)} local speaker(s)"
         )
-    labels = cluster(
-        emb,
-        count,
-        options.method,
-        options.seed,
-        options.pruning,
-        options.threshold,
-        options.merge_cosine,
-        options.max_units,
-        plda,
-        options.vbx,
-    )
+    if options.cannot_link and options.method != "spectral":
+        windows = np.array([w for w, _, _ in found])
+        labels = cluster_constrained(emb, windows, count, options.method, options.threshold, plda, options.vbx)
+    else:
+        labels = cluster(
+            emb,
+            count,
+            options.method,
+            options.seed,
+            options.pruning,
+            options.threshold,
+            options.merge_cosine,
+            options.max_units,
+            plda,
+            options.vbx,
+        )
     x = normalize(emb)
     centroids = normalize(np.stack([x[labels == c].mean(axis=0) for c in range(labels.max() + 1)]))
     keys = [(w, k) for w, k, _ in found]
