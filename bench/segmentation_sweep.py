@@ -10,7 +10,9 @@ held-out ones (bench/RESULTS.md, the segmentation model).
         --setting spectral method=spectral --setting vbx method=vbx --setting vbx0 method=vbx,loop_p=0
 
 `--segmentation reference` takes each window's local speakers from the reference RTTM instead of a model (what
-the embeddings, clustering and reconstruction give with a perfect segmenter). A setting is `NAME KEY=VALUE,...`
+the embeddings, clustering and reconstruction give with a perfect segmenter); a `segmentation.pt` runs the model
+in torch (the ONNX file gives the same frame scores within 1e-4, tests/test_segmentation.py; its export takes
+minutes). A setting is `NAME KEY=VALUE,...`
 over speakerlab.diarization.pipeline.DiarizeOptions' fields; `--vbx-grid` adds every combination of `--fa`,
 `--fb`, `--loop-p`, `--init-threshold` (VBx). `--cache DIR` keeps each recording's local speakers and embeddings
 (per segmentation file and options) for the next run. `--oracle-count` gives each recording its true count.
@@ -49,6 +51,47 @@ def reference_local(turns, num_samples: int, rate: int, options: DiarizeOptions)
     spans = [(t.start, t.end, t.speaker) for t in turns]
     acts = np.stack([frame_labels(spans, frames, offset=w * stride / rate) for w in range(count)])
     return LocalSpeakers(acts, stride // hop, hop / rate, KERNEL / 2 / rate, num_samples / rate)
+
+
+class TorchSegmenter:
+    """A segmentation.pt run in torch with OnnxSegmenter's interface (the part speakerlab.diarization.segmented
+    uses): `sample_rate`, `hop`, `frame_centres`, `sliding`."""
+
+    def __init__(self, path: str):
+        import torch
+
+        from speakerlab.diarization.segmentation import (
+            HOP,
+            KERNEL,
+            SAMPLE_RATE,
+            STRIDE,
+            SegmentationModel,
+            SegmentationShape,
+            powerset_matrix,
+        )
+
+        saved = torch.load(path)
+        self.model = SegmentationModel(SegmentationShape(**saved["shape"])).eval()
+        self.model.load_state_dict(saved["state"])
+        self.sample_rate, self.kernel, self.hop = SAMPLE_RATE, KERNEL, HOP * STRIDE
+        self.powerset = powerset_matrix().numpy()
+
+    def frame_centres(self, num_frames: int) -> np.ndarray:
+        return (np.arange(num_frames) * self.hop + self.kernel / 2) / self.sample_rate
+
+    def sliding(self, wave: np.ndarray, window: float, step: float, batch: int = 32):
+        import torch
+
+        size, stride, count = window_layout(len(wave), window, step, self.sample_rate, self.kernel, self.hop)
+        padded = np.zeros((count - 1) * stride + size, np.float32)
+        padded[: len(wave)] = wave
+        out = []
+        with torch.no_grad():
+            for first in range(0, count, batch):
+                starts = range(first * stride, min(first + batch, count) * stride, stride)
+                logits = self.model(torch.from_numpy(np.stack([padded[a : a + size] for a in starts])))
+                out.append(self.powerset[logits.argmax(-1).numpy()])
+        return np.concatenate(out), stride // self.hop
 
 
 def front(args, options: DiarizeOptions, reco: str, path: str, ref) -> tuple:
@@ -104,6 +147,7 @@ def main() -> None:
     ap.add_argument("--cache", help="keep and reuse each recording's local speakers and embeddings here")
     ap.add_argument("--oracle-count", action="store_true", help="give each recording its reference count")
     ap.add_argument("--setting", nargs=2, action="append", default=[], metavar=("NAME", "KEY=VALUE,..."))
+    ap.add_argument("--by-count", action="store_true", help="also each setting's counts found, by true count")
     ap.add_argument("--vbx-grid", action="store_true", help="also every combination of the four lists below")
     ap.add_argument("--fa", type=float, nargs="+", default=[0.3])
     ap.add_argument("--fb", type=float, nargs="+", default=[2.0])
@@ -119,6 +163,8 @@ def main() -> None:
     args.embedder = load_embedder(args.checkpoint, device="cpu")
     if args.segmentation == "reference":
         args.segmenter = None
+    elif args.segmentation.endswith(".pt"):
+        args.segmenter = TorchSegmenter(args.segmentation)
     else:
         from speakerlab.diarization.segmenter import OnnxSegmenter
 
@@ -146,6 +192,11 @@ def main() -> None:
             f"({time.time() - t0:.1f} s)",
             flush=True,
         )
+        if args.by_count:
+            found: dict = {}
+            for r, ts in sorted(ref.items()):
+                found.setdefault(len({t.speaker for t in ts}), []).append(len({t.speaker for t in hyp[r]}))
+            print("    found, by true count: " + "; ".join(f"{k}: {v}" for k, v in sorted(found.items())), flush=True)
 
 
 if __name__ == "__main__":

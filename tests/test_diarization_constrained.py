@@ -87,3 +87,19 @@ def test_vbx_started_from_constrained_ahc(world, plda, count):  # noqa: F811
         assert k == 4
     with pytest.raises(ValueError, match="ahc or vbx"):
         cluster_constrained(x, windows_of(truth), count, "spectral", 0.5, plda)
+
+
+def test_the_segmentation_way_has_its_own_vbx_stay_probability():
+    """VBx on (window, local speaker) embeddings runs with seg_loop_p (default 0: they interleave the local speakers
+    of each window), VBx on sub-segments with loop_p; both checked like loop_p."""
+    from speakerlab.diarization.cli import parser
+    from speakerlab.diarization.pipeline import DiarizeOptions
+
+    options = DiarizeOptions()
+    assert options.seg_vbx.loop_p == 0.0 and options.vbx.loop_p == 0.5
+    assert options.seg_vbx.fa == options.vbx.fa and options.seg_vbx.init_threshold == options.vbx.init_threshold
+    assert DiarizeOptions(vbx_init=0.7).seg_vbx.init_threshold == 0.7
+    with pytest.raises(ValueError, match="loop_p"):
+        DiarizeOptions(seg_loop_p=1.0)
+    args = parser().parse_args(["a.wav", "--seg-loop-p", "0.3", "--vbx-init", "0.5"])
+    assert args.seg_loop_p == 0.3 and args.vbx_init == 0.5

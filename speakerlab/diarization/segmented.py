@@ -13,9 +13,10 @@ does not import the pipeline, which imports it).
    frames where it talks alone, joined; where those are shorter than `options.min_embed`, from all its frames
    (a voice under another is still that voice; nothing at all would lose the window's speaker).
 3. The embeddings are clustered as the pipeline's sub-segments are (spectral, AHC or VBx on a PLDA, the count
-   estimated or given: speakerlab.diarization.clustering.cluster). Each window's local speakers then take distinct
-   clusters, the assignment of highest total cosine to the cluster centroids (two local speakers of one window
-   are two people).
+   estimated or given: speakerlab.diarization.clustering.cluster), but VBx with `options.seg_loop_p` (0: they are
+   not one speaker after another); with `options.cannot_link`, AHC (or VBx's AHC start) never joins two local
+   speakers of one window (clustering.constrained). Each window's local speakers then take distinct clusters, the
+   assignment of highest total cosine to the cluster centroids (two local speakers of one window are two people).
 4. Reconstruction: each frame of the recording gets the mean, over the windows that cover it, of each cluster's
    activity, and the mean local speaker count rounded; the frame is given the `count` most active clusters.
    So overlapped frames get two speakers.
@@ -46,7 +47,7 @@ MIN_ACTIVE = 0.2
 class LocalSpeakers:
     """The segmenter's windows over one recording: activities (W, T, K) 0/1, window w starting at recording
     frame w * step; `num_frames` frames of the recording (centres before its end), `hop` and `first` (the
-    centre of frame 0) in seconds."""
+    centre of frame 0) and `duration` (the recording's) in seconds."""
 
     def __init__(self, acts: np.ndarray, step: int, hop: float, first: float, duration: float):
         self.acts, self.step, self.hop, self.first, self.duration = acts, step, hop, first, duration
@@ -206,7 +207,7 @@ def clustered(
         )
     if options.cannot_link and options.method != "spectral":
         windows = np.array([w for w, _, _ in found])
-        labels = cluster_constrained(emb, windows, count, options.method, options.threshold, plda, options.vbx)
+        labels = cluster_constrained(emb, windows, count, options.method, options.threshold, plda, options.seg_vbx)
     else:
         labels = cluster(
             emb,
@@ -218,7 +219,7 @@ def clustered(
             options.merge_cosine,
             options.max_units,
             plda,
-            options.vbx,
+            options.seg_vbx,
         )
     x = normalize(emb)
     centroids = normalize(np.stack([x[labels == c].mean(axis=0) for c in range(labels.max() + 1)]))
