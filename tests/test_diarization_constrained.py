@@ -101,5 +101,5 @@ def test_the_segmentation_way_has_its_own_vbx_stay_probability():
     assert DiarizeOptions(vbx_init=0.7).seg_vbx.init_threshold == 0.7
     with pytest.raises(ValueError, match="loop_p"):
         DiarizeOptions(seg_loop_p=1.0)
-    args = parser().parse_args(["a.wav", "--seg-loop-p", "0.3", "--vbx-init", "0.5"])
+    args = parser().parse_args(["a.wav", "--onnx", "m.onnx", "--seg-loop-p", "0.3", "--vbx-init", "0.5"])
     assert args.seg_loop_p == 0.3 and args.vbx_init == 0.5
