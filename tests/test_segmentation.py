@@ -131,12 +131,69 @@ def test_model_learns_speech_and_overlap_on_simulated_windows():
     assert speech_found > 0.9
 
 
-def test_model_shapes_match_frame_count():
-    model = SegmentationModel().eval()
+@pytest.mark.parametrize("frontend", ["learnt", "fbank"])
+def test_model_shapes_match_frame_count(frontend):
+    model = SegmentationModel(SegmentationShape(frontend=frontend, dropout=0.3)).eval()
     for n in (800, 16000, 32123):
         with torch.no_grad():
             out = model(torch.zeros(2, n))
-        assert out.shape == (2, SegmentationModel.num_frames(n), NUM_CLASSES)
+        assert out.shape == (2, SegmentationModel.num_frames(n), NUM_CLASSES) and torch.isfinite(out).all()
+
+
+def test_fbank_front_end_is_the_log_mel_energy_of_each_frame():
+    from speakerlab.diarization.segmentation import HOP, KERNEL, Fbank, mel_matrix
+
+    mel = mel_matrix(40, KERNEL // 2 + 1).numpy()
+    # Triangles rising in frequency, each over some DFT bins (the lowest are narrower than the 40-Hz bin spacing:
+    # their peaks fall between bins, as in Kaldi's); every bin between 20 Hz and Nyquist is in some filter.
+    assert mel.shape == (40, 201) and (mel.max(1) > 0.5).all() and (mel.max(1) <= 1).all()
+    assert np.all(np.diff(mel.argmax(1)) > 0) and (mel[:, 1:-1].sum(0) > 0).all()  # Nyquist: the last edge
+    wave = np.random.default_rng(0).standard_normal(4000).astype(np.float32) * 0.1
+    got = Fbank(40)(torch.from_numpy(wave)[None, None])[0].numpy()  # (40, T0)
+    assert got.shape == (40, (4000 - KERNEL) // HOP + 1)
+    for t in (0, 7, got.shape[1] - 1):
+        frame = wave[t * HOP : t * HOP + KERNEL] * np.hamming(KERNEL)
+        want = np.log(mel @ np.abs(np.fft.rfft(frame)) ** 2 + 1e-6)
+        assert np.abs(got[:, t] - want).max() < 1e-3
+    # Its transform is fixed: buffers, no parameters; the model's only learnt front-end weights are the norm's.
+    model = SegmentationModel(SegmentationShape(frontend="fbank"))
+    assert not list(model.filterbank.parameters()) and "filterbank.basis" in model.state_dict()
+
+
+def test_shapes_saved_before_the_front_end_option_load_as_learnt():
+    old = {"filters": 8, "channels": 8, "hidden": 8, "layers": 2}  # a segmentation.pt 'shape' of before
+    model = SegmentationModel(SegmentationShape(**old))
+    assert model.shape.frontend == "learnt" and model.shape.dropout == 0.0
+    assert isinstance(model.filterbank, torch.nn.Conv1d)
+    with pytest.raises(ValueError, match="frontend"):
+        SegmentationModel(SegmentationShape(frontend="sinc"))
+
+
+def test_learning_rate_warms_up_then_follows_a_half_cosine():
+    from speakerlab.diarization.segmentation_train import SegmentationTrainSettings
+
+    s = SegmentationTrainSettings(steps=110, warmup=10, schedule="cosine")
+    assert s.lr_factor(0) == pytest.approx(0.1) and s.lr_factor(9) == pytest.approx(1.0)
+    assert s.lr_factor(10) == pytest.approx(1.0) and s.lr_factor(60) == pytest.approx(0.5)
+    assert s.lr_factor(109) < 0.01
+    flat = SegmentationTrainSettings(steps=110)
+    assert {flat.lr_factor(i) for i in range(110)} == {1.0}
+
+
+def test_frame_error_takes_the_best_order_per_window():
+    from speakerlab.diarization.segmentation_train import frame_error
+
+    g = torch.Generator().manual_seed(0)
+    reference = (torch.rand(3, 40, NUM_LOCAL, generator=g) < 0.3).float()
+    reference[..., 2] = 0  # at most two at once: every frame has a class
+    target = torch.stack(
+        [to_powerset(reference[0][:, [1, 0, 2]]), to_powerset(reference[1]), to_powerset(reference[2])]
+    )
+    sure = torch.nn.functional.one_hot(target, NUM_CLASSES).float()
+    assert frame_error(sure, reference) == 0.0
+    wrong = sure.clone()
+    wrong[0, :10] = torch.nn.functional.one_hot(torch.tensor(6), NUM_CLASSES).float()  # {1, 2}: nobody has 2
+    assert frame_error(wrong, reference) == pytest.approx(10 / 120)
 
 
 @pytest.fixture(autouse=True)
@@ -149,13 +206,16 @@ def _one_thread():
 
 @pytest.mark.slow
 def test_onnx_frame_scores_match_torch(tmp_path):
+    """The fbank front end (segmentation_cpu.yaml's) in this process; the learnt one is exported by the training
+    command's test, in a process of its own (a second LSTM export in one process fixes its length axis)."""
     pytest.importorskip("onnxruntime")
     from speakerlab.diarization.segmentation import export_onnx
     from speakerlab.diarization.segmenter import OnnxSegmenter
 
     torch.manual_seed(1)
     # Two LSTM layers: torch.export could not decompose one nn.LSTM of two (the model stacks single layers).
-    model = SegmentationModel(SegmentationShape(filters=16, channels=16, hidden=16, layers=2)).eval()
+    shape = SegmentationShape(filters=16, channels=16, hidden=16, layers=2, frontend="fbank", dropout=0.2)
+    model = SegmentationModel(shape).eval()
     path = tmp_path / "seg.onnx"
     export_onnx(model, path)
     segmenter = OnnxSegmenter(path, threads=1)
@@ -217,6 +277,9 @@ def test_training_windows_carry_the_rttm_labels(tmp_path):
     recordings = Recordings(str(tmp_path))
     waves, labels = recordings.batch(np.random.default_rng(0), 6, 1.5)
     assert waves.shape == (6, 24000) and labels.shape == (6, SegmentationModel.num_frames(24000), NUM_LOCAL)
+    fixed = recordings.fixed(5, 1.5)
+    assert fixed[0].shape == (5, 24000) and all(np.array_equal(a, b) for a, b in zip(fixed, recordings.fixed(5, 1.5)))
+    assert np.array_equal(fixed[0][2], recordings.waves["r1"][:24000])  # two whole 1.5-s windows per 4-s recording
     # Silence and speech alike are labelled: some frames have nobody, some one speaker, some two.
     counts = labels.sum(-1)
     assert (counts == 0).any() and (counts == 1).any() and (counts == 2).any()
@@ -238,12 +301,16 @@ def test_training_command_writes_weights_and_onnx(tmp_path):
 
     write_conversations(tmp_path / "data")
     args = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "exp")]
-    sets = ["steps=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8"]
+    sets = ["steps=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8", "frontend=learnt"]
+    sets += [f"val_data={tmp_path / 'data'}", "val_every=2", "val_windows=5", "schedule=cosine", "warmup=1"]
     code = "import sys; from speakerlab.diarization.segmentation_train import main; sys.exit(main(sys.argv[1:]))"
-    run = subprocess.run([sys.executable, "-c", code, *args, *[x for s in sets for x in ("--set", s)]], text=True)
-    assert run.returncode == 0
+    command = [sys.executable, "-c", code, *args, *[x for s in sets for x in ("--set", s)]]
+    run = subprocess.run(command, text=True, capture_output=True)
+    assert run.returncode == 0, run.stderr
+    # Validation at step 2 and at the last step, on the same 5 windows.
+    assert [line.split()[1] for line in run.stderr.splitlines() if "validation loss" in line] == ["2", "3"]
     saved = torch.load(tmp_path / "exp" / "segmentation.pt")
-    assert saved["shape"]["hidden"] == 8 and saved["settings"]["steps"] == 3
+    assert saved["shape"]["hidden"] == 8 and saved["settings"]["steps"] == 3 and saved["shape"]["frontend"] == "learnt"
     model = SegmentationModel(SegmentationShape(**saved["shape"])).eval()
     model.load_state_dict(saved["state"])
     wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1

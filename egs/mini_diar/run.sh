@@ -5,8 +5,9 @@
 #   bash egs/mini_diar/run.sh --stage 4 --vad energy --diarize_opts "--window 2.0 --hop 1.0"
 # Stages (numbers as in every recipe): 1 data preparation (egs/mini's corpus if absent; the conversations of the
 # test speakers, their reference RTTM, reco2num_spk, uem; the segmentation model's training conversations of the
-# training speakers, $data/seg_train), 3 train (egs/mini stages 2-3 when $model has no checkpoint; the PLDA of
-# VBx on the model's embeddings of egs/mini's training speakers; the segmentation model, $seg_config, -> ONNX),
+# training speakers, $data/seg_train, and its validation conversations of the validation speakers, $data/valconv),
+# 3 train (egs/mini stages 2-3 when $model has no checkpoint; the PLDA of VBx on the model's embeddings of egs/mini's
+# training speakers; the segmentation model, $seg_config, -> ONNX, its validation printed every 200 steps),
 # 4 diarize (egs/tools/diarization.sh: estimated count, AHC, oracle count, oracle speech, one-speaker baseline,
 # VBx, and the segmentation systems; the VAD and embeddings once per recording, in $exp/cache), 5 DER of each
 # (collar 0.25 and 0, overlap scored and skipped; missed overlapped speech). No stage 2: nothing to prepare.
@@ -29,7 +30,8 @@ opt num_conversations 20
 opt overlap 0.5                    # chance a turn starts before the last ends: 0.5 gives 10-15 % overlapped speech
 opt conv_opts ""                   # more speakerlab-synth-conversations options, e.g. "--snr 0:10"
 opt segmenter true                 # train the segmentation model (stage 3) and diarize with it too (stage 4)
-opt seg_conversations 200          # the segmentation model's training conversations (training speakers)
+opt seg_conversations 400          # the segmentation model's training conversations (training speakers; 10.3 h)
+opt val_conversations 30           # conversations of $mini_data/val's speakers: the model's validation (stage 3 prints it)
 opt seg_conv_opts "--overlap 0.6 --min-speakers 1 --max-speakers 6"
 opt seg_config ../../conf/diarization/segmentation_cpu.yaml  # segmentation_gpu.yaml: pyannote's sizes, a GPU
 opt seg_opts ""                    # more speakerlab-segmentation-train options, e.g. "--set steps=200"
@@ -56,6 +58,9 @@ if stage_on 1; then
     log "stage 1: $seg_conversations training conversations of $mini_data/train's speakers -> $data/seg_train"
     speakerlab-synth-conversations --data "$mini_data/train" --out "$data/seg_train" --noise "$mini_data/musan/noise" \
       --num-conversations "$seg_conversations" --seed "$((seed + 1))" $seg_conv_opts
+    log "stage 1: $val_conversations validation conversations of $mini_data/val's speakers -> $data/valconv"
+    speakerlab-synth-conversations --data "$mini_data/val" --out "$data/valconv" --noise "$mini_data/musan/noise" \
+      --num-conversations "$val_conversations" --seed "$((seed + 100))" --overlap "$overlap" $conv_opts
   fi
 fi
 
@@ -75,7 +80,7 @@ if stage_on 3; then
   else
     log "stage 3: train the segmentation model ($seg_config) on $data/seg_train -> $segmentation"
     speakerlab-segmentation-train --data "$data/seg_train" --out "$(dirname "$segmentation")" --config "$seg_config" \
-      $seg_opts 2> >(tee "$exp/segmentation_train.log" >&2)
+      --set val_data="$data/valconv" $seg_opts 2> >(tee "$exp/segmentation_train.log" >&2)
   fi
 fi
 

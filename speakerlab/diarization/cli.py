@@ -145,6 +145,8 @@ TUNING = {
     "fa": "vbx: scale of the acoustic log-likelihoods",
     "fb": "vbx: weight of the speaker prior (larger: fewer speakers)",
     "loop_p": "vbx: probability that the next sub-segment has the same speaker",
+    "vbx_init": "vbx: cosine distance where the AHC that starts it stops joining",
+    "seg_loop_p": "--segmentation with vbx: loop_p on its (window, local speaker) embeddings",
     "seg_window": "--segmentation: the model's window, seconds",
     "seg_step": "--segmentation: step between its windows, seconds (rounded to whole frames)",
 }

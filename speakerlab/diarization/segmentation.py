@@ -14,10 +14,12 @@ independent speaker activities: no threshold to tune, and "two speakers" is a cl
 Local speakers have no names, so the loss is the smallest cross-entropy over the 3! orders of the
 reference's speakers, per window. Frames where the reference has three speakers at once are left out of it.
 
-The model is small on purpose (a CPU recipe trains it): a learnt filterbank (a strided Conv1d on the
-waveform, 25 ms kernel, 10 ms hop; log magnitude, normalised per window), a stride-2 convolution to 20 ms
-frames, a bidirectional LSTM and a linear layer. Its input is the waveform, so its ONNX file needs no
-front end of ours (torch-free inference, like the waveform embedders).
+The model is small on purpose (a CPU recipe trains it): a front end of 25 ms frames every 10 ms, normalised per
+window (`frontend`: "learnt", a strided Conv1d on the waveform whose outputs' log magnitude are the features; or
+"fbank", log mel filterbank energies computed in the graph from a fixed DFT), a stride-2 convolution to 20 ms
+frames, a bidirectional LSTM and a linear layer (dropout before each LSTM layer and the head when training). Its
+input is the waveform, so its ONNX file needs no front end of ours (torch-free inference, like the waveform
+embedders).
 """
 
 from __future__ import annotations
@@ -83,14 +85,56 @@ def powerset_loss(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return torch.stack(per_order).min(0).values.mean()
 
 
+FRONTENDS = ("learnt", "fbank")
+
+
 @dataclass(frozen=True)
 class SegmentationShape:
-    """The model's sizes: learnt filters, convolution channels, LSTM hidden units per direction and layers."""
+    """The model's sizes: front-end filters (learnt or mel), convolution channels, LSTM hidden units per direction
+    and layers; the front end (FRONTENDS) and the dropout rate. Weights saved before `frontend` and `dropout`
+    existed load as "learnt" and 0."""
 
     filters: int = 40
     channels: int = 64
     hidden: int = 64
     layers: int = 1
+    frontend: str = "learnt"
+    dropout: float = 0.0
+
+
+def mel_matrix(filters: int, bins: int, rate: int = SAMPLE_RATE, low: float = 20.0) -> torch.Tensor:
+    """(filters, bins) triangular filters, equally spaced on the mel scale (1127 ln(1 + f / 700)) from `low` Hz to
+    Nyquist, over the `bins` = n_fft / 2 + 1 frequencies of a DFT."""
+
+    def mel(f):
+        return 1127.0 * np.log1p(np.asarray(f) / 700.0)
+
+    edges = np.linspace(mel(low), mel(rate / 2), filters + 2)  # each filter spans three neighbouring edges
+    freqs = mel(np.linspace(0.0, rate / 2, bins))
+    left, centre, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rise, fall = (freqs - left) / (centre - left), (right - freqs) / (right - centre)
+    return torch.from_numpy(np.clip(np.minimum(rise, fall), 0.0, None).astype(np.float32))
+
+
+class Fbank(nn.Module):
+    """Waveform (B, 1, S) -> log mel filterbank energies (B, filters, T0) of Hamming-windowed frames of KERNEL
+    samples every HOP: the DFT as a fixed convolution (cosine and sine rows), so the ONNX graph holds it."""
+
+    def __init__(self, filters: int):
+        super().__init__()
+        n, bins = torch.arange(KERNEL, dtype=torch.float64), KERNEL // 2 + 1
+        angle = 2 * np.pi * torch.arange(bins, dtype=torch.float64)[:, None] * n[None] / KERNEL
+        window = torch.hamming_window(KERNEL, periodic=False, dtype=torch.float64)
+        basis = torch.cat([torch.cos(angle), torch.sin(angle)]) * window  # (2 * bins, KERNEL)
+        # Buffers, not parameters: the transform is fixed (nothing to learn, no gradient to compute).
+        self.register_buffer("basis", basis.float().unsqueeze(1))
+        self.register_buffer("mel", mel_matrix(filters, bins))
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        spec = F.conv1d(wave, self.basis, stride=HOP)  # (B, 2 * bins, T0)
+        real, imag = spec.chunk(2, dim=1)
+        # The floor (about -60 dB below a full-scale frame's energy per filter) keeps digital silence finite.
+        return torch.log(torch.matmul(self.mel, real**2 + imag**2) + 1e-6)
 
 
 class SegmentationModel(nn.Module):
@@ -98,8 +142,13 @@ class SegmentationModel(nn.Module):
 
     def __init__(self, shape: SegmentationShape = SegmentationShape()):
         super().__init__()
+        if shape.frontend not in FRONTENDS:
+            raise ValueError(f"frontend must be one of {', '.join(FRONTENDS)}, got {shape.frontend!r}")
         self.shape = shape
-        self.filterbank = nn.Conv1d(1, shape.filters, KERNEL, stride=HOP, bias=False)
+        if shape.frontend == "fbank":
+            self.filterbank = Fbank(shape.filters)
+        else:
+            self.filterbank = nn.Conv1d(1, shape.filters, KERNEL, stride=HOP, bias=False)
         self.norm = nn.InstanceNorm1d(shape.filters, affine=True)
         self.conv = nn.Sequential(
             nn.Conv1d(shape.filters, shape.channels, 3, stride=STRIDE, padding=1),
@@ -115,15 +164,16 @@ class SegmentationModel(nn.Module):
             nn.LSTM(shape.channels if i == 0 else 2 * shape.hidden, shape.hidden, batch_first=True, bidirectional=True)
             for i in range(shape.layers)
         )
+        self.drop = nn.Dropout(shape.dropout)
         self.head = nn.Linear(2 * shape.hidden, NUM_CLASSES)
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         x = self.filterbank(wave.unsqueeze(1))  # (B, F, T0), 10 ms frames
-        x = self.norm(torch.log1p(x.abs()))
+        x = self.norm(x if self.shape.frontend == "fbank" else torch.log1p(x.abs()))
         x = self.conv(x).transpose(1, 2)  # (B, T, channels), 20 ms frames
         for lstm in self.lstm:
-            x, _ = lstm(x)
-        return self.head(x)
+            x, _ = lstm(self.drop(x))
+        return self.head(self.drop(x))
 
     @staticmethod
     def num_frames(num_samples: int) -> int:

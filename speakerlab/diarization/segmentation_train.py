@@ -7,6 +7,12 @@ recordings; their frame labels come from the RTTM (speakerlab.diarization.segmen
 three speakers who talk most in a window). Written under OUT: segmentation.pt (the weights and the model's
 shape) and segmentation.onnx (what speakerlab-diarize --segmentation reads, torch-free). The run is short
 (minutes on a CPU) and restarts from the beginning: nothing is saved before the end.
+
+`val_data` (a folder like `--data`, of other speakers) is scored every `val_every` steps on fixed windows (the
+first `val_windows` non-overlapping ones, in recording order): the loss and the frame error (the share of frames
+whose powerset class is wrong under the best order of the reference's local speakers), for choosing a config.
+The learning rate rises linearly over `warmup` steps, then stays (`schedule: constant`) or follows a half cosine
+to zero at the last step (`cosine`).
 """
 
 from __future__ import annotations
@@ -43,7 +49,30 @@ class SegmentationTrainSettings:
     channels: int = setting(64, ge=1)
     hidden: int = setting(64, ge=1)
     layers: int = setting(1, ge=1, le=4)
+    frontend: str = setting("learnt", choices=("learnt", "fbank"))
+    dropout: float = setting(0.0, ge=0.0, lt=1.0)
+    schedule: str = setting("constant", choices=("constant", "cosine"))
+    warmup: int = setting(0, ge=0)
+    val_data: str = ""
+    val_every: int = setting(100, ge=1)
+    val_windows: int = setting(256, ge=1)
     device: str = setting("cpu", choices=("cpu", "cuda"))
+
+    def shape(self):
+        from speakerlab.diarization.segmentation import SegmentationShape
+
+        return SegmentationShape(self.filters, self.channels, self.hidden, self.layers, self.frontend, self.dropout)
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate of step `step` (0-based) over `lr` (module docstring)."""
+        import math
+
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.schedule == "constant":
+            return 1.0
+        done = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * done))
 
 
 class Recordings:
@@ -77,23 +106,75 @@ class Recordings:
             labels.append(frame_labels(self.turns[reco], frames, offset=start / SAMPLE_RATE))
         return waves, np.stack(labels)
 
+    def fixed(self, count: int, seconds: float):
+        """The first `count` whole non-overlapping windows of `seconds`, recording by recording -> waves (B, S)
+        float32 and labels (B, T, K) float32: the same windows on every call (validation)."""
+        from speakerlab.diarization.segmentation import SAMPLE_RATE, SegmentationModel, frame_labels
+
+        n = int(round(seconds * SAMPLE_RATE))
+        frames = SegmentationModel.num_frames(n)
+        waves, labels = [], []
+        for reco in self.names:
+            for start in range(0, len(self.waves[reco]) - n + 1, n):
+                if len(waves) == count:
+                    break
+                waves.append(self.waves[reco][start : start + n])
+                labels.append(frame_labels(self.turns[reco], frames, offset=start / SAMPLE_RATE))
+        if not waves:
+            raise ListError(f"validation: no recording is {seconds} s long")
+        return np.stack(waves).astype(np.float32), np.stack(labels)
+
+
+def frame_error(logits, reference) -> float:
+    """Logits (B, T, C) and reference (B, T, K) 0/1 -> the share of frames (three-speaker ones left out) whose
+    best class differs from the reference's, per window under the order of its speakers with the fewest."""
+    import itertools
+
+    import torch
+
+    from speakerlab.diarization.segmentation import to_powerset
+
+    best = logits.argmax(-1)
+    wrong = []
+    for order in itertools.permutations(range(reference.shape[-1])):
+        target = to_powerset(reference[..., list(order)])
+        wrong.append(((best != target) & (target >= 0)).sum(1))
+    return float(torch.stack(wrong).min(0).values.sum() / (to_powerset(reference) >= 0).sum().clamp(min=1))
+
+
+def validate(model, waves, labels, device) -> tuple:
+    """(loss, frame error) of `model` on fixed windows, in batches of 32, in eval mode (then back to training)."""
+    import torch
+
+    from speakerlab.diarization.segmentation import powerset_loss
+
+    model.eval()
+    with torch.no_grad():
+        parts = [model(torch.from_numpy(waves[i : i + 32]).to(device)).cpu() for i in range(0, len(waves), 32)]
+    logits = torch.cat(parts)
+    model.train()
+    ref = torch.from_numpy(labels)
+    return float(powerset_loss(logits, ref)), frame_error(logits, ref)
+
 
 def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
     """Train on `data` with `settings`; write OUT/segmentation.pt and OUT/segmentation.onnx."""
     import torch
 
-    from speakerlab.diarization.segmentation import SegmentationModel, SegmentationShape, export_onnx, powerset_loss
+    from speakerlab.diarization.segmentation import SegmentationModel, export_onnx, powerset_loss
 
     folder = check_folder_output(out)
     recordings = Recordings(data)
+    held = Recordings(settings.val_data).fixed(settings.val_windows, settings.window) if settings.val_data else None
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
-    shape = SegmentationShape(settings.filters, settings.channels, settings.hidden, settings.layers)
+    shape = settings.shape()
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda, but torch sees no CUDA device (device: cpu trains on the CPU)")
     device = torch.device(settings.device)
     model = SegmentationModel(shape).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, settings.lr_factor)
     print(f"segmentation-train: {len(recordings.names)} recordings, fp32 on {device}, {shape}", file=sys.stderr)
     began, running = time.time(), []
     for step in range(1, settings.steps + 1):
@@ -102,11 +183,15 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         running.append(float(loss.detach()))
         if step % settings.log_every == 0 or step == settings.steps:
             mean = sum(running) / len(running)
             print(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)", file=sys.stderr)
             running = []
+        if held is not None and (step % settings.val_every == 0 or step == settings.steps):
+            val_loss, val_error = validate(model, *held, device)
+            print(f"step {step} validation loss {val_loss:.4f} frame error {val_error:.4f}", file=sys.stderr)
     folder.mkdir(parents=True, exist_ok=True)
     model = model.cpu()
     with output_file(folder / "segmentation.pt", "wb") as f:

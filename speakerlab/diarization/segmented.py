@@ -13,9 +13,10 @@ does not import the pipeline, which imports it).
    frames where it talks alone, joined; where those are shorter than `options.min_embed`, from all its frames
    (a voice under another is still that voice; nothing at all would lose the window's speaker).
 3. The embeddings are clustered as the pipeline's sub-segments are (spectral, AHC or VBx on a PLDA, the count
-   estimated or given: speakerlab.diarization.clustering.cluster). Each window's local speakers then take distinct
-   clusters, the assignment of highest total cosine to the cluster centroids (two local speakers of one window
-   are two people).
+   estimated or given: speakerlab.diarization.clustering.cluster), but VBx with `options.seg_loop_p` (0: they are
+   not one speaker after another); with `options.cannot_link`, AHC (or VBx's AHC start) never joins two local
+   speakers of one window (clustering.constrained). Each window's local speakers then take distinct clusters, the
+   assignment of highest total cosine to the cluster centroids (two local speakers of one window are two people).
 4. Reconstruction: each frame of the recording gets the mean, over the windows that cover it, of each cluster's
    activity, and the mean local speaker count rounded; the frame is given the `count` most active clusters.
    So overlapped frames get two speakers.
@@ -31,6 +32,7 @@ import numpy as np
 from speakerlab.dataio.tables.rttm import Interval, merge_intervals
 from speakerlab.dataio.waveform.resample import resample
 from speakerlab.diarization.clustering.cluster import SpeakerCount, cluster, normalize
+from speakerlab.diarization.clustering.constrained import cluster_constrained
 from speakerlab.inference.common import check_finite
 
 if TYPE_CHECKING:
@@ -45,10 +47,10 @@ MIN_ACTIVE = 0.2
 class LocalSpeakers:
     """The segmenter's windows over one recording: activities (W, T, K) 0/1, window w starting at recording
     frame w * step; `num_frames` frames of the recording (centres before its end), `hop` and `first` (the
-    centre of frame 0) in seconds."""
+    centre of frame 0) and `duration` (the recording's) in seconds."""
 
     def __init__(self, acts: np.ndarray, step: int, hop: float, first: float, duration: float):
-        self.acts, self.step, self.hop, self.first = acts, step, hop, first
+        self.acts, self.step, self.hop, self.first, self.duration = acts, step, hop, first, duration
         self.num_frames = max(1, int(np.ceil((duration - first) / hop)))
 
     def window_frames(self, w: int) -> Tuple[int, int]:
@@ -163,11 +165,35 @@ def diarize_segmented(
     """(S,) float32 wave at `rate` (the embedder's), with a pipeline's DiarizeOptions -> the fields of its
     `Diarization` but `duration` (module docstring): `turns` as (start, end, speaker index), `subsegments` the
     embedded (window, local speaker) stretches (first to last frame used), `labels` their speakers (-1: none)."""
-    duration = len(wave) / rate
     t0 = time.perf_counter()
     local = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
     found = speaker_spans(local, options.min_embed)
     seconds = {"speech": time.perf_counter() - t0}  # the segmentation: the pipeline's stage names
+    if not found:
+        return clustered(local, found, np.zeros((0, 0), np.float32), count, options, plda, name, seconds)
+    t0 = time.perf_counter()
+    need = max(int(round(options.min_embed * rate)), embedder.min_samples)
+    emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
+    check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
+    seconds["embeddings"] = time.perf_counter() - t0
+    return clustered(local, found, emb, count, options, plda, name, seconds)
+
+
+def clustered(
+    local: LocalSpeakers,
+    found: Sequence[Tuple[int, int, List[Interval]]],
+    emb: np.ndarray,
+    count: SpeakerCount,
+    options,
+    plda: Optional["PLDA"] = None,
+    name: str = "",
+    seconds: Optional[dict] = None,
+) -> dict:
+    """Steps 3-4 of the module docstring: the `speaker_spans` of `local` and their embeddings (N, D) -> the
+    dict of `diarize_segmented` (the turns of a recording of `local.duration` seconds; bench scripts call it to
+    re-cluster the same embeddings with other settings)."""
+    seconds = dict(seconds or {})
+    duration = local.duration
     notes: List[str] = []
     if not found:
         notes.append(f"{name}: no speech found: no turns")
@@ -175,27 +201,26 @@ def diarize_segmented(
         none = {"subsegments": np.zeros((0, 2)), "labels": np.zeros(0, np.int64), "embeddings": empty}
         return {"speech": [], "turns": [], **none, "centroids": empty, "notes": notes, "seconds": seconds}
     t0 = time.perf_counter()
-    need = max(int(round(options.min_embed * rate)), embedder.min_samples)
-    emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
-    check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
-    seconds["embeddings"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     if count.min > len(found):
         notes.append(
             f"{name}: {count.min} speakers asked for, but the segmentation finds {len(found)} local speaker(s)"
         )
-    labels = cluster(
-        emb,
-        count,
-        options.method,
-        options.seed,
-        options.pruning,
-        options.threshold,
-        options.merge_cosine,
-        options.max_units,
-        plda,
-        options.vbx,
-    )
+    if options.cannot_link and options.method != "spectral":
+        windows = np.array([w for w, _, _ in found])
+        labels = cluster_constrained(emb, windows, count, options.method, options.threshold, plda, options.seg_vbx)
+    else:
+        labels = cluster(
+            emb,
+            count,
+            options.method,
+            options.seed,
+            options.pruning,
+            options.threshold,
+            options.merge_cosine,
+            options.max_units,
+            plda,
+            options.seg_vbx,
+        )
     x = normalize(emb)
     centroids = normalize(np.stack([x[labels == c].mean(axis=0) for c in range(labels.max() + 1)]))
     keys = [(w, k) for w, k, _ in found]

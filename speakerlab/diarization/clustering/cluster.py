@@ -137,11 +137,15 @@ def ahc(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
     return labels.astype(np.int64) - 1
 
 
-def vbx_clusters(x: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxParams) -> np.ndarray:
-    """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring."""
+def vbx_clusters(
+    x: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxParams, init: Optional[np.ndarray] = None
+) -> np.ndarray:
+    """Unit rows `(N, D)` (N >= 2) -> labels; see the module docstring. `init`: the (N,) labels 0..S-1 VBx
+    starts from instead of AHC's (speakerlab.diarization.clustering.constrained gives some)."""
     n = len(x)
     z = plda.project(x)
-    init = ahc(x, SpeakerCount(1, n), params.init_threshold)
+    if init is None:
+        init = ahc(x, SpeakerCount(1, n), params.init_threshold)
     gamma, _ = vbx(z, plda.phi, one_hot(init, init.max() + 1, params.smoothing), params)
     labels = np.argmax(gamma, axis=1)
     found = len(np.unique(labels))
