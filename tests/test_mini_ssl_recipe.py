@@ -39,7 +39,7 @@ def test_mini_ssl_recipe_through_a_pseudo_label_round(tmp_path):
     assert not (unlabelled / "utt2spk").exists() and (tmp_path / "data" / "train" / "utt2spk").exists()
     assert "24 utterances, unlabelled (no utt2spk)" in out
     # every crop augmented from the corpus's noise bank: unaugmented crops share their utterance's session
-    assert "augmentation with probability 1, one of: reverb" in out and "a random equaliser (5 dB std" in out
+    assert "augmentation with probability 1, one of: reverb" in out
     assert "27 trials: EER" in out and "mean log-mel baseline, 27 trials: EER" in out
     out = recipe(tmp_path, "--stage", "10", "--stop_stage", "10", "--clusters", "6", "--round_overrides", TINY)
     assert "pseudo-label: all: 24 utterances, 6 true speakers in 6 clusters: purity" in out

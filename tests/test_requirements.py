@@ -37,6 +37,7 @@ def includes(path: Path) -> set[Path]:
     [
         ("requirements.txt", ["dependencies"]),
         ("egs/tools/requirements-diarization.txt", ["diarization"]),
+        ("egs/tools/requirements-selfsup.txt", ["selfsup"]),
         ("requirements-test.txt", ["test", "ssl"]),
     ],
 )
@@ -50,11 +51,13 @@ def test_each_requirements_file_holds_exactly_pyprojects_lists(path, lists):
     )
 
 
-def test_the_test_requirements_include_the_runtime_and_diarization_lists():
+def test_the_test_requirements_include_the_runtime_diarization_and_selfsup_lists():
     # The suite runs every layer: the test file pulls the plain and diarization files in, pyproject's [test] extra is
     # used with them (pip install -e .[test,ssl,diarization]).
     assert includes(ROOT / "requirements-test.txt") == {
         (ROOT / "requirements.txt").resolve(),
         (ROOT / "egs/tools/requirements-diarization.txt").resolve(),
+        (ROOT / "egs/tools/requirements-selfsup.txt").resolve(),
     }
-    assert includes(ROOT / "egs/tools/requirements-diarization.txt") == {(ROOT / "requirements.txt").resolve()}
+    for extra in ("diarization", "selfsup"):
+        assert includes(ROOT / f"egs/tools/requirements-{extra}.txt") == {(ROOT / "requirements.txt").resolve()}

@@ -32,6 +32,8 @@ opt round_overrides ""            # stage 10's training, e.g. "train.epochs=5"
 launch_options none
 
 . ../tools/parse_options.sh
+# Stage 10's pseudo-labels need scikit-learn: a fresh clone's environment gets it here
+export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-selfsup.txt}"
 . ../tools/env.sh
 
 unlabelled="$data/train_unlabelled"
