@@ -21,8 +21,9 @@ opt exp exp/ssl                   # stages 3-5 (and 4-5 of a round: exp/ssl_pl<r
 opt config ../../conf/mini/simclr.yaml  # or dino.yaml (DINO)
 opt supervised_config ../../conf/mini/campplus.yaml  # stage 10: the supervised recipe trained on the clusters
 opt rounds 1                      # stage 10: pseudo-label rounds
-opt clusters 400                  # stage 10: pseudo-speakers; "estimate": AHC on a sample says how many
-opt drop 0.2                      # stage 10: share of least confident utterances dropped
+opt clusters 1600                 # stage 10: pseudo-speakers (4x the 400 voices: smaller, purer clusters);
+                                  # "estimate": AHC on a sample says how many
+opt drop 0.5                      # stage 10: share of least confident utterances dropped
 opt hardware cpu
 opt seed 1234
 opt jobs 2
@@ -77,7 +78,10 @@ fi
 if stage_on 10; then
   count="--clusters $clusters"; [ "$clusters" = estimate ] && count="--estimate"
   pseudo_label_opts="$count --drop $drop --seed $seed --true-labels $data/train/utt2spk"
+  # The rounds train with the corpus's augmentation and the equaliser: without them a round on these clusters lost
+  # ground (bench/RESULTS.md, "Contrastive views that share no audio, and a random equaliser")
   pseudo_label_rounds "$rounds" "$exp" "$unlabelled" "$supervised_config" data.val="$data/val" data.feats=false \
+    augment.lists="$data/musan_rirs" augment.eq_prob=1 \
     $round_overrides
 fi
 log "done"
