@@ -206,8 +206,8 @@ def _one_thread():
 
 @pytest.mark.slow
 def test_onnx_frame_scores_match_torch(tmp_path):
-    """The fbank front end (segmentation_cpu.yaml's) in this process; the learnt one is exported by the training
-    command's test, in a process of its own (a second LSTM export in one process fixes its length axis)."""
+    """The fbank front end (segmentation_cpu.yaml's); the learnt one is exported by the training command's test.
+    One file serves any batch and length: batches of 1, 2 and 3, lengths of 0.04-3.1 s, each within 1e-4 of torch."""
     pytest.importorskip("onnxruntime")
     from speakerlab.diarization.segmentation import export_onnx
     from speakerlab.diarization.segmenter import OnnxSegmenter
@@ -221,7 +221,9 @@ def test_onnx_frame_scores_match_torch(tmp_path):
     segmenter = OnnxSegmenter(path, threads=1)
     assert segmenter.num_local == NUM_LOCAL and segmenter.powerset.shape == (NUM_CLASSES, NUM_LOCAL)
     wave, _ = simulated_batch(np.random.default_rng(3), 2, seconds=3.1)
-    for x in (wave, wave[0, :20017]):  # a batch, and one wave of another length
+    rng = np.random.default_rng(4)
+    others = [torch.from_numpy(rng.standard_normal((3, n)).astype(np.float32) * 0.1) for n in (700, 33333)]
+    for x in (wave, wave[0, :20017], *others):  # a batch, one wave of another length, batches of 3
         with torch.no_grad():
             ref = torch.log_softmax(model(x if x.ndim == 2 else x[None]), -1).numpy()
         got = segmenter.scores(x.numpy())
@@ -291,8 +293,8 @@ def test_training_windows_carry_the_rttm_labels(tmp_path):
 
 @pytest.mark.slow
 def test_training_command_writes_weights_and_onnx(tmp_path):
-    """The command as a user runs it, in a process of its own: torch.export of the LSTM in a process that has
-    already exported one (test_onnx_frame_scores_match_torch) fixes the length axis of the second file."""
+    """The command as a user runs it, in a process of its own: validation, the weights and the ONNX file, which
+    gives the weights' frame scores."""
     pytest.importorskip("onnxruntime")
     import subprocess
     import sys
