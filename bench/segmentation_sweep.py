@@ -107,7 +107,7 @@ def front(args, options: DiarizeOptions, reco: str, path: str, ref) -> tuple:
     if segmenter is None:
         local = reference_local(ref.get(reco, []), len(wave), rate, options)
     else:
-        local = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
+        local, _ = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
     found = speaker_spans(local, options.min_embed)
     need = max(int(round(options.min_embed * rate)), embedder.min_samples)
     waves = [gather(wave, rate, s, need) for _, _, s in found]

@@ -121,3 +121,34 @@ def test_window_layout_reaches_the_end_in_whole_frames():
     size, stride, count = window_layout(5 * SR + 1, 5.0, 1.01, SR, 400, 320)
     assert stride % 320 == 0 and stride == 16000 and count == 2 and (count - 1) * stride + size >= 5 * SR + 1
     assert window_layout(100, 5.0, 2.5, SR, 400, 320)[2] == 1
+
+
+def test_segmentation_systems_share_the_windows_and_embeddings_through_the_cache(embedder, tmp_path):
+    """Three systems on one recording, as a recipe runs them (spectral, VBx-less AHC, the count given): the
+    segmenter and the embedder run for the first alone, and each later one gets the turns it gets without the
+    cache; another segmentation model or window layout runs the segmenter again (and the embedder for spans it
+    has not embedded)."""
+    from speakerlab.diarization import SpeakerCount
+    from speakerlab.diarization.cache import FrontCache
+    from tests.helpers import write_wav
+    from tests.test_diarization_cache import Counting
+
+    wave, ref, _ = overlapped(THREE)
+    wav = str(write_wav(tmp_path / "talk.wav", wave))
+    segmenter, counting = OracleSegmenter(ref), Counting(embedder)
+    segmenter.model_id = "oracle-a"
+    cache = FrontCache(tmp_path / "cache")
+    first = Diarizer(counting, segmenter=segmenter, cache=cache).diarize_file(wav)
+    windows, embedded = segmenter.windows, counting.windows
+    assert first.cached == [] and windows > 0 and embedded == len(first.embeddings) > 0
+    for options, count in ((DiarizeOptions(method="ahc"), None), (DiarizeOptions(), SpeakerCount(3, 3))):
+        again = Diarizer(counting, segmenter=segmenter, options=options, cache=cache).diarize_file(wav, count)
+        alone = Diarizer(embedder, segmenter=OracleSegmenter(ref), options=options).diarize_file(wav, count)
+        assert again.cached == ["speech", "embeddings"] and (segmenter.windows, counting.windows) == (windows, embedded)
+        assert again.turns == alone.turns and np.array_equal(again.embeddings, alone.embeddings)
+    # Another model file: segmented again; it finds the same spans (this oracle), whose embeddings are reused.
+    segmenter.model_id = "oracle-b"
+    assert Diarizer(counting, segmenter=segmenter, cache=cache).diarize_file(wav).cached == ["embeddings"]
+    assert segmenter.windows == 2 * windows and counting.windows == embedded
+    other = Diarizer(counting, segmenter=segmenter, options=DiarizeOptions(seg_step=2.0), cache=cache)
+    assert other.diarize_file(wav).cached == [] and segmenter.windows > 2 * windows and counting.windows > embedded

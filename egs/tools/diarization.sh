@@ -13,7 +13,7 @@
 # segmentation (its local speakers per window, embedded outside overlap, spectral clustering, count estimated),
 # segmentation_vbx (the same clustered by VBx on $plda) and segmentation_oracle_count. The VAD regions and
 # embeddings of the VAD systems are computed once per recording and shared through EXP/cache (speakerlab-diarize
-# --cache); each segmentation system computes its own.
+# --cache), as are the segmentation systems' windows and local-speaker embeddings.
 # $vad, $diarize_opts (extra speakerlab-diarize options) and, where a recipe sets it, $max_speakers (the
 # highest speaker count an estimate may reach) come from the recipe's options.
 fit_plda() {

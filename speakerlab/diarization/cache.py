@@ -6,11 +6,16 @@ EXP/cache, so that their five systems run the VAD and the embedder once per reco
     entry = cache.entry("meeting.wav", "EnergyVad(...)", "model digest|name")
     entry.speech()                      # [(start, end), ...] or None
     entry.embeddings(settings, regions) # (N, D) float32 or None
+    entry.local(segmenter, window, step)    # a segmentation model's (activities (W, T, K), step) or None
+    entry.span_embeddings(settings, spans)  # (N, D) float32 of its local speakers' spans, or None
 
 An entry is keyed by the audio file (its real path, size, modification time and a digest of its first
 and last 64 KiB: a rewritten file is a new entry), the VAD (its settings, `repr`) for the speech, and for
 the embeddings also the model (its digest and name), the sub-segment settings (window, hop, min_embed) and
-the speech regions they were cut from (oracle speech and the VAD's give different entries). Files are
+the speech regions they were cut from (oracle speech and the VAD's give different entries). A segmentation model's
+windows are keyed by the model (its file's digest) and the window layout, the embeddings of its local speakers by
+the model, their settings and the spans they were cut from: the three segmentation systems of a recipe share one
+pass of each. Files are
 written whole (speakerlab.outputs), so a killed run leaves none half-written; a file that cannot be read
 is ignored and rewritten.
 """
@@ -61,15 +66,50 @@ class CacheEntry:
         return self._path("emb", self.model, list(settings), [[round(s, 6), round(e, 6)] for s, e in regions])
 
     def embeddings(self, settings: Tuple[float, ...], regions: Sequence[Interval]) -> Optional[np.ndarray]:
-        try:
-            with np.load(self._emb_path(settings, regions), allow_pickle=False) as f:
-                return f["embeddings"]
-        except (OSError, ValueError, KeyError):
-            return None
+        found = _load(self._emb_path(settings, regions), "embeddings")
+        return None if found is None else found[0]
 
     def put_embeddings(self, settings: Tuple[float, ...], regions: Sequence[Interval], emb: np.ndarray) -> None:
-        with output_path(self._emb_path(settings, regions), ".npz") as tmp:
-            np.savez(tmp, embeddings=np.asarray(emb, dtype=np.float32))
+        _save(self._emb_path(settings, regions), embeddings=np.asarray(emb, dtype=np.float32))
+
+    def _local_path(self, segmenter: str, window: float, step: float) -> Path:
+        return self._path("local", segmenter, float(window), float(step))
+
+    def local(self, segmenter: str, window: float, step: float) -> Optional[Tuple[np.ndarray, int]]:
+        """The segmentation model `segmenter`'s (activities (W, T, K), step in frames) of windows of `window` s
+        every `step` s, or None."""
+        found = _load(self._local_path(segmenter, window, step), "activities", "step")
+        return None if found is None else (found[0], int(found[1]))
+
+    def put_local(self, segmenter: str, window: float, step: float, acts: np.ndarray, frames: int) -> None:
+        _save(self._local_path(segmenter, window, step), activities=np.asarray(acts, np.float32), step=int(frames))
+
+    def _spans_path(self, settings: Tuple[float, ...], spans: Sequence[Tuple[int, int, Sequence[Interval]]]) -> Path:
+        key = [[int(w), int(k), [[round(s, 6), round(e, 6)] for s, e in parts]] for w, k, parts in spans]
+        return self._path("spanemb", self.model, list(settings), key)
+
+    def span_embeddings(self, settings, spans) -> Optional[np.ndarray]:
+        """The embeddings (N, D) of the local speakers' `spans` [(window, speaker, [(start, end), ...]), ...] cut
+        with `settings`, or None."""
+        found = _load(self._spans_path(settings, spans), "embeddings")
+        return None if found is None else found[0]
+
+    def put_span_embeddings(self, settings, spans, emb: np.ndarray) -> None:
+        _save(self._spans_path(settings, spans), embeddings=np.asarray(emb, dtype=np.float32))
+
+
+def _load(path: Path, *names: str) -> Optional[tuple]:
+    """The arrays `names` of the .npz at `path`, or None where it is missing or unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return tuple(f[n] for n in names)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save(path: Path, **arrays) -> None:
+    with output_path(path, ".npz") as tmp:
+        np.savez(tmp, **arrays)
 
 
 class FrontCache:

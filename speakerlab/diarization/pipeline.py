@@ -263,7 +263,7 @@ class Diarizer:
         t0 = time.perf_counter()
         if speech is None and self.segmenter is not None:
             kit = {"embedder": self.embedder, "segmenter": self.segmenter, "options": opt, "plda": self.plda}
-            parts = diarize_segmented(wave, rate, count, **kit, name=name)
+            parts = diarize_segmented(wave, rate, count, **kit, name=name, entry=entry)
             turns = [Turn(s, e, speaker_name(k)) for s, e, k in parts.pop("turns")]
             return Diarization(duration=duration, turns=turns, **parts)
         if speech is None:

@@ -36,6 +36,7 @@ from speakerlab.diarization.clustering.constrained import cluster_constrained
 from speakerlab.inference.common import check_finite
 
 if TYPE_CHECKING:
+    from speakerlab.diarization.cache import CacheEntry
     from speakerlab.diarization.clustering.plda import PLDA
     from speakerlab.diarization.segmenter import OnnxSegmenter
 
@@ -81,13 +82,26 @@ class LocalSpeakers:
 
 
 def local_speakers(
-    segmenter: "OnnxSegmenter", wave: np.ndarray, rate: int, window: float, step: float
-) -> LocalSpeakers:
-    """(S,) wave at `rate` -> the segmenter's `LocalSpeakers` of windows of `window` s every `step` s."""
-    x = wave if rate == segmenter.sample_rate else resample(wave, rate, segmenter.sample_rate)
-    acts, step = segmenter.sliding(x, window, step)
+    segmenter: "OnnxSegmenter",
+    wave: np.ndarray,
+    rate: int,
+    window: float,
+    step: float,
+    entry: Optional["CacheEntry"] = None,
+) -> Tuple[LocalSpeakers, bool]:
+    """(S,) wave at `rate` -> the segmenter's `LocalSpeakers` of windows of `window` s every `step` s, and whether
+    they came from the cache `entry` (where given, what is computed is put there)."""
+    found = entry.local(segmenter.model_id, window, step) if entry else None
+    if found is None:
+        x = wave if rate == segmenter.sample_rate else resample(wave, rate, segmenter.sample_rate)
+        acts, frames = segmenter.sliding(x, window, step)
+        if entry:
+            entry.put_local(segmenter.model_id, window, step, acts, frames)
+    else:
+        acts, frames = found
     hop = segmenter.hop / segmenter.sample_rate
-    return LocalSpeakers(acts, step, hop, float(segmenter.frame_centres(1)[0]), len(wave) / rate)
+    local = LocalSpeakers(acts, frames, hop, float(segmenter.frame_centres(1)[0]), len(wave) / rate)
+    return local, found is not None
 
 
 def speaker_spans(local: LocalSpeakers, min_embed: float) -> List[Tuple[int, int, List[Interval]]]:
@@ -161,22 +175,34 @@ def diarize_segmented(
     options,
     plda: Optional["PLDA"] = None,
     name: str = "",
+    entry: Optional["CacheEntry"] = None,
 ) -> dict:
     """(S,) float32 wave at `rate` (the embedder's), with a pipeline's DiarizeOptions -> the fields of its
     `Diarization` but `duration` (module docstring): `turns` as (start, end, speaker index), `subsegments` the
-    embedded (window, local speaker) stretches (first to last frame used), `labels` their speakers (-1: none)."""
+    embedded (window, local speaker) stretches (first to last frame used), `labels` their speakers (-1: none).
+    With a cache `entry`, the windows' activities and the local speakers' embeddings come from it where a system
+    before made them with the same model and settings (`cached` says which), and go into it where not."""
     t0 = time.perf_counter()
-    local = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step)
+    local, from_cache = local_speakers(segmenter, wave, rate, options.seg_window, options.seg_step, entry)
+    cached = ["speech"] if from_cache else []  # the segmentation: the pipeline's stage names
     found = speaker_spans(local, options.min_embed)
-    seconds = {"speech": time.perf_counter() - t0}  # the segmentation: the pipeline's stage names
+    seconds = {"speech": time.perf_counter() - t0}
     if not found:
-        return clustered(local, found, np.zeros((0, 0), np.float32), count, options, plda, name, seconds)
+        parts = clustered(local, found, np.zeros((0, 0), np.float32), count, options, plda, name, seconds)
+        return {**parts, "cached": cached}
     t0 = time.perf_counter()
     need = max(int(round(options.min_embed * rate)), embedder.min_samples)
-    emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
-    check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
+    settings = (options.min_embed, need)
+    emb = entry.span_embeddings(settings, found) if entry else None
+    if emb is not None and len(emb) == len(found):
+        cached.append("embeddings")
+    else:
+        emb = embedder.embed_waves([gather(wave, rate, s, need) for _, _, s in found], max_batch=options.batch_size)
+        check_finite([f"{name} window {w} speaker {k}" for w, k, _ in found], emb)
+        if entry:
+            entry.put_span_embeddings(settings, found, emb)
     seconds["embeddings"] = time.perf_counter() - t0
-    return clustered(local, found, emb, count, options, plda, name, seconds)
+    return {**clustered(local, found, emb, count, options, plda, name, seconds), "cached": cached}
 
 
 def clustered(

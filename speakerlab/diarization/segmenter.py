@@ -11,6 +11,7 @@ the powerset classes, so nothing here depends on the model code.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
@@ -44,6 +45,8 @@ class OnnxSegmenter:
         self.path = str(path)
         if not Path(path).is_file():
             raise SegmentationFileError(f"{self.path}: no such file")
+        # The file's digest: what a diarization cache keys this model's activities by (cache.py).
+        self.model_id = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:20]
         self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
         meta = self.session.get_modelmeta().custom_metadata_map
         try:
