@@ -9,12 +9,13 @@ held-out ones (bench/RESULTS.md, the segmentation model).
         --plda exp/diar/plda.npz --cache /tmp/segcache \\
         --setting spectral method=spectral --setting vbx method=vbx --setting vbx0 method=vbx,loop_p=0
 
-`--segmentation reference` takes each window's local speakers from the reference RTTM instead of a model (what
-the embeddings, clustering and reconstruction give with a perfect segmenter); a `segmentation.pt` runs the model
-in torch (the ONNX file gives the same frame scores within 1e-4, tests/test_segmentation.py). A setting is
-`NAME KEY=VALUE,...` over speakerlab.diarization.pipeline.DiarizeOptions' fields; `--vbx-grid` adds every combination of `--fa`,
-`--fb`, `--loop-p`, `--init-threshold` (VBx). `--cache DIR` keeps each recording's local speakers and embeddings
-(per segmentation file and options) for the next run. `--oracle-count` gives each recording its true count.
+`--segmentation reference` takes each window's local speakers from the reference RTTM instead of a model (what the
+embeddings, clustering and reconstruction give with a perfect segmenter); a `segmentation.pt` runs the model in
+torch (the ONNX file gives the same frame scores within 1e-4, tests/test_segmentation.py). A setting is `NAME
+KEY=VALUE,...` over speakerlab.diarization.pipeline.DiarizeOptions' fields; `--vbx-grid` adds every combination of
+`--fa`, `--fb`, `--loop-p`, `--init-threshold` (VBx). `--cache DIR` keeps each recording's local speakers and
+embeddings (per segmentation file and options) for the next run. `--oracle-count` gives each recording its true
+count.
 """
 
 from __future__ import annotations
