@@ -1,6 +1,6 @@
 """Stage 7's large-margin fine-tuning improves a model by more than its EER's uncertainty: egs/mini's stage 7
 (conf/mini/finetune_lm.yaml over the recipe's config, train.init from stage 6's avg.pt) takes an early model of
-the session's mini corpus to an EER on its 20 held-out test speakers below the lower end of the 95% interval
+the session's mini corpus to an EER on its 40 held-out test speakers below the lower end of the 95% interval
 (speaker bootstrap, speakerlab.scoring.interval) of that model's own EER. "Never worse than the start" would
 hold by construction; this asks for a gain the trial list can tell."""
 

@@ -59,7 +59,7 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     for n in range(1, 9):
         assert f"stage {n}:" in out
     # The training stage (egs/mini's stage 3, in the fixture) trained the model: its own log says so.
-    assert "] stage 3: train" in mini_model.log and "training done: 10 epochs, 200 steps" in mini_model.log
+    assert "] stage 3: train" in mini_model.log and "training done: 10 epochs, 400 steps" in mini_model.log
     m = re.search(r"EER (\d+\.\d+)%", r.stdout)
     assert m, r.stdout
     exp = tmp_path / "exp"
@@ -111,7 +111,7 @@ def test_mini_recipe_end_to_end(mini_corpus, mini_model, tmp_path):
     log = (aug / "train.log").read_text()
     assert "augmentation with probability 0.6" in log and "reverb (" in log and "babble (" in log
     speakers = load_checkpoint(aug / "checkpoints" / "epoch_001.pt").speakers  # sped-up copies are new classes
-    assert len(speakers) == 120 and speakers[40].startswith("sp0.9-") and speakers[80].startswith("sp1.1-")
+    assert len(speakers) == 240 and speakers[80].startswith("sp0.9-") and speakers[160].startswith("sp1.1-")
     assert re.search(r"EER (\d+\.\d+)%", r3.stdout) and (aug / "scores" / "test.result").exists()
 
 
