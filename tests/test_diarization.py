@@ -284,10 +284,14 @@ def test_option_errors_name_the_option(capsys, tmp_path, ckpt, args, message):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_a_missing_segmentation_model_is_one_line(capsys, tmp_path, ckpt):
+def test_a_missing_or_unreadable_segmentation_model_is_one_line(capsys, tmp_path, ckpt):
     path = write_wav(tmp_path / "a.wav", np.zeros(SR))
     code, _, err = diarize(capsys, path, "--checkpoint", ckpt, "--segmentation", tmp_path / "none.onnx")
     assert code == 2 and f"{tmp_path / 'none.onnx'}: no such file" in err
+    (tmp_path / "text.onnx").write_text("not a model\n")
+    code, _, err = diarize(capsys, path, "--checkpoint", ckpt, "--segmentation", tmp_path / "text.onnx")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"error: {tmp_path / 'text.onnx'}: not an ONNX model onnxruntime can load (")
 
 
 def test_a_recording_missing_from_reco2num_spk_is_named(capsys, tmp_path, talks, ckpt):

@@ -63,7 +63,7 @@ class CacheEntry:
         write_text(self._path("speech", self.vad), json.dumps(doc))
 
     def _emb_path(self, settings: Tuple[float, ...], regions: Sequence[Interval]) -> Path:
-        return self._path("emb", self.model, list(settings), [[round(s, 6), round(e, 6)] for s, e in regions])
+        return self._path("emb", self.model, list(settings), _rounded(regions))
 
     def embeddings(self, settings: Tuple[float, ...], regions: Sequence[Interval]) -> Optional[np.ndarray]:
         found = _load(self._emb_path(settings, regions), "embeddings")
@@ -85,7 +85,7 @@ class CacheEntry:
         _save(self._local_path(segmenter, window, step), activities=np.asarray(acts, np.float32), step=int(frames))
 
     def _spans_path(self, settings: Tuple[float, ...], spans: Sequence[Tuple[int, int, Sequence[Interval]]]) -> Path:
-        key = [[int(w), int(k), [[round(s, 6), round(e, 6)] for s, e in parts]] for w, k, parts in spans]
+        key = [[int(w), int(k), _rounded(parts)] for w, k, parts in spans]
         return self._path("spanemb", self.model, list(settings), key)
 
     def span_embeddings(self, settings, spans) -> Optional[np.ndarray]:
@@ -96,6 +96,11 @@ class CacheEntry:
 
     def put_span_embeddings(self, settings, spans, emb: np.ndarray) -> None:
         _save(self._spans_path(settings, spans), embeddings=np.asarray(emb, dtype=np.float32))
+
+
+def _rounded(intervals: Sequence[Interval]) -> list:
+    """Intervals as a key: to the microsecond, so that float noise in their ends does not miss the cache."""
+    return [[round(s, 6), round(e, 6)] for s, e in intervals]
 
 
 def _load(path: Path, *names: str) -> Optional[tuple]:

@@ -45,9 +45,14 @@ class OnnxSegmenter:
         self.path = str(path)
         if not Path(path).is_file():
             raise SegmentationFileError(f"{self.path}: no such file")
-        # The file's digest: what a diarization cache keys this model's activities by (cache.py).
-        self.model_id = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:20]
-        self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
+        # Read once: the session is built from these bytes, and their digest keys this model's activities in a
+        # diarization cache (cache.py).
+        model = Path(path).read_bytes()
+        self.model_id = hashlib.sha256(model).hexdigest()[:20]
+        try:
+            self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's own error types (InvalidProtobuf, Fail, ...) share no base of theirs
+            raise SegmentationFileError(f"{self.path}: not an ONNX model onnxruntime can load ({e})") from None
         meta = self.session.get_modelmeta().custom_metadata_map
         try:
             self.sample_rate = int(meta[PREFIX + "sample_rate"])
