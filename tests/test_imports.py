@@ -181,6 +181,31 @@ def test_config_imports_no_implementation_module():
     assert out.strip() == "False"
 
 
+# Commands a recipe runs around training that read settings, lists, embeddings or scores only: each is a new
+# interpreter per stage, and torch's import is 3-6 s of CPU in each (egs/custom runs speakerlab-scaled every stage 3).
+TORCH_FREE_COMMANDS = (
+    "speakerlab.train.scaled",
+    "speakerlab.dataio.tables.prepare",
+    "speakerlab.datasets.folder.cli",
+    "speakerlab.scoring.score",
+    "speakerlab.scoring.calibrate",
+    "speakerlab.train.pseudo_label",
+    "speakerlab.diarization.der",
+)
+
+
+def test_the_recipes_helper_commands_load_no_torch():
+    code = (
+        "import importlib, sys\n"
+        f"for m in {TORCH_FREE_COMMANDS!r}:\n"
+        "    importlib.import_module(m)\n"
+        "    print(m, 'torch' in sys.modules)\n"
+        "    if 'torch' in sys.modules: break"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [w for m in TORCH_FREE_COMMANDS for w in (m, "False")], out
+
+
 def test_the_front_end_settings_have_one_import_path():
     """FeatureSpec and the front ends' settings live in speakerlab.frontends, and everything (the package, the tests,
     bench/) imports them from there, never through a module that happens to import them too."""

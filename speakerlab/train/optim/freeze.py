@@ -18,13 +18,12 @@ after each step), so the optimizer leaves it alone: no weight decay, no momentum
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Sequence
-
-import torch.nn as nn
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Mapping, Sequence
 
 from speakerlab.config import ConfigError, FreezeRule
-from speakerlab.train.launch.distributed import wrap_ddp
-from speakerlab.train.optim.groups import has_encoder
+
+if TYPE_CHECKING:  # torch only where parameters are touched: speakerlab-scaled reads the schedule without it
+    import torch.nn as nn
 
 # config.FREEZE_PARTS -> the parameters of the embedding model each names.
 PARTS: Dict[str, Callable[[nn.Module], Iterable[nn.Parameter]]] = {
@@ -53,6 +52,8 @@ def frozen_parts(rules: Sequence[FreezeRule], step: int, steps_per_epoch: int) -
 
 def check_freeze(rules: Sequence[FreezeRule], model: nn.Module, total_steps: int, name: str) -> None:
     """What the config alone cannot tell: a part the model has, a bound in steps within the run."""
+    from speakerlab.train.optim.groups import has_encoder
+
     for i, rule in enumerate(rules):
         if "encoder" in rule.modules and not has_encoder(model):
             raise ConfigError(
@@ -90,6 +91,9 @@ def apply_freeze(run) -> None:
     """The freeze of `run.state.step` on `run` (speakerlab.train.build.Run, not imported: build imports this
     module): requires_grad of the optimizer's parameters, train / eval modes, and DDP wrapped again when the
     trainable set changed."""
+    from speakerlab.train.launch.distributed import wrap_ddp
+    from speakerlab.train.optim.groups import has_encoder
+
     model, rules, spe = run.raw.model, run.cfg.train.freeze, run.steps_per_epoch
     parts = frozen_parts(rules, run.state.step, spe)
     frozen = {id(p) for m in parts for p in PARTS[m](model)}
