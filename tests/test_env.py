@@ -37,6 +37,7 @@ def source_env(tmp_path, requirements: str, root: Path = ROOT, scripts=SCRIPTS, 
     env = {**os.environ, "VIRTUAL_ENV": str(tmp_path / "venv"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("CONDA_PREFIX", None)
     env.pop("PYTHONPATH", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # pip's --compile and the bytecode step follow it: set per test
     env.update(extra)
     env["SPEAKERLAB_REQUIREMENTS"] = os.path.relpath(tmp_path / "reqs.txt", root)
     r = subprocess.run(
@@ -65,6 +66,27 @@ def test_speakerlab_is_installed_again_when_a_console_script_is_missing(tmp_path
     pip, r = source_env(tmp_path, "numpy>=1.0\n", scripts=SCRIPTS[1:])
     assert pip.splitlines() == [f"-m pip install -q --no-compile --no-deps -e {ROOT}"]
     assert "installing speakerlab (editable)" in r.stderr
+
+
+def test_without_bytecode_caching_pip_compiles_and_an_uncompiled_torch_is_compiled_once(tmp_path):
+    """PYTHONDONTWRITEBYTECODE set: pip installs with --compile, and a torch without bytecode (here a stand-in
+    package first on the path) has its site compiled, once; unset, neither (Python caches what it imports)."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("x = 1\n")
+    pyc = site / "torch" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    pip, r = source_env(tmp_path / "cached", "numpy>=1.0\n", scripts=SCRIPTS[1:], PYTHONPATH=str(site))
+    assert pip.split()[:5] == ["-m", "pip", "install", "-q", "--no-compile"] and not pyc.exists()
+    assert not [line for line in said(r) if "bytecode" in line]
+    extra = {"PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    pip, r = source_env(tmp_path / "uncached", "numpy>=1.0\n", scripts=SCRIPTS[1:], **extra)
+    assert pip.split()[:5] == ["-m", "pip", "install", "-q", "--compile"] and pyc.exists()
+    assert [line for line in said(r) if "bytecode" in line] == [
+        f"compiling the bytecode of {site} once (PYTHONDONTWRITEBYTECODE is set: else every process compiles torch "
+        "again)"
+    ]
+    _, r = source_env(tmp_path / "again", "numpy>=1.0\n", **extra)
+    assert not [line for line in said(r) if "bytecode" in line]
 
 
 def other_checkout(tmp_path) -> Path:
