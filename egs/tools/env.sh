@@ -108,13 +108,15 @@ fi
 
 # Bytecode, once, for an environment installed without it: with PYTHONDONTWRITEBYTECODE set (as container images often
 # do) Python never caches what it compiles, so every process would compile torch from source again (measured on the
-# 2-core VM: import torch 5.2 s -> 2.3 s; torch with torch._dynamo, which the first weight initialisation loads,
-# 12.2 s -> 3.9 s; the whole site-packages compiled in about a minute). Done only when this Python writes no bytecode
-# itself and torch has none. Some package files are for newer Pythons and never imported here (torch's
-# py312_intrinsics): compileall's exit status is ignored.
+# 2-core VM: import torch 5.2 s -> 2.3 s; torch with torch._dynamo, which the first weight initialisation loads, 12.2
+# s -> 3.9 s; the whole site-packages compiled in about a minute). Done only when this Python writes no bytecode
+# itself, torch has none and its site can be written (a read-only one would be compiled in vain each time). Some
+# package files are for newer Pythons and never imported here (torch's py312_intrinsics): compileall's exit status is
+# ignored.
 _sl_site="$("$_sl_python" -c 'import importlib.util as u, os, sys
 s = u.find_spec("torch")
-print(os.path.dirname(os.path.dirname(s.origin)) if sys.dont_write_bytecode and not os.path.exists(u.cache_from_source(s.origin)) else "")' 2>/dev/null || true)"
+d = os.path.dirname(os.path.dirname(s.origin))
+print(d if sys.dont_write_bytecode and not os.path.exists(u.cache_from_source(s.origin)) and os.access(d, os.W_OK) else "")' 2>/dev/null || true)"
 if [ -n "$_sl_site" ]; then
   _sl_log "compiling the bytecode of $_sl_site once (PYTHONDONTWRITEBYTECODE is set: else every process compiles torch again)"
   "$_sl_python" -m compileall -qq -j 0 "$_sl_site" >/dev/null 2>&1 || true
