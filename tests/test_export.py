@@ -76,7 +76,7 @@ def test_the_tests_comparison_sees_a_wrong_waveform_file(front_ends, tmp_path, m
     spec, model = spec_of("campplus"), build_model("campplus", **TINY_CAMPPLUS).eval()
     right = model_graph(model, spec)
     wrong = copy.deepcopy(right)
-    first = next(iter(dict(model.named_parameters())))
+    first = next(name for name, _ in model.named_parameters())
     weight = next(w for w in wrong.graph.initializer if w.name == first)
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + np.float32(0.2), first))
     errors = {}
