@@ -26,6 +26,22 @@ def model(request):
     return build_model(request.param, feat_dim=FEAT_DIM).eval()
 
 
+@pytest.fixture(scope="module")
+def eager(model):
+    """`eager(frames, seed=0)`: the model's eval-mode fp32 output `(2, D)` for `_fbank(2, frames, seed)`, computed
+    once per model. The tests below compare against these same outputs instead of recomputing them (six passes
+    per model); none of them leaves the model changed (the backward test restores its BatchNorm statistics)."""
+    outputs = {}
+
+    def get(frames: int, seed: int = 0) -> torch.Tensor:
+        if (frames, seed) not in outputs:
+            with torch.no_grad():
+                outputs[frames, seed] = model(_fbank(2, frames, seed))
+        return outputs[frames, seed]
+
+    return get
+
+
 # Published parameter counts in millions, as printed (a string keeps the printed precision), for each
 # builder's defaults. Sources:
 #   3D-Speaker README (modelscope/3D-Speaker, VoxCeleb table): ResNet34 6.34 M, ECAPA-TDNN 20.8 M,
@@ -78,35 +94,37 @@ def test_model_exposes_feat_dim(model):
     assert isinstance(model.feat_dim, int) and model.feat_dim == FEAT_DIM
 
 
-def test_forward_shape_and_lengths(model):
-    with torch.no_grad():
-        out = model(_fbank(2, 200))
-        assert out.ndim == 2 and out.shape[0] == 2
-        assert torch.isfinite(out).all()
-        # Lengths that are not multiples of any stride or segment size.
-        for frames in (137, 331):
-            other = model(_fbank(2, frames, seed=frames))
-            assert other.shape == out.shape
-            assert torch.isfinite(other).all()
+def test_forward_shape_and_lengths(eager):
+    out = eager(200)
+    assert out.ndim == 2 and out.shape[0] == 2
+    assert torch.isfinite(out).all()
+    # Lengths that are not multiples of any stride or segment size.
+    for frames in (137, 331):
+        other = eager(frames, seed=frames)
+        assert other.shape == out.shape
+        assert torch.isfinite(other).all()
 
 
-def test_eval_is_deterministic(model):
-    x = _fbank(2, 200)
+def test_eval_is_deterministic(model, eager):
+    """A second eval pass over the same input gives bit-equal output (the first: `eager`'s, computed once)."""
+    first = eager(200)
     with torch.no_grad():
-        torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)
+        torch.testing.assert_close(model(_fbank(2, 200)), first, rtol=0, atol=0)
 
 
 # torch.jit.script still works but warns that it is deprecated in favour of torch.compile/export.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_torchscript_matches_eager(model):
+def test_torchscript_matches_eager(model, eager):
+    """At two lengths, the forward test's inputs: 200 frames and 137 (a multiple of no stride)."""
     scripted = torch.jit.script(model)
-    for frames in (200, 157):
-        x = _fbank(2, frames, seed=frames)
+    for frames, seed in ((200, 0), (137, 137)):
         with torch.no_grad():
-            torch.testing.assert_close(scripted(x), model(x), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(scripted(_fbank(2, frames, seed)), eager(frames, seed), rtol=1e-4, atol=1e-5)
 
 
 def test_backward_gives_finite_grads(model):
+    # The training-mode pass updates the BatchNorm statistics: restored after, so `eager`'s outputs stay the model's.
+    buffers = {k: b.clone() for k, b in model.named_buffers()}
     model.train()
     try:
         model.zero_grad(set_to_none=True)
@@ -119,27 +137,27 @@ def test_backward_gives_finite_grads(model):
     finally:
         model.zero_grad(set_to_none=True)
         model.eval()
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])
 
 
-def test_bfloat16_autocast(model):
+def test_bfloat16_autocast(model, eager):
     """bf16 autocast gives the fp32 embeddings up to bf16 rounding: every row points the same way."""
-    x = _fbank(2, 200)
-    with torch.no_grad():
-        ref = model(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x)
+    ref = eager(200)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(_fbank(2, 200))
     assert out.shape == ref.shape and torch.isfinite(out.float()).all()
     assert torch.nn.functional.cosine_similarity(out.float(), ref, dim=1).min() > 0.99
 
 
-def test_bfloat16_weights(model):
+def test_bfloat16_weights(model, eager):
     """The model cast to bfloat16 as a whole (no autocast) runs on bfloat16 input, every row close to fp32."""
     import copy
 
-    x = _fbank(2, 200)
+    ref = eager(200)
     with torch.no_grad():
-        ref = model(x)
-        out = copy.deepcopy(model).bfloat16()(x.bfloat16())
+        out = copy.deepcopy(model).bfloat16()(_fbank(2, 200).bfloat16())
     assert out.dtype == torch.bfloat16 and out.shape == ref.shape and torch.isfinite(out.float()).all()
     assert torch.nn.functional.cosine_similarity(out.float(), ref, dim=1).min() > 0.98
 
@@ -148,17 +166,16 @@ def _is_2d_conv(model) -> bool:
     return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
 
-def test_channels_last_matches(model):
+def test_channels_last_matches(model, eager):
     """2-D conv models give the same embeddings with channels_last weights (eval mode: the CPU
     channels_last batch-norm kernel differs slightly in training statistics)."""
     if not _is_2d_conv(model):
         pytest.skip("a 1-D model: channels_last applies to 2-D convolutions only")
-    x = _fbank(2, 200)
+    ref = eager(200)
     with torch.no_grad():
-        ref = model(x)
         model.to(memory_format=torch.channels_last)
         try:
-            out = model(x)
+            out = model(_fbank(2, 200))
         finally:
             model.to(memory_format=torch.contiguous_format)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
