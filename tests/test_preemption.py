@@ -23,6 +23,16 @@ from tests.helpers import ROOT, assert_no_traceback, free_port, losses, same_wei
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 AGENT = [sys.executable, "-m", "speakerlab.train.launch.agent"]
+# The same agent (its launch()) with a line on stdout once torch is imported, the seconds of an agent's start.
+SECOND_AGENT = [
+    sys.executable,
+    "-c",
+    "import sys, torch.distributed.run; from speakerlab.train.launch.agent import launch; "
+    "print('imported', flush=True); sys.exit(launch(sys.argv[1:]))",
+]
+# The elastic test's rendezvous times: the restart after the lost node waits for the node's heartbeats to lapse
+# (1 s x 5 missed: torch's default 5 s x 3) and then for the round's last call (torch's default 30 s) alone.
+RDZV_TIMES = "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5"
 
 
 def test_signals_in_a_step_stop_after_it_with_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, monkeypatch):
@@ -160,37 +170,43 @@ def test_elastic_group_restarts_from_the_last_checkpoint_on_the_agent_that_remai
     port = free_port()
     logs = {}
 
-    def agent(name):
+    def agent(name, command, host):
         logs[name] = open(tmp_path / f"agent_{name}.log", "w")
         cmd = [
-            *AGENT,
+            *command,
             "--nnodes=1:2",
             "--nproc_per_node=1",
             "--max-restarts=2",
             "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{port}",
             "--rdzv_id=elastic-test",
-            "--rdzv_conf=last_call_timeout=60",  # both agents join the first round even on a loaded machine
-            *train_module(cfg, exp, "train.epochs=40"),
+            f"--rdzv_conf=is_host={host},{RDZV_TIMES}",
+            *train_module(cfg, exp, "train.epochs=20"),
         ]
         return subprocess.Popen(cmd, env=ENV, stdout=logs[name], stderr=subprocess.STDOUT)
 
-    first = agent("first")  # it hosts the rendezvous: it must be the one that stays
-
-    def listening():
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for("the first agent's rendezvous", listening, first)
-    second = agent("second")
+    # The second agent starts first, as a client that waits for the store (is_host=false), and says when torch is
+    # imported; only then the first, which hosts the store and the rendezvous (it must be the one that stays): the
+    # second is already waiting on the port, so both join the first round well within its last call.
+    procs = [agent("second", SECOND_AGENT, "false")]
     try:
+        second_log = tmp_path / "agent_second.log"
+        wait_for("the second agent's imports", lambda: "imported" in second_log.read_text(), procs[0])
+        procs.insert(0, agent("first", AGENT, "true"))
+        first, second = procs
+
+        def listening():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for("the first agent's rendezvous", listening, first)
         wait_for("training on two processes", lambda: len(losses(exp)) >= 3, first)
         assert "global 8 = 2 device(s) x 4 x accum 1" in (exp / "train.log").read_text()
         kill_tree(second.pid)  # the "node": its agent and the workers (torchrun starts them in sessions of their own)
         second.wait(60)
         assert first.wait(600) == 0, (tmp_path / "agent_first.log").read_text()[-3000:]
     finally:
-        for proc in (first, second):
+        for proc in procs:
             if proc.poll() is None:
                 kill_tree(proc.pid)
         for f in logs.values():
@@ -203,8 +219,8 @@ def test_elastic_group_restarts_from_the_last_checkpoint_on_the_agent_that_remai
     ], log[-3000:]
     after = log.split(restart[0])[1]
     assert re.search(r"resumed from \S+(partial|epoch)_\d+\.pt: epoch \d+, step \d+", after)
-    assert "training done: 40 epochs, 80 steps" in after
-    assert sorted(losses(exp)) == list(range(1, 81))
+    assert "training done: 20 epochs, 40 steps" in after
+    assert sorted(losses(exp)) == list(range(1, 41))
 
 
 def noise_lists(root: Path) -> Path:
