@@ -45,14 +45,16 @@ ReturnToService=2
 JobRequeue=1
 MpiDefault=none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
 FirstJobId={first_job}
 SlurmdParameters=config_overrides
 NodeName={host} CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
-# 8 CPUs are declared whatever the machine has (config_overrides): a 2-task job fits beside other work. Job ids
-# start at a random number: the training launch derives its rendezvous port from the job id, and another
-# Slurm of the machine (a second test session's) counts its jobs from 1.
+# The scheduler's passes every second (Slurm's default: 60 s, backfill 30 s): a requeued job whose start time has come
+# starts then, not at the next job's end or pass. 8 CPUs are declared whatever the machine has (config_overrides): a
+# 2-task job fits beside other work. Job ids start at a random number: the training launch derives its rendezvous
+# port from the job id, and another Slurm of the machine (a second test session's) counts its jobs from 1.
 
 
 def _run(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -125,7 +127,7 @@ class SlurmCluster:
             r = _run(["sinfo", "-h", "-o", "%t"], self.env)
             if r.returncode == 0 and r.stdout.strip() in ("idle", "mix", "alloc"):
                 return
-            time.sleep(1)
+            time.sleep(0.25)
         raise RuntimeError(f"the test Slurm node did not come up: {r.stdout}{r.stderr}{self.log_tail()}")
 
     def stop(self) -> None:
@@ -189,5 +191,5 @@ class SlurmCluster:
             fields = self.job(job_id)
             if until(fields):
                 return fields
-            time.sleep(1)
+            time.sleep(0.25)  # a scontrol call: cheap, and the tests wait on these
         raise TimeoutError(f"job {job_id} {what}: still {self.job(job_id)}{self.log_tail()}")
