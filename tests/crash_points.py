@@ -5,10 +5,16 @@
     load   while reading the N-th training crop
     step   in the middle of the N-th optimizer step (after backward, before the update)
 
+`python tests/crash_points.py --serve` runs many: per line on stdin, a JSON list `[KIND, N, STDERR_FILE, ARGS...]`,
+it forks a child that does the above (stdout and stderr to STDERR_FILE) and answers with the child's exit code as
+`subprocess` gives it (-9: SIGKILL), one line on stdout. Each child is a fresh copy of a process that imported torch
+(with torch._dynamo, which the optimizer imports) and speakerlab once and ran nothing: seconds of CPU a run otherwise.
+
 tests/test_reliability.py uses it to kill runs at chosen points; nothing in speakerlab knows of it.
 """
 
 import io
+import json
 import os
 import signal
 import sys
@@ -61,7 +67,44 @@ def kill_at(kind: str, n: int) -> None:
         raise SystemExit(f"unknown kind {kind}")
 
 
+def child(kind: str, n: int, out: str, args: list) -> None:
+    """In the forked child: output to `out`, the kill point set, training; never returns."""
+    code = 1
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        kill_at(kind, n)
+        code = main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported as an unforked run would, then the exit code
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    import torch._dynamo  # noqa: F401 - what every run's optimizer imports first (torch._disable_dynamo): seconds
+
+    for line in sys.stdin:
+        kind, n, out, *args = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            child(kind, int(n), out, args)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        print(code, flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        sys.exit(0)
     kind, n, sep, *rest = sys.argv[1:]
     assert sep == "--"
     kill_at(kind, int(n))

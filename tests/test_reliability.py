@@ -1,9 +1,11 @@
 """Nothing lost under kills: SIGKILL at random points of a run (steps, checkpoint writes, data loading),
 a dead rank and a stalled rank of a 2-process torchrun. Each is followed by the same command again."""
 
+import json
 import os
 import random
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -51,30 +53,44 @@ def test_sigkill_at_random_points_then_same_command_ends_with_the_uninterrupted_
     )
     rng.shuffle(points)
     kinds_hit, kills = set(), 0
-    for kind, n in points:
-        expected = newest_complete(ckpts)
-        expected_step = None if expected is None else load_checkpoint(expected).step
-        torn_before = sorted(p.name for p in ckpts.glob(".*.tmp*")) if ckpts.is_dir() else []
-        r = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "crash_points.py"), kind, str(n), "--", *cmd],
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if r.returncode == 0:  # finished before the event came (a resumed run has fewer events)
-            break
-        assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
-        kinds_hit.add(kind)
-        kills += 1
-        resumed = re.findall(r"resumed from (\S+): epoch \d+, step (\d+)", r.stderr)
-        if expected is None:
-            assert not resumed
-        else:  # the newest complete checkpoint, never a torn temporary file
-            assert resumed and Path(resumed[0][0]) == expected, (kind, n, resumed, expected)
-            assert int(resumed[0][1]) == expected_step
-        for name in torn_before:
-            assert f"removed {ckpts / name}, left mid-write" in r.stderr
+    # The killed runs are children of one server process (tests/crash_points.py --serve) that imported torch once.
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "crash_points.py"), "--serve"],
+        env=ENV,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for i, (kind, n) in enumerate(points):
+            expected = newest_complete(ckpts)
+            expected_step = None if expected is None else load_checkpoint(expected).step
+            torn_before = sorted(p.name for p in ckpts.glob(".*.tmp*")) if ckpts.is_dir() else []
+            out = tmp_path / f"killed_{i}.log"
+            server.stdin.write(json.dumps([kind, n, str(out), *cmd]) + "\n")
+            server.stdin.flush()
+            ready, _, _ = select.select([server.stdout], [], [], 300)
+            assert ready, f"run {i} ({kind} {n}) did not end within 300 s"
+            code, stderr = int(server.stdout.readline()), out.read_text()
+            if code == 0:  # finished before the event came (a resumed run has fewer events)
+                break
+            assert code == -signal.SIGKILL, stderr[-2000:]
+            kinds_hit.add(kind)
+            kills += 1
+            resumed = re.findall(r"resumed from (\S+): epoch \d+, step (\d+)", stderr)
+            if expected is None:
+                assert not resumed
+            else:  # the newest complete checkpoint, never a torn temporary file
+                assert resumed and Path(resumed[0][0]) == expected, (kind, n, resumed, expected)
+                assert int(resumed[0][1]) == expected_step
+            for name in torn_before:
+                assert f"removed {ckpts / name}, left mid-write" in stderr
+    finally:
+        server.stdin.close()  # the server ends at the end of its input
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
     assert kinds_hit == {"write", "load", "step"} and kills >= 10
     r = subprocess.run(
         [sys.executable, "-m", "speakerlab.train", *cmd], env=ENV, capture_output=True, text=True, timeout=300
