@@ -23,12 +23,13 @@ from tests.helpers import ROOT, assert_no_traceback, free_port, losses, same_wei
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 AGENT = [sys.executable, "-m", "speakerlab.train.launch.agent"]
-# The same agent (its launch()) with a line on stdout once torch is imported, the seconds of an agent's start.
+# The same agent (its launch()), started ahead: it says when torch is imported (the seconds of an agent's start), then
+# waits for a line on stdin before it runs.
 SECOND_AGENT = [
     sys.executable,
     "-c",
     "import sys, torch.distributed.run; from speakerlab.train.launch.agent import launch; "
-    "print('imported', flush=True); sys.exit(launch(sys.argv[1:]))",
+    "print('imported', flush=True); sys.stdin.readline(); sys.exit(launch(sys.argv[1:]))",
 ]
 # The elastic test's rendezvous times: the restart after the lost node waits for the node's heartbeats to lapse
 # (1 s x 5 missed: torch's default 5 s x 3) and then for the round's last call (torch's default 30 s) alone.
@@ -183,11 +184,12 @@ def test_elastic_group_restarts_from_the_last_checkpoint_on_the_agent_that_remai
             f"--rdzv_conf=is_host={host},{RDZV_TIMES}",
             *train_module(cfg, exp, "train.epochs=20"),
         ]
-        return subprocess.Popen(cmd, env=ENV, stdout=logs[name], stderr=subprocess.STDOUT)
+        stdin = subprocess.PIPE if command is SECOND_AGENT else None
+        return subprocess.Popen(cmd, env=ENV, stdin=stdin, stdout=logs[name], stderr=subprocess.STDOUT, text=True)
 
-    # The second agent starts first, as a client that waits for the store (is_host=false), and says when torch is
-    # imported; only then the first, which hosts the store and the rendezvous (it must be the one that stays): the
-    # second is already waiting on the port, so both join the first round well within its last call.
+    # The second agent imports torch first; then the first starts, hosting the store and the rendezvous (it must be
+    # the one that stays; is_host says which is which), and once it listens the second goes on: it joins the first
+    # round within a second of the first agent, well within the round's last call.
     procs = [agent("second", SECOND_AGENT, "false")]
     try:
         second_log = tmp_path / "agent_second.log"
@@ -200,6 +202,8 @@ def test_elastic_group_restarts_from_the_last_checkpoint_on_the_agent_that_remai
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
         wait_for("the first agent's rendezvous", listening, first)
+        second.stdin.write("go\n")
+        second.stdin.close()
         wait_for("training on two processes", lambda: len(losses(exp)) >= 3, first)
         assert "global 8 = 2 device(s) x 4 x accum 1" in (exp / "train.log").read_text()
         kill_tree(second.pid)  # the "node": its agent and the workers (torchrun starts them in sessions of their own)
