@@ -77,7 +77,7 @@ def child(kind: str, n: int, out: str, args: list) -> None:
         kill_at(kind, n)
         code = main(args)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)  # sys.exit's own rule
     except BaseException:  # noqa: BLE001 - reported as an unforked run would, then the exit code
         import traceback
 
