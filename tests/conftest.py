@@ -210,9 +210,10 @@ class MiniModel(NamedTuple):
 
 @pytest.fixture(scope="session")
 def mini_model(mini_corpus, tmp_path_factory):
-    """The egs/mini model, trained once for tests/test_mini_recipe.py (stages 4-7 on copies of it) and
-    tests/test_diarization_data.py (egs/mini_diar diarizes with it), by egs/mini_diar's stage 3: with no
-    checkpoint at --model it runs egs/mini's stages 2-3. Read-only: a test that runs stages into it copies it."""
+    """The egs/mini model, trained once for tests/test_mini_recipe.py (stages 4-7 on copies of it),
+    tests/test_diarization_data.py (egs/mini_diar diarizes with it) and tests/test_custom_recipe.py (egs/custom
+    fine-tunes it), by egs/mini_diar's stage 3: with no checkpoint at --model it runs egs/mini's stages 2-3.
+    Read-only: a test that runs stages into it copies it."""
 
     def build(directory: Path) -> None:
         shutil.copytree(mini_corpus.data, directory / "data")
