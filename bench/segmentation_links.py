@@ -17,7 +17,7 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-from segmentation_sweep import front
+from segmentation_sweep import front, load_models
 
 from speakerlab.dataio.tables.lists import read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm
@@ -55,17 +55,9 @@ def main() -> None:
     ap.add_argument("--cache", required=True, help="bench/segmentation_sweep.py's cache")
     ap.add_argument("--min-frames", type=int, nargs="+", default=[0, 1, 10, 25, 50])
     args = ap.parse_args()
-    from speakerlab.inference.embedder import load_embedder
-
     data = Path(args.data)
     ref = read_rttm(data / "rttm")
-    args.embedder = load_embedder(args.checkpoint, device="cpu")
-    if args.segmentation == "reference":
-        args.segmenter = None
-    else:
-        from speakerlab.diarization.segmenter import OnnxSegmenter
-
-        args.segmenter = OnnxSegmenter(args.segmentation, threads=1)
+    load_models(args)
     options = DiarizeOptions()
     done = {reco: front(args, options, reco, path, ref) for reco, (_, path) in read_wav_scp(data / "wav.scp").items()}
     for min_frames in args.min_frames:

@@ -94,6 +94,22 @@ class TorchSegmenter:
         return np.concatenate(out), stride // self.hop
 
 
+def load_models(args) -> None:
+    """`args.embedder` from `args.checkpoint`, `args.segmenter` from `args.segmentation` (None: the reference's local
+    speakers; a `.pt` file in torch; else the ONNX file): what `front` runs on a recording not in the cache."""
+    from speakerlab.inference.embedder import load_embedder
+
+    args.embedder = load_embedder(args.checkpoint, device="cpu")
+    if args.segmentation == "reference":
+        args.segmenter = None
+    elif args.segmentation.endswith(".pt"):
+        args.segmenter = TorchSegmenter(args.segmentation)
+    else:
+        from speakerlab.diarization.segmenter import OnnxSegmenter
+
+        args.segmenter = OnnxSegmenter(args.segmentation, threads=1)
+
+
 def front(args, options: DiarizeOptions, reco: str, path: str, ref) -> tuple:
     """(LocalSpeakers, speaker spans, embeddings) of one recording, from the cache when a run before made them."""
     key = f"{args.segmentation}|{Path(args.segmentation).stat().st_mtime if args.segmentation != 'reference' else ''}"
@@ -154,21 +170,11 @@ def main() -> None:
     ap.add_argument("--loop-p", type=float, nargs="+", default=[0.5])
     ap.add_argument("--init-threshold", type=float, nargs="+", default=[0.6])
     args = ap.parse_args()
-    from speakerlab.inference.embedder import load_embedder
-
     data = Path(args.data)
     ref, uem = read_rttm(data / "rttm"), read_uem(data / "uem")
     plda = load_plda(args.plda) if args.plda else None
     base = DiarizeOptions()
-    args.embedder = load_embedder(args.checkpoint, device="cpu")
-    if args.segmentation == "reference":
-        args.segmenter = None
-    elif args.segmentation.endswith(".pt"):
-        args.segmenter = TorchSegmenter(args.segmentation)
-    else:
-        from speakerlab.diarization.segmenter import OnnxSegmenter
-
-        args.segmenter = OnnxSegmenter(args.segmentation, threads=1)
+    load_models(args)
     t0 = time.time()
     scp = read_wav_scp(data / "wav.scp")
     done = {reco: front(args, base, reco, path, ref) for reco, (_, path) in scp.items()}
