@@ -17,7 +17,7 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-from segmentation_sweep import front, load_models
+from segmentation_sweep import front, load_models, model_arguments
 
 from speakerlab.dataio.tables.lists import read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm
@@ -49,9 +49,7 @@ def links(local, found, min_frames: int) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="the embedder (part of the cache's key)")
-    ap.add_argument("--data", required=True, help="folder with wav.scp and rttm")
-    ap.add_argument("--segmentation", required=True, help="the segmentation model's ONNX file, or 'reference'")
+    model_arguments(ap)
     ap.add_argument("--cache", required=True, help="bench/segmentation_sweep.py's cache")
     ap.add_argument("--min-frames", type=int, nargs="+", default=[0, 1, 10, 25, 50])
     args = ap.parse_args()

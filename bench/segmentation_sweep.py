@@ -154,11 +154,16 @@ def settings_of(args) -> list:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def model_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options `load_models` and `front` read (bench/segmentation_links.py takes them too)."""
     ap.add_argument("--checkpoint", required=True, help="the embedder (a checkpoint or exp dir)")
     ap.add_argument("--data", required=True, help="folder with wav.scp, rttm, uem")
     ap.add_argument("--segmentation", required=True, help="the segmentation model's ONNX file, or 'reference'")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    model_arguments(ap)
     ap.add_argument("--plda", help="the PLDA of the embedder (vbx settings)")
     ap.add_argument("--cache", help="keep and reuse each recording's local speakers and embeddings here")
     ap.add_argument("--oracle-count", action="store_true", help="give each recording its reference count")
