@@ -1,14 +1,14 @@
-"""`python tests/crash_points.py KIND N -- <speakerlab.train.loop arguments>`: run training exactly like
-`python -m speakerlab.train`, but SIGKILL the process at the N-th event of KIND:
+"""`python tests/crash_points.py`: a server of training runs that SIGKILL themselves. Per line on stdin, a JSON list
+`[KIND, N, OUT_FILE, <speakerlab.train.loop arguments>...]`: it forks a child that trains exactly like `python -m
+speakerlab.train` (stdout and stderr to OUT_FILE) but is SIGKILLed at the N-th event of KIND,
 
     write  half-way through writing the N-th checkpoint file (a torn temporary file is left)
     load   while reading the N-th training crop
     step   in the middle of the N-th optimizer step (after backward, before the update)
 
-`python tests/crash_points.py --serve` runs many: per line on stdin, a JSON list `[KIND, N, STDERR_FILE, ARGS...]`,
-it forks a child that does the above (stdout and stderr to STDERR_FILE) and answers with the child's exit code as
-`subprocess` gives it (-9: SIGKILL), one line on stdout. Each child is a fresh copy of a process that imported torch
-(with torch._dynamo, which the optimizer imports) and speakerlab once and ran nothing: seconds of CPU a run otherwise.
+and answers with the child's exit code as `subprocess` gives it (-9: SIGKILL), one line on stdout. Each child is a
+fresh copy of a process that imported torch (with torch._dynamo, which the optimizer imports) and speakerlab once and
+ran nothing: a new interpreter per run cost seconds of CPU.
 
 tests/test_reliability.py uses it to kill runs at chosen points; nothing in speakerlab knows of it.
 """
@@ -102,10 +102,4 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-        sys.exit(0)
-    kind, n, sep, *rest = sys.argv[1:]
-    assert sep == "--"
-    kill_at(kind, int(n))
-    sys.exit(main(rest))
+    serve()

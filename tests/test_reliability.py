@@ -53,9 +53,9 @@ def test_sigkill_at_random_points_then_same_command_ends_with_the_uninterrupted_
     )
     rng.shuffle(points)
     kinds_hit, kills = set(), 0
-    # The killed runs are children of one server process (tests/crash_points.py --serve) that imported torch once.
+    # The killed runs are children of one server process (tests/crash_points.py) that imported torch once.
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "crash_points.py"), "--serve"],
+        [sys.executable, str(ROOT / "tests" / "crash_points.py")],
         env=ENV,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
