@@ -46,6 +46,44 @@ def test_length_batches_respect_size_and_pad_ratio():
     assert padded == [[0, 2, 5, 6, 3], [1, 4]]
 
 
+def test_workers_embed_batches_at_once_and_give_the_same_bits(ckpt):
+    """`workers` 2: two batches are in `embed` at the same time (a barrier that one thread alone would never pass),
+    and the real model on one torch thread per call gives exactly the bits of one worker, in input order."""
+    import threading
+
+    import torch
+
+    from speakerlab.inference.common import embed_in_batches
+
+    barrier, inside = threading.Barrier(2, timeout=30), []
+
+    def embed(rows):
+        if len(inside) < 2:
+            inside.append(threading.get_ident())
+            barrier.wait()  # BrokenBarrierError after 30 s unless a second batch is in here too
+        return rows[:, :3] * 2
+
+    waves = [np.full(n, n, np.float32) for n in (400, 300, 400, 500, 300)]
+    out = embed_in_batches(waves, lambda n: n, embed, max_batch=2, workers=2)
+    assert len(set(inside)) == 2 and np.array_equal(out[:, 0], [800, 600, 800, 1000, 600])
+
+    before = torch.get_num_threads()
+    embedder = load_embedder(ckpt, device="cpu")
+    rng = np.random.default_rng(4)
+    waves = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(8000, 24000, 24)]
+    try:
+        torch.set_num_threads(1)
+        alone = embedder.embed_waves(waves, max_batch=4)
+        embedder.workers = 2
+        threads_seen = []
+        features = embedder.features.forward
+        embedder.features.forward = lambda x: (threads_seen.append(torch.get_num_threads()), features(x))[1]
+        together = embedder.embed_waves(waves, max_batch=4)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(alone, together) and set(threads_seen) == {1} and len(threads_seen) >= 12
+
+
 def test_padded_batches_repeat_shorter_waves(ckpt):
     """pad_ratio > 0: a shorter wave in the batch is repeated, not zero-padded."""
     embedder = load_embedder(ckpt, device="cpu")

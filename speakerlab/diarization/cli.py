@@ -252,7 +252,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     # flip a frame's class near a tie and change the RTTM (bench/diarization_repeat.py); it is a small part of the time.
     segmenter = OnnxSegmenter(args.segmentation, threads=1) if args.segmentation else None
     vad = None if speech is not None or segmenter is not None else make_vad(args.vad)
-    diarizer = Diarizer(source_embedder(ap, args), vad, options, plda, cache, segmenter)
+    diarizer = Diarizer(source_embedder(ap, args, workers=True), vad, options, plda, cache, segmenter)
     results, audio_seconds = [], 0.0
     try:
         for reco, path, where in items:

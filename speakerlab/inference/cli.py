@@ -264,18 +264,35 @@ def embed_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def source_embedder(ap: argparse.ArgumentParser, args):
+def source_embedder(ap: argparse.ArgumentParser, args, workers: bool = False):
     """The embedder the options of `add_source_args` name: a waveform ONNX file on onnxruntime (`--onnx`, torch
-    never imported), else `speakerlab.inference.embedder.embedder_from_args` (torch)."""
+    never imported), else `speakerlab.inference.embedder.embedder_from_args` (torch).
+
+    `workers` (speakerlab-diarize): `--threads N` on the CPU becomes N threads that each embed their own batch on one
+    thread of the library's, instead of one batch at a time on the library's N intra-op threads. The embeddings are
+    then the same bits whatever N (speakerlab.inference.common.embed_in_batches): with N intra-op threads they moved
+    by ~2e-6 on an AMD EPYC CPU, enough to change an RTTM (bench/RESULTS.md, "The same RTTM?")."""
     if getattr(args, "onnx", None):
         from speakerlab.inference.deploy.runtime import load_onnx
 
         threads, args.threads_line = use_threads(args.threads)
-        return load_onnx(args.onnx, threads=threads)
-    require_torch("a model other than a waveform ONNX file", "use --onnx FILE (speakerlab-export --waveform makes one)")
-    from speakerlab.inference.embedder import embedder_from_args
+        embedder = load_onnx(args.onnx, threads=1 if workers else threads)
+    else:
+        require_torch(
+            "a model other than a waveform ONNX file", "use --onnx FILE (speakerlab-export --waveform makes one)"
+        )
+        from speakerlab.inference.embedder import embedder_from_args
 
-    return embedder_from_args(ap, args)
+        embedder = embedder_from_args(ap, args)
+        threads = sys.modules["torch"].get_num_threads()
+        if workers and embedder.device.type != "cpu":
+            return embedder
+    if workers:
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+        embedder.workers = threads
+        args.threads_line += f"; embeddings: {threads} worker(s) of one thread each"
+    return embedder
 
 
 def run_embed(argv: Optional[Sequence[str]] = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -89,18 +90,32 @@ def embed_in_batches(
     embed: Callable[[np.ndarray], np.ndarray],
     max_batch: int = 32,
     pad_ratio: float = 0.0,
+    workers: int = 1,
 ) -> np.ndarray:
     """Whole waves of any lengths -> `(N, D)` float32 in input order, `embed` mapping `(B, samples)` rows to
     `(B, D)`. Waves of equal `batch_length` (the front end's: fbank frames, or samples) share a call; with
     `pad_ratio` r > 0 waves up to r x longer than the shortest do too. Shorter members are repeated to the
     longest, not zero-padded (silence would shift the statistics); at equal batch length the samples past
-    the last whole frame are never read, so each embedding is exactly the one of its wave alone."""
+    the last whole frame are never read, so each embedding is exactly the one of its wave alone.
+
+    `workers` > 1: that many threads call `embed` at once, each on its own batch (torch and onnxruntime release the
+    GIL while they compute). The batches are the same whatever `workers`, so where each call computes on one thread
+    (the embedders' `workers` setting) the embeddings are the same bits on 1 or N workers; a library's own intra-op
+    threads split a reduction by their number and move the last bits (bench/RESULTS.md, "The same RTTM?")."""
     lengths = [batch_length(len(w)) for w in waves]
     out: List[Optional[np.ndarray]] = [None] * len(waves)
-    for batch in length_batches(lengths, max_batch, pad_ratio):
+
+    def rows(batch: List[int]) -> np.ndarray:
         n = max(len(waves[i]) for i in batch)
-        rows = np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
-        emb = embed(rows)
+        return np.stack([np.resize(np.asarray(waves[i], dtype=np.float32), n) for i in batch])
+
+    batches = length_batches(lengths, max_batch, pad_ratio)
+    if workers > 1 and len(batches) > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            done = list(pool.map(lambda batch: embed(rows(batch)), batches))
+    else:
+        done = [embed(rows(batch)) for batch in batches]
+    for batch, emb in zip(batches, done):
         for j, i in enumerate(batch):
             out[i] = emb[j]
     return np.stack(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)

@@ -42,7 +42,8 @@ class Embedder:
 
     The model is used as given (callers decide train/eval mode: `load_embedder` returns eval mode);
     `name` says where it came from, for logs; `model_id`, for a speakerlab checkpoint its content digest,
-    which embeddings files record (the model that made them) and `speakerlab-verify` matches.
+    which embeddings files record (the model that made them) and `speakerlab-verify` matches. `workers`: threads
+    that embed batches at once in `embed_waves` (speakerlab.inference.common.embed_in_batches; 1 by default).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class Embedder:
         self.spec = spec
         self.features = build_features(spec).to(self.device)
         self.name, self.model_id = name, model_id
+        self.workers = 1
         self._min_samples: Optional[int] = None
 
     @property
@@ -94,7 +96,7 @@ class Embedder:
         def embed(rows: np.ndarray) -> np.ndarray:
             return self(torch.from_numpy(rows)).cpu().numpy()
 
-        return embed_in_batches(waves, self.features.batch_length, embed, max_batch, pad_ratio)
+        return embed_in_batches(waves, self.features.batch_length, embed, max_batch, pad_ratio, self.workers)
 
     @torch.no_grad()
     def embed_fbank(self, feats: torch.Tensor) -> torch.Tensor:

@@ -63,12 +63,14 @@ class OnnxEmbedder:
     """A waveform ONNX file on onnxruntime: `(B, samples)` float32 at `sample_rate` -> `(B, D)` float32.
 
     `resample=False` makes a file at another rate an error instead of resampling it. `threads` sets
-    onnxruntime's intra-op threads (default: its own, the physical cores)."""
+    onnxruntime's intra-op threads (default: its own, the physical cores); `workers`, the threads that run batches
+    at once in `embed_waves` (1 by default; speakerlab.inference.common.embed_in_batches)."""
 
     def __init__(self, path: Union[str, Path], resample: bool = True, threads: Optional[int] = None):
         import onnxruntime as ort
 
         self.path = str(path)
+        self.workers = 1
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -154,7 +156,7 @@ class OnnxEmbedder:
     def embed_waves(self, waves: Sequence[np.ndarray], max_batch: int = 32, pad_ratio: float = 0.0) -> np.ndarray:
         """Whole waves of any lengths -> `(N, D)` float32 in input order, batched as the torch path
         (speakerlab.inference.common.embed_in_batches)."""
-        return embed_in_batches(waves, self.batch_length, self, max_batch, pad_ratio)
+        return embed_in_batches(waves, self.batch_length, self, max_batch, pad_ratio, self.workers)
 
 
 def read_metadata(props: Dict[str, str], path: str) -> Dict[str, str]:
