@@ -99,6 +99,23 @@ def test_more_speakers_than_a_window_holds_are_all_found(embedder):
     assert all(len(v) == 1 for v in who.values()) and len(set.union(*who.values())) == 4, who
 
 
+@pytest.mark.parametrize("method", ["spectral", "ahc", "vbx"])
+def test_the_count_asked_for_is_honoured(embedder, method):
+    """Exact, minimum and maximum counts through the segmentation way: three speakers read as the count asked for
+    (a count above three makes clusters of one person's pieces; each still gets turns, none is dropped)."""
+    from speakerlab.diarization.clustering.cluster import SpeakerCount
+    from speakerlab.diarization.clustering.plda import fit_plda
+
+    wave, ref = talk(*THREE)
+    g = np.random.default_rng(0)
+    plda = fit_plda(g.standard_normal((400, 80)), np.repeat(np.arange(20), 20)) if method == "vbx" else None
+    diarizer = Diarizer(embedder, options=DiarizeOptions(method=method), plda=plda, segmenter=OracleSegmenter(ref))
+    for low, high in ((6, 6), (5, 10), (3, 3), (1, 2), (2, 2)):
+        result = diarizer.diarize(wave, SR, SpeakerCount(low, high))
+        found = {t.speaker for t in result.turns}
+        assert low <= len(found) <= high and result.notes == [], (low, high, len(found))
+
+
 def test_one_speaker_is_one_speaker(embedder):
     wave, ref = talk(2, [0] * 6)
     result = Diarizer(embedder, segmenter=OracleSegmenter(ref)).diarize(wave, SR)

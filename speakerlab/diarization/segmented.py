@@ -145,9 +145,30 @@ def assign_within_windows(keys: Sequence[Tuple[int, int]], x: np.ndarray, centro
     return out
 
 
-def reconstruct(local: LocalSpeakers, keys, assigned: np.ndarray, num_clusters: int) -> np.ndarray:
+def keep_keys(assigned: np.ndarray, labels: np.ndarray, sims: np.ndarray, least: int) -> np.ndarray:
+    """`assigned` (N,) of `assign_within_windows` with at least `least` clusters holding a (window, local speaker)
+    (as many as there are clusters, at most): a cluster left without one takes its own member (`labels` (N,)) most
+    like it (`sims` (N, C) cosines to the centroids) among those whose cluster keeps another; strongest first."""
+    out = assigned.copy()
+    for c in np.argsort(-sims.max(axis=0), kind="stable"):
+        held = np.bincount(out[out >= 0], minlength=sims.shape[1])
+        if (held > 0).sum() >= least:
+            break
+        if held[c]:
+            continue
+        spare = (out < 0) | (held[np.maximum(out, 0)] > 1)
+        pool = np.flatnonzero(spare & (labels == c)) if (spare & (labels == c)).any() else np.flatnonzero(spare)
+        if len(pool):
+            out[pool[np.argmax(sims[pool, c])]] = c
+    return out
+
+
+def reconstruct(local: LocalSpeakers, keys, assigned: np.ndarray, num_clusters: int, least: int = 0) -> np.ndarray:
     """(F, C) bool: per recording frame, the `count` clusters most active over the windows covering it (count:
-    the windows' mean local speaker count, rounded, at most C), among those with any activity there."""
+    the windows' mean local speaker count, rounded, at most C), among those with any activity there. Where fewer
+    than `least` clusters get a frame so (a count asked for), those left out with activity, most active first,
+    take the frames where they are at least half as active as at their peak, each in place of the least active
+    speaker there that keeps frames elsewhere (on top of none: the frames the segmentation heard stay as many)."""
     per_cluster = np.zeros((*local.acts.shape[:2], num_clusters))
     for (w, k), c in zip(keys, assigned):
         if c >= 0:
@@ -162,6 +183,16 @@ def reconstruct(local: LocalSpeakers, keys, assigned: np.ndarray, num_clusters: 
         best = order[pick, j]
         keep = score[pick, best] > 0
         on[pick[keep], best[keep]] = True
+    for c in np.argsort(-score.max(axis=0), kind="stable"):
+        if on.any(axis=0).sum() >= least:
+            break
+        if on[:, c].any() or score[:, c].max() <= 0:
+            continue
+        for f in np.flatnonzero(score[:, c] >= 0.5 * score[:, c].max()):
+            there = [k for k in np.flatnonzero(on[f]) if on[:, k].sum() > 1]
+            if there:
+                on[f, min(there, key=lambda k: score[f, k])] = False
+                on[f, c] = True
     return on
 
 
@@ -250,9 +281,10 @@ def clustered(
     x = normalize(emb)
     centroids = normalize(np.stack([x[labels == c].mean(axis=0) for c in range(labels.max() + 1)]))
     keys = [(w, k) for w, k, _ in found]
-    assigned = assign_within_windows(keys, x, centroids)
-    on = reconstruct(local, keys, assigned, len(centroids))
-    # Speakers named in order of first appearance; a cluster left without frames is dropped.
+    assigned = keep_keys(assign_within_windows(keys, x, centroids), labels, x @ centroids.T, count.min)
+    on = reconstruct(local, keys, assigned, len(centroids), least=count.min)
+    # Speakers named in order of first appearance; a cluster left without frames is dropped (as long as the count
+    # asked for keeps: keep_keys and reconstruct give up to `count.min` clusters frames).
     firsts = [(int(np.argmax(on[:, c])), c) for c in range(on.shape[1]) if on[:, c].any()]
     rename = {c: i for i, (_, c) in enumerate(sorted(firsts))}
     turns = [
