@@ -60,6 +60,23 @@ def test_diarize_onnx_and_der_run_where_torch_cannot_be_imported(stats_file, con
     # The 8 kHz file's turns lie where its 16 kHz twin's would: speech found after resampling.
     assert max(t.end for t in hyp["c1"]) > 4.0 and out_json.stat().st_size > 0
 
+    # The segmentation way too: a small random segmentation model's ONNX file (written here, with torch) in place
+    # of the VAD; with the count asked for, two speakers in each recording.
+    import torch
+
+    from speakerlab.diarization.segmentation import SegmentationModel, SegmentationShape, export_onnx
+
+    torch.manual_seed(0)
+    shape = SegmentationShape(filters=16, channels=16, hidden=16, layers=1, frontend="fbank", dropout=0.0)
+    export_onnx(SegmentationModel(shape).eval(), tmp_path / "seg.onnx")
+    args = ["--wav-scp", conversations, "--onnx", stats_file, "--segmentation", tmp_path / "seg.onnx"]
+    cmd = [sys.executable, "-c", script, *map(str, args), "--num-speakers", "2", "--rttm", str(rttm)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no torch" and "Traceback" not in done.stderr
+    hyp = read_rttm(rttm)
+    assert set(hyp) == {"c0", "c1"} and all(len({t.speaker for t in turns}) == 2 for turns in hyp.values())
+
     der = "import sys; from speakerlab.diarization.der import main; sys.exit(main(sys.argv[1:]))"
     helped = subprocess.run([sys.executable, "-c", der, "--help"], env=env, capture_output=True, text=True)
     assert helped.returncode == 0 and "--hyp" in helped.stdout, helped.stderr
