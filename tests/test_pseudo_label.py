@@ -7,16 +7,16 @@ from speakerlab.dataio.tables.lists import load_data_dir
 from speakerlab.train.pseudo_label import keep_confident, main, purity
 
 
-def corpus(tmp_path, speakers=8, utts=10, spread=0.15, seed=0):
+def corpus(tmp_path, speakers=8, utts=10, spread=0.15, seed=0, dim=16):
     """A wav.scp (paths need not exist) and embeddings: speaker s's utterances scattered around a direction of
     its own, plus `ambiguous` utterances halfway between speakers 0 and 1."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((speakers, 16))
+    centres = rng.standard_normal((speakers, dim))
     ids, emb, truth = [], [], []
     for s in range(speakers):
         for u in range(utts):
             ids.append(f"s{s}-{u}")
-            emb.append(centres[s] + spread * np.linalg.norm(centres[s]) * rng.standard_normal(16) / 4)
+            emb.append(centres[s] + spread * np.linalg.norm(centres[s]) * rng.standard_normal(dim) / 4)
             truth.append(f"s{s}")
     for u in range(4):  # between speakers 0 and 1: the least confident
         ids.append(f"s0-x{u}")
@@ -49,6 +49,23 @@ def test_clusters_become_a_labelled_data_dir_and_the_unsure_are_dropped(tmp_path
     # The count estimated by AHC on the same embeddings
     assert main(args + ["--estimate", "--threshold", "0.3", "--drop", "0"]) == 0
     assert "84 of 84 utterances kept in 8 clusters" in capsys.readouterr().err
+
+
+def test_the_estimated_count_is_scaled_from_the_sample_to_the_whole_set(tmp_path, capsys):
+    """300 speakers of 40 utterances, AHC on a random 600 of the 12,004: the sample holds about 259 of the speakers
+    (300 (1 - e^-2)), and the count for the whole set is scaled back up to about 300."""
+    from speakerlab.train.pseudo_label import whole_set_count
+
+    assert whole_set_count(3391, 5000, 1_000_000) in range(5900, 6050)  # 6 k speakers at VoxCeleb2 scale
+    assert whole_set_count(8, 84, 84) == 8  # the whole set clustered: nothing to scale
+    data = corpus(tmp_path, speakers=300, utts=40, spread=0.1, dim=64)  # 64-D: no two speakers within the cut
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(tmp_path / "pl")]
+    assert main(args + ["--estimate", "--estimate-sample", "600", "--threshold", "0.3", "--drop", "0"]) == 0
+    found, scaled = (int(w) for w in capsys.readouterr().err.split("AHC found ")[1].split()[:8:7])
+    assert 240 <= found <= 275 and 270 <= scaled <= 330, (found, scaled)  # within 10 % of 300
+    tiny = ["--estimate", "--estimate-sample", "40", "--threshold", "0.01"]  # nearly every utterance its own cluster
+    assert main(args[:-1] + [str(tmp_path / "pl2"), *tiny]) == 2
+    assert "too few utterances per cluster" in capsys.readouterr().err
 
 
 def test_the_confidence_rule_and_purity():

@@ -198,7 +198,7 @@ pseudo_label_options() {
                                      # a self-supervised --config (conf/$1/dino_*.yaml), then stage 10
   opt supervised_config "../../conf/$1/ecapa_tdnn_c1024.yaml"  # stage 10: the margin recipe trained on the clusters
   opt rounds 1                       # stage 10: pseudo-label rounds (embed, cluster, train from the last model)
-  opt clusters estimate              # stage 10: pseudo-speakers, or estimate: AHC on a sample says how many
+  opt clusters estimate              # stage 10: pseudo-speakers, or estimate: AHC on a sample, scaled to the set
   opt drop 0.2                       # stage 10: share of the least confident utterances dropped
   opt round_overrides ""             # stage 10: overrides of the rounds' training, e.g. "train.epochs=20"
 }

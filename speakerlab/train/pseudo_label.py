@@ -8,8 +8,10 @@ random sample of `--sample` utterances, then every utterance assigned to its nea
 `BLOCK` rows (one matrix product each): memory O(block x k), time O(N x k x D), so 1 M utterances and 10 k
 clusters are minutes on a CPU. The count is `--clusters`, or with `--estimate` the number of clusters of
 average-linkage AHC (scipy) on a sample of `--estimate-sample` utterances cut at cosine distance
-`--threshold`, scaled by nothing: each speaker is assumed present in the sample (a sample too small for the
-speaker count gives too few clusters; the printed count says what was used).
+`--threshold`, scaled from the sample to the whole set: a random n of N utterances holds only some speakers (at 1 M
+utterances of 6 k speakers, 5,000 hold about 3.4 k of them), so the count S is the one whose expected number of
+speakers in the sample, S (1 - (1 - n/N)^(N/S)), is the c clusters found (speakers of equal size assumed; unequal
+ones make S a little low). The printed line says what was found and what it was scaled to.
 
 Confidence rule: an utterance's margin is its cosine to its own centroid minus that to the second nearest;
 the round(`--drop` x N) utterances with the lowest margins are dropped (they sit between two clusters), then every
@@ -43,14 +45,34 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def estimate_count(x: np.ndarray, threshold: float, sample: int, seed: int) -> int:
-    """Clusters of average-linkage AHC on cosine distance cut at `threshold`, on at most `sample` rows of the unit
-    embeddings `x (N, D)`."""
+def estimate_count(x: np.ndarray, threshold: float, sample: int, seed: int) -> tuple:
+    """(the count for all of `x`, the clusters found, the rows clustered): average-linkage AHC on cosine distance cut
+    at `threshold`, on at most `sample` rows of the unit embeddings `x (N, D)`, scaled by `whole_set_count`."""
     from scipy.cluster.hierarchy import fcluster, linkage
 
     rows = np.random.default_rng(seed).permutation(len(x))[:sample]
     tree = linkage(x[rows], method="average", metric="cosine")
-    return int(fcluster(tree, t=threshold, criterion="distance").max())
+    found = int(fcluster(tree, t=threshold, criterion="distance").max())
+    return whole_set_count(found, len(rows), len(x)), found, len(rows)
+
+
+def whole_set_count(found: int, n: int, total: int) -> int:
+    """The speakers S of `total` utterances (equal shares) whose random `n` are expected to hold `found` of them:
+    S (1 - (1 - n/total)^(total/S)) = found, solved by bisection (the left side grows with S); `total` when even
+    that is short of `found` (nearly every sampled utterance a cluster of its own: the sample says little)."""
+    if n >= total:
+        return found
+
+    def held(s: float) -> float:
+        return s * -np.expm1((total / s) * np.log1p(-n / total))
+
+    if held(total) <= found:
+        return total
+    lo, hi = float(found), float(total)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if held(mid) < found else (lo, mid)
+    return int(round(hi))
 
 
 def kmeans_centroids(x: np.ndarray, k: int, sample: int, seed: int) -> np.ndarray:
@@ -113,7 +135,18 @@ def pseudo_label(args) -> Outcome:
         )
     index = {u: i for i, u in enumerate(ids)}
     x = unit(emb[[index[u] for u in data.utts]])
-    k = args.clusters or estimate_count(x, args.threshold, args.estimate_sample, args.seed)
+    k = args.clusters
+    if not k:
+        k, found, n = estimate_count(x, args.threshold, args.estimate_sample, args.seed)
+        if n < len(x) and found > n / 2:  # fewer than two sampled utterances per cluster: nothing to scale from
+            raise ListError(
+                f"--estimate: AHC at --threshold {args.threshold} made {found} clusters of {n} sampled utterances, too "
+                "few utterances per cluster to estimate the count: raise --estimate-sample or give --clusters"
+            )
+        print(
+            f"pseudo-label: AHC found {found} clusters in {n} of {len(x)} utterances: {k} for all of them",
+            file=sys.stderr,
+        )
     if not 2 <= k <= len(x):
         raise ListError(f"{k} clusters for {len(x)} utterances: give --clusters between 2 and {len(x)}")
     labels, _, margin = assign(x, kmeans_centroids(x, k, args.sample, args.seed))
@@ -152,7 +185,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--out", required=True, help="the labelled data dir to write (wav.scp, utt2spk)")
     count = ap.add_mutually_exclusive_group(required=True)
     count.add_argument("--clusters", type=int, help="the number of clusters (pseudo-speakers)")
-    count.add_argument("--estimate", action="store_true", help="estimate it by AHC on a sample (module doc)")
+    count.add_argument("--estimate", action="store_true", help="estimate it by AHC on a sample, scaled (module doc)")
     ap.add_argument("--threshold", type=float, default=0.5, help="--estimate: AHC cut, cosine distance")
     ap.add_argument("--estimate-sample", type=int, default=5000, help="--estimate: utterances clustered by AHC")
     ap.add_argument("--sample", type=int, default=200000, help="utterances k-means is fitted on")
