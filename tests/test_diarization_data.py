@@ -166,6 +166,39 @@ def test_a_one_speaker_conversation_is_a_monologue_without_overlap(tmp_path, cor
         assert all(a.end <= b.start for a, b in zip(turns, turns[1:]))
 
 
+def test_conversations_in_a_room_reverberate_each_speaker_from_one_place(tmp_path, corpus, monkeypatch):
+    """--rirs: the same turns as dry (the reference is the dry speech), each speaker convolved with one RIR of the
+    conversation's room throughout and the speakers with different ones, a reverberant tail after every turn."""
+    import speakerlab.synth.conversations as conversations
+
+    args = ["--data", str(corpus / "test"), "--num-conversations", "2", "--min-speakers", "2", "--max-speakers", "3"]
+    args += ["--duration", "20", "--seed", "4", "--pause", "0.5:1.0"]
+    assert conversations_main([*args, "--out", str(tmp_path / "dry")]) == 0
+    used, convolve = [], conversations.fftconvolve
+    monkeypatch.setattr(conversations, "fftconvolve", lambda x, h: (used.append(h), convolve(x, h))[1])
+    rirs = corpus / "RIRS_NOISES" / "simulated_rirs"
+    assert conversations_main([*args, "--out", str(tmp_path / "wet"), "--rirs", str(rirs)]) == 0
+    assert (tmp_path / "dry" / "rttm").read_text() == (tmp_path / "wet" / "rttm").read_text()
+    ref = read_rttm(tmp_path / "wet" / "rttm")
+    turns = [t for reco in sorted(ref) for t in ref[reco]]  # in the order they were placed (by start)
+    assert len(used) == len(turns)
+    tails = 0
+    for reco in sorted(ref):
+        place = {}
+        for t in ref[reco]:
+            place.setdefault(t.speaker, set()).add(id(used.pop(0)))
+        assert all(len(p) == 1 for p in place.values()) and len(set.union(*place.values())) == len(place)
+        dry, rate = sf.read(tmp_path / "dry" / "wav" / f"{reco}.wav")
+        wet, _ = sf.read(tmp_path / "wet" / "wav" / f"{reco}.wav")
+        for t in ref[reco]:  # the 0.1 s after a turn where nobody talks: near silence dry, the room's tail wet
+            a, b = int((t.end + 0.02) * rate), int((t.end + 0.12) * rate)
+            if any(u.start < t.end + 0.12 and u.end > t.end for u in ref[reco]) or b > len(dry):
+                continue
+            assert np.sum(wet[a:b] ** 2) > 10 * np.sum(dry[a:b] ** 2) + 1e-6, (reco, t)
+            tails += 1
+    assert tails >= 10
+
+
 def test_conversations_need_enough_speakers(tmp_path, corpus, capsys):
     args = ["--data", str(corpus / "test"), "--out", str(tmp_path / "c"), "--min-speakers", "5", "--max-speakers", "6"]
     assert conversations_main(args) == 2

@@ -6,9 +6,12 @@ unequal shares of the talk, and lets them take turns until `--duration` seconds:
 one of the speaker's utterances (`--turn` seconds, cut at a random place, leading and trailing silence
 trimmed), the next speaker is another one, and the next turn starts after a pause (`--pause` seconds) or,
 with probability `--overlap`, before the current one ends (0.2 s up to half the turn, at most 1.5 s).
-Each speaker talks at their own level (RMS -26 dBFS +- 3 dB), each turn +- 1 dB on top. Background noise
-(`--noise`, a folder of wav files, e.g. the corpus's musan/noise; looped, at an SNR drawn from `--snr`
-against the speech) is added under the whole recording.
+Each speaker talks at their own level (RMS -26 dBFS +- 3 dB), each turn +- 1 dB on top. With `--rirs` (a folder of
+room impulse responses, e.g. the corpus's RIRS_NOISES/simulated_rirs), a conversation (`--rir-prob` of them) takes
+place in one room, a folder of RIRs, and each speaker in one place of it, one RIR: all their turns are convolved with
+it (the direct path kept where the dry turn was; the reverberant tail runs on into what follows, and the reference
+turn stays the dry speech). Background noise (`--noise`, a folder of wav files, e.g. the corpus's musan/noise; looped,
+at an SNR drawn from `--snr` against the speech) is added under the whole recording.
 
 Under OUT: wav/<id>.wav (16 kHz int16), wav.scp, rttm (the turns, speaker names of the data dir),
 reco2num_spk, uem (each recording whole). A turn's reference span is the piece as placed, less its
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+from scipy.signal import fftconvolve
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, read_audio, sf
@@ -88,7 +92,34 @@ class Source:
         return x[a:b]
 
 
-def conversation(source: Source, index: int, args, noises: List[Path]) -> Tuple[np.ndarray, List[Turn]]:
+class Rooms:
+    """Room impulse responses (wav files under a folder) grouped by the folder holding them: a room, as RIRS_NOISES
+    lays them out (simulated_rirs/<size>/RoomNNN/RoomNNN-000KK.wav, the places of one room)."""
+
+    def __init__(self, folder: str):
+        self.rooms: Dict[Path, List[Path]] = {}
+        for f in sorted(Path(folder).rglob("*.wav")):
+            self.rooms.setdefault(f.parent, []).append(f)
+        if not self.rooms:
+            raise ListError(f"--rirs {folder}: no .wav files there")
+        self.names = sorted(self.rooms)
+
+    def places(self, speakers: List[str], g: np.random.Generator) -> Dict[str, np.ndarray]:
+        """{speaker: RIR (L,) float64 from its direct path on, peak 1}: one room, a place of it per speaker (distinct
+        while the room has enough)."""
+        room = self.rooms[self.names[int(g.integers(len(self.names)))]]
+        picks = g.permutation(len(room)) if len(room) >= len(speakers) else g.integers(len(room), size=len(speakers))
+        out = {}
+        for spk, i in zip(speakers, picks):
+            h = read_audio(str(room[int(i)]), SR).astype(np.float64)
+            h = h[int(np.argmax(np.abs(h))) :]  # the direct path at 0: the turn stays where the reference has it
+            out[spk] = h / (np.max(np.abs(h)) + 1e-12)
+        return out
+
+
+def conversation(
+    source: Source, index: int, args, noises: List[Path], rooms: Optional[Rooms] = None
+) -> Tuple[np.ndarray, List[Turn]]:
     """One conversation: `(samples,)` float32 and its reference turns (see the module docstring)."""
     g = np.random.default_rng([args.seed, index])
     everyone = sorted(source.by_speaker)
@@ -97,10 +128,13 @@ def conversation(source: Source, index: int, args, noises: List[Path]) -> Tuple[
     share = g.dirichlet(np.full(k, 2.0))
     level = {s: LEVEL_DB + g.uniform(-3.0, 3.0) for s in speakers}
     queue = {s: list(g.permutation(source.by_speaker[s])) for s in speakers}
+    # The room from a generator of its own: without --rirs the conversations are the same as they always were.
+    room_g = np.random.default_rng([args.seed, index, 1])
+    places = rooms.places(speakers, room_g) if rooms and room_g.random() < args.rir_prob else {}
     lead = g.uniform(0.5, 1.5)
-    placed: List[Tuple[int, np.ndarray, str]] = []
+    placed: List[Tuple[int, np.ndarray, str, int]] = []  # start, samples (with any reverberant tail), speaker, dry
     t, last, current, misses = lead, None, int(SR * lead), 0
-    while t < args.duration or len({s for _, _, s in placed}) < k:
+    while t < args.duration or len({p[2] for p in placed}) < k:
         others = [i for i in range(k) if speakers[i] != last] or [0]  # a monologue when k is 1
         p = share[others] / share[others].sum()
         spk = speakers[others[int(g.choice(len(others), p=p))]] if len(placed) >= k else speakers[len(placed)]
@@ -114,29 +148,32 @@ def conversation(source: Source, index: int, args, noises: List[Path]) -> Tuple[
                 raise ListError(f"{source.wav[utt]}: speaker '{spk}' gives no piece of speech of 0.25 s or more")
             continue
         misses = 0
-        x = x * 10 ** ((level[spk] + g.uniform(-1.0, 1.0) - rms_db(x)) / 20)
+        dry = len(x)
+        if spk in places:
+            x = fftconvolve(x, places[spk])
+        x = x * 10 ** ((level[spk] + g.uniform(-1.0, 1.0) - rms_db(x[:dry])) / 20)
         if placed and g.random() < args.overlap and spk != last:  # nobody talks over themselves
-            before = placed[-1][1]
-            start = current - int(SR * g.uniform(0.2, max(0.2, min(1.5, 0.5 * len(before) / SR, 0.5 * len(x) / SR))))
+            before = placed[-1][3]
+            start = current - int(SR * g.uniform(0.2, max(0.2, min(1.5, 0.5 * before / SR, 0.5 * dry / SR))))
         else:
             start = current + int(SR * g.uniform(*args.pause))
-        placed.append((start, x, spk))
-        current, last, t = max(current, start + len(x)), spk, max(current, start + len(x)) / SR
+        placed.append((start, x, spk, dry))
+        current, last, t = max(current, start + dry), spk, max(current, start + dry) / SR
     total = current + int(SR * g.uniform(0.5, 1.5))
     speech = np.zeros(total)
-    for start, x, _ in placed:
-        speech[start : start + len(x)] += x
+    for start, x, _, _ in placed:
+        speech[start : start + len(x)] += x[: total - start]  # a tail past the end is cut with the recording
     mix = speech
     if noises:
         noise = read_audio(str(noises[int(g.integers(len(noises)))]), SR).astype(np.float64)
         noise = np.roll(np.resize(noise, total), int(g.integers(total)))
-        active = np.concatenate([x for _, x, _ in placed])
+        active = np.concatenate([x[:dry] for _, x, _, dry in placed])
         gain_db = rms_db(active) - g.uniform(*args.snr) - rms_db(noise)
         mix = speech + noise * 10 ** (gain_db / 20)
     peak = np.max(np.abs(mix))
     if peak > 0.99:
         mix = mix * (0.99 / peak)
-    turns = sorted((Turn(s / SR, (s + len(x)) / SR, spk) for s, x, spk in placed), key=lambda u: (u.start, u.end))
+    turns = sorted((Turn(s / SR, (s + dry) / SR, spk) for s, _, spk, dry in placed), key=lambda u: (u.start, u.end))
     return mix.astype(np.float32), turns
 
 
@@ -166,12 +203,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
     p.add_argument("--overlap", type=float, default=0.15, help="probability that a turn starts before the last ends")
     p.add_argument("--noise", help="folder of noise wav files (searched recursively); none: no noise")
+    p.add_argument("--rirs", help="folder of room impulse responses, a room per sub-folder (module doc); none: dry")
+    p.add_argument("--rir-prob", type=float, default=1.0, help="with --rirs: the share of conversations in a room")
     p.add_argument(
         "--seed", type=int, default=0, help="conversation i is drawn from (seed, i): same seed, same conversations"
     )
     args = p.parse_args(argv)
     if not 1 <= args.min_speakers <= args.max_speakers or args.num_conversations < 1 or not 0 <= args.overlap <= 1:
         p.error("need 1 <= --min-speakers <= --max-speakers, --num-conversations >= 1 and 0 <= --overlap <= 1")
+    if not 0 <= args.rir_prob <= 1:
+        p.error(f"--rir-prob must be in [0, 1], got {args.rir_prob}")
     return run_command(lambda: synthesize(args), (ListError, AudioError, OutputError))
 
 
@@ -183,12 +224,13 @@ def synthesize(args) -> None:
     noises = sorted(Path(args.noise).rglob("*.wav")) if args.noise else []
     if args.noise and not noises:
         raise ListError(f"--noise {args.noise}: no .wav files there")
+    rooms = Rooms(args.rirs) if args.rirs else None
     out = check_folder_output(args.out)
     (out / "wav").mkdir(parents=True, exist_ok=True)
     scp, rttm, counts, uem = [], [], [], []
     for i in range(args.num_conversations):
         reco = f"conv{i:04d}"
-        wave, turns = conversation(source, i, args, noises)
+        wave, turns = conversation(source, i, args, noises, rooms)
         path = out / "wav" / f"{reco}.wav"
         with output_file(path, "wb") as f:
             sf.write(f, wave, SR, subtype="PCM_16", format="WAV")
