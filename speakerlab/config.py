@@ -257,9 +257,16 @@ def _validate_labels(cfg: Config) -> None:
     if needs_labels(cfg):
         return
     check_dino(cfg.dino, cfg.data.crop_seconds)
-    for key, value in (("data.feats", cfg.data.feats is True), ("data.shards", cfg.data.shards)):
-        if value:
-            raise ConfigError(f"config key '{key}': loss.name dino cuts its crops from the audio; unset {key}")
+    if cfg.data.feats is True:
+        raise ConfigError(
+            "config key 'data.feats': loss.name dino cuts its crops from the audio, not from stored "
+            "features; unset data.feats"
+        )
+    if cfg.data.shards:
+        raise ConfigError(
+            "config key 'data.shards': loss.name dino cuts its crops in the file loader (data.train's "
+            "wav.scp), not in the tar-shard stream; unset data.shards (a recipe: --shards false)"
+        )
 
 
 def _validate_freeze(cfg: Config) -> None:

@@ -94,6 +94,11 @@ def write_shards(
     Lengths come from `utt2num_samples` when the prepare stage wrote it, else from the headers. Skips
     the work when shards.json is newer than the lists and was written with the same options."""
     root, out = Path(data_dir), check_folder_output(out)
+    if root.is_dir() and (root / "wav.scp").is_file() and not (root / "utt2spk").exists():
+        raise ListError(
+            f"{root}: no utt2spk: tar shards carry each utterance's speaker for labelled training; a data dir without "
+            "labels trains from its wav.scp (the self-supervised objectives, docs/selfsup.md)"
+        )
     limits = {"shard_mb": None, "per_shard": per_shard} if per_shard else {"shard_mb": shard_mb, "per_shard": None}
     options = {"seed": seed, "sample_rate": sample_rate, **limits}
     index_path = out / SHARDS_JSON
