@@ -6,6 +6,7 @@
 # (turns of 1-6 s, some overlapped, background noise), and three of 30 minutes among 4-8 speakers.
 #   OMP_NUM_THREADS=1 bash bench/diarization_long.sh MINI_DATA MODEL OUT [CLUSTERING...]
 #   OMP_NUM_THREADS=1 bash bench/diarization_long.sh egs/mini/data egs/mini/exp/campplus /tmp/long vbx spectral
+#   HALF_HOURS=8 LONG=false bash bench/diarization_long.sh ...   # eight 30-minute conversations, no 3-hour one
 # MINI_DATA: egs/mini's data folder (test/ talks, train/ fits the PLDA of vbx, musan/noise under it all); MODEL:
 # its checkpoint or exp dir; OUT: where the conversations, RTTM, logs and the PLDA go (kept: a rerun reuses
 # them, and the VAD regions and embeddings are computed once per recording, in OUT/cache). CLUSTERING: the
@@ -23,8 +24,9 @@ synth() {  # OUT_DIR then speakerlab-synth-conversations options; made once
   local dir="$1"; shift
   [ -f "$dir/wav.scp" ] || speakerlab-synth-conversations --data "$data/test" --noise "$data/musan/noise" --out "$dir" "$@"
 }
-synth "$out/conv3h" --num-conversations 1 --duration 10800 --min-speakers 8 --max-speakers 8 --seed 45
-synth "$out/conv30" --num-conversations 3 --duration 1800 --min-speakers 4 --max-speakers 8 --seed 46
+long="${LONG:-true}" half_hours="${HALF_HOURS:-3}"
+[ "$long" = false ] || synth "$out/conv3h" --num-conversations 1 --duration 10800 --min-speakers 8 --max-speakers 8 --seed 45
+synth "$out/conv30" --num-conversations "$half_hours" --duration 1800 --min-speakers 4 --max-speakers 8 --seed 46
 plda="$out/plda.npz"
 [ -f "$plda" ] || speakerlab-plda --data "$data/train" --checkpoint "$model" --out "$plda"
 
@@ -37,13 +39,15 @@ diarize() {  # NAME DATA OPTIONS...: speakerlab-diarize under /usr/bin/time -v -
 }
 
 plda_of() { [ "$1" = vbx ] && echo "--plda $plda" || true; }
-for m in "${methods[@]}"; do
-  # shellcheck disable=SC2046  # the PLDA option is two words or none
-  diarize "3h_$m" "$out/conv3h" --clustering "$m" $(plda_of "$m")
-done
-hyps=()
-for m in "${methods[@]}"; do hyps+=(--hyp "$m=$out/3h_$m.rttm"); done
-speakerlab-der --ref "$out/conv3h/rttm" --uem "$out/conv3h/uem" "${hyps[@]}"
+if [ "$long" != false ]; then
+  for m in "${methods[@]}"; do
+    # shellcheck disable=SC2046  # the PLDA option is two words or none
+    diarize "3h_$m" "$out/conv3h" --clustering "$m" $(plda_of "$m")
+  done
+  hyps=()
+  for m in "${methods[@]}"; do hyps+=(--hyp "$m=$out/3h_$m.rttm"); done
+  speakerlab-der --ref "$out/conv3h/rttm" --uem "$out/conv3h/uem" "${hyps[@]}"
+fi
 
 hyps=()
 for m in "${methods[@]}"; do
