@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from speakerlab.dataio.audio import read_audio
 from speakerlab.diarization.segmentation import (
     MAX_ACTIVE,
     NUM_CLASSES,
@@ -281,7 +282,8 @@ def test_training_windows_carry_the_rttm_labels(tmp_path):
     assert waves.shape == (6, 24000) and labels.shape == (6, SegmentationModel.num_frames(24000), NUM_LOCAL)
     fixed = recordings.fixed(5, 1.5)
     assert fixed[0].shape == (5, 24000) and all(np.array_equal(a, b) for a, b in zip(fixed, recordings.fixed(5, 1.5)))
-    assert np.array_equal(fixed[0][2], recordings.waves["r1"][:24000])  # two whole 1.5-s windows per 4-s recording
+    whole = read_audio(str(tmp_path / "wav" / "r1.wav"))
+    assert np.array_equal(fixed[0][2], whole[:24000])  # two whole 1.5-s windows per 4-s recording
     # Silence and speech alike are labelled: some frames have nobody, some one speaker, some two.
     counts = labels.sum(-1)
     assert (counts == 0).any() and (counts == 1).any() and (counts == 2).any()
@@ -289,6 +291,35 @@ def test_training_windows_carry_the_rttm_labels(tmp_path):
     frames = waves[:, : labels.shape[1] * 320].reshape(6, labels.shape[1], 320)
     energy = (frames**2).mean(-1)
     assert energy[counts > 0].mean() > 10 * energy[counts == 0].mean()
+
+
+def test_training_windows_are_the_decoded_audio_whatever_the_encoding(tmp_path):
+    """Recordings holds 16-bit PCM files as int16 and reads other encodings' windows from disk: every window
+    drawn (and every one longer than its recording, zero-padded) is the one cut from the whole float32 decoding,
+    sample for sample, under the same draws; 16-bit files are held at two bytes a sample."""
+    import soundfile as sf
+
+    from speakerlab.diarization.segmentation_train import Recordings
+
+    write_conversations(tmp_path, count=4)
+    for name in ("r0", "r2"):  # two 16-bit files beside two float ones
+        path = str(tmp_path / "wav" / f"{name}.wav")
+        sf.write(path, sf.read(path, dtype="float32")[0], 16000, subtype="PCM_16")
+    recordings = Recordings(str(tmp_path))
+    assert sorted(recordings.pcm) == ["r0", "r2"] and all(w.dtype == np.int16 for w in recordings.pcm.values())
+    whole = {r: read_audio(str(tmp_path / "wav" / f"{r}.wav")) for r in recordings.names}
+    for seconds in (1.5, 5.0):  # 5 s: longer than every 4-s recording
+        n = int(seconds * 16000)
+        waves, labels = recordings.batch(np.random.default_rng(3), 16, seconds)
+        draws, expected = np.random.default_rng(3), np.zeros((16, n), np.float32)
+        for b in range(16):  # the draws of Recordings.batch, cut from the whole decoding
+            reco = recordings.names[int(draws.integers(4))]
+            start = int(draws.integers(max(len(whole[reco]) - n, 0) + 1))
+            piece = whole[reco][start : start + n]
+            expected[b, : len(piece)] = piece
+        assert waves.dtype == np.float32 and np.array_equal(waves, expected)
+    fixed = recordings.fixed(8, 2.0)[0]
+    assert np.array_equal(fixed, np.stack([whole[r][a : a + 32000] for r in recordings.names for a in (0, 32000)]))
 
 
 @pytest.mark.slow

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
+import soundfile as sf
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.audio import AudioError, read_audio
+from speakerlab.dataio.audio import AudioError, audio_info, read_segment
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.outputs import OutputError, check_folder_output, output_file
@@ -76,7 +77,11 @@ class SegmentationTrainSettings:
 
 
 class Recordings:
-    """The waves and turns of a data folder, and random labelled windows of them."""
+    """The turns of a data folder, and random labelled windows of its recordings. 16-bit PCM recordings (what the
+    corpora and speakerlab-synth-conversations write) are held as their int16 samples, 110 MB per hour of 16 kHz
+    audio (float32 took twice that); a window of one is those samples over 32768, exactly soundfile's float32
+    reading. A recording in another encoding (float, 24-bit) is not held: each window is read from its file when
+    drawn (soundfile seeks)."""
 
     def __init__(self, folder: str):
         root = Path(folder)
@@ -84,9 +89,21 @@ class Recordings:
         missing = sorted(set(scp) - set(turns))
         if missing:
             raise ListError(f"{root / 'rttm'}: no turns for recording '{missing[0]}' of {root / 'wav.scp'}")
-        self.waves = {reco: read_audio(path) for reco, (_, path) in sorted(scp.items())}
-        self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.waves}
-        self.names = list(self.waves)
+        self.paths = {reco: path for reco, (_, path) in sorted(scp.items())}
+        self.lengths, self.pcm = {}, {}
+        for reco, path in self.paths.items():
+            self.lengths[reco] = audio_info(path)  # rate and channels checked
+            if sf.info(path).subtype == "PCM_16":
+                self.pcm[reco] = read_int16(path)
+                self.lengths[reco] = len(self.pcm[reco])
+        self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.paths}
+        self.names = list(self.paths)
+
+    def read(self, reco: str, start: int, num_samples: int) -> np.ndarray:
+        """Samples [start, start + num_samples) of `reco`, fewer where it ends sooner: float32, as read_audio's."""
+        if reco in self.pcm:
+            return self.pcm[reco][start : start + num_samples].astype(np.float32) / np.float32(32768)
+        return read_segment(self.paths[reco], start, min(num_samples, self.lengths[reco] - start))
 
     def batch(self, rng: np.random.Generator, size: int, seconds: float):
         """`size` windows -> waves (B, S) float32 and labels (B, T, K) float32 (a recording shorter than the
@@ -99,9 +116,8 @@ class Recordings:
         labels = []
         for b in range(size):
             reco = self.names[int(rng.integers(len(self.names)))]
-            wave = self.waves[reco]
-            start = int(rng.integers(max(len(wave) - n, 0) + 1))
-            piece = wave[start : start + n]
+            start = int(rng.integers(max(self.lengths[reco] - n, 0) + 1))
+            piece = self.read(reco, start, n)
             waves[b, : len(piece)] = piece
             labels.append(frame_labels(self.turns[reco], frames, offset=start / SAMPLE_RATE))
         return waves, np.stack(labels)
@@ -115,14 +131,22 @@ class Recordings:
         frames = SegmentationModel.num_frames(n)
         waves, labels = [], []
         for reco in self.names:
-            for start in range(0, len(self.waves[reco]) - n + 1, n):
+            for start in range(0, self.lengths[reco] - n + 1, n):
                 if len(waves) == count:
                     break
-                waves.append(self.waves[reco][start : start + n])
+                waves.append(self.read(reco, start, n))
                 labels.append(frame_labels(self.turns[reco], frames, offset=start / SAMPLE_RATE))
         if not waves:
             raise ListError(f"validation: no recording is {seconds} s long")
         return np.stack(waves).astype(np.float32), np.stack(labels)
+
+
+def read_int16(path: str) -> np.ndarray:
+    """The samples of a 16 kHz mono 16-bit PCM file as int16 (read_audio's float32 reading is these over 32768)."""
+    try:
+        return sf.read(path, dtype="int16")[0]
+    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
+        raise AudioError(f"{path}: cannot read audio: {e}") from None
 
 
 def frame_error(logits, reference) -> float:
