@@ -29,6 +29,7 @@ from speakerlab.diarization.der import main as der_main
 from speakerlab.synth.conversations import main as conversations_main
 from tests.fake_corpora import env_ready, make_synth_corpus, recipe_env, serve, voxconverse_blobs
 from tests.helpers import assert_no_traceback
+from tests.test_deploy import stats_file  # noqa: F401 (the fixture: a small ONNX embedder)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -247,26 +248,55 @@ def run_recipe(name: str, *args, env=None, timeout=1800):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages")
-def test_voxconverse_recipe_on_fake_archives(tmp_path):
+def test_voxconverse_recipe_on_fake_archives(stats_file, tmp_path):  # noqa: F811
     """The recipe's own stage (1: download from a file:// mirror, extract, prepare) gives the data dirs of
-    test_voxconverse_download_extract_prepare; stages 4-5 need a model and say so. Those stages are
-    egs/tools/diarization.sh, which test_mini_diar_recipe_end_to_end runs (each of its speakerlab-diarize
-    processes costs a torch start-up, seconds on this machine: not run twice)."""
+    test_voxconverse_download_extract_prepare; stages 4-5 need a model and say so. With --segmentation_train dev
+    (a tiny config: two steps of small sizes) stage 3 trains the segmentation model on dev's audio and RTTM, and
+    stages 4-5 diarize and score test with its systems beside the others; training on a scored set is refused in one
+    line; a re-run of stage 3 trains nothing. The embedder is tests/test_deploy.py's small ONNX graph (per window:
+    mean and mean square) and the VAD the energy one: what is tested is that the stages run, each speakerlab-diarize
+    process costing seconds of start-up here, not who spoke when (test_mini_diar_recipe_end_to_end)."""
     mirror = serve(tmp_path / "server", voxconverse_blobs())
     d = tmp_path / "d"
-    r = run_recipe(
-        "voxconverse",
-        *("--mirror", mirror, "--download_dir", d / "dl", "--raw_dir", d / "raw", "--data", d / "data"),
-        *("--stop_stage", 1),
-    )
+    where = ("--download_dir", d / "dl", "--raw_dir", d / "raw", "--data", d / "data", "--exp", d / "exp")
+    r = run_recipe("voxconverse", "--mirror", mirror, *where, "--stop_stage", 1)
     assert "stage 1: data preparation" in r.stderr
     dev = d / "data" / "voxconverse_dev"
     assert read_reco2num_spk(dev / "reco2num_spk") == {"abjxc": 2, "afjiv": 1}
     test_turns = read_rttm(d / "data" / "voxconverse_test" / "rttm")["aepyx"]
     assert [t.speaker for t in test_turns] == ["spk03", "spk07", "spk03"]
-    r = subprocess.run(["bash", str(REPO / "egs" / "voxconverse" / "run.sh")], capture_output=True, text=True)
+    recipe = ["bash", str(REPO / "egs" / "voxconverse" / "run.sh")]
+    r = subprocess.run(recipe, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: stages 4-5 need --model_opts")
     assert len(r.stderr.splitlines()) == 1
+    # Training on a set that is scored: refused before any work (the default --sets is "dev test").
+    refused = [*recipe, "--model_opts", f"--onnx {stats_file}", "--segmentation_train", "dev"]
+    r = subprocess.run(refused, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "(score the other set: --sets test)" in r.stderr
+    assert r.stderr.startswith("error: --segmentation_train dev is also in --sets 'dev test'")
+    missing = tmp_path / "none.onnx"  # a given model that is not there: refused before any work too
+    r = subprocess.run([*refused[:-2], "--segmentation", missing], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: --segmentation {missing}: no such file (a segmentation model's ONNX file)"
+    ]
+
+    tiny = "steps=2 batch_size=2 window=1.0 filters=8 channels=8 hidden=8 layers=1 warmup=0 log_every=1"
+    seg = ("--sets", "test", "--segmentation_train", "dev", "--seg_opts", " ".join(f"--set {x}" for x in tiny.split()))
+    run = (*where, *seg, "--model_opts", f"--onnx {stats_file}", "--vad", "energy", "--stage", 3)
+    r = run_recipe("voxconverse", *run)
+    log = r.stderr
+    assert f"stage 3: train the segmentation model (../../conf/diarization/segmentation_cpu.yaml) on {dev}" in log
+    assert "step 2 loss" in (d / "exp" / "segmentation" / "train.log").read_text()
+    model = d / "exp" / "segmentation" / "segmentation.onnx"
+    assert f"stage 4: diarize {d / 'data' / 'voxconverse_test'} (--onnx {stats_file}; segmentation {model})" in log
+    result = json.loads((d / "exp" / "test" / "der.json").read_text())
+    assert {"segmentation", "segmentation_oracle_count", "estimated", "one_speaker"} <= set(result)
+    assert "vbx" not in result and "segmentation_vbx" not in result  # no --plda_data: no PLDA
+    rows = (d / "exp" / "test" / "der.txt").read_text()
+    assert all(f"{name} " in rows for name in ("segmentation", "segmentation_oracle_count"))
+    # Re-run: the model is up to date (the same lists, config and options): nothing trained, no torch start-up.
+    r = run_recipe("voxconverse", *run[:-1], 3, "--stop_stage", 3)
+    assert "is up to date" in r.stderr and "train the segmentation model" not in r.stderr
 
 
 @pytest.mark.slow
