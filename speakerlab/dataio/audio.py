@@ -106,6 +106,21 @@ def read_audio(path: str, sample_rate: int = 16000) -> np.ndarray:
     return wave[:, 0]
 
 
+def read_pcm16(path: str, sample_rate: int = 16000) -> Optional[np.ndarray]:
+    """A whole 16-bit PCM mono file as its `(samples,)` int16 samples (`read_audio` gives these over 32768), or None
+    for a file of another encoding (float, 24-bit): half the memory of float32 for what is held whole."""
+    try:
+        with sf.SoundFile(path) as f:
+            if f.samplerate != sample_rate or f.channels != 1:
+                got = f"{f.samplerate} Hz x {f.channels} channels"
+                raise AudioError(f"{path}: expected {sample_rate} Hz mono, got {got}")
+            return f.read(dtype="int16") if f.subtype == "PCM_16" else None
+    except AudioError:
+        raise
+    except Exception as e:
+        raise AudioError(f"{path}: cannot read audio: {e}") from None
+
+
 def read_segment(path: str, start: int, num_samples: int, sample_rate: int = 16000) -> np.ndarray:
     """Samples [start, start + num_samples) of a mono file: `(num_samples,)` float32, read without
     decoding the rest of the file (soundfile seeks)."""

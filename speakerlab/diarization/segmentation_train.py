@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
-import soundfile as sf
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.audio import AudioError, audio_info, read_segment
+from speakerlab.dataio.audio import AudioError, audio_info, read_pcm16, read_segment
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.outputs import OutputError, check_folder_output, output_file
@@ -93,9 +92,10 @@ class Recordings:
         self.lengths, self.pcm = {}, {}
         for reco, path in self.paths.items():
             self.lengths[reco] = audio_info(path)  # rate and channels checked
-            if sf.info(path).subtype == "PCM_16":
-                self.pcm[reco] = read_int16(path)
-                self.lengths[reco] = len(self.pcm[reco])
+            pcm = read_pcm16(path)
+            if pcm is not None:
+                self.pcm[reco] = pcm
+                self.lengths[reco] = len(pcm)
         self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.paths}
         self.names = list(self.paths)
 
@@ -139,14 +139,6 @@ class Recordings:
         if not waves:
             raise ListError(f"validation: no recording is {seconds} s long")
         return np.stack(waves).astype(np.float32), np.stack(labels)
-
-
-def read_int16(path: str) -> np.ndarray:
-    """The samples of a 16 kHz mono 16-bit PCM file as int16 (read_audio's float32 reading is these over 32768)."""
-    try:
-        return sf.read(path, dtype="int16")[0]
-    except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
-        raise AudioError(f"{path}: cannot read audio: {e}") from None
 
 
 def frame_error(logits, reference) -> float:
