@@ -1,5 +1,5 @@
 """Every registered model exports to ONNX through one torch.export of its graph over features `(B, T, F)` (made here
-for each model but seven whose graph is shown to be made of exported ones: SAME_COPY below), checked as the features
+for each model but nine whose graph is shown to be made of exported ones: SAME_COPY below), checked as the features
 file (dynamic time axis, two lengths) and merged with its front end as the waveform file (random lengths of 0.5-30 s,
 alone and as a padded batch), each compared by the test's own code with the torch path, not by the export's
 self-check; TorchScript round trip; an export that disagrees is not written.
@@ -26,9 +26,11 @@ ort = pytest.importorskip("onnxruntime")
 # front-end graphs come from tests/conftest.py's `front_ends`, one export per spec for the session.
 
 # Registered models whose export would be one made here already, so it is not made again (torch.export costs about
-# 30 ms per ONNX node; these seven were 266 s of the file's 617, one thread on the 2-core Intel VM, 2026-11-26):
+# 30 ms per ONNX node; these nine were 334 s of the file's 617, one thread on the 2-core Intel VM, 2026-11-26):
 # - export copies that are another model's copy, module for module and weight for weight (the deep variants differ
 #   only in their number of blocks, which the copy sets): test_an_export_copy_that_is_another_one below;
+# - the wide variants of ERes2Net and ECAPA-TDNN (m_channels 64 against 32; channels 1024 against 512: their only
+#   difference), which run the ops of the narrow one, part for part: test_a_wide_variant_runs_the_narrow_ones_ops;
 # - ReDimNet2 sizes whose every part runs the ops of the same part of an exported size: the sizes differ in numbers
 #   (widths, group counts, strides), and in what is built: the 1x1 conv head or none, and per stage the projection
 #   after the blocks or none (expansion 1). redimnet2_b2 is exported for: no head; the frequency stride 3 (stage 3,
@@ -39,9 +41,10 @@ ort = pytest.importorskip("onnxruntime")
 #   b0 b2 with b6's head, b3 and b4 b2 with b6's stages 1-2, b5 that with b6's head:
 #   test_every_part_of_a_redimnet2_size_not_exported_is_one_of_an_exported_size below.
 SAME_COPY = {"resnet293": "resnet221", "gemini_dfresnet183": "gemini_dfresnet114"}
+SAME_OPS = {"eres2net_large": "eres2net_base", "ecapa_tdnn_c1024": "ecapa_tdnn_c512"}
 REDIMNET2_EXPORTED = ("redimnet2_b2", "redimnet2_b6")
 REDIMNET2_NOT_EXPORTED = [n for n in list_models() if n.startswith("redimnet2_") and n not in REDIMNET2_EXPORTED]
-EXPORTED = [n for n in list_models() if n not in SAME_COPY and n not in REDIMNET2_NOT_EXPORTED]
+EXPORTED = [n for n in list_models() if n not in {**SAME_COPY, **SAME_OPS} and n not in REDIMNET2_NOT_EXPORTED]
 
 
 def spec_of(name: str) -> FeatureSpec:
@@ -97,14 +100,15 @@ def test_an_export_copy_that_is_another_one(name):
 
 @functools.lru_cache(maxsize=None)
 def ops_by_part(name: str) -> dict:
-    """The aten ops, in call order, that the export copy of ReDimNet2 `name` runs on model_graph's example input
-    `(2, 537, 72)`, by part: each child of the backbone and of the model (`backbone.stage3`, `backbone.head`,
-    `pool`, ...; a part that runs none, as an identity head, has ()), and `model` for the ops of the two forwards
-    themselves."""
+    """The aten ops, in call order, that the export copy of `name` runs on model_graph's example input
+    `(2, 537, F)`, by part: each child of the model and of its backbone if it has one (`backbone.stage3`,
+    `backbone.head`, `pool`, ...; a part that runs none, as an identity head, has ()), and `model` for the ops of
+    the forwards of the model and the backbone themselves."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     model = export_copy(name).eval()
-    children = [(f"backbone.{n}", m) for n, m in model.backbone.named_children()]
+    backbone = getattr(model, "backbone", torch.nn.Identity())
+    children = [(f"backbone.{n}", m) for n, m in backbone.named_children()]
     children += [(n, m) for n, m in model.named_children() if n != "backbone"]
     ops = {part: [] for part in ["model", *(n for n, _ in children)]}
     stack = ["model"]
@@ -124,6 +128,13 @@ def ops_by_part(name: str) -> dict:
         model(torch.randn(2, 537, model.feat_dim))
     assert stack == ["model"]
     return {part: tuple(called) for part, called in ops.items()}
+
+
+@pytest.mark.parametrize("name", registry_params(sorted(SAME_OPS), fast=()))
+def test_a_wide_variant_runs_the_narrow_ones_ops(name):
+    """`name` runs, part for part, the same aten ops in the same order as `SAME_OPS[name]`, whose export
+    test_onnx_files_equal_pytorch checks: its graph is that one's with wider tensors."""
+    assert ops_by_part(name) == ops_by_part(SAME_OPS[name])
 
 
 @pytest.mark.parametrize("name", registry_params(REDIMNET2_NOT_EXPORTED, fast=()))
