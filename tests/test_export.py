@@ -1,11 +1,13 @@
-"""Every registered model exports to ONNX through one torch.export of its graph over features `(B, T, F)`, checked
-as the features file (dynamic time axis, two lengths) and merged with its front end as the waveform file (random
-lengths of 0.5-30 s, alone and as a padded batch), each compared by the test's own code with the torch path, not by
-the export's self-check; TorchScript round trip; an export that disagrees is not written.
+"""Every registered model exports to ONNX through one torch.export of its graph over features `(B, T, F)` (made here
+for each model but nine whose graph is shown to be made of exported ones: SAME_COPY below), checked as the features
+file (dynamic time axis, two lengths) and merged with its front end as the waveform file (random lengths of 0.5-30 s,
+alone and as a padded batch), each compared by the test's own code with the torch path, not by the export's
+self-check; TorchScript round trip; an export that disagrees is not written.
 (TorchScript of every model is checked in test_models.py; the waveform command end to end, int8 and the SSL models
 in test_deploy_export.py.)"""
 
 import copy
+import functools
 
 import numpy as np
 import pytest
@@ -23,12 +25,33 @@ ort = pytest.importorskip("onnxruntime")
 # The fast lane exports ResNet34 at full size, the deep models a shallow copy (tests/helpers.py export_copy). The
 # front-end graphs come from tests/conftest.py's `front_ends`, one export per spec for the session.
 
+# Registered models whose export would be one made here already, so it is not made again (torch.export costs about
+# 30 ms per ONNX node; these nine were 334 s of the file's 617, one thread on the 2-core Intel VM, 2026-11-26):
+# - export copies that are another model's copy, module for module and weight for weight (the deep variants differ
+#   only in their number of blocks, which the copy sets): test_an_export_copy_that_is_another_one below;
+# - the wide variants of ERes2Net and ECAPA-TDNN (m_channels 64 against 32; channels 1024 against 512: their only
+#   difference), which run the ops of the narrow one, part for part: test_a_wide_variant_runs_the_narrow_ones_ops;
+# - ReDimNet2 sizes whose every part runs the ops of the same part of an exported size: the sizes differ in numbers
+#   (widths, group counts, strides), and in what is built: the 1x1 conv head or none, and per stage the projection
+#   after the blocks or none (expansion 1). redimnet2_b2 is exported for: no head; the frequency stride 3 (stage 3,
+#   72 bins to 6); a projection after stage 0 alone. redimnet2_b6 for: the head; expansions 3 and 2 (stages 0-2) and
+#   the fractional 0.75 and 0.5 (stages 4-5: the strided conv narrows the channels, the projection widens them
+#   back); stage 3 without a projection between projected ones. Both: the stem, the time strides 1, 2 and 4 with
+#   their frame repetition, every time-context block, the final mix and the pooling. Then b1 is b2 part for part,
+#   b0 b2 with b6's head, b3 and b4 b2 with b6's stages 1-2, b5 that with b6's head:
+#   test_every_part_of_a_redimnet2_size_not_exported_is_one_of_an_exported_size below.
+SAME_COPY = {"resnet293": "resnet221", "gemini_dfresnet183": "gemini_dfresnet114"}
+SAME_OPS = {"eres2net_large": "eres2net_base", "ecapa_tdnn_c1024": "ecapa_tdnn_c512"}
+REDIMNET2_EXPORTED = ("redimnet2_b2", "redimnet2_b6")
+REDIMNET2_NOT_EXPORTED = [n for n in list_models() if n.startswith("redimnet2_") and n not in REDIMNET2_EXPORTED]
+EXPORTED = [n for n in list_models() if n not in {**SAME_COPY, **SAME_OPS} and n not in REDIMNET2_NOT_EXPORTED]
+
 
 def spec_of(name: str) -> FeatureSpec:
     return FeatureSpec(ReDimNetMelConfig() if name.startswith("redimnet2") else FbankConfig())
 
 
-@pytest.mark.parametrize("name", registry_params(list_models(), fast=("resnet34",)))
+@pytest.mark.parametrize("name", registry_params(EXPORTED, fast=("resnet34",)))
 def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     """The model graph (speakerlab.inference.deploy.graph.model_graph, what both file kinds hold) exported once:
     as the features file, onnxruntime vs PyTorch at 200 and 317 frames within 1e-4 (one file serves any length);
@@ -59,6 +82,72 @@ def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     alone, batch = relative_errors(sess, embedder, lengths, rng)
     assert alone <= 1e-4
     assert batch <= 1e-4
+
+
+@pytest.mark.parametrize("name", registry_params(sorted(SAME_COPY), fast=()))
+def test_an_export_copy_that_is_another_one(name):
+    """`name`'s export copy is `SAME_COPY[name]`'s: the same modules and, built from the same seed as the test above
+    builds them, bit-equal weights. Its export would be that one's, which test_onnx_files_equal_pytorch checks."""
+    copies = []
+    for which in (name, SAME_COPY[name]):
+        torch.manual_seed(0)
+        copies.append(export_copy(which))
+    (a, b) = copies
+    assert repr(a) == repr(b)
+    wa, wb = a.state_dict(), b.state_dict()
+    assert list(wa) == list(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@functools.lru_cache(maxsize=None)
+def ops_by_part(name: str) -> dict:
+    """The aten ops, in call order, that the export copy of `name` runs on model_graph's example input
+    `(2, 537, F)`, by part: each child of the model and of its backbone if it has one (`backbone.stage3`,
+    `backbone.head`, `pool`, ...; a part that runs none, as an identity head, has ()), and `model` for the ops of
+    the forwards of the model and the backbone themselves."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = export_copy(name).eval()
+    backbone = getattr(model, "backbone", torch.nn.Identity())
+    children = [(f"backbone.{n}", m) for n, m in backbone.named_children()]
+    children += [(n, m) for n, m in model.named_children() if n != "backbone"]
+    ops = {part: [] for part in ["model", *(n for n, _ in children)]}
+    stack = ["model"]
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops[stack[-1]].append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    def leave(module, args, out):
+        stack.pop()  # returns None: a forward hook's return value would replace the output
+
+    for part, module in children:
+        module.register_forward_pre_hook(lambda m, a, part=part: stack.append(part))
+        module.register_forward_hook(leave)
+    with torch.no_grad(), Record():
+        model(torch.randn(2, 537, model.feat_dim))
+    assert stack == ["model"]
+    return {part: tuple(called) for part, called in ops.items()}
+
+
+@pytest.mark.parametrize("name", registry_params(sorted(SAME_OPS), fast=()))
+def test_a_wide_variant_runs_the_narrow_ones_ops(name):
+    """`name` runs, part for part, the same aten ops in the same order as `SAME_OPS[name]`, whose export
+    test_onnx_files_equal_pytorch checks: its graph is that one's with wider tensors."""
+    assert ops_by_part(name) == ops_by_part(SAME_OPS[name])
+
+
+@pytest.mark.parametrize("name", registry_params(REDIMNET2_NOT_EXPORTED, fast=()))
+def test_every_part_of_a_redimnet2_size_not_exported_is_one_of_an_exported_size(name):
+    """Each part of `name` (stem, stages 0-5, final mix, head, pooling, ...) runs the same aten ops in the same order
+    as the same part of redimnet2_b2 or redimnet2_b6, whose exports test_onnx_files_equal_pytorch checks: its graph
+    is made of theirs with other numbers (module comment above). A size with a part of its own fails here, and
+    belongs in REDIMNET2_EXPORTED."""
+    exported = [ops_by_part(n) for n in REDIMNET2_EXPORTED]
+    parts = ops_by_part(name)
+    assert all(set(parts) == set(e) for e in exported)
+    own = [part for part, called in parts.items() if all(e[part] != called for e in exported)]
+    assert own == [], f"{name}: no exported size runs the ops of its {own}"
 
 
 def test_the_tests_comparison_sees_a_wrong_waveform_file(front_ends, tmp_path, monkeypatch):

@@ -111,7 +111,9 @@ def test_a_compiled_training_step_equals_the_eager_one(name, one_thread):
 @pytest.mark.slow
 def test_a_compiled_run_trains_and_resumes_exactly(tmp_path, one_thread):
     """hardware.compile=true end to end on the CPU (a tiny ERes2Net): the switches are logged and in
-    tensorboard's text, and a run stopped after 2 steps resumes to the losses of the uninterrupted run."""
+    tensorboard's text, and a run stopped after 2 steps resumes to the losses of the uninterrupted run. (Its model
+    and batch shape are the compiled step's above: after that test, dynamo finds its graphs compiled, as the second
+    and third run here find the first's.)"""
     from speakerlab.train.loop import main as train_main
     from tests.helpers import losses, tiny_config
 
