@@ -91,11 +91,11 @@ class Recordings:
         self.paths = {reco: path for reco, (_, path) in sorted(scp.items())}
         self.lengths, self.pcm = {}, {}
         for reco, path in self.paths.items():
-            self.lengths[reco] = audio_info(path)  # rate and channels checked
-            pcm = read_pcm16(path)
-            if pcm is not None:
-                self.pcm[reco] = pcm
-                self.lengths[reco] = len(pcm)
+            pcm = read_pcm16(path)  # rate and channels checked, as audio_info checks them for the others
+            if pcm is None:
+                self.lengths[reco] = audio_info(path)
+            else:
+                self.pcm[reco], self.lengths[reco] = pcm, len(pcm)
         self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.paths}
         self.names = list(self.paths)
 

@@ -157,7 +157,8 @@ def keep_keys(assigned: np.ndarray, labels: np.ndarray, sims: np.ndarray, least:
         if held[c]:
             continue
         spare = (out < 0) | (held[np.maximum(out, 0)] > 1)
-        pool = np.flatnonzero(spare & (labels == c)) if (spare & (labels == c)).any() else np.flatnonzero(spare)
+        pool = np.flatnonzero(spare & (labels == c))
+        pool = pool if len(pool) else np.flatnonzero(spare)
         if len(pool):
             out[pool[np.argmax(sims[pool, c])]] = c
     return out

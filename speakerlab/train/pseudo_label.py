@@ -58,21 +58,17 @@ def estimate_count(x: np.ndarray, threshold: float, sample: int, seed: int) -> t
 
 def whole_set_count(found: int, n: int, total: int) -> int:
     """The speakers S of `total` utterances (equal shares) whose random `n` are expected to hold `found` of them:
-    S (1 - (1 - n/total)^(total/S)) = found, solved by bisection (the left side grows with S); `total` when even
+    S (1 - (1 - n/total)^(total/S)) = found, its root (scipy's brentq; the left side grows with S); `total` when even
     that is short of `found` (nearly every sampled utterance a cluster of its own: the sample says little)."""
+    from scipy.optimize import brentq
+
     if n >= total:
         return found
 
-    def held(s: float) -> float:
-        return s * -np.expm1((total / s) * np.log1p(-n / total))
+    def short(s: float) -> float:
+        return s * -np.expm1((total / s) * np.log1p(-n / total)) - found
 
-    if held(total) <= found:
-        return total
-    lo, hi = float(found), float(total)
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if held(mid) < found else (lo, mid)
-    return int(round(hi))
+    return total if short(total) <= 0 else int(round(brentq(short, found, total)))
 
 
 def kmeans_centroids(x: np.ndarray, k: int, sample: int, seed: int) -> np.ndarray:
