@@ -262,11 +262,6 @@ def _validate_labels(cfg: Config) -> None:
             "config key 'data.feats': loss.name dino cuts its crops from the audio, not from stored "
             "features; unset data.feats"
         )
-    if cfg.data.shards:
-        raise ConfigError(
-            "config key 'data.shards': loss.name dino cuts its crops in the file loader (data.train's "
-            "wav.scp), not in the tar-shard stream; unset data.shards (a recipe: --shards false)"
-        )
 
 
 def _validate_freeze(cfg: Config) -> None:

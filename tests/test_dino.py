@@ -7,12 +7,14 @@ SimCLR alone (no teacher) resumes exactly too, and its InfoNCE is checked agains
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from speakerlab.checkpoint import load_checkpoint
+from speakerlab.dataio.loaders.shards import write_shards
 from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.dataio.tables.prepare import prepare
 from speakerlab.inference.extract import main as extract_main
@@ -83,6 +85,26 @@ def test_resume_mid_epoch_equals_uninterrupted(dino_run, tmp_path):
     # The centre moved and the teacher was started from the student
     state = load_checkpoint(last_a).classifier
     assert state["center"].abs().sum() > 0 and state["started"] == 1
+
+
+def test_dino_streams_tar_shards_of_the_unlabelled_dir_and_resumes_exactly(tmp_path):
+    """The multi-crop views come from the tar-shard stream as from the file loader (each crop its own draws): a
+    run on shards written from the unlabelled dir, cut mid-epoch twice, ends as the uninterrupted one."""
+    cfg, train = dino_config(tmp_path)
+    write_shards(train, tmp_path / "shards", per_shard=3, log=lambda m: None)
+    run = ["--config", str(cfg), f"data.shards={tmp_path / 'shards'}"]
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    assert train_main([*run, "--exp-dir", str(ref)]) == 0
+    assert "utterances, unlabelled in shards" in (ref / "train.log").read_text()
+    for steps in ("1", "3"):
+        assert train_main([*run, "--exp-dir", str(cut), "--max-steps", steps]) == 0
+    assert train_main([*run, "--exp-dir", str(cut)]) == 0
+    a, b = losses(ref), losses(cut)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4] and all(np.isfinite(v) for v in a.values())
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
+    last = Path("checkpoints") / "epoch_002.pt"
+    assert_same(teacher(ref / last), teacher(cut / last), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -355,3 +355,38 @@ def test_the_index_is_checked_against_the_lists_as_arrays(tmp_path):
     (b / "utt2spk").write_text((b / "utt2spk").read_text().replace("s1-1 s1", "s1-1 s0"))
     with pytest.raises(ListError, match="13 utterances, 5 speakers\\) was not written from the lists"):
         load_shard_data(settings, lists("a", "b"), print)
+
+
+def test_an_unlabelled_dir_is_sharded_and_read_by_a_self_supervised_run_only(tmp_path):
+    """A data dir without utt2spk gives shards without speakers (`spk` null, labels -1); a self-supervised run's
+    unlabelled lists match them and labelled shards of the same audio alike (labels unread), a labelled run's lists
+    do not; a manifest mixing labelled and unlabelled corpora is one line naming the missing utt2spk."""
+    from speakerlab.dataio.tables.compact import UNLABELLED, without_labels
+
+    data = make_data_dir(tmp_path / "d", {f"s{s}-{u}": f"s{s}" for s in range(2) for u in range(3)}, seconds=0.2)
+    write_shards(data, tmp_path / "labelled", per_shard=4, log=lambda m: None)
+    (data / "utt2spk").unlink()
+    (data / "spk2utt").unlink(missing_ok=True)
+    assert main(["--data", str(data), "--out", str(tmp_path / "bare"), "--per-shard", "4"]) == 0
+    index = written(tmp_path / "bare")
+    assert index["speakers"] == [] and index["labels"] == [UNLABELLED] * 6 and index["total"] == 6
+    with tarfile.open(tmp_path / "bare" / "shard-000000.tar") as tar:
+        meta = json.loads(tar.extractfile(next(m for m in tar if m.name.endswith(".json"))).read())
+    assert meta["spk"] is None and meta["utt"] in index["utts"]
+    unlabelled = TrainLists([Corpus(name="", lists=read_compact(data))])
+    for shards, held in (("bare", "unlabelled"), ("labelled", "their labels unread")):
+        logged = []
+        load_shard_data(DataSettings(train=str(data), shards=str(tmp_path / shards)), unlabelled, logged.append)
+        assert logged == [f"training data {tmp_path / shards}: 6 utterances, {held} in shards"]
+    labelled = make_data_dir(tmp_path / "l", {f"s{s}-{u}": f"s{s}" for s in range(2) for u in range(3)}, seconds=0.2)
+    write_shards(labelled, tmp_path / "l_shards", per_shard=4, log=lambda m: None)
+    as_unlabelled = TrainLists([Corpus(name="", lists=without_labels(read_compact(labelled)))])
+    load_shard_data(DataSettings(train=str(labelled), shards=str(tmp_path / "l_shards")), as_unlabelled, print)
+    bare_lists = TrainLists([Corpus(name="", lists=read_compact(labelled))])
+    with pytest.raises(ListError, match="0 speakers\\) was not written from the lists"):
+        load_shard_data(DataSettings(train=str(labelled), shards=str(tmp_path / "bare")), bare_lists, print)
+    manifest = tmp_path / "mixed.yaml"
+    manifest.write_text(yaml.safe_dump([{"name": "a", "dir": str(labelled)}, {"name": "b", "dir": str(data)}]))
+    with pytest.raises(ListError) as e:
+        write_shards(manifest, tmp_path / "mixed", log=lambda m: None)
+    assert str(e.value).startswith(f"{data / 'utt2spk'}: file does not exist, and the other corpora have theirs")

@@ -49,21 +49,13 @@ def config(tmp_path, train, *overrides):
     return load_config(path, list(overrides))
 
 
-def test_a_labelled_objective_given_unlabelled_data_names_the_missing_utt2spk(tmp_path, capsys):
+def test_a_labelled_objective_given_unlabelled_data_names_the_missing_utt2spk(tmp_path):
     root = unlabelled_dir(tmp_path / "d")
     with pytest.raises(ListError) as e:
         load_train_lists(config(tmp_path, root), print)
     message = str(e.value)
     assert "\n" not in message and str(root / "utt2spk") in message
     assert "loss.name aam classifies speakers" in message and "loss.name to dino" in message
-
-    from speakerlab.dataio.loaders.shards import main as shards_main
-
-    assert shards_main(["--data", str(root)]) == 2 and not (root / "shards").exists()  # tar shards hold speaker ids
-    assert capsys.readouterr().err == (
-        f"error: {root}: no utt2spk: tar shards carry each utterance's speaker for labelled training; a data dir "
-        "without labels trains from its wav.scp (the self-supervised objectives, docs/selfsup.md)\n"
-    )
 
 
 DINO = ("loss.name=dino", "dino.global_seconds=0.2", "dino.local_seconds=0.1")
@@ -78,8 +70,6 @@ def test_data_labels_against_the_objective(tmp_path):
     with pytest.raises(ConfigError, match=r"'data.feats': loss.name dino cuts its crops from the audio"):
         config(tmp_path, root, *DINO, "data.feats=true")
     assert config(tmp_path, root, *DINO, "data.feats=auto").data.feats is False
-    with pytest.raises(ConfigError, match=r"'data.shards': loss.name dino cuts its crops in the file loader"):
-        config(tmp_path, root, *DINO, f"data.shards={tmp_path / 'shards'}")
     with pytest.raises(ConfigError, match=r"'dino.disjoint_globals': 2 global crops of 0.2 s .* >= 0.4 \(it is 0.2\)"):
         config(tmp_path, root, *DINO, "dino.disjoint_globals=true")
     assert config(tmp_path, root, *DINO, "dino.disjoint_globals=true", "data.crop_seconds=0.4").dino.disjoint_globals

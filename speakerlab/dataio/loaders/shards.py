@@ -8,13 +8,15 @@ instead of a million small ones at random (`data.shards: data/train/shards`).
 
 Layout (the `webdataset` package's): `shard-000000.tar` ... hold one sample per utterance, tar
 members sharing a key: `<key>.<ext>`, the audio file's original bytes (no re-encoding), and
-`<key>.json` (`utt`, `spk`, `num_samples`). The key is the utterance's running index in the
-shards, `%09d` (webdataset splits keys at the first dot: utterance ids may hold dots and slashes).
-Utterances are in a seeded shuffle of the data dir, so a shard holds many speakers. The index is
-per written index the utterance, its label and length as arrays beside it (`utts.npy`, fixed-width
-UTF-8 bytes; `labels.npy` int32; `num_samples.npy` int64: memory-mapped by training, no Python object
-per utterance in any process), then `shards.json`, written last (a dir with it is complete): the
-shard files and their sample counts, the speakers (data-dir order), the sample rate. Format 1 held
+`<key>.json` (`utt`, `spk`: null for a data dir without utt2spk, `num_samples`). The key is the
+utterance's running index in the shards, `%09d` (webdataset splits keys at the first dot: utterance
+ids may hold dots and slashes). Utterances are in a seeded shuffle of the data dir, so a shard holds
+many speakers. The index is per written index the utterance, its label and length as arrays beside it
+(`utts.npy`, fixed-width UTF-8 bytes; `labels.npy` int32, -1 throughout for unlabelled data;
+`num_samples.npy` int64: memory-mapped by training, no Python object per utterance in any process),
+then `shards.json`, written last (a dir with it is complete): the shard files and their sample
+counts, the speakers (data-dir order; none when unlabelled), the sample rate. A self-supervised run
+(data.labels false) streams labelled and unlabelled shards alike, their labels unread. Format 1 held
 the per-utterance lists in shards.json; it is refused, with the command that rewrites it.
 
 Training streams them: speakerlab.dataio.loaders.shard_stream (ShardStream: epochs, ranks, workers, resume).
@@ -34,6 +36,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.config import DataSettings
 from speakerlab.dataio.audio import audio_info
 from speakerlab.dataio.tables.columns import as_keys
+from speakerlab.dataio.tables.compact import UNLABELLED
 from speakerlab.dataio.tables.corpora import joined_data_dir, resolve_corpora
 from speakerlab.dataio.tables.lists import ListError
 from speakerlab.dataio.tables.prepare import index_lengths
@@ -94,11 +97,6 @@ def write_shards(
     Lengths come from `utt2num_samples` when the prepare stage wrote it, else from the headers. Skips
     the work when shards.json is newer than the lists and was written with the same options."""
     root, out = Path(data_dir), check_folder_output(out)
-    if root.is_dir() and (root / "wav.scp").is_file() and not (root / "utt2spk").exists():
-        raise ListError(
-            f"{root}: no utt2spk: tar shards carry each utterance's speaker for labelled training; a data dir without "
-            "labels trains from its wav.scp (the self-supervised objectives, docs/selfsup.md)"
-        )
     limits = {"shard_mb": None, "per_shard": per_shard} if per_shard else {"shard_mb": shard_mb, "per_shard": None}
     options = {"seed": seed, "sample_rate": sample_rate, **limits}
     index_path = out / SHARDS_JSON
@@ -121,6 +119,7 @@ def write_shards(
         old.unlink()
     order = [data.utts[i] for i in np.random.default_rng(seed).permutation(len(data.utts))]
     spk2idx, wds = data.spk2idx, import_webdataset()
+    labels = [spk2idx[data.utt2spk[u]] for u in order] if data.utt2spk else [UNLABELLED] * len(order)
     shards: List[dict] = []
     writer, size, limit = None, 0, shard_mb * 2**20
     with contextlib.ExitStack() as shard_file:  # closing it renames the shard in: a shard-*.tar is always whole
@@ -136,14 +135,14 @@ def write_shards(
                 writer, size = wds.TarWriter(stream, encoder=False), 0
             ext = Path(data.wav[utt]).suffix.lower().lstrip(".")
             ext = ext if ext and ext != "json" and "." not in ext else "audio"
-            meta = {"utt": utt, "spk": data.utt2spk[utt], "num_samples": lengths[utt]}
+            meta = {"utt": utt, "spk": data.utt2spk.get(utt), "num_samples": lengths[utt]}  # spk null: unlabelled
             size += writer.write({"__key__": f"{i:09d}", ext: audio, "json": json.dumps(meta).encode()}) + 1536
             shards[-1]["count"] += 1
         if writer is not None:
             writer.close()
     arrays = {
         "utts": as_keys(order),
-        "labels": np.array([spk2idx[data.utt2spk[u]] for u in order], dtype=np.int32),
+        "labels": np.array(labels, dtype=np.int32),
         "num_samples": np.array([lengths[u] for u in order], dtype=np.int64),
     }
     for name, values in arrays.items():  # before shards.json, which says they are complete
@@ -194,17 +193,21 @@ def load_index(shard_dir) -> dict:
 
 
 def _written_from(index: dict, lists) -> bool:
-    """The shards of `index` (load_index) hold exactly the utterances of `lists` with the same labels (compared as
-    arrays). The writer's order, a seeded permutation of the lists, is tried first: one gather, no sort."""
+    """The shards of `index` (load_index) hold exactly the utterances of `lists`, with the same labels where `lists`
+    are labelled (compared as arrays). The writer's order, a seeded permutation of the lists, is tried first: one
+    gather, no sort."""
     utts, labels = index["utts"], index["labels"]
     keys = as_keys(lists.utts)
     if len(keys) != len(utts):
         return False
+
+    def same(have: np.ndarray, want: np.ndarray) -> bool:
+        return bool(
+            (utts[have] == keys[want]).all() and (not lists.labelled or (labels[have] == lists.labels[want]).all())
+        )
+
     order = np.random.default_rng(index.get("options", {}).get("seed", 0)).permutation(len(keys))
-    if (utts == keys[order]).all() and (labels == lists.labels[order]).all():
-        return True
-    have, want = np.argsort(utts, kind="stable"), np.argsort(keys, kind="stable")
-    return bool((utts[have] == keys[want]).all() and (labels[have] == lists.labels[want]).all())
+    return same(slice(None), order) or same(np.argsort(utts, kind="stable"), np.argsort(keys, kind="stable"))
 
 
 def load_shard_data(settings, lists, log) -> None:
@@ -214,18 +217,23 @@ def load_shard_data(settings, lists, log) -> None:
     `settings`: the config's data section (speakerlab.config.DataSettings)."""
     index = load_index(settings.shards)
     spk = index["speakers"]
-    if spk != lists.speakers or not _written_from(index, lists):
+    if (lists.labelled and spk != lists.speakers) or not _written_from(index, lists):
         raise ListError(
             f"{Path(settings.shards) / SHARDS_JSON} ({index['total']} utterances, {len(spk)} speakers) was not "
             f"written from the lists of config key 'data.train' ({len(lists)} utterances, {len(lists.speakers)} "
             f"speakers); rewrite them: speakerlab-shards --data DATA_DIR_OR_MANIFEST --out {settings.shards}"
         )
-    log(f"training data {settings.shards}: {index['total']} utterances, {len(spk)} speakers in shards")
+    held = f"{len(spk)} speakers" if lists.labelled else "their labels unread" if spk else "unlabelled"
+    log(f"training data {settings.shards}: {index['total']} utterances, {held} in shards")
 
 
 def main(argv=None) -> int:
     ap = CommandParser(prog="speakerlab-shards", description=__doc__.split("\n")[0])
-    ap.add_argument("--data", required=True, help="Kaldi data dir with wav.scp, utt2spk; or a YAML manifest of corpora")
+    ap.add_argument(
+        "--data",
+        required=True,
+        help="Kaldi data dir (wav.scp; utt2spk unless unlabelled); or a YAML manifest of corpora",
+    )
     ap.add_argument("--out", help="shard dir (default <data>/shards)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--shard-mb", type=float, default=256.0, help="close a shard before it passes this size")

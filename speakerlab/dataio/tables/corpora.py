@@ -27,7 +27,7 @@ import yaml
 from speakerlab.config import DataSettings, TrainCorpus
 from speakerlab.dataio.tables.columns import JoinedView
 from speakerlab.dataio.tables.compact import CompactLists
-from speakerlab.dataio.tables.lists import DataDir, load_data_dir
+from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir
 from speakerlab.settings import ConfigError, build_settings, read_yaml
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
@@ -105,7 +105,15 @@ def train_corpora(data: DataSettings) -> List[Tuple[str, TrainCorpus]]:
 def joined_data_dir(data: DataSettings) -> Tuple[DataDir, List[DataDir]]:
     """The corpora of `data.train` as one DataDir with namespaced ids (what tar shards are written from), and
     each corpus's own DataDir (whose errors name its files)."""
-    parts = [(c, load_data_dir(c.dir)) for _, c in train_corpora(data)]
+    parts = [
+        (c, load_data_dir(c.dir, need_speakers=(Path(c.dir) / "utt2spk").exists())) for _, c in train_corpora(data)
+    ]
+    bare = [d.root for _, d in parts if not d.utt2spk]
+    if bare and len(bare) < len(parts):
+        raise ListError(
+            f"{bare[0] / 'utt2spk'}: file does not exist, and the other corpora have theirs: the corpora of one run "
+            "(and of its shards) are all labelled or all unlabelled"
+        )
     if len(parts) == 1 and not parts[0][0].name:
         return parts[0][1], [parts[0][1]]
     joined = DataDir(root=parts[0][1].root, utts=[], wav={}, wav_line={})
@@ -166,6 +174,10 @@ class TrainLists:
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    @property
+    def labelled(self) -> bool:
+        return self.corpora[0].lists.labelled
 
     @property
     def blocks(self) -> List[Tuple[int, float]]:
