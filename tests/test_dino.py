@@ -87,6 +87,7 @@ def test_resume_mid_epoch_equals_uninterrupted(dino_run, tmp_path):
     assert state["center"].abs().sum() > 0 and state["started"] == 1
 
 
+@pytest.mark.slow  # three short training runs: ~10 s
 def test_dino_streams_tar_shards_of_the_unlabelled_dir_and_resumes_exactly(tmp_path):
     """The multi-crop views come from the tar-shard stream as from the file loader (each crop its own draws): a
     run on shards written from the unlabelled dir, cut mid-epoch twice, ends as the uninterrupted one."""
