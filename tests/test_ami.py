@@ -1,9 +1,11 @@
-"""AMI (speakerlab-ami) on a fake corpus in the real layout: the amicorpus folder of the AMI download
+"""AMI (speakerlab-ami and egs/ami) on a fake corpus in the real layout: the amicorpus folder of the AMI download
 (<meeting>/audio/<meeting>.Mix-Headset.wav and .Array1-01.wav, a few seconds of noise each) and an
 AMI-diarization-setup checkout (lists/, only_words/ and word_and_vocalsounds/ RTTMs, uems/) for real meeting ids."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,11 @@ import soundfile as sf
 
 from speakerlab.dataio.tables.rttm import Turn, read_reco2num_spk, read_uem, rttm_lines
 from speakerlab.datasets import ami
+from tests.fake_corpora import env_ready
+from tests.test_deploy import stats_file  # noqa: F401 (the fixture: a small ONNX embedder)
+from tests.test_diarization_data import run_recipe
 
+REPO = Path(__file__).resolve().parent.parent
 SECONDS = 4.0
 # subset -> meeting -> its only_words turns (start, end, speaker); EN2002c has 3 speakers, as in the setup.
 FOUR = [(0.3, 1.0, "FEE005"), (0.9, 1.8, "MEE006"), (2.0, 2.6, "FEE007"), (2.7, 3.5, "MEE008")]
@@ -161,3 +167,64 @@ def test_a_reference_of_another_meeting_or_broken_audio_is_one_line(tmp_path, ca
     (corpus / "IB4001" / "audio" / "IB4001.Array1-01.wav").write_text("not audio")
     assert prepare(corpus, setup, tmp_path / "data", "--subsets", "dev") == 2
     assert "IB4001.Array1-01.wav" in one_error(capsys)
+
+
+def recipe(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO / "egs" / "ami" / "run.sh"), *map(str, args)], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "error: stages 4-5 need --model_opts"),
+        (("--model_opts", "--onnx m.onnx"), "error: stage 1 needs --ami_root (the amicorpus folder) and --setup"),
+        (("--stage", 4, "--model_opts", "x", "--subset", "train"), "error: --subset must be dev, test or both"),
+        (("--stage", 4, "--model_opts", "x", "--condition", "ihm"), "error: --condition must be sdm or headset"),
+        (("--stage", 3, "--model_opts", "x", "--segmentation_train", "dev"), "error: --segmentation_train must be"),
+    ],
+)
+def test_the_recipe_refuses_bad_options_in_one_line_before_any_work(args, message):
+    r = recipe(*args)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and r.stderr.startswith(message), r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not env_ready(), reason="egs/tools/env.sh would install packages")
+def test_ami_recipe_on_the_fake_corpus(fake_ami, stats_file, tmp_path):  # noqa: F811
+    """Stages 1, 3, 4 and 5 on the test list in the headset condition: the data dirs of
+    test_prepare_writes_the_data_dirs_of_both_conditions (test, and train for the segmentation model), a two-step
+    segmentation model trained on the train list (no PLDA: no VBx), every system diarized and scored, the collar-0
+    rows printed again. The embedder is tests/test_deploy.py's small ONNX graph (per window: mean and mean square) and
+    the VAD the energy one: what is tested is that the stages run and score, not a model (egs/mini_diar's test)."""
+    corpus, setup = fake_ami
+    where = ("--ami_root", corpus, "--setup", setup, "--data", tmp_path / "data", "--exp", tmp_path / "exp")
+    tiny = "steps=2 batch_size=2 window=1.0 filters=8 channels=8 hidden=8 layers=1 warmup=0 log_every=1"
+    seg = ("--segmentation_train", "train", "--seg_opts", " ".join(f"--set {x}" for x in tiny.split()))
+    model = ("--model_opts", f"--onnx {stats_file}", "--vad", "energy")
+    r = run_recipe("ami", *where, "--condition", "headset", *seg, *model)
+    data, exp = tmp_path / "data" / "ami_headset_test", tmp_path / "exp" / "headset_test"
+    assert read_reco2num_spk(data / "reco2num_spk") == {"ES2004a": 4, "EN2002c": 3, "TS3003a": 4}
+    stages = [line.split("] ", 1)[1].split(":")[0] for line in r.stderr.splitlines() if "] stage " in line]
+    assert stages == ["stage 1", "stage 3", "stage 3", "stage 4", "stage 5", "stage 5"]
+    train = tmp_path / "data" / "ami_headset_train"
+    assert (
+        f"stage 3: train the segmentation model (../../conf/diarization/segmentation_cpu.yaml) on {train}" in r.stderr
+    )
+    segmentation = tmp_path / "exp" / "segmentation" / "segmentation.onnx"
+    assert f"stage 4: diarize {data} (--onnx {stats_file}; segmentation {segmentation}) -> {exp}" in r.stderr
+    result = json.loads((exp / "der.json").read_text())
+    systems = {"estimated", "estimated_ahc", "oracle_count", "oracle_vad", "one_speaker"}
+    assert set(result) == systems | {"segmentation", "segmentation_oracle_count"}
+    assert all(np.isfinite(c["der"]) for s in result.values() for c in s["conditions"])
+    # The speakers differ in level, which the stats embedder sees: given the count, they are told apart.
+    given, baseline = (
+        next(c["der"] for c in result[s]["conditions"] if (c["collar"], c["skip_overlap"]) == (0.0, False))
+        for s in ("oracle_count", "one_speaker")
+    )
+    assert given < 0.6 * baseline
+    assert result["oracle_count"]["count_right"] == 3
+    header, *collar0 = r.stdout.splitlines()[-8:]  # after the whole table, its collar-0, overlap-scored rows
+    assert header.startswith("system") and [row.split()[1:3] for row in collar0] == [["0.00", "scored"]] * 7, r.stdout
+    assert len((exp / "der.txt").read_text().splitlines()) == 1 + 7 * 4  # every condition kept
