@@ -71,6 +71,13 @@ CASES: Dict[str, List[Tuple[str, str, Argv]]] = {
     "speakerlab-3dspeaker": _corpus("--data"),
     "speakerlab-musan-rirs": _corpus("--out"),
     "speakerlab-voxconverse": _corpus("--data"),
+    "speakerlab-ami": [
+        (
+            "prepare --data",
+            REFUSED,
+            lambda i, d: ["prepare", "--ami-root", str(i.data), "--setup", str(i.data), "--data", d],
+        )
+    ],
     "speakerlab-folder": [("--data", REFUSED, lambda i, d: ["--root", str(i.data / "wav"), "--data", d])],
     "speakerlab-synth": [("--out", REFUSED, lambda i, d: ["--out", d])],
     "speakerlab-synth-tree": [("--out", REFUSED, lambda i, d: ["--corpus", str(i.data), "--out", d])],

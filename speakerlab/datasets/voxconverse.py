@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence
 
 from speakerlab.dataio.audio import sf
 from speakerlab.dataio.tables.lists import ListError
-from speakerlab.dataio.tables.rttm import read_rttm, rttm_lines
+from speakerlab.dataio.tables.rttm import read_rttm, rttm_lines, uem_lines
 from speakerlab.datasets.common import CorpusCommand, DatasetError, check_count, require_dir
 from speakerlab.datasets.download import Archive, log
 from speakerlab.outputs import write_lines
@@ -62,7 +62,7 @@ def prepare_set(root: Path, name: str, out: Path) -> str:
         scp.append(f"{reco} {wav.resolve()}")
         turns += rttm_lines(reco, ref.get(reco, []))
         counts.append(f"{reco} {max(1, len({t.speaker for t in ref.get(reco, [])}))}")
-        uem.append(f"{reco} 1 0.000 {info.frames / info.samplerate:.3f}")
+        uem += uem_lines(reco, [(0.0, info.frames / info.samplerate)])
     if missing:
         raise DatasetError(
             f"{len(missing)} recording(s) annotated in {rttm_dir} have no audio, e.g. {missing[0]}; "

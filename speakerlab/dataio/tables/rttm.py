@@ -5,6 +5,7 @@
     speech = read_speech("ref.rttm")         # {recording: [(start, end), ...]}: the union of its turns
     speech = read_speech("data/segments")    # or Kaldi `<segment> <recording> <start> <end>` lines
     write_lines("hyp.rttm", rttm_lines("conv0001", turns))   # speakerlab.outputs.write_lines
+    write_lines("uem", uem_lines("conv0001", [(0.0, 61.5)]))
 
 RTTM lines: `SPEAKER <recording> <channel> <onset> <duration> <NA> <NA> <speaker> <NA> <NA>`, times in
 seconds; only SPEAKER lines are read (other types, e.g. SPKR-INFO, are skipped). Every reader raises
@@ -74,6 +75,11 @@ def read_rttm(path) -> Dict[str, List[Turn]]:
 def rttm_lines(recording: str, turns: Iterable[Turn]) -> List[str]:
     """RTTM SPEAKER lines of one recording (times to the millisecond), without newlines."""
     return [f"SPEAKER {recording} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {t.speaker} <NA> <NA>" for t in turns]
+
+
+def uem_lines(recording: str, regions: Iterable[Interval]) -> List[str]:
+    """NIST UEM lines `<recording> 1 <start> <end>` of one recording's scored regions (seconds, to the millisecond)."""
+    return [f"{recording} 1 {start:.3f} {end:.3f}" for start, end in regions]
 
 
 def merge_intervals(intervals: Iterable[Interval]) -> List[Interval]:
