@@ -162,7 +162,7 @@ class TrainLists:
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         offsets = np.concatenate([[0], np.cumsum([len(c.lists.speakers) for c in corpora])])
-        if corpora[0].lists.labelled:
+        if self.labelled:
             self.labels = np.concatenate([rank[c.lists.labels + o] for c, o in zip(corpora, offsets)]).astype(np.int32)
         else:  # every label UNLABELLED, as each corpus's
             self.labels = np.concatenate([c.lists.labels for c in corpora]).astype(np.int32)
