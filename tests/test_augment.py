@@ -326,3 +326,17 @@ def test_disjoint_global_crops_share_no_sample_and_still_move_with_the_step():
     assert torch.any(overlapping[0] >= 100) or torch.any(overlapping[1] < 100)  # off: anywhere in the 200
     with pytest.raises(ValueError, match="does not fit"):
         cut_crops(waves, index, 0, 3, 0, 2, 101, disjoint=True)
+
+
+def test_the_input_pipeline_lives_where_its_front_end_was_built():
+    """A GPU run builds the front end on the card and the pipeline around it: the batches must follow the front
+    end there (the first run on a card crashed on a CPU-held pipeline feeding a window on the card). The meta
+    device stands for the card."""
+    from speakerlab.features.spec import KaldiFeatures
+    from speakerlab.frontends import FbankConfig
+    from speakerlab.train.inputs.pipeline import InputPipeline
+
+    on_card = KaldiFeatures(FbankConfig(), True).to("meta")
+    assert InputPipeline(on_card, 16000).device.type == "meta"
+    assert InputPipeline(torch.nn.Identity(), 16000).device.type == "cpu"  # a front end without tensors
+    assert InputPipeline(on_card, 16000).to_empty(device="cpu").device.type == "cpu"  # and moves with it

@@ -63,7 +63,11 @@ def test_device_fbank_and_resampling_equal_the_cpu_ones_with_tf32_on():
     wave = torch.randn(3, 48000, generator=torch.Generator().manual_seed(0)) * 0.1
     cpu = Fbank(FbankConfig())(wave)
     gpu = Fbank(FbankConfig()).cuda()(wave.cuda()).cpu()
-    torch.testing.assert_close(gpu, cpu, rtol=0, atol=1e-4)
+    # Measured on the CPU (this wave, against float64): float32 alone is up to 3.3e-4 off in the quietest log-mel
+    # bins, 3.5e-6 on average; TF32 in the mel product (emulated) 1.4e-4 on average, over half the values off by
+    # more than 1e-4. The mean tells them apart, the maximum bounds the quiet bins (the first H100 run: 2.5e-4).
+    diff = (gpu - cpu).abs()
+    assert diff.mean() < 2e-5 and diff.max() < 1e-3, (diff.mean().item(), diff.max().item())
     resampler = Resampler(*resample_ratio(0.9))
     torch.testing.assert_close(resampler.cuda()(wave.cuda()).cpu(), resampler.cpu()(wave), rtol=0, atol=1e-5)
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # the run's setting is back

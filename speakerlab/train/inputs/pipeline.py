@@ -111,8 +111,10 @@ class InputPipeline(torch.nn.Module):
     ):
         super().__init__()
         self.features, self.crop, self.sample_rate = features, int(crop_samples), int(sample_rate)
-        # Where this module lives (the front-end of every kind has buffers, but need not).
-        self.register_buffer("anchor", torch.zeros(0), persistent=False)
+        # Where this module lives: born where `features` is (a GPU run builds the front end on the card and this
+        # module around it), then moved with it by .to(). Not every front end has buffers: then the CPU.
+        where = next(iter([*features.parameters(), *features.buffers()]), torch.zeros(0)).device
+        self.register_buffer("anchor", torch.zeros(0, device=where), persistent=False)
         self.speed = SpeedPerturb(speed_factors)
         self.num_speakers, self.cpu_rows = num_speakers, cpu_rows
 
