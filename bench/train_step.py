@@ -37,7 +37,7 @@ from speakerlab.config import load_config  # noqa: E402
 from speakerlab.train import build as setup  # noqa: E402
 from speakerlab.train.hardware.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, probe_sizes  # noqa: E402
 from speakerlab.train.hardware.precision import resolve_precision  # noqa: E402
-from speakerlab.train.hardware.speedups import apply_switches, resolve_switches  # noqa: E402
+from speakerlab.train.hardware.speedups import CompileFailed, apply_switches, resolve_switches  # noqa: E402
 from speakerlab.train.inputs.loader import load_train_lists, make_loader  # noqa: E402
 from speakerlab.train.launch.distributed import DistInfo  # noqa: E402
 
@@ -244,6 +244,9 @@ def main(argv=None) -> int:
                                 row.update(peak_tflops=peak, mfu_percent=None if mfu is None else round(mfu, 2))
                             except torch.OutOfMemoryError:
                                 row["status"] = "OOM"
+                            except CompileFailed as e:  # the first-batch check: a speed of wrong gradients is no row
+                                row["status"] = "wrong gradients" if "differ" in str(e) else "compile failed"
+                                print(f"# {name} {precision}: {e}", flush=True)
                             if device.type == "cuda":
                                 torch.cuda.empty_cache()
                         rows.append(row)

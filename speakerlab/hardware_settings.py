@@ -48,8 +48,8 @@ class HardwareSettings:
     # Speed switches (speakerlab.train.hardware.speedups); none changes results beyond float rounding.
     compile: Union[bool, str] = setting(False, check=_compile)  # torch.compile the embedding model:
     # false | true | a mode (default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs) | auto
-    # (compile on CUDA, eager on CPU; a failed compile falls back to eager, logged); a failure under true or a
-    # mode stops the run naming this key
+    # (compile on CUDA, eager on CPU; a failed compile, or gradients that differ from eager's at the first batch,
+    # fall back to eager, logged); either under true or a mode stops the run naming this key
     channels_last: Union[bool, str] = setting("auto", check=auto_or_bool)  # NHWC; auto: 2-D CNNs on CUDA
     cudnn_benchmark: Union[bool, str] = setting("auto", check=auto_or_bool)  # auto: on CUDA (crops have one
     # length, so cuDNN's kernel search runs once)

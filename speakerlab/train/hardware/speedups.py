@@ -5,7 +5,9 @@
     cudnn_benchmark  auto | true | false                        (cuDNN picks its fastest kernels)
 
 `auto` means: compile on CUDA (eager on the CPU, where compiling costs minutes and gains little), with a
-logged fallback to eager when compilation fails; channels_last for 2-D CNNs (more Conv2d than Conv1d
+logged fallback to eager when compilation fails or when the compiled model's gradients on the first training
+batch are not the eager model's (CompiledModel.check: inductor's backward of CAM++ is wrong on the CPU with
+torch 2.13 and on an H100 with torch 2.11; bench/RESULTS.md); channels_last for 2-D CNNs (more Conv2d than Conv1d
 layers: ERes2Net, ResNet, DF-ResNet, ReDimNet2) on CUDA, where tensor-core convolutions want NHWC;
 cudnn.benchmark on CUDA, because training crops all have one length (data.crop_seconds), so the
 kernel search runs once per shape and pays back at every step. None of them changes the results
@@ -14,11 +16,19 @@ beyond float rounding, so none is part of the schedule that resume checks.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
 import torch.nn as nn
+
+from speakerlab.devices import exact_fp32
+
+# CompiledModel.check: the largest gradient error allowed, relative to a tensor's norm plus GRAD_FLOOR of all.
+GRAD_TOLERANCE = 0.05
+GRAD_FLOOR = 1e-3
 
 
 class CompileFailed(RuntimeError):
@@ -45,21 +55,76 @@ class CompiledModel:
         if self.checked:
             return self.call(feats)
         try:
-            out = self.call(feats)
+            wrong = self.check(feats) if torch.is_grad_enabled() and self.model.training else None
+            if wrong is None:
+                out = self.call(feats)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # dynamo / inductor / a missing compiler raise many kinds
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            wrong = f"torch.compile failed: {type(e).__name__}: {reason}"
             if not self.fallback:
                 raise CompileFailed(
-                    f"hardware.compile={self.setting}: torch.compile failed: {type(e).__name__}: {reason}; "
-                    "set hardware.compile=false (or auto: eager when compiling fails)"
+                    f"hardware.compile={self.setting}: {wrong}; set hardware.compile=false (or auto: eager when "
+                    "compiling fails)"
                 ) from e
-            self.log(f"hardware.compile=auto: torch.compile failed ({type(e).__name__}: {reason}); training eager")
+        if wrong is not None:
+            if not self.fallback:
+                raise CompileFailed(f"hardware.compile={self.setting}: {wrong}; set hardware.compile=false")
+            self.log(f"hardware.compile=auto: {wrong}; training eager")
             self.call = self.model
             out = self.call(feats)
         self.checked = True
         return out
+
+    def check(self, feats: torch.Tensor) -> Optional[str]:
+        """The compiled model's parameter gradients on the first training batch against the eager model's, for one
+        random direction of the output, both in exact fp32 (autocast and TF32 off); None when they agree, else what
+        differs. Exact fp32 because under bf16 the eager model's own rounding hides a defect (measured on a tiny
+        CAM++: bf16 eager is as far from fp32 as its defective compiled graph) or makes a sound graph look wrong
+        (ERes2Net). This compiles the fp32 graph once beside the run's own. Leaves the buffers (BatchNorm
+        statistics), the gradients and the random streams as they were, so that a resumed run stays exact."""
+        named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
+        if not named or any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in self.model.modules()):
+            return None  # nothing to train, or dropout: two runs draw two masks, nothing to compare
+        kind = feats.device.type
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        grads = []
+        with torch.random.fork_rng(devices=[feats.device] if kind == "cuda" else []), _full_precision(kind):
+            for fn in (self.model, self.call):
+                out = fn(feats)
+                direction = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.device)
+                got = torch.autograd.grad((out.float() * direction).sum(), [p for _, p in named], allow_unused=True)
+                grads.append(
+                    [torch.zeros_like(p) if g is None else g.detach().double() for (_, p), g in zip(named, got)]
+                )
+                for b, saved in zip(self.model.buffers(), buffers):
+                    b.copy_(saved)
+        eager, compiled = grads
+        total = torch.sqrt(sum(g.square().sum() for g in eager)).item()
+        worst = (0.0, "")
+        for (name, _), e, c in zip(named, eager, compiled):
+            err = (c - e).norm().item()
+            # Relative to the tensor's own norm, floored by the whole set's (a bias before BatchNorm has a true
+            # gradient of 0: rounding noise on both sides).
+            worst = max(worst, (err / (e.norm().item() + GRAD_FLOOR * total) if math.isfinite(err) else math.inf, name))
+        if worst[0] <= GRAD_TOLERANCE:
+            self.log(
+                "hardware.compile: the compiled model's gradients on the first batch are the eager model's "
+                f"(fp32, worst {worst[0]:.1e} of the tensor's norm, {worst[1]})"
+            )
+            return None
+        return (
+            f"the compiled model's gradients on the first batch differ from the eager model's by {worst[0]:.0%} of "
+            f"the tensor's norm in {worst[1]} (fp32; the tolerance is {GRAD_TOLERANCE:.0%})"
+        )
+
+
+@contextlib.contextmanager
+def _full_precision(kind: str):
+    """Autocast off and TF32 off: the float32 the model's parameters hold."""
+    with torch.autocast(kind, enabled=False), exact_fp32():
+        yield
 
 
 def is_2d_cnn(model: nn.Module) -> bool:
