@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first command of a session on a GPU machine: proves the GPU path and measures it, offline, within a
-# time budget meant for one H100 session (not yet measured on a GPU: bench/RESULTS.md).
+# time budget meant for one H100 session (on an H100 with torch 2.11: 461 s, every step run; bench/RESULTS.md).
 #   bash bench/gpu_session.sh [--out DIR] [--wheels DIR]     # on the card
 #   bash bench/gpu_session.sh --dry-run --out /tmp/gs         # the same steps on the CPU, tiny, < 3 minutes
 # --wheels DIR: wheels of what the machine lacks (bash bench/fetch_gpu_wheels.sh DIR, here, beforehand),

@@ -15,6 +15,7 @@ from speakerlab.features.fbank import Fbank
 from speakerlab.frontends import FbankConfig
 from speakerlab.models import build_model
 from speakerlab.train.hardware.precision import resolve_precision
+from speakerlab.train.hardware.speedups import CompileFailed
 from speakerlab.train.losses.margin import AAMSoftmax
 from speakerlab.train.optim.stability import NonFiniteGuard
 from tests.helpers import free_port
@@ -138,8 +139,16 @@ def test_nccl_two_processes(tmp_path):
     assert "2 device(s)" in (tmp_path / "d" / "train.log").read_text()
 
 
+# On an H100 (torch 2.11.0+cu130, 2026-11-26) compiled CAM++'s gradients were 14-45 % off eager's and a float64
+# reference's, its loss equal (bench/RESULTS.md): the first-batch check of hardware.compile refuses it. Strict:
+# the day Triton's lowering gets it right, this fails and the mark goes (auto then compiles CAM++ again).
+CARD_INDUCTOR_CAMPPLUS = pytest.mark.xfail(
+    strict=True, raises=CompileFailed, reason="inductor's backward of CAM++ differs from eager on the card"
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["campplus", "eres2net_base"])
+@pytest.mark.parametrize("name", [pytest.param("campplus", marks=CARD_INDUCTOR_CAMPPLUS), "eres2net_base"])
 def test_a_compiled_training_step_equals_the_eager_one_on_the_card(name):
     """Triton's compiled step against eager, in fp32 with TF32 off (bf16 would hide differences)."""
     from tests.compiled_step import compare_compiled_step
