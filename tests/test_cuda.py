@@ -110,6 +110,24 @@ def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
 
 
 @pytest.mark.slow
+def test_compile_auto_checks_the_compiled_gradients_on_the_card_and_trains(tmp_path):
+    """hardware.compile=auto with the tiny CAM++ in bf16: the first-batch check runs on the card and says what it
+    found (compiled CAM++ was wrong on an H100 with torch 2.11: then it trains eager), and the run finishes."""
+    from tests.helpers import tiny_config
+
+    cfg, _ = tiny_config(tmp_path, val=False)
+    cmd = [sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "c")]
+    cmd += ["hardware.device=cuda", "hardware.precision=bf16", "hardware.compile=auto"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (tmp_path / "c" / "train.log").read_text()
+    assert "speed switches: compile mode default" in log and "training done" in log
+    verdicts = [line for line in log.splitlines() if "compiled model's gradients on the first batch" in line]
+    assert len(verdicts) == 1, log[-3000:]
+    print(verdicts[0])  # the card's verdict, for bench/gpu_session.sh's log
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL DDP needs two GPUs (one process per device)")
 def test_nccl_two_processes(tmp_path):
     from tests.helpers import tiny_config

@@ -193,6 +193,7 @@ def test_a_compiled_run_trains_and_resumes_exactly(tmp_path, one_thread):
     log = (tmp_path / "a" / "train.log").read_text()
     assert "model eres2net_base" in log and "speed switches: compile mode default" in log
     assert "hardware.compile=true" in log
+    assert "hardware.compile: the compiled model's gradients on the first batch are the eager model's" in log
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "a" / "tensorboard"), size_guidance={"tensors": 0}).Reload()
