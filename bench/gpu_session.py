@@ -86,6 +86,18 @@ def data(out: Path, utts: int, seconds: float, speakers: int = 16) -> int:
     return 0
 
 
+def listed_again(data_dir: Path, out: Path, copies: int) -> int:
+    """A data dir that lists each utterance of `data_dir` `copies` times (ids suffixed, the same wav files): an epoch
+    longer than the loader rows' timed steps. Their DataLoader's workers start again at every epoch, so 3-step
+    epochs of the 768 utterances timed the workers' start (the H100's first loader rows, bench/RESULTS.md)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("wav.scp", "utt2spk"):
+        rows = [line.split(maxsplit=1) for line in (data_dir / name).read_text().splitlines()]
+        (out / name).write_text("".join(f"{utt}-c{c} {rest}\n" for c in range(copies) for utt, rest in rows))
+    print(f"data: {data_dir} listed {copies} times -> {out}")
+    return 0
+
+
 def extract(out: Path, data_dir: Path, models, model_args: str, batch_size: int, workers: int) -> int:
     """Extraction throughput per model: utterances/s and seconds of audio per second (wall clock)."""
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
@@ -168,15 +180,17 @@ def measure(out: Path, deadline: float, dry: bool) -> int:
         sizes += ["--workers", "0", "--compile-backend", "eager"]
         probe = ["--model-args", tiny, "--crop", "0.5", "--probe-max", "8", "--probe-min", "4"]
         data_opts, extract_opts = (16, 1.0), dict(model_args=tiny, batch_size=4, workers=0)
+        copies = 2
         precisions = ["fp32", "bf16"]  # tf32 is fp32 on a CPU
     else:
         sizes = ["--batches", "256", "--crop", "3", "--steps", "20", "--warmup", "5", "--workers", "8"]
         probe = ["--crop", "3", "--probe-max", "1024"]
         data_opts, extract_opts = (768, 4.0), dict(model_args="{}", batch_size=64, workers=8)
+        copies = 9  # 6,912 listed: the 25 steps of 256 in one epoch
         precisions = ["fp32", "tf32", "bf16"]
     bench = ["--models", *MODELS, "--deadline", str(deadline), "--markdown"]
     steps = [
-        ("data", lambda: data(out / "data", *data_opts)),
+        ("data", lambda: data(out / "data", *data_opts) or listed_again(out / "data", out / "data_epoch", copies)),
         (
             "train_probe",
             lambda: train_step.main(
@@ -225,7 +239,7 @@ def measure(out: Path, deadline: float, dry: bool) -> int:
                     "default",
                     "--no-synthetic",
                     "--data",
-                    str(out / "data"),
+                    str(out / "data_epoch"),
                     *sizes,
                     "--json",
                     str(out / "train_loader.json"),
