@@ -147,6 +147,21 @@ def test_wrong_compiled_gradients_are_an_error_naming_the_setting_or_with_auto_a
     torch.testing.assert_close(model.conv.weight.grad, twin.conv.weight.grad)
 
 
+def test_the_first_batch_check_says_when_it_cannot_compare():
+    """Dropout draws two masks in two runs, and a batch whose eager gradients are not finite shows nothing: the
+    check says it did not compare and keeps the compiled model (the step's own guard sees a non-finite loss)."""
+    torch.manual_seed(0)
+    with_dropout, logs = torch.nn.Sequential(TinyTDNN(), torch.nn.Dropout(0.1)), []
+    compiled = CompiledModel(with_dropout, "default", "true", False, logs.append, backend="eager")
+    compiled(torch.randn(4, 30, 20))
+    assert logs == ["hardware.compile: gradients not checked against eager (dropout: two runs draw two masks)"]
+    logs.clear()
+    compiled = CompiledModel(TinyTDNN(), "default", "true", False, logs.append, backend="eager")
+    compiled(torch.full((4, 30, 20), float("inf")))
+    assert logs == ["hardware.compile: gradients not checked against eager (the eager ones are not finite)"]
+    assert compiled.call is not compiled.model
+
+
 # Measured here (torch 2.13.0+cpu, inductor's C++ on one thread): CAM++'s compiled gradients are wrong, 20-45 %
 # off in norm on BatchNorm weights of the TDNN blocks and the 2-D head (the embedding agrees to 4e-5); on an H100
 # (torch 2.11, Triton) 14-45 % (bench/RESULTS.md). The suspect is the backward of CAMLayer's index_select, a

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, List, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -85,29 +85,26 @@ class CompiledModel:
         (ERes2Net). This compiles the fp32 graph once beside the run's own. Leaves the buffers (BatchNorm
         statistics), the gradients and the random streams as they were, so that a resumed run stays exact."""
         named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
-        if not named or any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in self.model.modules()):
-            return None  # nothing to train, or dropout: two runs draw two masks, nothing to compare
+        if not named:
+            return None
+        if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in self.model.modules()):
+            self.log("hardware.compile: gradients not checked against eager (dropout: two runs draw two masks)")
+            return None
         kind = feats.device.type
         buffers = [b.detach().clone() for b in self.model.buffers()]
-        grads = []
         with torch.random.fork_rng(devices=[feats.device] if kind == "cuda" else []), _full_precision(kind):
-            for fn in (self.model, self.call):
-                out = fn(feats)
-                direction = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.device)
-                got = torch.autograd.grad((out.float() * direction).sum(), [p for _, p in named], allow_unused=True)
-                grads.append(
-                    [torch.zeros_like(p) if g is None else g.detach().double() for (_, p), g in zip(named, got)]
-                )
-                for b, saved in zip(self.model.buffers(), buffers):
-                    b.copy_(saved)
-        eager, compiled = grads
-        total = torch.sqrt(sum(g.square().sum() for g in eager)).item()
-        worst = (0.0, "")
-        for (name, _), e, c in zip(named, eager, compiled):
-            err = (c - e).norm().item()
-            # Relative to the tensor's own norm, floored by the whole set's (a bias before BatchNorm has a true
-            # gradient of 0: rounding noise on both sides).
-            worst = max(worst, (err / (e.norm().item() + GRAD_FLOOR * total) if math.isfinite(err) else math.inf, name))
+            eager = self._gradients(self.model, feats, named, buffers)
+            total = math.sqrt(sum(g.double().square().sum().item() for g in eager))
+            if not math.isfinite(total):
+                self.log("hardware.compile: gradients not checked against eager (the eager ones are not finite)")
+                return None
+            worst = (0.0, "")
+            for (name, _), e, c in zip(named, eager, self._gradients(self.call, feats, named, buffers)):
+                err = (c.double() - e.double()).norm().item()
+                # Relative to the tensor's own norm, floored by the whole set's (a bias before BatchNorm has a true
+                # gradient of 0: rounding noise on both sides).
+                score = err / (e.double().norm().item() + GRAD_FLOOR * total) if math.isfinite(err) else math.inf
+                worst = max(worst, (score, name))
         if worst[0] <= GRAD_TOLERANCE:
             self.log(
                 "hardware.compile: the compiled model's gradients on the first batch are the eager model's "
@@ -118,6 +115,15 @@ class CompiledModel:
             f"the compiled model's gradients on the first batch differ from the eager model's by {worst[0]:.0%} of "
             f"the tensor's norm in {worst[1]} (fp32; the tolerance is {GRAD_TOLERANCE:.0%})"
         )
+
+    def _gradients(self, fn: Callable, feats: torch.Tensor, named, buffers) -> List[torch.Tensor]:
+        """The parameters' gradients of (fn(feats) . a fixed random direction), then the buffers put back."""
+        out = fn(feats)
+        direction = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.device)
+        got = torch.autograd.grad((out.float() * direction).sum(), [p for _, p in named], allow_unused=True)
+        for b, saved in zip(self.model.buffers(), buffers):
+            b.copy_(saved)
+        return [torch.zeros_like(p) if g is None else g.detach() for (_, p), g in zip(named, got)]
 
 
 @contextlib.contextmanager
