@@ -11,7 +11,7 @@
 #   3 bench/gpu_session.py measure (one process), output in measure.txt:
 #     a synthetic data dir (768 x 4 s; listed 9 times for the loader rows: one epoch); the auto per-card batch  train_probe.json
 #     bench/train_step.py, CAM++ and ERes2Net-base at 3 s crops, per-card batch 256: fp32, tf32, bf16
-#     eager; bf16 compiled; bf16 eager and compiled through the data loader                 train_*.json
+#     eager; bf16 eager through the data loader; extraction; last bf16 compiled              train_*.json
 #     extraction throughput (python -m speakerlab.inference.extract) of both models                   extract.json
 #     RESULTS.md-ready rows of the timed steps                                              rows.md
 # A step that fails is logged and the others still run; the exit code is that of the first failure. Steps
