@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -54,23 +54,21 @@ class CompiledModel:
     def __call__(self, feats: torch.Tensor) -> torch.Tensor:
         if self.checked:
             return self.call(feats)
+        cause = None
         try:
             wrong = self.check(feats) if torch.is_grad_enabled() and self.model.training else None
-            if wrong is None:
-                out = self.call(feats)
+            out = self.call(feats) if wrong is None else None
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # dynamo / inductor / a missing compiler raise many kinds
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            wrong = f"torch.compile failed: {type(e).__name__}: {reason}"
+            wrong, cause = f"torch.compile failed: {type(e).__name__}: {reason}", e
+        if wrong is not None:
             if not self.fallback:
                 raise CompileFailed(
                     f"hardware.compile={self.setting}: {wrong}; set hardware.compile=false (or auto: eager when "
-                    "compiling fails)"
-                ) from e
-        if wrong is not None:
-            if not self.fallback:
-                raise CompileFailed(f"hardware.compile={self.setting}: {wrong}; set hardware.compile=false")
+                    "compiling fails or its gradients differ)"
+                ) from cause
             self.log(f"hardware.compile=auto: {wrong}; training eager")
             self.call = self.model
             out = self.call(feats)
@@ -94,17 +92,11 @@ class CompiledModel:
         buffers = [b.detach().clone() for b in self.model.buffers()]
         with torch.random.fork_rng(devices=[feats.device] if kind == "cuda" else []), _full_precision(kind):
             eager = self._gradients(self.model, feats, named, buffers)
-            total = math.sqrt(sum(g.double().square().sum().item() for g in eager))
-            if not math.isfinite(total):
+            if not all(bool(torch.isfinite(g).all()) for g in eager):
                 self.log("hardware.compile: gradients not checked against eager (the eager ones are not finite)")
                 return None
-            worst = (0.0, "")
-            for (name, _), e, c in zip(named, eager, self._gradients(self.call, feats, named, buffers)):
-                err = (c.double() - e.double()).norm().item()
-                # Relative to the tensor's own norm, floored by the whole set's (a bias before BatchNorm has a true
-                # gradient of 0: rounding noise on both sides).
-                score = err / (e.double().norm().item() + GRAD_FLOOR * total) if math.isfinite(err) else math.inf
-                worst = max(worst, (score, name))
+            compiled = self._gradients(self.call, feats, named, buffers)
+            worst = worst_error([k for k, _ in named], compiled, eager, GRAD_FLOOR)
         if worst[0] <= GRAD_TOLERANCE:
             self.log(
                 "hardware.compile: the compiled model's gradients on the first batch are the eager model's "
@@ -124,6 +116,18 @@ class CompiledModel:
         for b, saved in zip(self.model.buffers(), buffers):
             b.copy_(saved)
         return [torch.zeros_like(p) if g is None else g.detach() for (_, p), g in zip(named, got)]
+
+
+def worst_error(names: List[str], got: List[torch.Tensor], want: List[torch.Tensor], floor: float) -> Tuple[float, str]:
+    """The largest |got - want| / (|want| + floor x |all of want|) over the named tensors (norms in float64), and its
+    name; inf where `got` is not finite. Relative to each tensor's own norm, floored by the whole set's: a bias
+    before BatchNorm has a true gradient of 0, rounding noise on both sides that no elementwise tolerance compares."""
+    total = math.sqrt(sum(w.double().square().sum().item() for w in want))
+    worst = (0.0, "")
+    for name, g, w in zip(names, got, want):
+        err = (g.double() - w.double()).norm().item()
+        worst = max(worst, (err / (w.double().norm().item() + floor * total) if math.isfinite(err) else math.inf, name))
+    return worst
 
 
 @contextlib.contextmanager
