@@ -162,6 +162,22 @@ def test_the_first_batch_check_says_when_it_cannot_compare():
     assert compiled.call is not compiled.model
 
 
+@pytest.mark.slow  # a training run: the fast lane is at its 3 minutes
+def test_a_refused_compile_ends_training_with_one_line_naming_the_key(tmp_path, monkeypatch, capsys):
+    """hardware.compile=true whose compiled gradients are wrong: the command's one error line, exit 2, no traceback."""
+    from speakerlab.train.loop import main as train_main
+    from tests.helpers import tiny_config
+
+    real = torch.compile
+    monkeypatch.setattr(speedups.torch, "compile", lambda model, **kw: real(model, **{**kw, "backend": skewed}))
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "e"), "hardware.compile=true"]) == 2
+    err = capsys.readouterr().err  # the run's log lines, then its error
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: hardware.compile=true: the compiled model's gradients on the first batch differ")
+    assert "Traceback" not in err
+
+
 # Measured here (torch 2.13.0+cpu, inductor's C++ on one thread): CAM++'s compiled gradients are wrong, 20-45 %
 # off in norm on BatchNorm weights of the TDNN blocks and the 2-D head (the embedding agrees to 4e-5); on an H100
 # (torch 2.11, Triton) 14-45 % (bench/RESULTS.md). The suspect is the backward of CAMLayer's index_select, a

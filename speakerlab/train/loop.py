@@ -26,6 +26,7 @@ from speakerlab.dataio.tables.corpora import train_corpora
 from speakerlab.dataio.tables.lists import ListError, rerun_features
 from speakerlab.outputs import folder_problem
 from speakerlab.train.build import Run, build_run, load_train_config
+from speakerlab.train.hardware.speedups import CompileFailed
 from speakerlab.train.launch import distributed as dist_utils
 from speakerlab.train.launch import preemption
 from speakerlab.train.launch.lock import ExpDirLock, ExpDirLocked
@@ -263,7 +264,7 @@ def run(argv=None) -> int:
     try:
         fit(run, lock, args.max_steps, args.force_new_schedule)
         return 0
-    except (ExpDirLocked, ScheduleChanged, RunMismatch) as e:
+    except (ExpDirLocked, ScheduleChanged, RunMismatch, CompileFailed) as e:  # CompileFailed: at the first step
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingStopped, CheckpointError) as e:
