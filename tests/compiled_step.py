@@ -25,9 +25,9 @@ TINY = {
 }
 
 
-def compare_compiled_step(name, device, autocast=contextlib.nullcontext):
-    """One SGD step of tiny `name` on `device`, eager and compiled: loss, gradients, weights and BatchNorm
-    statistics agree (shared with tests/test_cuda.py)."""
+def compare_compiled_step(name, device, autocast=contextlib.nullcontext, frames=48):
+    """One SGD step of tiny `name` on `device` over 4 crops of `frames`, eager and compiled: loss, gradients, weights
+    and BatchNorm statistics agree (shared with tests/test_cuda.py)."""
     cfg = load_config(raw={"model": {"name": name, "args": TINY[name]}, "data": {"train": "x"}})
     torch.manual_seed(0)
     eager = build_net(cfg, num_speakers=6, autocast=autocast).to(device)
@@ -36,7 +36,7 @@ def compare_compiled_step(name, device, autocast=contextlib.nullcontext):
     # (4, 48, 80): the micro-batches of tests/test_speedups.py's compiled training run (4 crops of 0.5 s, 48 frames),
     # whose model is TINY["eres2net_base"]: that run, later in the same process, reuses this step's compiled graphs
     # instead of compiling its own shape (141 s of CPU with an empty inductor cache, one thread, 2-core Intel VM).
-    feats = torch.randn(4, 48, 80, generator=torch.Generator().manual_seed(1)).to(device)
+    feats = torch.randn(4, frames, 80, generator=torch.Generator().manual_seed(1)).to(device)
     labels = torch.tensor([0, 3, 5, 3], device=device)
     results = []
     for net in (eager, compiled):

@@ -122,11 +122,48 @@ class TDNNLayer(nn.Module):
 def segment_mean(x: torch.Tensor, seg_len: int) -> torch.Tensor:
     """Mean of each run of `seg_len` frames: `(B, C, T) -> (B, C, ceil(T / seg_len))`.
 
-    The last segment may be short; it is averaged over its real frames only (a ceil-mode average
-    pool divides an overhanging window by the frames it covers). A pool rather than pad+reshape:
-    the reshape made torch.export specialise the time axis, breaking dynamic-length ONNX export.
+    The last segment may be short; it is averaged over its real frames only. Computed as a plain average pool of
+    the frames padded with zeros to whole segments, the short one rescaled by seg_len / its frames: a ceil-mode
+    pool (what the official code calls) gives the same values, but inductor's gradient of it is wrong for an
+    overhanging window (torch 2.11-2.13, CPU and CUDA: a compiled CAM++ step's gradients 14-52 % off; tests/
+    test_speedups.py). A pool rather than reshape: the reshape made torch.export specialise the time axis.
     """
-    return F.avg_pool1d(x, kernel_size=seg_len, stride=seg_len, ceil_mode=True)
+    pooled = _padded_pool(x, seg_len)
+    covered = (x.shape[-1] - torch.arange(pooled.shape[-1], device=x.device) * seg_len).clamp(max=seg_len)
+    return pooled * (seg_len / covered.to(x.dtype))
+
+
+def _padded_pool(x: torch.Tensor, seg_len: int) -> torch.Tensor:
+    """`(B, C, T) -> (B, C, ceil(T / seg_len))`: the sum of each run of `seg_len` frames / seg_len, the last run
+    padded with zeros."""
+    frames = x.shape[-1]
+    segments = (frames + seg_len - 1) // seg_len
+    return F.avg_pool1d(F.pad(x, (0, segments * seg_len - frames)), kernel_size=seg_len, stride=seg_len)
+
+
+class _Spread(torch.autograd.Function):
+    """Frame t takes segment t // seg_len's value (an index_select); its gradient is each segment's sum over its
+    frames, computed as a pool. Autograd's own gradient of the index_select is an index_add that inductor compiles
+    wrong (torch 2.11-2.13: "index out of bounds" inside the kernel, or on several CPU threads an assertion) once a
+    crop has two segments, as every 3-s training crop has."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, frames: int, seg_len: int) -> torch.Tensor:
+        ctx.seg_len = seg_len
+        return values.index_select(-1, torch.arange(frames, device=values.device) // seg_len)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _padded_pool(grad, ctx.seg_len) * ctx.seg_len, None, None
+
+
+def spread_segments(values: torch.Tensor, frames: int, seg_len: int) -> torch.Tensor:
+    """`(B, C, ceil(frames / seg_len)) -> (B, C, frames)`: each frame takes its segment's value. An index_select
+    rather than expand-and-slice: the slice would need torch.export to prove frames <= ceil(frames / seg_len) *
+    seg_len, which it cannot. TorchScript, which cannot script an autograd.Function, gets the plain index_select."""
+    if torch.jit.is_scripting():
+        return values.index_select(-1, torch.arange(frames, device=values.device) // seg_len)
+    return _Spread.apply(values, frames, seg_len)
 
 
 class CAMLayer(nn.Module):
@@ -161,10 +198,7 @@ class CAMLayer(nn.Module):
         # (B, n_seg, C) rows: the 1x1 convs are plain matmuls, cheaper as such on a few columns.
         hidden = F.relu(F.linear(context, self.linear1.weight.squeeze(-1), self.linear1.bias))
         mask = torch.sigmoid(F.linear(hidden, self.linear2.weight.squeeze(-1), self.linear2.bias))
-        # Frame t takes its segment's mask. An index_select rather than expand-and-slice: the slice
-        # would need torch.export to prove T <= ceil(T / seg_len) * seg_len, which it cannot.
-        segment = torch.arange(y.shape[-1], device=y.device) // self.seg_len
-        return y * mask.transpose(1, 2).index_select(-1, segment)
+        return y * spread_segments(mask.transpose(1, 2), y.shape[-1], self.seg_len)
 
 
 class CAMDenseTDNNLayer(nn.Module):

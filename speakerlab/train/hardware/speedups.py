@@ -6,12 +6,12 @@
 
 `auto` means: compile on CUDA (eager on the CPU, where compiling costs minutes and gains little), with a
 logged fallback to eager when compilation fails or when the compiled model's gradients on the first training
-batch are not the eager model's (CompiledModel.check: inductor's backward of CAM++ is wrong on the CPU with
-torch 2.13 and on an H100 with torch 2.11; bench/RESULTS.md); channels_last for 2-D CNNs (more Conv2d than Conv1d
-layers: ERes2Net, ResNet, DF-ResNet, ReDimNet2) on CUDA, where tensor-core convolutions want NHWC;
-cudnn.benchmark on CUDA, because training crops all have one length (data.crop_seconds), so the
-kernel search runs once per shape and pays back at every step. None of them changes the results
-beyond float rounding, so none is part of the schedule that resume checks.
+batch are not the eager model's (CompiledModel.check: inductor's gradients of a ceil-mode average pool and of an
+index_select are wrong, on the CPU with torch 2.13 and on an H100 with torch 2.11: CAM++'s were 14-52 % off);
+channels_last for 2-D CNNs (more Conv2d than Conv1d layers: ERes2Net, ResNet, DF-ResNet, ReDimNet2) on CUDA,
+where tensor-core convolutions want NHWC; cudnn.benchmark on CUDA, because training crops all have one length
+(data.crop_seconds), so the kernel search runs once per shape and pays back at every step. None of them changes
+the results beyond float rounding, so none is part of the schedule that resume checks.
 """
 
 from __future__ import annotations
@@ -79,9 +79,10 @@ class CompiledModel:
         """The compiled model's parameter gradients on the first training batch against the eager model's, for one
         random direction of the output, both in exact fp32 (autocast and TF32 off); None when they agree, else what
         differs. Exact fp32 because under bf16 the eager model's own rounding hides a defect (measured on a tiny
-        CAM++: bf16 eager is as far from fp32 as its defective compiled graph) or makes a sound graph look wrong
-        (ERes2Net). This compiles the fp32 graph once beside the run's own. Leaves the buffers (BatchNorm
-        statistics), the gradients and the random streams as they were, so that a resumed run stays exact."""
+        CAM++: bf16 eager was as far from fp32 as its compiled graph with inductor's wrong pool gradient) or makes a
+        sound graph look wrong (ERes2Net). This compiles the fp32 graph once beside the run's own. Leaves the
+        buffers (BatchNorm statistics), the gradients and the random streams as they were, so that a resumed run
+        stays exact."""
         named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
         if not named:
             return None
