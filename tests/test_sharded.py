@@ -219,10 +219,11 @@ hardware: {{device: cpu, precision: fp32, num_workers: 0, pin_memory: false}}
 
 def test_on_one_process_a_sharded_run_is_the_plain_run(tiny_corpus, tmp_path):
     """loss.shard_classes on one process, the same seed: the tiny config's whole run (4 steps, at a tenth of its LR)
-    has the plain head's losses, step 1 bit for bit (the rows start alike, the generator is left alike; drawn from
-    numpy they gave another step-1 loss), the later steps to float32 rounding: the sharded softmax sums its gradient
-    in another order, so step 1's update differs in the last bits (bit-equal at step 2 on an AMD EPYC, 1.4e-6
-    relative on an Intel Xeon), and the chaotic 4-step run grows that (float64 equality is
+    has the plain head's losses, step 1 to its last bit (the rows start alike, the generator is left alike; drawn
+    from numpy they gave another step-1 loss; the sharded softmax sums in another order: over train.seed 1-5 the
+    step-1 losses were bit-equal for four and one float32 unit apart for the fifth, 2026-11-26, Intel Xeon), the
+    later steps to float32 rounding: step 1's update differs in the last bits (bit-equal at step 2 on an AMD EPYC,
+    1.4e-6 relative on an Intel Xeon), and the chaotic 4-step run grows that (float64 equality is
     test_on_one_rank_the_sharded_head_is_the_full_head's). train.log says the head is sharded, and sampled below
     loss.sample_rate 1."""
     config = str(tiny_corpus[0])
@@ -231,7 +232,7 @@ def test_on_one_process_a_sharded_run_is_the_plain_run(tiny_corpus, tmp_path):
         assert train_main(["--config", config, "--exp-dir", str(tmp_path / name), "optim.lr=0.005", *overrides]) == 0
     plain, ours = losses(tmp_path / "plain"), losses(tmp_path / "sharded")
     assert sorted(ours) == sorted(plain) == [1, 2, 3, 4]
-    assert ours[1] == plain[1], (ours, plain)
+    assert abs(ours[1] - plain[1]) <= 2.5e-7 * abs(plain[1]), (ours, plain)  # two float32 units at most
     assert abs(ours[2] - plain[2]) <= 1e-5 * abs(plain[2]), (ours, plain)
     assert all(abs(ours[s] - plain[s]) <= 1e-3 * abs(plain[s]) for s in (3, 4)), (ours, plain)
     head = "classifier sharded over 1 process (speakers 0-3 of 4 here)"
