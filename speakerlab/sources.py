@@ -219,4 +219,10 @@ def input_problem(model: nn.Module, spec: FeatureSpec) -> Optional[str]:
         return None
     if spec.kind not in FEATURE_KINDS:
         return f"'features.kind': the model takes {' or '.join(FEATURE_KINDS)}, not {spec.kind}"
+    bins = getattr(model, "feat_dim", None)
+    if isinstance(bins, int) and bins != spec.feat_dim:  # else a shape error deep inside the model's first forward
+        return (
+            f"'features.num_mel_bins': the front end gives {spec.feat_dim} bins and the model takes {bins} "
+            "(model.args.feat_dim)"
+        )
     return None

@@ -315,3 +315,20 @@ def test_feature_store_stage_skips_other_kinds(tmp_path, capsys):
     assert store_main(["--config", config, "--data", str(data)]) == 0
     assert "nothing to store for features.kind redimnet_mel" in capsys.readouterr().err
     assert not (data / "feats.scp").exists()
+
+
+def test_a_model_whose_bins_are_not_the_front_ends_is_one_error_naming_the_key():
+    """ReDimNet2 takes 72 mel bins: on the default 80-bin fbank its first forward failed with a shape error inside a
+    stage; now the config's key. With its front end, or told the fbank's width, it builds."""
+    import contextlib
+
+    from speakerlab.train.build import build_net
+
+    base = {"model": {"name": "redimnet2_b0"}, "data": {"train": "x"}}
+    with pytest.raises(
+        ConfigError, match=r"'features.num_mel_bins': the front end gives 80 bins and the model takes 72 \(model.args"
+    ):
+        build_net(load_config(raw=base), 3, contextlib.nullcontext)
+    for overrides in (["features.kind=redimnet_mel", "features.num_mel_bins=72"], ["model.args={feat_dim: 80}"]):
+        net = build_net(load_config(raw=base, overrides=overrides), 3, contextlib.nullcontext)
+        assert net.classifier.weight.shape == (3, 192), overrides
