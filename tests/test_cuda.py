@@ -111,8 +111,8 @@ def test_training_on_the_card_with_bf16_and_the_auto_batch(tmp_path):
 @pytest.mark.slow
 def test_compile_auto_checks_the_compiled_gradients_on_the_card_and_trains(tmp_path):
     """hardware.compile=auto with the tiny CAM++ in bf16: the first-batch check runs on the card, finds the compiled
-    gradients the eager ones (they were 14-45 % off on an H100 with torch 2.11 before CAM++ stopped using a
-    ceil-mode pool, models/campplus.py segment_mean), and the run finishes compiled."""
+    gradients the eager ones (they were 14-45 % off on an H100 with torch 2.11 before CAM++ stopped asking inductor
+    for the gradients of a ceil-mode pool and an index_select: models/campplus.py), and the run finishes compiled."""
     from tests.helpers import tiny_config
 
     cfg, _ = tiny_config(tmp_path, val=False)

@@ -150,7 +150,7 @@ class _Spread(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: torch.Tensor, frames: int, seg_len: int) -> torch.Tensor:
         ctx.seg_len = seg_len
-        return values.index_select(-1, torch.arange(frames, device=values.device) // seg_len)
+        return _index_spread(values, frames, seg_len)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -162,8 +162,12 @@ def spread_segments(values: torch.Tensor, frames: int, seg_len: int) -> torch.Te
     rather than expand-and-slice: the slice would need torch.export to prove frames <= ceil(frames / seg_len) *
     seg_len, which it cannot. TorchScript, which cannot script an autograd.Function, gets the plain index_select."""
     if torch.jit.is_scripting():
-        return values.index_select(-1, torch.arange(frames, device=values.device) // seg_len)
+        return _index_spread(values, frames, seg_len)
     return _Spread.apply(values, frames, seg_len)
+
+
+def _index_spread(values: torch.Tensor, frames: int, seg_len: int) -> torch.Tensor:
+    return values.index_select(-1, torch.arange(frames, device=values.device) // seg_len)
 
 
 class CAMLayer(nn.Module):
