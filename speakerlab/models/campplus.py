@@ -167,6 +167,7 @@ def spread_segments(values: torch.Tensor, frames: int, seg_len: int) -> torch.Te
 
 
 def _index_spread(values: torch.Tensor, frames: int, seg_len: int) -> torch.Tensor:
+    """`(B, C, S)` segment values -> `(B, C, frames)`: frame t takes segment t // seg_len."""
     return values.index_select(-1, torch.arange(frames, device=values.device) // seg_len)
 
 
