@@ -79,14 +79,14 @@ def embedder_of(name: str, work: Path):
     """The torch Embedder of a bench model (see the module docstring for the weights)."""
     import torch
 
-    from speakerlab.frontends import FbankConfig, FeatureSpec, ReDimNetMelConfig
+    from speakerlab.frontends import FeatureSettings, feature_spec
     from speakerlab.inference.embedder import Embedder, load_embedder
-    from speakerlab.models import build_model
+    from speakerlab.models import build_model, model_features
 
     if name == "campplus":
         return load_embedder(threedspeaker="campplus", weights=peer_weights(work / "mscache"), device="cpu")
     torch.manual_seed(0)
-    spec = FeatureSpec(ReDimNetMelConfig() if name.startswith("redimnet2") else FbankConfig())
+    spec = feature_spec(FeatureSettings(**model_features(name)), 16000)
     return Embedder(build_model(name).eval(), spec, "cpu", name)
 
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.models import macs  # noqa: E402
 from speakerlab.config import load_config  # noqa: E402
+from speakerlab.models import model_features  # noqa: E402
 from speakerlab.train import build as setup  # noqa: E402
 from speakerlab.train.hardware.batch_plan import BatchPlan, CudaMemory, MemoryProbe, find_max_batch, probe_sizes  # noqa: E402
 from speakerlab.train.hardware.precision import resolve_precision  # noqa: E402
@@ -78,8 +79,8 @@ def bench_config(name, precision, args, device, data=None):
         "data": {"train": data or "unused", "crop_seconds": args.crop},
         "hardware": hardware,
     }
-    if name.startswith("redimnet2"):  # the releases' 72-bin log-mel, as conf/*/redimnet2_*.yaml train them
-        raw["features"] = {"kind": "redimnet_mel", "num_mel_bins": 72}
+    if model_features(name):  # e.g. ReDimNet2's 72-bin log-mel, as conf/*/redimnet2_*.yaml train them
+        raw["features"] = model_features(name)
     return load_config(raw=raw)
 
 

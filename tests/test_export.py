@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from speakerlab.frontends import FbankConfig, FeatureSpec, ReDimNetMelConfig
+from speakerlab.frontends import FeatureSettings, FeatureSpec, feature_spec
 from speakerlab.inference.deploy.export import check_export, export_torchscript
 from speakerlab.inference.embedder import Embedder
-from speakerlab.models import build_model, list_models
+from speakerlab.models import build_model, list_models, model_features
 from tests.helpers import export_copy, registry_params, relative_errors
 
 onnx = pytest.importorskip("onnx")
@@ -49,7 +49,7 @@ EXPORTED = [n for n in list_models() if n not in {**SAME_COPY, **SAME_OPS} and n
 
 
 def spec_of(name: str) -> FeatureSpec:
-    return FeatureSpec(ReDimNetMelConfig() if name.startswith("redimnet2") else FbankConfig())
+    return feature_spec(FeatureSettings(**model_features(name)), 16000)
 
 
 @pytest.mark.parametrize("name", registry_params(EXPORTED, fast=("ecapa_tdnn_c512",)))

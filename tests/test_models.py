@@ -5,6 +5,8 @@ Inputs are kept to batch 2 and a few hundred frames so the whole registry runs i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -220,3 +222,24 @@ def test_wespeaker_state_dict_layout(name):
         assert tuple(state[key].shape) == shape, f"{name}.{key}: {tuple(state[key].shape)} != {shape}"
     # One embedding layer: the second one and its BN stay parameter-free, as in those checkpoints.
     assert not any(k.startswith(("seg_2.", "seg_bn_1.")) for k in state)
+
+
+def test_each_model_declares_the_input_it_takes():
+    """`model_features` (what bench/, the export tests and tools build a model's front-end from): its width is the
+    model's default feat_dim, and every config under conf/ that trains the model names that front-end."""
+    import yaml
+
+    from speakerlab.frontends import FeatureSettings, feature_spec
+    from speakerlab.models import builder_defaults, model_features
+
+    for name in MODELS:
+        spec = feature_spec(FeatureSettings(**model_features(name)), 16000)
+        assert spec.feat_dim == builder_defaults(name)["feat_dim"], name
+    confs = 0
+    for path in sorted(Path(__file__).resolve().parents[1].glob("conf/*/*.yaml")):
+        raw = yaml.safe_load(path.read_text()) or {}
+        name = (raw.get("model") or {}).get("name")
+        if name in MODELS and model_features(name):
+            confs += 1
+            assert (raw.get("features") or {}).get("kind") == model_features(name)["kind"], path
+    assert confs >= 21  # conf/{voxceleb,3dspeaker,cnceleb}/redimnet2_b*.yaml at least

@@ -13,6 +13,7 @@ from speakerlab.models.registry import (
     list_ssl_models,
     load_model,
     model_args_problems,
+    model_features,
     register,
     weight_problems,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "list_ssl_models",
     "load_model",
     "model_args_problems",
+    "model_features",
     "register",
     "weight_problems",
 ]

@@ -162,6 +162,7 @@ for _size, _mparams in _MPARAMS.items():
         dict(feat_dim=72, embedding_size=192, out_channels=_head, return_2d_output=True, agg_gnorm=False),
         f"ReDimNet2-{_size.upper()} ({_mparams} M params): `(B, T, 72) -> (B, 192)`.",
         _release,
+        features=dict(kind="redimnet_mel", num_mel_bins=72),
     )
 
 

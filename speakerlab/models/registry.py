@@ -22,6 +22,8 @@ import torch.nn as nn
 
 _BUILDERS: Dict[str, Callable[..., nn.Module]] = {}
 _SSL: Set[str] = set()
+# A model's `features` config section where its releases take another input than the default (80-bin kaldi_fbank).
+_FEATURES: Dict[str, Dict[str, Any]] = {}
 
 
 def register(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
@@ -39,10 +41,12 @@ def register_variant(
     defaults: Dict[str, Any],
     doc: str,
     fixed: Optional[Dict[str, Any]] = None,
+    features: Optional[Dict[str, Any]] = None,
 ) -> None:
     """Register `name` as `make(**fixed, **defaults)`: `defaults` are the variant's keyword arguments (what a
     config's `model.args` may set, checked like a builder's signature), `fixed` what makes it this variant
-    and is not an argument (a block type, channel widths of a release)."""
+    and is not an argument (a block type, channel widths of a release), `features` the config's `features`
+    section its releases were trained with when not the default (`model_features`)."""
 
     def builder(**kwargs) -> nn.Module:
         return make(**(fixed or {}), **{**defaults, **kwargs})
@@ -52,6 +56,16 @@ def register_variant(
     kind = inspect.Parameter.KEYWORD_ONLY
     builder.__signature__ = inspect.Signature([inspect.Parameter(k, kind, default=v) for k, v in defaults.items()])
     register(builder)
+    if features:
+        _FEATURES[name] = dict(features)
+
+
+def model_features(name: str) -> Dict[str, Any]:
+    """The `features` config section model `name` takes ({}: the default front-end, 80-bin kaldi_fbank), as plain
+    keys: this layer does not import speakerlab.frontends, which turns them into a FeatureSpec (`feature_spec`)."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; registered: {', '.join(sorted(_BUILDERS))}")
+    return dict(_FEATURES.get(name, {}))
 
 
 def class_defaults(cls: type) -> Dict[str, Any]:
