@@ -10,6 +10,7 @@ the LRs. Rank 0 writes REPORT (JSON), one entry per step:
 tests/test_freeze.py runs it; nothing in speakerlab knows of it.
 """
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -49,6 +50,13 @@ def main(config: str, exp: str, report: str) -> None:
     fit_watched(run, pre, post)
     if run.info.is_main:
         Path(report).write_text(json.dumps(steps))
+    # The old DDP wrappers (their reducers hold the process group) go before the group does, both ranks past the
+    # last collective first: once, under load, rank 1 aborted at exit after training ("terminate called without an
+    # active exception") with them still alive.
+    dist.barrier()
+    state.clear()
+    run.net = None
+    gc.collect()
     dist.destroy_process_group()
 
 
