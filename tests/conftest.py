@@ -19,6 +19,8 @@ from tests.helpers import ROOT, TINY_CAMPPLUS, threads, tiny_config
 from tests.schedule import (  # noqa: F401  (hooks: the longest files first, seconds per file at the end)
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
+    pytest_runtest_logstart,
+    pytest_runtest_makereport,
     pytest_terminal_summary,
 )
 

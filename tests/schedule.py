@@ -6,11 +6,13 @@ recipes' end-to-end files, one or two tests of minutes each, for last, and one w
 other idled. Handed out longest first (the largest-processing-time rule), the two workers end within about one
 short file of each other. The times are tests/file_seconds.txt, a copy of the table that a full run prints
 ("seconds per test file"); a file missing from it (a new one) goes after the listed ones. The hooks are imported
-by tests/conftest.py.
+by tests/conftest.py. Beside each file's seconds the table prints the CPU seconds its tests used (the worker's and
+its finished subprocesses'): a file far under its wall time waits (sleeps, timeouts, disk) rather than computes.
 """
 
 from __future__ import annotations
 
+import resource
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict
@@ -19,12 +21,12 @@ TABLE = Path(__file__).with_name("file_seconds.txt")
 
 
 def file_seconds(path: Path = TABLE) -> Dict[str, float]:
-    """`<seconds> <test file>` per line ('#' starts a comment) -> {test file: seconds}."""
+    """`<seconds> <test file> [CPU seconds]` per line ('#' starts a comment) -> {test file: seconds}."""
     seconds = {}
     if path.exists():
         for line in path.read_text().splitlines():
             fields = line.split("#", 1)[0].split()
-            if len(fields) == 2:
+            if len(fields) in (2, 3):
                 seconds[fields[1]] = float(fields[0])
     return seconds
 
@@ -40,13 +42,33 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 _spent: Dict[str, float] = defaultdict(float)
+_cpu: Dict[str, float] = defaultdict(float)
 _by_worker: Dict[str, float] = defaultdict(float)
+_started: Dict[str, float] = {}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have ended (subprocess.run's)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """On the process that runs the test (a worker under xdist), before its setup."""
+    _started[nodeid] = cpu_seconds()
+
+
+def pytest_runtest_makereport(item, call):
+    """The CPU seconds of setup, call and teardown ride on the teardown report to the process that prints."""
+    if call.when == "teardown" and item.nodeid in _started:
+        item.user_properties.append(("cpu_s", cpu_seconds() - _started.pop(item.nodeid)))
 
 
 def pytest_runtest_logreport(report):
     """Setup, call and teardown of every test, on the process that prints the summary (xdist's controller
     receives the workers' reports, each naming its worker)."""
     _spent[test_file(report.nodeid)] += report.duration
+    _cpu[test_file(report.nodeid)] += dict(report.user_properties).get("cpu_s", 0.0)
     node = getattr(report, "node", None)
     worker = getattr(getattr(node, "gateway", None), "id", None)
     if worker is not None:
@@ -57,8 +79,9 @@ def pytest_terminal_summary(terminalreporter):
     if not _spent:
         return
     write = terminalreporter.write_line
-    terminalreporter.section("seconds per test file (longest first: the order of tests/file_seconds.txt)")
+    terminalreporter.section("seconds per test file (longest first: the order of tests/file_seconds.txt), CPU seconds")
     for name, seconds in sorted(_spent.items(), key=lambda kv: -kv[1]):
-        write(f"{seconds:8.1f} {name}")
+        write(f"{seconds:8.1f} {name} {_cpu[name]:8.1f}")
+    write(f"all files: {sum(_spent.values()):.0f} s of tests, {sum(_cpu.values()):.0f} CPU seconds")
     if _by_worker:
         write("per worker: " + ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_by_worker.items())))
