@@ -79,8 +79,9 @@ def bench_config(name, precision, args, device, data=None):
         "data": {"train": data or "unused", "crop_seconds": args.crop},
         "hardware": hardware,
     }
-    if model_features(name):  # e.g. ReDimNet2's 72-bin log-mel, as conf/*/redimnet2_*.yaml train them
-        raw["features"] = model_features(name)
+    features = model_features(name)  # e.g. ReDimNet2's 72-bin log-mel, as conf/*/redimnet2_*.yaml train them
+    if features:
+        raw["features"] = features
     return load_config(raw=raw)
 
 
