@@ -55,6 +55,19 @@ def test_store_with_other_options_names_the_option(data, tmp_path):
     assert FeatureStore(data, FbankConfig(num_mel_bins=64))["a-0"].shape[1] == 64
 
 
+def test_a_store_read_from_another_folder_names_the_ark_it_cannot_open(data, tmp_path, monkeypatch):
+    """Relative ark paths are from the folder the store was made in (as Kaldi's): read from elsewhere, the store
+    says so when opened, instead of a loader worker's FileNotFoundError mid-run."""
+    monkeypatch.chdir(data.parent)
+    assert main(["--data", data.name]) == 0
+    assert FeatureStore(data.name)["b-0"].shape[1] == 80
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ListError, match=r"feats.scp: 'a-0' is in d/feats.ark: no such file from .*elsewhere.*run from"):
+        FeatureStore(data)
+
+
 def test_frame_crops_follow_the_seed_and_repeat_short_utterances(data):
     main(["--data", str(data)])
     store = FeatureStore(data)

@@ -104,6 +104,7 @@ class FeatureStore:
         meta = json.loads(conf.read_text())
         self.config = meta["fbank"]
         self.entries = read_keyed(root / FEATS_SCP)
+        self._check_arks()
         stored = meta.get("wav_scp_sha1")
         if stored is not None and stored != lists_digest(root):
             listed = read_keyed(root / "wav.scp", lambda p: {u: v for u, (_, v) in read_wav_scp(p).items()}).keys
@@ -122,6 +123,21 @@ class FeatureStore:
                         f"{conf}: features computed with {key}={self.config.get(key)!r}, the config "
                         f"asks for {key}={want.get(key)!r}; rebuild the store or change features.{key}"
                     )
+
+    def _check_arks(self) -> None:
+        """The ark of the first and last entries must open from here: a store's paths are as
+        speakerlab-feature-store was given them (relative ones from the folder it ran in, as Kaldi's are), and a
+        store read from another folder would otherwise fail in a loader worker, mid-run. Two rows, not all: a
+        store writes one ark, and a start-up at millions of utterances checks in constant time."""
+        for row in sorted({0, len(self.entries) - 1} - {-1}):
+            ark = self.entries.values[row].rsplit(":", 1)[0]
+            if not Path(ark).is_file():
+                utt = self.entries.keys[row].decode("utf-8")
+                raise ListError(
+                    f"{self.root / FEATS_SCP}: '{utt}' is in {ark}: no such file from {Path.cwd()} (relative paths "
+                    "are from the folder speakerlab-feature-store ran in: run from there, or "
+                    f"{rerun_features('speakerlab-feature-store', self.root)})"
+                )
 
     def __len__(self) -> int:
         return len(self.entries)
