@@ -129,7 +129,8 @@ class FeatureStore:
         speakerlab-feature-store was given them (relative ones from the folder it ran in, as Kaldi's are), and a
         store read from another folder would otherwise fail in a loader worker, mid-run. Two rows, not all: a
         store writes one ark, and a start-up at millions of utterances checks in constant time."""
-        for row in sorted({0, len(self.entries) - 1} - {-1}):
+        last = len(self.entries) - 1
+        for row in sorted({0, last}) if last >= 0 else ():
             ark = self.entries.values[row].rsplit(":", 1)[0]
             if not Path(ark).is_file():
                 utt = self.entries.keys[row].decode("utf-8")
