@@ -11,7 +11,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from speakerlab.diarization.clustering.cluster import SpeakerCount, cluster
+from speakerlab.diarization.clustering.cluster import (
+    SpeakerCount,
+    assign_nearest,
+    cluster,
+    group_neighbours,
+    normalize,
+    unit_means,
+)
 from speakerlab.diarization.clustering.plda import PLDAError, fit_plda, load_plda
 from speakerlab.diarization.clustering.vbx import VBxParams, constrained_assignment, forward_backward
 from tests.test_diarization_scale import agreement
@@ -133,6 +140,22 @@ def test_vbx_finds_the_speakers_at_least_as_well_as_ahc(world, plda):
             right += method == "vbx" and len(np.unique(labels)) == k
     assert np.mean(scores["vbx"]) >= np.mean(scores["ahc"]) and min(scores["vbx"]) >= min(scores["ahc"])
     assert np.mean(scores["vbx"]) >= 0.95 and right >= 18
+
+
+def test_capped_vbx_ends_on_every_sub_segment(world, plda):
+    """Long conversations (1,200 sub-segments of 5 speakers) capped into units of 2: VBx on the units alone keeps
+    spurious speakers (units that straddle a change); the VBx pass on every sub-segment started from them
+    (cluster.resegment) finds the 5 and agrees with the truth as clustering every sub-segment does."""
+    count = SpeakerCount(1, 10)
+    for seed in (201, 202, 203):
+        x, truth = world.conversation(seed, 5, 1200)
+        capped = cluster(x, count, "vbx", plda=plda, max_units=600, vbx_params=WORLD_VBX)
+        full = cluster(x, count, "vbx", plda=plda, max_units=0, vbx_params=WORLD_VBX)
+        unit_of = group_neighbours(x, 600)
+        units = cluster(unit_means(normalize(x), unit_of), count, "vbx", plda=plda, max_units=0, vbx_params=WORLD_VBX)
+        before = assign_nearest(normalize(x), unit_of, units)
+        assert len(np.unique(before)) > 5 and agreement(before, truth) < 0.95
+        assert len(np.unique(capped)) == 5 and agreement(capped, truth) >= 0.99 and agreement(full, truth) >= 0.99
 
 
 @pytest.mark.parametrize(
