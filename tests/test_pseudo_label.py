@@ -85,3 +85,18 @@ def test_embeddings_missing_an_utterance_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no embedding for 'zz-0'" in err
     assert not (tmp_path / "pl").exists()
+
+
+def test_k_means_seeds_come_from_part_of_a_large_sample():
+    """Past SEED_ROWS sampled rows, the k-means++ seeds are drawn from the first max(SEED_ROWS, 3 k) of them (their
+    cost grows with rows x k; bench/pseudo_label_scale.py): 12,000 utterances of 40 speakers, three draws, each
+    clustered with at most a speaker or two merged or split (one k-means run, as seeds from every row give)."""
+    from speakerlab.train.pseudo_label import SEED_ROWS, assign, kmeans_centroids, unit
+
+    for seed in range(3):
+        g = np.random.default_rng(seed)
+        who = g.integers(40, size=12_000)
+        x = unit(g.standard_normal((40, 32))[who] + 0.3 * g.standard_normal((12_000, 32)))
+        assert len(x) > SEED_ROWS
+        labels = assign(x, kmeans_centroids(x, 40, 200_000, 0))[0]
+        assert purity(labels, who) >= 0.95 and purity(who, labels) >= 0.95

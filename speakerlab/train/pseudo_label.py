@@ -3,15 +3,17 @@
     speakerlab-pseudo-label --embeddings exp/dino/embeddings/train.npz --data data/train_unlabelled \
         --out data/train_pl1 [--clusters 400 | --estimate] [--drop 0.2] [--true-labels data/train/utt2spk]
 
-Clustering (spherical k-means on the L2-normalised embeddings, cosine): k-means (scikit-learn, k-means++) on a
-random sample of `--sample` utterances, then every utterance assigned to its nearest centroid in blocks of
-`BLOCK` rows (one matrix product each): memory O(block x k), time O(N x k x D), so 1 M utterances and 10 k
-clusters are minutes on a CPU. The count is `--clusters`, or with `--estimate` the number of clusters of
-average-linkage AHC (scipy) on a sample of `--estimate-sample` utterances cut at cosine distance
-`--threshold`, scaled from the sample to the whole set: a random n of N utterances holds only some speakers (at 1 M
-utterances of 6 k speakers, 5,000 hold about 3.4 k of them), so the count S is the one whose expected number of
-speakers in the sample, S (1 - (1 - n/N)^(N/S)), is the c clusters found (speakers of equal size assumed; unequal
-ones make S a little low). The printed line says what was found and what it was scaled to.
+Clustering (spherical k-means on the L2-normalised embeddings, cosine): k-means (scikit-learn) on a random sample
+of `--sample` utterances, seeded by k-means++ on at most max(SEED_ROWS, 3 k) of them, then every utterance assigned
+to its nearest centroid in blocks of `BLOCK` rows (one matrix product each): memory O(block x k), time O(N x k x D).
+1 M utterances into 6,000 clusters take about 5 minutes on a 2-core CPU (bench/pseudo_label_scale.py).
+
+The count is `--clusters`, or with `--estimate` the number of clusters of average-linkage AHC (scipy) on a sample of
+`--estimate-sample` utterances cut at cosine distance `--threshold`, scaled from the sample to the whole set: a
+random n of N utterances holds only some speakers (at 1 M utterances of 6 k speakers, 5,000 hold about 3.4 k of
+them), so the count S is the one whose expected number of speakers in the sample, S (1 - (1 - n/N)^(N/S)), is the
+c clusters found (speakers of equal size assumed; unequal ones make S a little low). The printed line says what
+was found and what it was scaled to.
 
 Confidence rule: an utterance's margin is its cosine to its own centroid minus that to the second nearest;
 the round(`--drop` x N) utterances with the lowest margins are dropped (they sit between two clusters), then every
@@ -37,6 +39,10 @@ from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_utt2sp
 from speakerlab.outputs import OutputError, check_folder_output, write_lines
 
 BLOCK = 8192  # rows per assignment block
+# k-means++ seeds come from at most max(SEED_ROWS, 3 k) sampled rows: its cost is rows x k x D x ~log k, and on
+# all 200 k rows of a 1 M-utterance set at k = 6,000 it had not finished in 26 min; from 18 k rows it takes 43 s,
+# the 35 Lloyd iterations on the 200 k after it 114 s (bench/RESULTS.md, "Pseudo-labels of 1 M utterances").
+SEED_ROWS = 10_000
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -72,13 +78,17 @@ def whole_set_count(found: int, n: int, total: int) -> int:
 
 
 def kmeans_centroids(x: np.ndarray, k: int, sample: int, seed: int) -> np.ndarray:
-    """Unit centroids `(k, D)` of k-means on at most `sample` rows of the unit embeddings `x (N, D)`."""
+    """Unit centroids `(k, D)` of k-means on at most `sample` rows of the unit embeddings `x (N, D)`; its k-means++
+    seeds drawn from the first max(SEED_ROWS, 3 k) of those rows (module doc)."""
     try:
-        from sklearn.cluster import KMeans
+        from sklearn.cluster import KMeans, kmeans_plusplus
     except ImportError:
         raise ImportError("speakerlab-pseudo-label needs scikit-learn (pip install scikit-learn)") from None
     rows = np.random.default_rng(seed).permutation(len(x))[: max(sample, k)]
-    km = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(x[rows])
+    fit = x[rows]
+    seed_rows = max(SEED_ROWS, 3 * k)
+    init = "k-means++" if len(fit) <= seed_rows else kmeans_plusplus(fit[:seed_rows], k, random_state=seed)[0]
+    km = KMeans(n_clusters=k, init=init, n_init=1, random_state=seed).fit(fit)
     return unit(km.cluster_centers_)
 
 
@@ -130,7 +140,9 @@ def pseudo_label(args) -> Outcome:
             f"({len(missing)} missing); embed the whole data dir"
         )
     index = {u: i for i, u in enumerate(ids)}
-    x = unit(emb[[index[u] for u in data.utts]])
+    x = np.asarray(emb[[index[u] for u in data.utts]], dtype=np.float32)  # a copy in data.utts' order ...
+    del emb  # ... normalised in place: one copy of N x D alive, not three
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     k = args.clusters
     if not k:
         k, found, n = estimate_count(x, args.threshold, args.estimate_sample, args.seed)
