@@ -22,10 +22,12 @@ eigengap cannot say "one speaker" reliably when every eigenvalue is small.
 
 Long recordings: the affinity is N x N and `eigh` O(N^3), so 3 hours (~12 k sub-segments) would take
 gigabytes and many minutes. Beyond `max_units` sub-segments, runs of ceil(N / max_units) neighbours (in time
-order) are averaged into one unit, the units are clustered as above, and every sub-segment then takes the
-speaker whose centroid (the mean of that speaker's sub-segments) is nearest by cosine: the speaker changes
-inside a unit are found again at sub-segment resolution. Should that empty a speaker, each sub-segment keeps
-its unit's. Memory is O(max_units^2 + N x D), time O(max_units^3 + N x D x k) (bench/diarization_scale.py).
+order) make one unit (for VBx their mean, for spectral and AHC their first sub-segment), the units are clustered as
+above, and every sub-segment then takes the speaker whose centroid (the mean of that speaker's sub-segments) is
+nearest by cosine: the speaker changes inside a unit are found again at sub-segment resolution. Should that empty a
+speaker, each sub-segment keeps its unit's. Memory is O(max_units^2 + N x D), time O(max_units^3 + N x D x k)
+(bench/diarization_scale.py). Spectral on first sub-segments, not means: on twelve 30-minute conversations 20.18 %
+against 23.65 % (uncapped 20.65 %), on a 3-hour one 7 speakers for 8 where means gave 1.
 VBx too runs on the units, not only its AHC start: on every sub-segment of a 3-hour conversation (11,160) it kept 14
 speakers for 8 (DER 35.1 %), on units of 8 it kept 7 (DER 18.0 %; bench/RESULTS.md, the 3-hour recording). Then
 `resegment` runs VBx once more on every sub-segment, started from the units' speakers (so it can drop one, never add
@@ -173,6 +175,11 @@ def unit_means(x: np.ndarray, unit_of: np.ndarray) -> np.ndarray:
     return normalize(np.add.reduceat(x, np.flatnonzero(np.diff(unit_of, prepend=-1))))
 
 
+def unit_firsts(x: np.ndarray, unit_of: np.ndarray) -> np.ndarray:
+    """`(N, D)` rows and their `(N,)` non-decreasing unit index -> `(units, D)`: each unit's first row."""
+    return x[np.flatnonzero(np.diff(unit_of, prepend=-1))]
+
+
 def assign_nearest(x: np.ndarray, unit_of: np.ndarray, unit_labels: np.ndarray) -> np.ndarray:
     """Each row's speaker: the nearest (cosine) centroid of the speakers `unit_labels[unit_of]` give; those
     labels themselves when the nearest-centroid rule would leave a speaker with no row."""
@@ -244,7 +251,10 @@ def cluster(
         return np.arange(n, dtype=np.int64)  # every segment its own speaker: nothing to cluster
     if max_units and n > max_units:
         unit_of = group_neighbours(x, max_units)
-        units = unit_means(x, unit_of)
+        # VBx's units are their runs' means (less noisy for its PLDA; `resegment` restores the resolution); spectral's
+        # and AHC's their runs' first rows: means of runs blur the turns into one smooth chain, whose eigengap read a
+        # 3-hour conversation of 8 speakers as one (bench/RESULTS.md, "Capped VBx, then every sub-segment").
+        units = unit_means(x, unit_of) if method == "vbx" else unit_firsts(x, unit_of)
         unit_labels = cluster(units, count, method, seed, pruning, threshold, merge_cosine, 0, plda, vbx_params)
         labels = first_appearance(assign_nearest(x, unit_of, unit_labels))
         if method == "vbx":
