@@ -19,6 +19,7 @@ import argparse
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -95,10 +96,7 @@ def main() -> None:
     cmd = ["speakerlab-pseudo-label", "--embeddings", str(args.work / "emb.npz"), "--data", str(args.work / "data")]
     cmd += ["--out", str(out), *count, "--sample", str(args.sample)]
     cmd += ["--true-labels", str(args.work / "truth" / "utt2spk")]
-    if out.exists():
-        for f in out.iterdir():
-            f.unlink()
-        out.rmdir()
+    shutil.rmtree(out, ignore_errors=True)  # the command writes into a new folder only
     print(" ".join(cmd))
     r = run(cmd)
     for line in r["said"]:

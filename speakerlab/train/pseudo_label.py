@@ -140,9 +140,9 @@ def pseudo_label(args) -> Outcome:
             f"({len(missing)} missing); embed the whole data dir"
         )
     index = {u: i for i, u in enumerate(ids)}
-    x = np.asarray(emb[[index[u] for u in data.utts]], dtype=np.float32)  # a copy in data.utts' order ...
-    del emb  # ... normalised in place: one copy of N x D alive, not three
-    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    x = emb[[index[u] for u in data.utts]]
+    del emb  # at most two N x D copies alive at once (1 M x 192: 0.77 GB each), not three
+    x = unit(x)
     k = args.clusters
     if not k:
         k, found, n = estimate_count(x, args.threshold, args.estimate_sample, args.seed)

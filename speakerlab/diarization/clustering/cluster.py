@@ -24,14 +24,15 @@ Long recordings: the affinity is N x N and `eigh` O(N^3), so 3 hours (~12 k sub-
 gigabytes and many minutes. Beyond `max_units` sub-segments, runs of ceil(N / max_units) neighbours (in time
 order) make one unit (for VBx their mean, for spectral and AHC their first sub-segment), the units are clustered as
 above, and every sub-segment then takes the speaker whose centroid (the mean of that speaker's sub-segments) is
-nearest by cosine: the speaker changes inside a unit are found again at sub-segment resolution. Should that empty a
+nearest by cosine (VBx: see `resegment` below): the speaker changes inside a unit are found again at sub-segment
+resolution. Should that empty a
 speaker, each sub-segment keeps its unit's. Memory is O(max_units^2 + N x D), time O(max_units^3 + N x D x k)
 (bench/diarization_scale.py). Spectral on first sub-segments, not means: on twelve 30-minute conversations 20.18 %
 against 23.65 % (uncapped 20.65 %), on a 3-hour one 7 speakers for 8 where means gave 1.
 VBx too runs on the units, not only its AHC start: on every sub-segment of a 3-hour conversation (11,160) it kept 14
 speakers for 8 (DER 35.1 %), on units of 8 it kept 7 (DER 18.0 %; bench/RESULTS.md, the 3-hour recording). Then
 `resegment` runs VBx once more on every sub-segment, started from the units' speakers (so it can drop one, never add
-one): on twelve 30-minute conversations DER 24.12 -> 22.27 %, where clustering every sub-segment gives 22.52 %
+one): on twelve 30-minute conversations DER 24.12 -> 22.28 %, where clustering every sub-segment gives 22.52 %
 (bench/RESULTS.md, "Capped VBx, then every sub-segment"). Its cost is O(N x S x d) per iteration.
 """
 
@@ -170,14 +171,14 @@ def group_neighbours(x: np.ndarray, max_units: int) -> np.ndarray:
     return np.arange(len(x)) // size
 
 
+def unit_starts(unit_of: np.ndarray) -> np.ndarray:
+    """`(N,)` non-decreasing unit index -> `(units,)` the row each unit starts at."""
+    return np.flatnonzero(np.diff(unit_of, prepend=-1))
+
+
 def unit_means(x: np.ndarray, unit_of: np.ndarray) -> np.ndarray:
     """`(N, D)` rows and their `(N,)` non-decreasing unit index -> `(units, D)` unit-length means."""
-    return normalize(np.add.reduceat(x, np.flatnonzero(np.diff(unit_of, prepend=-1))))
-
-
-def unit_firsts(x: np.ndarray, unit_of: np.ndarray) -> np.ndarray:
-    """`(N, D)` rows and their `(N,)` non-decreasing unit index -> `(units, D)`: each unit's first row."""
-    return x[np.flatnonzero(np.diff(unit_of, prepend=-1))]
+    return normalize(np.add.reduceat(x, unit_starts(unit_of)))
 
 
 def assign_nearest(x: np.ndarray, unit_of: np.ndarray, unit_labels: np.ndarray) -> np.ndarray:
@@ -191,9 +192,9 @@ def assign_nearest(x: np.ndarray, unit_of: np.ndarray, unit_labels: np.ndarray) 
 
 
 def resegment(x: np.ndarray, labels: np.ndarray, count: SpeakerCount, plda: PLDA, params: VBxParams) -> np.ndarray:
-    """`(N, D)` rows and their `(N,)` labels 0..S-1 (the capped clustering's) -> `(N,)` labels of VBx run on every
-    row from those: the PLDA and the HMM move each speaker change to sub-segment resolution. It adds no speaker;
-    should it drop one the count needs, `assign` keeps all S."""
+    """`(N, D)` rows and their `(N,)` labels 0..S-1 (their units') -> `(N,)` labels of VBx run on every row from
+    those: the PLDA and the HMM move each speaker change to sub-segment resolution. It adds no speaker; should it
+    drop one the count needs, `assign` keeps all S."""
     s = int(labels.max()) + 1
     z = plda.project(x)
     gamma, _ = vbx(z, plda.phi, one_hot(labels, s, params.smoothing), params)
@@ -254,12 +255,11 @@ def cluster(
         # VBx's units are their runs' means (less noisy for its PLDA; `resegment` restores the resolution); spectral's
         # and AHC's their runs' first rows: means of runs blur the turns into one smooth chain, whose eigengap read a
         # 3-hour conversation of 8 speakers as one (bench/RESULTS.md, "Capped VBx, then every sub-segment").
-        units = unit_means(x, unit_of) if method == "vbx" else unit_firsts(x, unit_of)
+        units = unit_means(x, unit_of) if method == "vbx" else x[unit_starts(unit_of)]
         unit_labels = cluster(units, count, method, seed, pruning, threshold, merge_cosine, 0, plda, vbx_params)
-        labels = first_appearance(assign_nearest(x, unit_of, unit_labels))
-        if method == "vbx":
-            labels = first_appearance(resegment(x, labels, count, plda, vbx_params))
-        return labels
+        if method == "vbx":  # VBx's own pass over every sub-segment places the changes inside units
+            return first_appearance(resegment(x, unit_labels[unit_of], count, plda, vbx_params))
+        return first_appearance(assign_nearest(x, unit_of, unit_labels))
     if method == "vbx":
         return first_appearance(vbx_clusters(x, count, plda, vbx_params))
     labels = spectral(x, count, seed, pruning) if method == "spectral" else ahc(x, count, threshold)
