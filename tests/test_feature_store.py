@@ -55,16 +55,32 @@ def test_store_with_other_options_names_the_option(data, tmp_path):
     assert FeatureStore(data, FbankConfig(num_mel_bins=64))["a-0"].shape[1] == 64
 
 
-def test_a_store_read_from_another_folder_names_the_ark_it_cannot_open(data, tmp_path, monkeypatch):
-    """Relative ark paths are from the folder the store was made in (as Kaldi's): read from elsewhere, the store
-    says so when opened, instead of a loader worker's FileNotFoundError mid-run."""
+def test_a_store_read_from_another_folder_reads_its_own_ark_never_one_of_the_same_name(data, tmp_path, monkeypatch):
+    """Relative ark paths are from the folder the store was made in (as Kaldi's). Read from another folder that has
+    an ark of the same relative name (every recipe's store is data/<set>/feats.ark), the store reads its own, found
+    from feats.json's `written_from`, not those bytes; where its own is gone, or the store is older than
+    `written_from` and the ark there is another's, it says so when opened, not a loader worker mid-run."""
+    import json
+
     monkeypatch.chdir(data.parent)
     assert main(["--data", data.name]) == 0
-    assert FeatureStore(data.name)["b-0"].shape[1] == 80
+    own = {utt: FeatureStore(data.name)[utt] for utt in ("a-0", "b-0")}
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    make_data_dir(elsewhere / "d", {"a-0": "a", "a-1": "a", "b-0": "b"}, seconds=0.7, seed=1)
     monkeypatch.chdir(elsewhere)
-    with pytest.raises(ListError, match=r"feats.scp: 'a-0' is in d/feats.ark: no such file from .*elsewhere.*run from"):
+    assert main(["--data", "d"]) == 0  # elsewhere/d/feats.ark: the same relative name, other features
+    store = FeatureStore(data)
+    for utt, feats in own.items():
+        np.testing.assert_array_equal(store[utt], feats)
+    conf = data / "feats.json"
+    meta = json.loads(conf.read_text())
+    conf.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("written_from", "ark_bytes")}))
+    with pytest.raises(ListError, match=r"feats.scp: 'b-0' is in d/feats.ark: d/feats.ark holds another store's"):
+        FeatureStore(data)  # a store of before `written_from`: only the folder it runs in, and that ark is another's
+    conf.write_text(json.dumps(meta))
+    (data / "feats.ark").rename(data / "moved.ark")
+    (elsewhere / "d" / "feats.ark").unlink()
+    with pytest.raises(ListError, match=r"'a-0' is in d/feats.ark: no such file from .*elsewhere or .*run from"):
         FeatureStore(data)
 
 

@@ -10,7 +10,9 @@ and training without augmentation (`data.feats: true`), which then crops frames 
 audio. A store whose options differ from the config's is an error naming the option. feats.json also
 holds a digest of the wav.scp the store was computed from: a store of other lists (the data preparation
 stage re-run on changed recordings) is rebuilt by the next run of this command, and readers refuse it,
-saying to re-run it.
+saying to re-run it. The scp names the ark as this command was given it (relative paths from the folder it ran in,
+as Kaldi's are); feats.json records that folder and the ark's size, so a reader in another folder reads this
+store's ark and never another one of the same relative name (`FeatureStore._check_arks`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -66,6 +69,10 @@ def write_store(data_dir, fbank: Fbank, log=print) -> Path:
         "utterances": len(data.utts),
         "frames": frames,
         "wav_scp_sha1": lists_digest(root),
+        # Where the scp's relative ark paths start, and the ark's size: a reader in another folder finds the ark
+        # from here, and never takes another store's ark of the same relative name (FeatureStore._check_arks).
+        "written_from": os.getcwd(),
+        "ark_bytes": (root / FEATS_ARK).stat().st_size,
     }
     write_text(root / FEATS_CONF, json.dumps(meta, indent=1))
     log(f"feature store {root / FEATS_SCP}: {len(data.utts)} utterances, {frames} frames")
@@ -91,6 +98,19 @@ def _up_to_date(root: Path, config: FbankConfig, utterances: int) -> bool:
     )
 
 
+def _holds(ark: Path, key: bytes, offset: int, size: Optional[int]) -> bool:
+    """Whether `ark` is the store's: `size` bytes where the store recorded it, else `key ` just before `offset` (a
+    Kaldi scp's offset points past it)."""
+    if size is not None:
+        return ark.stat().st_size == size
+    start = offset - len(key) - 1
+    if start < 0:
+        return False
+    with open(ark, "rb") as f:
+        f.seek(start)
+        return f.read(len(key) + 1) == key + b" "
+
+
 class FeatureStore:
     """Read side of a store: `store[utt]` -> `(T, F)` float32, or by row: `store.load(store.rows(keys)[i])`.
     Holds only the scp entries, as a few arrays (speakerlab.dataio.tables.columns.KeyedColumn; picklable: loader
@@ -104,7 +124,8 @@ class FeatureStore:
         meta = json.loads(conf.read_text())
         self.config = meta["fbank"]
         self.entries = read_keyed(root / FEATS_SCP)
-        self._check_arks()
+        self.base = ""  # the folder relative ark paths start from ("": this process's)
+        self._check_arks(meta)
         stored = meta.get("wav_scp_sha1")
         if stored is not None and stored != lists_digest(root):
             listed = read_keyed(root / "wav.scp", lambda p: {u: v for u, (_, v) in read_wav_scp(p).items()}).keys
@@ -124,21 +145,32 @@ class FeatureStore:
                         f"asks for {key}={want.get(key)!r}; rebuild the store or change features.{key}"
                     )
 
-    def _check_arks(self) -> None:
-        """The ark of the first and last entries must open from here: a store's paths are as
-        speakerlab-feature-store was given them (relative ones from the folder it ran in, as Kaldi's are), and a
-        store read from another folder would otherwise fail in a loader worker, mid-run. Two rows, not all: a
-        store writes one ark, and a start-up at millions of utterances checks in constant time."""
+    def _check_arks(self, meta: dict) -> None:
+        """Find the ark of the first and last entries: a store's paths are as speakerlab-feature-store was given them
+        (relative ones from the folder it ran in, as Kaldi's are). A relative ark is taken from the folder this runs
+        in, else from the one the store was written from (feats.json's `written_from`), and only where it has the
+        size the store wrote (`ark_bytes`; a store written before these two, where the entry's utterance id is
+        just before its offset, as `key ` is in an ark): every recipe's store is data/<set>/feats.ark, and another
+        recipe's folder holds an ark of that name whose bytes would be read as these features. Found nowhere, the
+        store says so when opened, not a loader worker mid-run. Two rows, not all: a store writes one ark, and a
+        start-up at millions of utterances checks in constant time."""
+        size, origin = meta.get("ark_bytes"), meta.get("written_from")
         last = len(self.entries) - 1
         for row in sorted({0, last}) if last >= 0 else ():
-            ark = self.entries.values[row].rsplit(":", 1)[0]
-            if not Path(ark).is_file():
-                utt = self.entries.keys[row].decode("utf-8")
-                raise ListError(
-                    f"{self.root / FEATS_SCP}: '{utt}' is in {ark}: no such file from {Path.cwd()} (relative paths "
-                    "are from the folder speakerlab-feature-store ran in: run from there, or "
-                    f"{rerun_features('speakerlab-feature-store', self.root)})"
-                )
+            ark, offset = self.entries.values[row].rsplit(":", 1)
+            key = self.entries.keys[row]
+            places = [Path(ark)] if os.path.isabs(ark) or origin is None else [Path(ark), Path(origin) / ark]
+            fits = [p for p in places if p.is_file() and _holds(p, key, int(offset), size)]
+            if fits:
+                self.base = "" if fits[0] == places[0] else origin
+                continue
+            seen = [f"{p} holds another store's features" for p in places if p.is_file()]
+            raise ListError(
+                f"{self.root / FEATS_SCP}: '{key.decode('utf-8')}' is in {ark}: "
+                + ("; ".join(seen) if seen else f"no such file from {Path.cwd()}" + (f" or {origin}" if origin else ""))
+                + " (relative paths are from the folder speakerlab-feature-store ran in: run from there, or "
+                f"{rerun_features('speakerlab-feature-store', self.root)})"
+            )
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -162,7 +194,10 @@ class FeatureStore:
 
     def load(self, row: int) -> np.ndarray:
         """The features `(T, F)` float32 of row `row` (of `rows`)."""
-        return np.asarray(import_kaldiio().load_mat(self.entries.values[row]), dtype=np.float32)
+        entry = self.entries.values[row]
+        if self.base and not os.path.isabs(entry):
+            entry = os.path.join(self.base, entry)
+        return np.asarray(import_kaldiio().load_mat(entry), dtype=np.float32)
 
 
 class FeatureCropDataset(Dataset):
