@@ -16,8 +16,6 @@ Prints the command, the machine, and one line of figures per run.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import re
 import shutil
 import subprocess
@@ -28,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scoring import machine  # noqa: E402  (bench/scoring.py: cores, CPU model, load average)
 
 from speakerlab.dataio.tables.embeddings import write_embeddings  # noqa: E402
 
@@ -85,8 +85,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     print(f"command: python bench/pseudo_label_scale.py {' '.join(sys.argv[1:])}")
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    print(f"machine: {os.cpu_count()} cores, {cpu}, {platform.python_version()}; load {os.getloadavg()[0]:.1f}")
+    print(f"machine: {machine()}")
     t0 = time.perf_counter()
     make(args.work, args.utts, args.speakers, args.dim, args.noise, args.seed)
     print(f"made {args.utts} utterances of {args.speakers} speakers in {time.perf_counter() - t0:.0f} s (or reused)")

@@ -195,7 +195,7 @@ class FeatureStore:
     def load(self, row: int) -> np.ndarray:
         """The features `(T, F)` float32 of row `row` (of `rows`)."""
         entry = self.entries.values[row]
-        if self.base and not os.path.isabs(entry):
+        if self.base:  # an absolute entry stays as it is: os.path.join keeps its last absolute part
             entry = os.path.join(self.base, entry)
         return np.asarray(import_kaldiio().load_mat(entry), dtype=np.float32)
 

@@ -25,10 +25,10 @@ gigabytes and many minutes. Beyond `max_units` sub-segments, runs of ceil(N / ma
 order) make one unit (for VBx their mean, for spectral and AHC their first sub-segment), the units are clustered as
 above, and every sub-segment then takes the speaker whose centroid (the mean of that speaker's sub-segments) is
 nearest by cosine (VBx: see `resegment` below): the speaker changes inside a unit are found again at sub-segment
-resolution. Should that empty a
-speaker, each sub-segment keeps its unit's. Memory is O(max_units^2 + N x D), time O(max_units^3 + N x D x k)
-(bench/diarization_scale.py). Spectral on first sub-segments, not means: on twelve 30-minute conversations 20.18 %
-against 23.65 % (uncapped 20.65 %), on a 3-hour one 7 speakers for 8 where means gave 1.
+resolution. Should that empty a speaker, each sub-segment keeps its unit's. Memory is O(max_units^2 + N x D), time
+O(max_units^3 + N x D x k) (bench/diarization_scale.py). Spectral on first sub-segments, not means: on twelve
+30-minute conversations 20.18 % against 23.65 % (uncapped 20.65 %), on a 3-hour one 7 speakers for 8 where means
+gave 1.
 VBx too runs on the units, not only its AHC start: on every sub-segment of a 3-hour conversation (11,160) it kept 14
 speakers for 8 (DER 35.1 %), on units of 8 it kept 7 (DER 18.0 %; bench/RESULTS.md, the 3-hour recording). Then
 `resegment` runs VBx once more on every sub-segment, started from the units' speakers (so it can drop one, never add
