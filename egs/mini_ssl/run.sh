@@ -39,7 +39,8 @@ export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirement
 
 unlabelled="$data/train_unlabelled"
 # Without per-crop augmentation the crops of one utterance share its session (background noise, SNR, level):
-# self-supervision then learns the session, not the voice (docs/selfsup.md, "What DINO learns on this corpus").
+# self-supervision then learns the session, not the voice (docs/selfsup.md, "What self-supervision learns on this
+# corpus").
 train_data=(data.train="$unlabelled" data.val="$data/val" augment.lists="$data/musan_rirs")
 preflight --config "$config" --exp-dir "$exp" --hardware "$hardware" "${train_data[@]}" $train_overrides
 
