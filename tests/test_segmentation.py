@@ -2,6 +2,7 @@
 loss, and learning on simulated windows."""
 
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -270,6 +271,19 @@ def test_training_config_errors_name_the_key(tmp_path, capsys):
     assert "stepz" in capsys.readouterr().err
     assert main(["--data", str(tmp_path), "--out", str(tmp_path / "exp"), "--set", "window=0.1"]) == 2
     assert "window" in capsys.readouterr().err
+    assert not (tmp_path / "exp").exists()
+
+
+def test_training_without_onnx_stops_before_the_first_step(tmp_path, capsys, monkeypatch):
+    """The model's file is written after the last step: an environment without the onnx package is refused at the
+    start, in one line naming it, not after the training it would lose (a fresh diarization venv lacked it)."""
+    from speakerlab.diarization.segmentation_train import main
+
+    write_conversations(tmp_path / "data")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
+    assert main(["--data", str(tmp_path / "data"), "--out", str(tmp_path / "exp"), "--set", "steps=2"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install onnx" in err and "step 1" not in err and "Traceback" not in err
     assert not (tmp_path / "exp").exists()
 
 

@@ -179,6 +179,13 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
 
     from speakerlab.diarization.segmentation import SegmentationModel, export_onnx, powerset_loss
 
+    try:  # export_onnx needs it after the last step: say so before the first
+        import onnx  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            "speakerlab-segmentation-train writes segmentation.onnx with the onnx package, which is not installed: "
+            "pip install onnx (egs/tools/requirements-diarization.txt lists it)"
+        ) from e
     folder = check_folder_output(out)
     recordings = Recordings(data)
     held = Recordings(settings.val_data).fixed(settings.val_windows, settings.window) if settings.val_data else None
