@@ -307,13 +307,33 @@ def test_a_graph_the_quantiser_cannot_handle_is_one_error():
         quantize_model_graph(broken, "dynamic", [], "stats")
 
 
+def test_export_without_the_onnx_packages_says_what_to_install_and_torchscript_still_works(tmp_path):
+    """requirements.txt (the recipes' install) has no onnx: speakerlab-export then refuses --format onnx in one line
+    naming the packages and the extra, writes nothing, and exports TorchScript as before (it used to stop at import
+    with a traceback, --help included)."""
+    block = "import sys; [sys.modules.__setitem__(m, None) for m in ('onnx', 'onnxscript', 'onnxruntime')]; "
+    code = block + "from speakerlab.inference.deploy.export import main; sys.exit(main(sys.argv[1:]))"
+    tiny = str(Path(__file__).parent / "data" / "legacy_checkpoint" / "campplus_tiny.pt")
+    for fmt, rc in (("onnx", 2), ("torchscript", 0)):
+        out = tmp_path / f"m.{fmt}"
+        run = subprocess.run(
+            [sys.executable, "-c", code, "--checkpoint", tiny, "--format", fmt, "--out", str(out)],
+            text=True,
+            capture_output=True,
+        )
+        assert run.returncode == rc, run.stderr
+        assert "Traceback" not in run.stderr
+        assert out.exists() == (rc == 0)
+    assert run.returncode == 0 and "torchscript" in run.stdout + run.stderr
+
+
 def test_export_silences_the_libraries_noise_only_and_needs_a_format_unless_waveform(capsys, caplog):
     """While exporting, torch.onnx's torchvision warnings and onnxruntime's pre-processing advice are dropped and
     every other library message passes; without --waveform or --int8, --format is a usage error naming it."""
     import logging
 
     from speakerlab.inference.deploy.export import main
-    from speakerlab.inference.deploy.graph import quiet_libraries
+    from speakerlab.inference.deploy.quiet import quiet_libraries
 
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level

@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 
 from speakerlab.commands import CommandParser
-from speakerlab.inference.deploy.graph import quiet_libraries
+from speakerlab.inference.deploy.quiet import quiet_libraries
 from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
 from speakerlab.outputs import OutputError, check_path_output, output_path
@@ -339,7 +339,9 @@ def export(argv=None) -> int:
         missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
         if missing:  # recipes install requirements.txt only
             print(
-                f"error: ONNX export needs {', '.join(missing)}: pip install -r requirements-test.txt", file=sys.stderr
+                f"error: ONNX export needs {', '.join(missing)}: pip install -e '.[export]' (or pip install "
+                "onnx onnxscript onnxruntime)",
+                file=sys.stderr,
             )
             return 2
     try:
