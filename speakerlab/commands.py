@@ -12,9 +12,10 @@ parent's class). tests/test_cli.py runs every script's `--help` and holds them t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
-from typing import Callable, Tuple, Type
+from typing import Callable, Sequence, Tuple, Type
 
 # The torch-free install (runtime/pyproject.toml) and the full one, as its messages name them.
 RUNTIME_DISTRIBUTION = "speakerlab-recipes-runtime"
@@ -60,6 +61,15 @@ def require_torch(what: str, instead: str = ""):
         do = f"{instead}, or {TORCH_HINT}" if instead else TORCH_HINT
         raise ImportError(f"{what} needs torch, which this environment lacks: {do}") from None
     return torch
+
+
+def require_packages(what: str, names: Sequence[str], install: str) -> None:
+    """Nothing where the packages `names` are installed; else an ImportError in one line naming those missing, what
+    needs them and how to `install` them (run_command prints it as `error: ...`). Called before the work, not where
+    the import finally happens (after a training, an export's last step)."""
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"{what} needs {', '.join(missing)}, which this environment lacks: {install}")
 
 
 def needs_torch() -> None:

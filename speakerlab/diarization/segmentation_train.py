@@ -25,7 +25,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from speakerlab.commands import CommandParser, run_command
+from speakerlab.commands import CommandParser, require_packages, run_command
 from speakerlab.dataio.audio import AudioError, audio_info, read_pcm16, read_segment
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm
@@ -179,13 +179,8 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
 
     from speakerlab.diarization.segmentation import SegmentationModel, export_onnx, powerset_loss
 
-    try:  # export_onnx needs it after the last step: say so before the first
-        import onnx  # noqa: F401
-    except ImportError as e:
-        raise ConfigError(
-            "speakerlab-segmentation-train writes segmentation.onnx with the onnx package, which is not installed: "
-            "pip install onnx (egs/tools/requirements-diarization.txt lists it)"
-        ) from e
+    # export_onnx needs onnx after the last step: say so before the first
+    require_packages("writing segmentation.onnx", ("onnx",), "pip install onnx (requirements-diarization.txt has it)")
     folder = check_folder_output(out)
     recordings = Recordings(data)
     held = Recordings(settings.val_data).fixed(settings.val_windows, settings.window) if settings.val_data else None
@@ -240,7 +235,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     return run_command(
         lambda: train(args.data, args.out, read_settings(args.config, args.set)),
-        (ConfigError, ListError, AudioError, OutputError),
+        (ConfigError, ListError, AudioError, OutputError, ImportError),
     )
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from speakerlab.commands import CommandParser
+from speakerlab.commands import CommandParser, require_packages
 from speakerlab.inference.deploy.quiet import quiet_libraries
 from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
@@ -333,17 +333,12 @@ def export(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.format == "onnx":
-        import importlib.util
-
-        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
-        if missing:  # recipes install requirements.txt only
-            print(
-                f"error: ONNX export needs {', '.join(missing)}: pip install -e '.[export]' (or pip install "
-                "onnx onnxscript onnxruntime)",
-                file=sys.stderr,
-            )
-            return 2
+    try:  # recipes install requirements.txt only
+        if args.format == "onnx":
+            require_packages("ONNX export", ("onnx", "onnxscript", "onnxruntime"), "pip install -e '.[export]'")
+    except ImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         check_path_output(args.out)  # a device or a folder refused before the work
     except OutputError as e:
