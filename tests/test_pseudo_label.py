@@ -1,6 +1,7 @@
 """speakerlab-pseudo-label: clusters of embeddings -> a labelled data dir, the confidence rule, purity and NMI."""
 
 import numpy as np
+import pytest
 
 from speakerlab.dataio.tables.embeddings import write_embeddings
 from speakerlab.dataio.tables.lists import load_data_dir
@@ -84,6 +85,35 @@ def test_embeddings_missing_an_utterance_is_one_line(tmp_path, capsys):
     assert main(args + ["--clusters", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no embedding for 'zz-0'" in err
+    assert not (tmp_path / "pl").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--clusters", "0"], "--clusters must be 2 or more, got 0"),  # 0 once meant "estimate" without a word
+        (["--estimate", "--threshold", "-1"], "--threshold must be a cosine distance in (0, 2), got -1.0"),
+        (["--estimate", "--estimate-sample", "1"], "--estimate-sample must be 2 or more, got 1"),
+        (["--clusters", "8", "--sample", "0"], "--sample must be 1 or more, got 0"),
+        (["--clusters", "8", "--min-size", "0"], "--min-size must be 1 or more, got 0"),
+        # A rule that keeps no two clusters would write a data dir that training then refuses
+        (["--clusters", "8", "--min-size", "50"], "8 clusters of 84 utterances leave 0 cluster(s) of --min-size 50"),
+        # The whole set clustered into nearly as many clusters as utterances: no count, nothing to train on
+        (
+            ["--estimate", "--threshold", "0.001"],
+            "too few utterances per cluster to estimate the count: raise --threshold or",
+        ),
+    ],
+)
+def test_settings_that_cannot_give_pseudo_labels_are_one_line_and_write_nothing(tmp_path, capsys, extra, message):
+    data = corpus(tmp_path)
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(tmp_path / "pl")]
+    try:
+        code = main(args + extra)
+    except SystemExit as e:  # the argument checks: argparse's usage line, then the error
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "pl").exists()
 
 

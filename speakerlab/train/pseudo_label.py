@@ -144,12 +144,15 @@ def pseudo_label(args) -> Outcome:
     del emb  # at most two N x D copies alive at once (1 M x 192: 0.77 GB each), not three
     x = unit(x)
     k = args.clusters
-    if not k:
+    if args.estimate:
         k, found, n = estimate_count(x, args.threshold, args.estimate_sample, args.seed)
-        if n < len(x) and found > n / 2:  # fewer than two sampled utterances per cluster: nothing to scale from
+        if found > n / 2:  # fewer than two utterances per cluster: nothing to scale from, nor to train on
+            sampled = "sampled " if n < len(x) else ""
             raise ListError(
-                f"--estimate: AHC at --threshold {args.threshold} made {found} clusters of {n} sampled utterances, too "
-                "few utterances per cluster to estimate the count: raise --estimate-sample or give --clusters"
+                f"--estimate: AHC at --threshold {args.threshold} made {found} clusters of {n} {sampled}utterances, "
+                "too few utterances per cluster to estimate the count: raise --threshold"
+                + (", raise --estimate-sample" if n < len(x) else "")
+                + " or give --clusters"
             )
         print(
             f"pseudo-label: AHC found {found} clusters in {n} of {len(x)} utterances: {k} for all of them",
@@ -159,6 +162,12 @@ def pseudo_label(args) -> Outcome:
         raise ListError(f"{k} clusters for {len(x)} utterances: give --clusters between 2 and {len(x)}")
     labels, _, margin = assign(x, kmeans_centroids(x, k, args.sample, args.seed))
     keep = keep_confident(labels, margin, args.drop, args.min_size)
+    left = len(np.unique(labels[keep]))
+    if left < 2:  # nothing a margin loss could learn from: say so before writing a data dir that training refuses
+        raise ListError(
+            f"{k} clusters of {len(x)} utterances leave {left} cluster(s) of --min-size {args.min_size} or more after "
+            f"--drop {args.drop:g}: lower --min-size or --drop, or change the count"
+        )
     out.mkdir(parents=True, exist_ok=True)
     utts = [u for u, kept in zip(data.utts, keep) if kept]
     chosen = labels[keep]
@@ -204,6 +213,17 @@ def main(argv: Optional[list] = None) -> int:
     args = ap.parse_args(argv)
     if not 0 <= args.drop < 1:
         ap.error(f"--drop must be in [0, 1), got {args.drop}")
+    if args.clusters is not None and args.clusters < 2:
+        ap.error(f"--clusters must be 2 or more, got {args.clusters}")
+    if not 0 < args.threshold < 2:  # a cosine distance: 0 (same direction) to 2 (opposite)
+        ap.error(f"--threshold must be a cosine distance in (0, 2), got {args.threshold}")
+    for name, value, least in (
+        ("--estimate-sample", args.estimate_sample, 2),
+        ("--sample", args.sample, 1),
+        ("--min-size", args.min_size, 1),
+    ):
+        if value < least:
+            ap.error(f"{name} must be {least} or more, got {value}")
 
     def work():
         o = pseudo_label(args)
