@@ -136,6 +136,21 @@ def test_a_recording_that_fails_keeps_the_ones_before_it(stats_file, conversatio
             "--num-speakers 5 contradicts --min-speakers 1 / --max-speakers 4",
         ),
         (("--min-speakers", "4", "--max-speakers", "3"), "need 1 <= --min-speakers <= --max-speakers, got 4, 3"),
+        # 0 is a count, not "unset": it once fell back to the default range without a word
+        (
+            (
+                "--max-speakers",
+                "0",
+            ),
+            "need 1 <= --min-speakers <= --max-speakers, got 1, 0",
+        ),
+        (
+            (
+                "--min-speakers",
+                "0",
+            ),
+            "need 1 <= --min-speakers <= --max-speakers, got 0, 20",
+        ),
     ],
 )
 def test_contradicting_speaker_counts_are_one_error_line(stats_file, conversations, capsys, counts, message):  # noqa: F811
@@ -213,3 +228,27 @@ def test_a_window_below_the_shortest_input_is_widened_to_it():
     piece = embed_window(wave, SR, 0.5, 0.51, 0.02, min_samples=MIN_SAMPLES)
     assert len(piece) == MIN_SAMPLES and piece[0] == int(0.505 * SR) - MIN_SAMPLES // 2
     assert len(embed_window(wave, SR, 0.5, 0.51, 0.02)) == int(0.02 * SR)
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (("--threshold", "-1"), "error: threshold must lie in (0, 2), got -1.0"),
+        (("--merge-cosine", "3"), "error: merge_cosine must lie in [-1, 1] (1: never merge), got 3.0"),
+        (("--cache", "{scp}"), "error: {scp} is a file, not a folder: this command writes a folder of files there"),
+    ],
+)
+def test_settings_out_of_range_are_one_line_before_any_work(
+    stats_file,  # noqa: F811
+    conversations,
+    capsys,
+    tmp_path,
+    option,
+    message,
+):
+    rttm = tmp_path / "hyp.rttm"
+    option = tuple(o.format(scp=conversations) for o in option)
+    code = run(["--wav-scp", str(conversations), "--onnx", str(stats_file), "--rttm", str(rttm), *option])
+    err = capsys.readouterr().err
+    assert code == 2 and err == message.format(scp=conversations) + "\n", err
+    assert not rttm.exists()

@@ -49,7 +49,7 @@ from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
-from speakerlab.outputs import write_lines
+from speakerlab.outputs import check_folder_output, write_lines
 
 if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder (--onnx): neither imported here
     from speakerlab.inference.embedder import Embedder
@@ -104,11 +104,17 @@ def speaker_counts(args, recos: Sequence[str]) -> Dict[str, SpeakerCount]:
         if missing:
             raise ListError(f"{args.reco2num_spk}: no speaker count for '{missing[0]}' ({len(missing)} recording(s))")
         return {r: SpeakerCount.exactly(table[r]) for r in recos}
-    if args.num_speakers:
+    if args.num_speakers is not None:
         count = SpeakerCount.exactly(args.num_speakers)
     else:
-        count = SpeakerCount(args.min_speakers or 1, args.max_speakers or DEFAULT_MAX_SPEAKERS)
+        count = SpeakerCount(*speaker_range(args))
     return {r: count for r in recos}
+
+
+def speaker_range(args) -> tuple:
+    """(--min-speakers, --max-speakers) with their defaults: 0 is a value (refused), not "unset"."""
+    low = 1 if args.min_speakers is None else args.min_speakers
+    return low, DEFAULT_MAX_SPEAKERS if args.max_speakers is None else args.max_speakers
 
 
 def as_json(reco: str, path: str, d: Diarization, embeddings: bool) -> dict:
@@ -217,7 +223,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--segmentation finds the speech itself: not with --segments")
     if args.num_speakers is not None and args.num_speakers < 1:
         ap.error(f"--num-speakers must be >= 1, got {args.num_speakers}")
-    low, high = args.min_speakers or 1, args.max_speakers or DEFAULT_MAX_SPEAKERS
+    low, high = speaker_range(args)
     if not 1 <= low <= high:
         ap.error(f"need 1 <= --min-speakers <= --max-speakers, got {low}, {high}")
     if args.reco2num_spk and args.num_speakers:
@@ -240,14 +246,14 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     """Every recording, its RTTM written as it finishes; the JSON at the end (or when one fails)."""
     t0 = time.time()
     tuning = {field: getattr(args, field) for field in TUNING}
-    if tuning["merge_cosine"] >= 1:  # 1: never merge
+    if tuning["merge_cosine"] == 1:  # 1: never merge (above 1 the options refuse it)
         tuning["merge_cosine"] = None
     options = DiarizeOptions(method=args.clustering, **tuning)
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
     plda = load_plda(args.plda) if args.plda else None
-    cache = FrontCache(args.cache) if args.cache else None
+    cache = FrontCache(check_folder_output(args.cache)) if args.cache else None
     # The segmenter on one thread whatever --threads: on two its frame scores moved by 1.9e-6 (measured), enough to
     # flip a frame's class near a tie and change the RTTM (bench/diarization_repeat.py); it is a small part of the time.
     segmenter = OnnxSegmenter(args.segmentation, threads=1) if args.segmentation else None

@@ -106,6 +106,10 @@ class DiarizeOptions:
             problems.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 0 < self.pruning <= 1:
             problems.append(f"pruning must lie in (0, 1], got {self.pruning}")
+        if not 0 < self.threshold < 2:  # a cosine distance: 0 (same direction) to 2 (opposite)
+            problems.append(f"threshold must lie in (0, 2), got {self.threshold}")
+        if self.merge_cosine is not None and not -1 <= self.merge_cosine <= 1:
+            problems.append(f"merge_cosine must lie in [-1, 1] (1: never merge), got {self.merge_cosine}")
         if self.max_units < 0 or 0 < self.max_units < 2:
             problems.append(f"max_units must be 0 (no limit) or >= 2, got {self.max_units}")
         try:
