@@ -206,6 +206,24 @@ def test_conversations_need_enough_speakers(tmp_path, corpus, capsys):
     assert capsys.readouterr().err == f"error: {corpus / 'test'}: 4 speaker(s), --min-speakers is 5\n"
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--num-conversations", "0"], "--num-conversations must be 1 or more, got 0"),
+        (["--min-speakers", "0"], "need 1 <= --min-speakers <= --max-speakers, got 0, 6"),
+        (["--overlap", "1.5"], "--overlap must be in [0, 1], got 1.5"),
+        (["--duration", "0"], "--duration must be > 0 seconds, got 0"),  # once one turn, said nowhere
+        (["--turn", "0:0"], "--turn needs HIGH > 0 seconds, got 0:0"),  # with --pause 0:0 it never ended
+    ],
+)
+def test_conversation_settings_out_of_range_name_the_option(tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as stop:
+        conversations_main(["--data", str(tmp_path / "none"), "--out", str(tmp_path / "c"), *extra])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.splitlines()[-1].endswith(message), err
+    assert not (tmp_path / "c").exists()
+
+
 # ---------------------------------------------------------------- VoxConverse on fake archives
 
 

@@ -209,8 +209,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--seed", type=int, default=0, help="conversation i is drawn from (seed, i): same seed, same conversations"
     )
     args = p.parse_args(argv)
-    if not 1 <= args.min_speakers <= args.max_speakers or args.num_conversations < 1 or not 0 <= args.overlap <= 1:
-        p.error("need 1 <= --min-speakers <= --max-speakers, --num-conversations >= 1 and 0 <= --overlap <= 1")
+    if not 1 <= args.min_speakers <= args.max_speakers:
+        p.error(f"need 1 <= --min-speakers <= --max-speakers, got {args.min_speakers}, {args.max_speakers}")
+    if args.num_conversations < 1:
+        p.error(f"--num-conversations must be 1 or more, got {args.num_conversations}")
+    if not args.duration > 0:
+        p.error(f"--duration must be > 0 seconds, got {args.duration:g}")
+    if not args.turn[1] > 0:
+        p.error(f"--turn needs HIGH > 0 seconds, got {args.turn[0]:g}:{args.turn[1]:g}")
+    if not 0 <= args.overlap <= 1:
+        p.error(f"--overlap must be in [0, 1], got {args.overlap:g}")
     if not 0 <= args.rir_prob <= 1:
         p.error(f"--rir-prob must be in [0, 1], got {args.rir_prob}")
     return run_command(lambda: synthesize(args), (ListError, AudioError, OutputError))
