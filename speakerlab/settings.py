@@ -213,7 +213,7 @@ def parse_overrides(items: List[str]) -> List[tuple]:
     out = []
     for item in items:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like section.key=value")
+            raise ConfigError(f"override {item!r} must look like key=value (section.key=value for a key in a section)")
         key, text = item.split("=", 1)
         out.append((key.strip(), yaml.safe_load(text) if text.strip() else None))
     return out

@@ -54,7 +54,7 @@ def test_bad_configs_name_the_key(tmp_path, text, match):
 def test_bad_override_named(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'train.epochz'"):
         load_config(write(tmp_path, BASE), ["train.epochz=3"])
-    with pytest.raises(ConfigError, match="must look like section.key=value"):
+    with pytest.raises(ConfigError, match="must look like key=value"):
         load_config(write(tmp_path, BASE), ["train.epochs"])
 
 
