@@ -124,6 +124,31 @@ def test_der_command_prints_each_condition_and_writes_json(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {tmp_path / 'nothing.rttm'}: file does not exist\n"
 
 
+def test_der_command_refuses_what_it_cannot_score_as_asked_and_warns_of_silent_recordings(tmp_path, capsys):
+    ref = write(tmp_path / "ref.rttm", "\n".join(rttm_lines("r", REF) + rttm_lines("q", REF)) + "\n")
+    hyp = write(tmp_path / "hyp.rttm", "\n".join(rttm_lines("r", HYP)) + "\n")
+    # A recording the hypothesis has no turn for is all missed speech, and said
+    assert der_main(["--ref", str(ref), "--hyp", str(hyp)]) == 0
+    captured = capsys.readouterr()
+    assert (
+        captured.err
+        == f"warning: {hyp}: no turns for 1 of the reference's 2 recordings (scored as missed speech), e.g. 'q'\n"
+    )
+    # A UEM without an entry for a reference recording: neither scored whole nor dropped without a word
+    uem = write(tmp_path / "uem", "r 1 0.000 20.000\n")
+    assert der_main(["--ref", str(ref), "--hyp", str(ref), "--uem", str(uem)]) == 2
+    assert capsys.readouterr().err == f"error: {uem}: no entry for recording 'q' of the reference (1 lack one)\n"
+    # Two systems of one name would be one row of the JSON
+    with pytest.raises(SystemExit) as stop:
+        der_main(["--ref", str(ref), "--hyp", f"a={hyp}", "--hyp", f"a={ref}"])
+    assert stop.value.code == 2 and "two --hyp are named 'a': give them names, NAME=RTTM" in capsys.readouterr().err
+    # --out a folder: one line before the scoring, not a traceback after it
+    assert der_main(["--ref", str(ref), "--hyp", str(ref), "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {tmp_path} is a folder, not a file: give the path of the file to write\n"
+    assert captured.out == ""
+
+
 # ---------------------------------------------------------------- synthetic conversations
 
 

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.lists import ListError
 from speakerlab.dataio.tables.rttm import Interval, Turn, read_rttm, read_uem
-from speakerlab.outputs import write_lines
+from speakerlab.outputs import OutputError, check_path_output, is_special, write_lines
 
 CONDITIONS = ((0.25, False), (0.25, True), (0.0, False), (0.0, True))  # (collar, skip overlap)
 PARTS = ("missed detection", "false alarm", "confusion")
@@ -115,12 +115,24 @@ def score(ref_path, systems: Sequence[Tuple[str, str]], uem_path=None) -> dict:
     if not ref:
         raise ListError(f"{ref_path}: no SPEAKER lines")
     uem = read_uem(uem_path) if uem_path else None
+    unscored = sorted(set(ref) - set(uem or ref))
+    if unscored:  # scoring them whole would not be what the UEM says, leaving them out not what the user asked
+        raise ListError(
+            f"{uem_path}: no entry for recording '{unscored[0]}' of the reference ({len(unscored)} lack one)"
+        )
     out = {}
     for name, path in systems:
         hyp = read_rttm(path)
         extra = sorted(set(hyp) - set(ref))
         if extra:
             raise ListError(f"{path}: recording '{extra[0]}' is not in the reference {ref_path}")
+        silent = sorted(set(ref) - set(hyp))
+        if silent:  # a system finds no speech in a recording, or its RTTM is of part of the set: say which
+            print(
+                f"warning: {path}: no turns for {len(silent)} of the reference's {len(ref)} recordings (scored as "
+                f"missed speech), e.g. '{silent[0]}'",
+                file=sys.stderr,
+            )
         right, error = count_agreement(ref, hyp)
         conditions = [
             {"collar": collar, "skip_overlap": skip, **der(ref, hyp, uem, collar, skip)} for collar, skip in CONDITIONS
@@ -168,14 +180,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", help="also write the figures as JSON here")
     args = ap.parse_args(argv)
     systems = [tuple(h.split("=", 1)) if "=" in h else (Path(h).stem, h) for h in args.hyp]
+    names = [name for name, _ in systems]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        ap.error(f"two --hyp are named '{twice[0]}': give them names, NAME=RTTM")
 
     def work() -> None:
+        if args.out and not is_special(args.out):  # a device takes the JSON through (as /dev/stdout); a folder cannot
+            check_path_output(args.out)
         results = score(args.ref, systems, args.uem)
         print("\n".join(table(results)))
         if args.out:
             write_lines(args.out, [json.dumps(results, indent=1)])
 
-    return run_command(work, (ListError, ImportError, OSError))
+    return run_command(work, (ListError, ImportError, OSError, OutputError))
 
 
 if __name__ == "__main__":
