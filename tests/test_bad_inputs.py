@@ -592,6 +592,40 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
     assert r.returncode == 2 and message in r.stderr and r.stdout == ""
 
 
+@pytest.mark.parametrize("recipe", ["3dspeaker", "voxceleb", "mini_ssl"])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--rounds", "0"], "error: --rounds must be a whole number >= 1, got '0'"),  # ran no round, said "done"
+        (["--clusters", "abc"], "error: --clusters must be a whole number >= 2 or 'estimate', got 'abc'"),
+        (["--drop", "1.0"], "error: --drop must be a share in [0, 1) like 0.2, got '1.0'"),
+    ],
+)
+def test_pseudo_label_options_are_checked_before_any_stage(recipe, option, message, tmp_path):
+    """Found before stage 3 trains or a round embeds the training set (they once failed after both)."""
+    r = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "egs" / recipe / "run.sh"),
+            "--stage",
+            "3",
+            "--stop_stage",
+            "10",
+            "--labels",
+            "false",
+            *option,
+        ]
+        if recipe != "mini_ssl"
+        else ["bash", str(ROOT / "egs" / recipe / "run.sh"), "--stage", "3", "--stop_stage", "10", *option],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == message, r.stderr[-2000:]
+    assert r.stdout == "" and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("recipe", ["3dspeaker", "voxceleb"])
 def test_pseudo_label_rounds_need_a_run_without_labels(recipe, tmp_path):
     r = subprocess.run(

@@ -33,6 +33,7 @@ opt round_overrides ""            # stage 10's training, e.g. "train.epochs=5"
 launch_options none
 
 . ../tools/parse_options.sh
+pseudo_label_checks
 # Stage 10's pseudo-labels need scikit-learn: a fresh clone's environment gets it here
 export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-selfsup.txt}"
 . ../tools/env.sh

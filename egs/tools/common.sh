@@ -203,6 +203,22 @@ pseudo_label_options() {
   opt round_overrides ""             # stage 10: overrides of the rounds' training, e.g. "train.epochs=20"
 }
 
+# pseudo_label_checks: after parse_options.sh, when stage 10 is to run, one `error:` line and exit 2 for a --rounds,
+# --clusters or --drop that speakerlab-pseudo-label or the loop would refuse or skip: said before stage 3 trains or a
+# round embeds the training set, not after.
+pseudo_label_checks() {
+  stage_on 10 || return 0
+  if ! [[ "$rounds" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: --rounds must be a whole number >= 1, got '$rounds'" >&2; exit 2
+  fi
+  if [ "$clusters" != estimate ] && { ! [[ "$clusters" =~ ^[0-9]+$ ]] || [ "$clusters" -lt 2 ]; }; then
+    echo "error: --clusters must be a whole number >= 2 or 'estimate', got '$clusters'" >&2; exit 2
+  fi
+  if ! [[ "$drop" =~ ^(0?\.[0-9]+|0)$ ]]; then
+    echo "error: --drop must be a share in [0, 1) like 0.2, got '$drop'" >&2; exit 2
+  fi
+}
+
 # pseudo_label_stage EXP TRAIN_DIR [TRAIN ARGS...]: stage 10 of a real-corpus recipe after its --labels false
 # stage 3: pseudo_label_rounds with the options of pseudo_label_options; the clusters' purity against
 # TRAIN_DIR/utt2spk is printed when that file exists (for measuring only: nothing trains on it).
