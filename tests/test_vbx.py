@@ -235,3 +235,29 @@ def test_speakerlab_plda_fits_a_plda_that_speakerlab_diarize_uses(capsys, tmp_pa
     replace(plda, model_id="0" * 12).save(other)
     code, _, err = diarize(capsys, wav, *vbx[:-1], other)
     assert code == 2 and "fitted to the embeddings of model 000000000000" in err
+
+
+def test_speakerlab_plda_names_what_cannot_fit_before_embedding(capsys, tmp_path, train_dir, ckpt):
+    """One speaker is said before any window is embedded, naming the utt2spk; a set too small for the model's
+    dimension names the data dir and what to add; an option out of range names the option."""
+    from speakerlab.diarization.clustering.plda_fit import run as plda_run
+
+    one = tmp_path / "one"
+    one.mkdir()
+    for name in ("wav.scp", "utt2spk"):
+        (one / name).write_text("".join(line for line in (train_dir / name).open() if line.startswith("s0-")))
+    args = ["--checkpoint", str(ckpt), "--out", str(tmp_path / "p.npz")]
+    assert plda_run(["--data", str(one), *args]) == 2
+    assert capsys.readouterr().err == f"error: {one / 'utt2spk'}: 1 speaker: a PLDA needs utterances of 2 or more\n"
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("wav.scp", "utt2spk"):
+        (two / name).write_text(
+            "".join(line for line in (train_dir / name).open() if line.startswith(("s0-u0", "s1-u0")))
+        )
+    assert plda_run(["--data", str(two), *args, "--per-utterance", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {two}: a PLDA of ") and "got 2 (more utterances, or more --per-utterance" in err
+    with pytest.raises(SystemExit) as stop:
+        plda_run(["--data", str(train_dir), *args, "--batch-size", "0"])
+    assert stop.value.code == 2 and "--batch-size must be 1 or more, got 0" in capsys.readouterr().err

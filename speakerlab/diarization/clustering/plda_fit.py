@@ -21,8 +21,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.tables.lists import load_data_dir
-from speakerlab.diarization.clustering.plda import fit_plda
+from speakerlab.dataio.tables.lists import ListError, load_data_dir
+from speakerlab.diarization.clustering.plda import PLDAError, fit_plda
 from speakerlab.diarization.pipeline import DiarizeOptions, embed_window
 from speakerlab.inference.cli import BAD_INPUT, source_embedder
 from speakerlab.inference.common import add_source_args, read_wave
@@ -59,6 +59,8 @@ def fit(ap, args) -> None:
     check_path_output(args.out)  # a refused output costs no embedding
     data = load_data_dir(args.data)
     data.check_audio_exists()
+    if len(data.speakers) < 2:  # said before any embedding, as the fit would after all of them
+        raise ListError(f"{data.root / 'utt2spk'}: {len(data.speakers)} speaker: a PLDA needs utterances of 2 or more")
     embedder = source_embedder(ap, args)
     rate = embedder.sample_rate
     windows, speakers = [], []
@@ -70,7 +72,10 @@ def fit(ap, args) -> None:
             windows.append(embed_window(wave, rate, start, end, DiarizeOptions().min_embed))
             speakers.append(data.utt2spk[utt])
     emb = embedder.embed_waves(windows, max_batch=args.batch_size)
-    plda = fit_plda(emb, speakers, dim=args.dim, model_id=embedder.model_id)
+    try:
+        plda = fit_plda(emb, speakers, dim=args.dim, model_id=embedder.model_id)
+    except PLDAError as e:
+        raise PLDAError(f"{args.data}: {e} (more utterances, or more --per-utterance windows of each)") from None
     plda.save(args.out)
     print(
         f"speakerlab-plda: {len(windows)} windows of {args.window} s from {len(data.utts)} utterances of "
@@ -84,8 +89,15 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     """`speakerlab-plda` without the process exit: returns the exit code."""
     ap = parser()
     args = ap.parse_args(argv)
-    if args.window <= 0 or args.per_utterance < 1 or args.dim < 1 or args.batch_size < 1:
-        ap.error("--window must be > 0 and --per-utterance, --dim, --batch-size >= 1")
+    if not args.window > 0:
+        ap.error(f"--window must be > 0 seconds, got {args.window:g}")
+    for name, value in (
+        ("--per-utterance", args.per_utterance),
+        ("--dim", args.dim),
+        ("--batch-size", args.batch_size),
+    ):
+        if value < 1:
+            ap.error(f"{name} must be 1 or more, got {value}")
     return run_command(lambda: fit(ap, args), BAD_INPUT)
 
 
