@@ -252,3 +252,10 @@ def test_settings_out_of_range_are_one_line_before_any_work(
     err = capsys.readouterr().err
     assert code == 2 and err == message.format(scp=conversations) + "\n", err
     assert not rttm.exists()
+
+
+def test_an_empty_wav_scp_is_one_line(stats_file, tmp_path, capsys):  # noqa: F811
+    empty = tmp_path / "wav.scp"
+    empty.write_text("")
+    assert run(["--wav-scp", str(empty), "--onnx", str(stats_file), "--rttm", str(tmp_path / "h.rttm")]) == 2
+    assert capsys.readouterr().err == f"error: {empty}: no recordings in it (an empty wav.scp)\n"

@@ -63,6 +63,8 @@ def recordings(args) -> List[Tuple[str, str, str]]:
             (reco, path, f"{args.wav_scp}:{lineno}: {reco}: ")
             for reco, (lineno, path) in read_wav_scp(args.wav_scp).items()
         ]
+        if not out:
+            raise ListError(f"{args.wav_scp}: no recordings in it (an empty wav.scp)")
     else:
         out, seen = [], {}
         for path in args.audio:
