@@ -577,6 +577,7 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),
         (["--stage"], "option --stage needs a value"),
+        (["--launcher", "srun"], "--launcher must be one of auto, local, slurm, got 'srun'"),  # declared choices
     ],
 )
 @pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb", "custom"])
@@ -590,6 +591,28 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 2 and message in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "recipe, args, message",
+    [
+        ("mini_diar", ["--segmenter", "maybe"], "--segmenter must be one of true, false, got 'maybe'"),
+        ("mini_diar", ["--vad", "webrtc"], "--vad must be one of silero, energy, got 'webrtc'"),
+        ("voxconverse", ["--vad", "webrtc"], "--vad must be one of silero, energy, got 'webrtc'"),
+        # A boolean's typo once meant false without a word (`[ "$x" = true ]`)
+        ("mini", ["--augment", "yes"], "--augment must be one of true, false, got 'yes'"),
+        ("custom", ["--scale", "flase"], "--scale must be one of true, false, got 'flase'"),
+    ],
+)
+def test_recipe_choices_are_checked_before_any_stage(recipe, args, message, tmp_path):
+    r = subprocess.run(
+        ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and r.stderr == f"error: {message}\n" and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("recipe", ["3dspeaker", "voxceleb", "mini_ssl"])

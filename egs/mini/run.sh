@@ -41,7 +41,6 @@ opt stress_opts "--conditions clean trunc1 trunc2 tel gsm mp3 noise5 reverb --te
 
 . ../tools/parse_options.sh
 . ../tools/env.sh
-[ "$augment" = true ] || [ "$augment" = false ] || { echo "error: --augment must be true or false, got '$augment'" >&2; exit 2; }
 [ -n "$exp" ] || { exp=exp/campplus; [ "$augment" = false ] || exp=exp/campplus_augment; }
 
 train_data="data.train=$data/train data.val=$data/val"   # stages 3 and 7

@@ -16,10 +16,21 @@ LAST_STAGE=10
 
 log() { echo "[$(date '+%Y-%m-%d %H:%M:%S')] $*" >&2; }
 
-# opt NAME DEFAULT: declare the recipe option --NAME (shell variable NAME) with its default.
-# Only declared options are accepted by parse_options.sh.
+# opt NAME DEFAULT [CHOICES]: declare the recipe option --NAME (shell variable NAME) with its default, and where
+# given its values (space-separated; an option whose default is true or false takes only those). Only declared
+# options are accepted by parse_options.sh, and a value outside an option's choices is an error there: a typo
+# like `--segmenter flase` stops the recipe before its first stage instead of silently meaning false.
 _options=()
-opt() { printf -v "$1" '%s' "$2"; _options+=("$1"); }
+declare -A _option_choices=()
+opt() {
+  printf -v "$1" '%s' "$2"
+  _options+=("$1")
+  if [ $# -ge 3 ]; then
+    _option_choices[$1]="$3"
+  elif [ "$2" = true ] || [ "$2" = false ]; then
+    _option_choices[$1]="true false"
+  fi
+}
 
 # stage_on N: true when stage N is within --stage .. --stop_stage.
 stage_on() { [ "$stage" -le "$1" ] && [ "$stop_stage" -ge "$1" ]; }
@@ -48,8 +59,8 @@ launch_options() {
   opt master_addr 127.0.0.1          # node 0's address (elastic: the rendezvous host), reachable from every node
   opt master_port 29500
   opt max_restarts 0                 # torchrun restarts the processes this often after one (or a node) fails
-  opt launcher auto                  # local | slurm (srun, one torchrun agent per node) | auto: slurm in an allocation
-  opt requeue auto                   # slurm: a pre-empted job requeues itself: auto (if sbatch --requeue) | true | false
+  opt launcher auto "auto local slurm"  # local | slurm (srun, one torchrun agent per node) | auto: slurm in an allocation
+  opt requeue auto "auto true false"  # slurm: a pre-empted job requeues itself: auto (if sbatch --requeue) | true | false
 }
 
 # preflight ARGS...: when stage 3 is among the stages to run, `speakerlab-train --check ARGS` first (the
