@@ -565,6 +565,18 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
 # ---------------------------------------------------------------- recipes
 
 
+def run_recipe(recipe: str, args, cwd, **env) -> subprocess.CompletedProcess:
+    """`bash egs/RECIPE/run.sh ARGS` from the folder `cwd`, with `env` added to the environment."""
+    return subprocess.run(
+        ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        cwd=cwd,
+    )
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -582,14 +594,7 @@ def test_prepare_names_a_stereo_file(tmp_path, capsys):
 )
 @pytest.mark.parametrize("recipe", ["mini", "3dspeaker", "voxceleb", "cnceleb", "custom"])
 def test_recipe_option_errors(recipe, args, message, tmp_path):
-    r = subprocess.run(
-        ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "http_proxy": "http://proxy.invalid:3128"},
-        cwd=tmp_path,
-    )
+    r = run_recipe(recipe, args, tmp_path, http_proxy="http://proxy.invalid:3128")
     assert r.returncode == 2 and message in r.stderr and r.stdout == ""
 
 
@@ -605,13 +610,7 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
     ],
 )
 def test_recipe_choices_are_checked_before_any_stage(recipe, args, message, tmp_path):
-    r = subprocess.run(
-        ["bash", str(ROOT / "egs" / recipe / "run.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    r = run_recipe(recipe, args, tmp_path)
     assert r.returncode == 2 and r.stderr == f"error: {message}\n" and not list(tmp_path.iterdir())
 
 
@@ -626,38 +625,15 @@ def test_recipe_choices_are_checked_before_any_stage(recipe, args, message, tmp_
 )
 def test_pseudo_label_options_are_checked_before_any_stage(recipe, option, message, tmp_path):
     """Found before stage 3 trains or a round embeds the training set (they once failed after both)."""
-    r = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "egs" / recipe / "run.sh"),
-            "--stage",
-            "3",
-            "--stop_stage",
-            "10",
-            "--labels",
-            "false",
-            *option,
-        ]
-        if recipe != "mini_ssl"
-        else ["bash", str(ROOT / "egs" / recipe / "run.sh"), "--stage", "3", "--stop_stage", "10", *option],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    labels = [] if recipe == "mini_ssl" else ["--labels", "false"]  # mini_ssl has no labels to turn off
+    r = run_recipe(recipe, ["--stage", "3", "--stop_stage", "10", *labels, *option], tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == message, r.stderr[-2000:]
     assert r.stdout == "" and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("recipe", ["3dspeaker", "voxceleb"])
 def test_pseudo_label_rounds_need_a_run_without_labels(recipe, tmp_path):
-    r = subprocess.run(
-        ["bash", str(ROOT / "egs" / recipe / "run.sh"), "--stage", "10", "--stop_stage", "10"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    r = run_recipe(recipe, ["--stage", "10", "--stop_stage", "10"], tmp_path)
     assert (
         r.returncode == 2
         and "error: stage 10 (pseudo-label rounds) follows a self-supervised --labels false run" in r.stderr
