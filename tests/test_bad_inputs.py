@@ -654,11 +654,5 @@ def test_pseudo_label_rounds_need_a_run_without_labels(recipe, tmp_path):
     ],
 )
 def test_custom_recipe_source_errors(args, message, tmp_path):
-    r = subprocess.run(
-        ["bash", str(ROOT / "egs" / "custom" / "run.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    r = run_recipe("custom", args, tmp_path)
     assert r.returncode == 2 and message in r.stderr and r.stdout == ""
