@@ -604,6 +604,8 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         ("mini_diar", ["--segmenter", "maybe"], "--segmenter must be one of true, false, got 'maybe'"),
         ("mini_diar", ["--vad", "webrtc"], "--vad must be one of silero, energy, got 'webrtc'"),
         ("voxconverse", ["--vad", "webrtc"], "--vad must be one of silero, energy, got 'webrtc'"),
+        ("voxconverse", ["--max_speakers", "0"], "--max_speakers must be a whole number >= 1, got '0'"),
+        ("ami", ["--max_speakers", "x"], "--max_speakers must be a whole number >= 1, got 'x'"),
         # A boolean's typo once meant false without a word (`[ "$x" = true ]`)
         ("mini", ["--augment", "yes"], "--augment must be one of true, false, got 'yes'"),
         ("custom", ["--scale", "flase"], "--scale must be one of true, false, got 'flase'"),

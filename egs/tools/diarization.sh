@@ -41,9 +41,13 @@ corpus_diarization_options() {
 }
 
 # corpus_diarization_checks: after parse_options.sh, one `error:` line and exit 2 for what stages 3-5 would refuse
-# (no --model_opts; both --segmentation_train and --segmentation; a --segmentation file that is not there); with
+# (a --max_speakers that is not a count; no --model_opts; both --segmentation_train and --segmentation; a
+# --segmentation file that is not there); with
 # --segmentation_train, $segmentation becomes the model stage 3 trains. The recipe checks the set's name itself.
 corpus_diarization_checks() {
+  if ! [[ "$max_speakers" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: --max_speakers must be a whole number >= 1, got '$max_speakers'" >&2; exit 2
+  fi
   if { [ "$stop_stage" -ge 4 ] || { stage_on 3 && [ -n "$plda_data" ]; }; } && [ -z "$model_opts" ]; then
     echo "error: stages 4-5 need --model_opts, e.g. --model_opts \"--checkpoint ../voxceleb/exp/campplus\"" >&2; exit 2
   fi
