@@ -47,7 +47,6 @@ opt stress_opts ""                # stage 9: more speakerlab-stress options, e.g
 pseudo_label_options 3dspeaker          # stage 10: --labels --supervised_config --rounds --clusters --drop --round_overrides
 
 . ../tools/parse_options.sh
-pseudo_label_checks
 # Without labels, stage 10's pseudo-labels need scikit-learn (egs/tools/requirements-selfsup.txt)
 [ "$labels" = false ] && export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-selfsup.txt}"
 . ../tools/env.sh

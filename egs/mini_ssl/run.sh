@@ -20,10 +20,10 @@ opt data data
 opt exp exp/ssl                   # stages 3-5 (and 4-5 of a round: exp/ssl_pl<r>)
 opt config ../../conf/mini/simclr.yaml  # or dino.yaml (DINO)
 opt supervised_config ../../conf/mini/campplus.yaml  # stage 10: the supervised recipe trained on the clusters
-opt rounds 1                      # stage 10: pseudo-label rounds
-opt clusters 1600                 # stage 10: pseudo-speakers (4x the 400 voices: smaller, purer clusters);
+opt rounds 1 count                # stage 10: pseudo-label rounds
+opt clusters 1600 clusters        # stage 10: pseudo-speakers (4x the 400 voices: smaller, purer clusters);
                                   # "estimate": AHC on a sample says how many
-opt drop 0.5                      # stage 10: share of least confident utterances dropped
+opt drop 0.5 share                # stage 10: share of least confident utterances dropped
 opt hardware cpu
 opt seed 1234
 opt jobs 2
@@ -33,7 +33,6 @@ opt round_overrides ""            # stage 10's training, e.g. "train.epochs=5"
 launch_options none
 
 . ../tools/parse_options.sh
-pseudo_label_checks
 # Stage 10's pseudo-labels need scikit-learn: a fresh clone's environment gets it here
 export SPEAKERLAB_REQUIREMENTS="${SPEAKERLAB_REQUIREMENTS:-egs/tools/requirements-selfsup.txt}"
 . ../tools/env.sh

@@ -16,19 +16,27 @@ LAST_STAGE=10
 
 log() { echo "[$(date '+%Y-%m-%d %H:%M:%S')] $*" >&2; }
 
-# opt NAME DEFAULT [CHOICES]: declare the recipe option --NAME (shell variable NAME) with its default, and where
-# given its values (space-separated; an option whose default is true or false takes only those). Only declared
-# options are accepted by parse_options.sh, and a value outside an option's choices is an error there: a typo
-# like `--segmenter flase` stops the recipe before its first stage instead of silently meaning false.
+# opt NAME DEFAULT [RULE]: declare the recipe option --NAME (shell variable NAME) with its default and, where given,
+# the rule of its values: several words are its choices; one word names a rule of _RULES (count, clusters, share);
+# an option whose default is true or false takes only those. Only declared options are accepted by
+# parse_options.sh, and a value that breaks its option's rule is an error there, before any stage: a typo like
+# `--segmenter flase` no longer means false, a `--rounds 0` no longer runs nothing and says done.
 _options=()
-declare -A _option_choices=()
+declare -A _option_rules=() _option_rule_texts=()
+declare -A _RULES=([count]='^[1-9][0-9]*$' [clusters]='^(estimate|[2-9]|[1-9][0-9]+)$' [share]='^(0|0?\.[0-9]+)$')
+declare -A _RULE_TEXTS=([count]="a whole number >= 1" [clusters]="a whole number >= 2 or 'estimate'"
+  [share]="a share in [0, 1) like 0.2")
 opt() {
   printf -v "$1" '%s' "$2"
   _options+=("$1")
-  if [ $# -ge 3 ]; then
-    _option_choices[$1]="$3"
-  elif [ "$2" = true ] || [ "$2" = false ]; then
-    _option_choices[$1]="true false"
+  local rule="${3:-}"
+  if [ -z "$rule" ] && { [ "$2" = true ] || [ "$2" = false ]; }; then rule="true false"; fi
+  if [ -n "$rule" ] && [ -n "${_RULES[$rule]:-}" ]; then
+    _option_rules[$1]="${_RULES[$rule]}"
+    _option_rule_texts[$1]="${_RULE_TEXTS[$rule]}"
+  elif [ -n "$rule" ]; then
+    _option_rules[$1]="^(${rule// /|})\$"
+    _option_rule_texts[$1]="one of ${rule// /, }"
   fi
 }
 
@@ -208,26 +216,10 @@ pseudo_label_options() {
   opt labels true                    # false: the training set's speaker labels are not used (data.labels=false):
                                      # a self-supervised --config (conf/$1/dino_*.yaml), then stage 10
   opt supervised_config "../../conf/$1/ecapa_tdnn_c1024.yaml"  # stage 10: the margin recipe trained on the clusters
-  opt rounds 1                       # stage 10: pseudo-label rounds (embed, cluster, train from the last model)
-  opt clusters estimate              # stage 10: pseudo-speakers, or estimate: AHC on a sample, scaled to the set
-  opt drop 0.2                       # stage 10: share of the least confident utterances dropped
+  opt rounds 1 count                 # stage 10: pseudo-label rounds (embed, cluster, train from the last model)
+  opt clusters estimate clusters     # stage 10: pseudo-speakers, or estimate: AHC on a sample, scaled to the set
+  opt drop 0.2 share                 # stage 10: share of the least confident utterances dropped
   opt round_overrides ""             # stage 10: overrides of the rounds' training, e.g. "train.epochs=20"
-}
-
-# pseudo_label_checks: after parse_options.sh, when stage 10 is to run, one `error:` line and exit 2 for a --rounds,
-# --clusters or --drop that speakerlab-pseudo-label or the loop would refuse or skip: said before stage 3 trains or a
-# round embeds the training set, not after.
-pseudo_label_checks() {
-  stage_on 10 || return 0
-  if ! [[ "$rounds" =~ ^[1-9][0-9]*$ ]]; then
-    echo "error: --rounds must be a whole number >= 1, got '$rounds'" >&2; exit 2
-  fi
-  if [ "$clusters" != estimate ] && { ! [[ "$clusters" =~ ^[0-9]+$ ]] || [ "$clusters" -lt 2 ]; }; then
-    echo "error: --clusters must be a whole number >= 2 or 'estimate', got '$clusters'" >&2; exit 2
-  fi
-  if ! [[ "$drop" =~ ^(0?\.[0-9]+|0)$ ]]; then
-    echo "error: --drop must be a share in [0, 1) like 0.2, got '$drop'" >&2; exit 2
-  fi
 }
 
 # pseudo_label_stage EXP TRAIN_DIR [TRAIN ARGS...]: stage 10 of a real-corpus recipe after its --labels false

@@ -28,7 +28,7 @@ corpus_diarization_options() {
                                      # "--3dspeaker NAME --weights FILE" or "--redimnet2 FILE" (stages 4-5)
   opt exp exp/diar
   opt vad silero "silero energy"    # silero | energy
-  opt max_speakers "$1"              # estimated counts stay within 1..this
+  opt max_speakers "$1" count        # estimated counts stay within 1..this
   opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --device cuda"
   opt seed 0
   opt plda_data ""                   # stage 3: a data dir (wav.scp, utt2spk) of speakers to fit VBx's PLDA on
@@ -41,13 +41,9 @@ corpus_diarization_options() {
 }
 
 # corpus_diarization_checks: after parse_options.sh, one `error:` line and exit 2 for what stages 3-5 would refuse
-# (a --max_speakers that is not a count; no --model_opts; both --segmentation_train and --segmentation; a
-# --segmentation file that is not there); with
+# (no --model_opts; both --segmentation_train and --segmentation; a --segmentation file that is not there); with
 # --segmentation_train, $segmentation becomes the model stage 3 trains. The recipe checks the set's name itself.
 corpus_diarization_checks() {
-  if ! [[ "$max_speakers" =~ ^[1-9][0-9]*$ ]]; then
-    echo "error: --max_speakers must be a whole number >= 1, got '$max_speakers'" >&2; exit 2
-  fi
   if { [ "$stop_stage" -ge 4 ] || { stage_on 3 && [ -n "$plda_data" ]; }; } && [ -z "$model_opts" ]; then
     echo "error: stages 4-5 need --model_opts, e.g. --model_opts \"--checkpoint ../voxceleb/exp/campplus\"" >&2; exit 2
   fi

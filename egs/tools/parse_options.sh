@@ -2,8 +2,8 @@
 # (egs/tools/common.sh). `--name value` and `--name=value` set the declared option `name` (dashes
 # become underscores); anything else starting with `--` is an error, and so is an environment
 # variable that was not declared (http_proxy is not an option). `--help` prints $help_message and
-# every option with its current value. Positional arguments are left in "$@". Afterwards an option declared with
-# choices (`opt NAME DEFAULT CHOICES`, true/false for a boolean default) must hold one of them, and --stage and
+# every option with its current value. Positional arguments are left in "$@". Afterwards an option declared with a
+# rule (`opt NAME DEFAULT RULE`: choices, a named rule, true/false for a boolean default) must keep it, and --stage and
 # --stop_stage must be stage numbers 1..$LAST_STAGE with stage <= stop_stage. Every refusal is one
 # `error: ...` line on stderr and exit code 2 (bad input, as the speakerlab-* commands).
 _po_declared() { local v; for v in "${_options[@]}"; do [ "$v" = "$1" ] && return 0; done; return 1; }
@@ -26,11 +26,10 @@ while [ $# -gt 0 ]; do
   fi
   printf -v "$_po_var" '%s' "$_po_value"
 done
-for _po_v in "${!_option_choices[@]}"; do
-  case " ${_option_choices[$_po_v]} " in
-    *" ${!_po_v} "*) ;;
-    *) echo "error: --$_po_v must be one of ${_option_choices[$_po_v]// /, }, got '${!_po_v}'" >&2; exit 2 ;;
-  esac
+for _po_v in "${!_option_rules[@]}"; do
+  if ! [[ "${!_po_v}" =~ ${_option_rules[$_po_v]} ]]; then
+    echo "error: --$_po_v must be ${_option_rule_texts[$_po_v]}, got '${!_po_v}'" >&2; exit 2
+  fi
 done
 for _po_v in stage stop_stage; do
   if ! [[ "${!_po_v}" =~ ^[0-9]+$ ]] || [ "${!_po_v}" -lt 1 ] || [ "${!_po_v}" -gt "$LAST_STAGE" ]; then

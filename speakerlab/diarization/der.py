@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.lists import ListError
 from speakerlab.dataio.tables.rttm import Interval, Turn, read_rttm, read_uem
+from speakerlab.inference.common import warn_stderr
 from speakerlab.outputs import OutputError, check_path_output, is_special, write_lines
 
 CONDITIONS = ((0.25, False), (0.25, True), (0.0, False), (0.0, True))  # (collar, skip overlap)
@@ -128,10 +129,9 @@ def score(ref_path, systems: Sequence[Tuple[str, str]], uem_path=None) -> dict:
             raise ListError(f"{path}: recording '{extra[0]}' is not in the reference {ref_path}")
         silent = sorted(set(ref) - set(hyp))
         if silent:  # a system finds no speech in a recording, or its RTTM is of part of the set: say which
-            print(
-                f"warning: {path}: no turns for {len(silent)} of the reference's {len(ref)} recordings (scored as "
-                f"missed speech), e.g. '{silent[0]}'",
-                file=sys.stderr,
+            warn_stderr(
+                f"{path}: no turns for {len(silent)} of the reference's {len(ref)} recordings (scored as missed "
+                f"speech), e.g. '{silent[0]}'"
             )
         right, error = count_agreement(ref, hyp)
         conditions = [
