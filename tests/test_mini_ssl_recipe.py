@@ -41,10 +41,12 @@ def test_mini_ssl_recipe_through_a_pseudo_label_round(tmp_path):
     # every crop augmented from the corpus's noise bank: unaugmented crops share their utterance's session
     assert "augmentation with probability 1, one of: reverb" in out
     assert "27 trials: EER" in out and "mean log-mel baseline, 27 trials: EER" in out
-    out = recipe(tmp_path, "--stage", "10", "--stop_stage", "10", "--clusters", "6", "--round_overrides", TINY)
+    out = recipe(
+        tmp_path, "--stage", "10", "--stop_stage", "10", "--clusters", "6", "--drop", "0.5", "--round_overrides", TINY
+    )
     assert "pseudo-label: all: 24 utterances, 6 true speakers in 6 clusters: purity" in out
     labelled = (unlabelled.parent / "train_unlabelled_pl1" / "utt2spk").read_text().splitlines()
-    # the recipe's --drop 0.5: 12 of 24 go, and any cluster then left with one utterance
+    # --drop 0.5 (the recipe keeps every utterance by default): 12 of 24 go, and any cluster then left with one
     assert 0 < len(labelled) <= 24 - 12 and all(line.split()[1].startswith("pl") for line in labelled)
     log = (tmp_path / "exp" / "dino_pl1" / "train.log").read_text()
     assert f"initialised from {tmp_path / 'exp' / 'dino'}" in log and "training done: 1 epochs" in log
