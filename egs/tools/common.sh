@@ -218,7 +218,8 @@ pseudo_label_options() {
   opt supervised_config "../../conf/$1/ecapa_tdnn_c1024.yaml"  # stage 10: the margin recipe trained on the clusters
   opt rounds 1 count                 # stage 10: pseudo-label rounds (embed, cluster, train from the last model)
   opt clusters estimate clusters     # stage 10: pseudo-speakers, or estimate: AHC on a sample, scaled to the set
-  opt drop 0.2 share                 # stage 10: share of the least confident utterances dropped
+  opt drop 0.2 share                 # stage 10: share of the least confident utterances dropped (on egs/mini's
+                                     # 4,800 utterances 0 trained the best round: bench/RESULTS.md, "How pure...")
   opt round_overrides ""             # stage 10: overrides of the rounds' training, e.g. "train.epochs=20"
 }
 
