@@ -40,7 +40,7 @@ opt val_conversations 30           # conversations of $mini_data/val's speakers:
 opt seg_conv_opts "--overlap 0.6 --min-speakers 1 --max-speakers 6"
 opt seg_config ../../conf/diarization/segmentation_cpu.yaml  # segmentation_gpu.yaml: pyannote's sizes, a GPU
 opt seg_opts ""                    # more speakerlab-segmentation-train options, e.g. "--set steps=200"
-opt vad silero "silero energy"    # silero | energy
+opt vad silero "silero energy"   # the voice activity detector: speakerlab-diarize --vad
 opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --hop 1.0"
 opt seed 0
 opt plda_opts ""                   # more speakerlab-plda options, e.g. "--per-utterance 5"

@@ -27,7 +27,7 @@ corpus_diarization_options() {
   opt model_opts ""                  # the model, as speakerlab-diarize takes it: "--checkpoint EXP" or
                                      # "--3dspeaker NAME --weights FILE" or "--redimnet2 FILE" (stages 4-5)
   opt exp exp/diar
-  opt vad silero "silero energy"    # silero | energy
+  opt vad silero "silero energy"   # the voice activity detector: speakerlab-diarize --vad
   opt max_speakers "$1" count        # estimated counts stay within 1..this
   opt diarize_opts ""                # more speakerlab-diarize options, e.g. "--window 2.0 --device cuda"
   opt seed 0

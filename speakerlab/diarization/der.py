@@ -116,7 +116,7 @@ def score(ref_path, systems: Sequence[Tuple[str, str]], uem_path=None) -> dict:
     if not ref:
         raise ListError(f"{ref_path}: no SPEAKER lines")
     uem = read_uem(uem_path) if uem_path else None
-    unscored = sorted(set(ref) - set(ref if uem is None else uem))
+    unscored = [] if uem is None else sorted(set(ref) - set(uem))
     if unscored:  # scoring them whole would not be what the UEM says, leaving them out not what the user asked
         raise ListError(
             f"{uem_path}: no entry for recording '{unscored[0]}' of the reference ({len(unscored)} lack one)"
