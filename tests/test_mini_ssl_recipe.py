@@ -41,13 +41,13 @@ def test_mini_ssl_recipe_through_a_pseudo_label_round(tmp_path):
     # every crop augmented from the corpus's noise bank: unaugmented crops share their utterance's session
     assert "augmentation with probability 1, one of: reverb" in out
     assert "27 trials: EER" in out and "mean log-mel baseline, 27 trials: EER" in out
-    out = recipe(
-        tmp_path, "--stage", "10", "--stop_stage", "10", "--clusters", "6", "--drop", "0.5", "--round_overrides", TINY
-    )
+    # the recipe's own rule (--drop 0): no utterance dropped for its margin, only those of clusters of one
+    out = recipe(tmp_path, "--stage", "10", "--stop_stage", "10", "--clusters", "6", "--round_overrides", TINY)
     assert "pseudo-label: all: 24 utterances, 6 true speakers in 6 clusters: purity" in out
     labelled = (unlabelled.parent / "train_unlabelled_pl1" / "utt2spk").read_text().splitlines()
-    # --drop 0.5 (the recipe keeps every utterance by default): 12 of 24 go, and any cluster then left with one
-    assert 0 < len(labelled) <= 24 - 12 and all(line.split()[1].startswith("pl") for line in labelled)
+    clusters = {line.split()[1] for line in labelled}
+    assert f"pseudo-label: {len(labelled)} of 24 utterances kept in {len(clusters)} clusters" in out
+    assert len(labelled) == 24 - (6 - len(clusters)) and all(c.startswith("pl") for c in clusters)
     log = (tmp_path / "exp" / "dino_pl1" / "train.log").read_text()
     assert f"initialised from {tmp_path / 'exp' / 'dino'}" in log and "training done: 1 epochs" in log
     assert "augmentation with probability 0.6, one of: reverb" in log and "a random equaliser" in log
