@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+import yaml
 
 from tests.helpers import ROOT, threads
 
@@ -53,3 +54,6 @@ def test_mini_ssl_recipe_through_a_pseudo_label_round(tmp_path):
     log = (tmp_path / "exp" / "dino_pl1" / "train.log").read_text()
     assert f"initialised from {tmp_path / 'exp' / 'dino'}" in log and "training done: 1 epochs" in log
     assert "augmentation with probability 0.6, one of: reverb" in log and "a random equaliser" in log
+    # the round's AAM margin is the recipe's 0.5, not the supervised config's 0.2
+    config = yaml.safe_load((tmp_path / "exp" / "dino_pl1" / "config.yaml").read_text())
+    assert config["loss"]["margin"] == 0.5
