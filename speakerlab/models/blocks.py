@@ -22,8 +22,8 @@ def clipped_relu_(x: torch.Tensor) -> torch.Tensor:
     form allocates a full-size tensor per call, which on CPU made a Res2Net block's forward+backward
     5% slower (ERes2NetV2 layer1 block, batch 16: 885 -> 837 ms with the in-place add below).
     Out of place under torch.export: its functionalisation of the in-place hardtanh over a dynamic length
-    made an ERes2Net export 1.5x slower for the same graph (eres2net_base's test copy 45 -> 31 s, the
-    2-core Intel VM, 2026-11-28; ReLU in place costs nothing there).
+    made `speakerlab-export` of ERes2Net 1.5x slower for the same file (bench/export_time.py; ReLU in
+    place costs nothing there).
     """
     if torch.jit.is_scripting():  # TorchScript knows no torch.compiler
         return F.hardtanh(x, 0.0, 20.0, inplace=True)
