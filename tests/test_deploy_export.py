@@ -101,8 +101,13 @@ W2V_BERT_EXPORT = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize("family", ["wavlm", pytest.param("wav2vec2-bert", marks=W2V_BERT_EXPORT)])
-@pytest.mark.parametrize("name", list_ssl_models())
+# The w2v-BERT gap is the encoder's, traced before any back end: one back end (the cheapest) keeps the tripwire.
+SSL_CASES = [(name, "wavlm") for name in list_ssl_models()] + [
+    pytest.param("ssl_mfa", "wav2vec2-bert", marks=W2V_BERT_EXPORT)
+]
+
+
+@pytest.mark.parametrize("name,family", SSL_CASES)
 def test_ssl_waveform_file_equals_the_pytorch_path(name, family, front_ends, tmp_path):
     """Models on a self-supervised encoder (tiny random encoders of transformers) export with their front end
     (the normalised wave, or w2v-BERT's stacked fbank) too: alone and padded, within 1e-4 of PyTorch."""
