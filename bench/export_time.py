@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.scoring import machine  # noqa: E402
 
 
 def save_checkpoint_of(name: str, path: Path) -> None:
@@ -40,8 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", help="a checkout whose speakerlab the command runs (default: the installed one)")
     args = ap.parse_args(argv)
     print(f"# {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    print(f"# {cpu or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, {time.ctime()}")
+    print(f"# {machine()}, {time.ctime()}")
     print(f"# OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, code {args.tree or 'installed'}")
     command = shutil.which("speakerlab-export", path=os.path.dirname(sys.executable)) or "speakerlab-export"
     env = dict(os.environ)
