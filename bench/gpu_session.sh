@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first command of a session on a GPU machine: proves the GPU path and measures it, offline, within a
 # time budget meant for one H100 session (on an H100 with torch 2.11: 461 s, every step run; bench/RESULTS.md).
-#   bash bench/gpu_session.sh [--out DIR] [--wheels DIR]     # on the card
+#   bash bench/gpu_session.sh [--out DIR] [--wheels DIR] [--budget S]   # on the card
 #   bash bench/gpu_session.sh --dry-run --out /tmp/gs         # the same steps on the CPU, tiny, < 3 minutes
 # --wheels DIR: wheels of what the machine lacks (bash bench/fetch_gpu_wheels.sh DIR, here, beforehand),
 # installed with pip --no-index (egs/tools/env.sh, SPEAKERLAB_WHEELS).
@@ -13,26 +13,32 @@
 #     bench/train_step.py, CAM++ and ERes2Net-base at 3 s crops, per-card batch 256: fp32, tf32, bf16
 #     eager; bf16 eager through the data loader; extraction; last bf16 compiled              train_*.json
 #     extraction throughput (python -m speakerlab.inference.extract) of both models                   extract.json
-#     RESULTS.md-ready rows of the timed steps                                              rows.md
+#   4 RESULTS.md-ready rows of the timed steps (always, also after the hard limit)          rows.md
 # A step that fails is logged and the others still run; the exit code is that of the first failure. Steps
-# past the time budget (530 s; dry run 170 s, but a dry run skips nothing) are skipped, logged.
+# past the time budget (--budget, 530 s; dry run 170 s, but a dry run skips nothing) are skipped, logged. A step begun
+# before it may run past it: the measure step is stopped at the hard limit, budget + 30 s (train_step.py's JSON
+# keeps the rows finished by then), so that a device call of 600 s still gets the rows back (the H200's
+# compiled step began at +480 s and a call's limit stopped it, rows and all: bench/RESULTS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-dry=false out=bench/gpu_session_out wheels=""
+dry=false out=bench/gpu_session_out wheels="" budget=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=true; shift ;;
     --out) out="$2"; shift 2 ;;
     --wheels) wheels="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --budget) budget="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 start=$(date +%s)
-if [ "$dry" = true ]; then budget=170; else budget=530; fi
+[ -n "$budget" ] || { if [ "$dry" = true ]; then budget=170; else budget=530; fi; }
+[[ "$budget" =~ ^[0-9]+$ ]] || { echo "error: --budget takes whole seconds, got $budget" >&2; exit 2; }
 deadline=$((start + budget))
+hard_limit=$((start + budget + 30))
 status=0
 log() { echo "[$(date '+%H:%M:%S') +$(( $(date +%s) - start ))s] gpu_session: $*" | tee -a "$out/session.log" >&2; }
 # step NAME COMMAND...: run it unless the budget is spent; its output to $out/NAME.txt and the log.
@@ -43,6 +49,7 @@ step() {
   "$@" > "$out/$name.txt" 2>&1
   local rc=$?
   grep -E "^(==|\| |probe |extraction |[0-9]+ (passed|failed|skipped)|FAILED|ERROR)" "$out/$name.txt" >&2
+  [ "$rc" -ne 124 ] || log "$name: stopped at the hard limit (+$((hard_limit - start))s)"
   if [ "$rc" -ne 0 ]; then log "$name: FAILED (exit $rc), see $out/$name.txt"; [ "$status" -ne 0 ] || status=$rc; fi
 }
 
@@ -54,7 +61,14 @@ log "start: dry-run $dry, out $out, wheels ${wheels:-none}, budget ${budget}s"
 step env python bench/gpu_session.py env
 step test_cuda python -m pytest -q -p no:cacheprovider tests/test_cuda.py
 measure=(python bench/gpu_session.py measure "$out")
-if [ "$dry" = true ]; then measure+=(--deadline $((start + 3600)) --dry-run); else measure+=(--deadline "$deadline"); fi
-step measure "${measure[@]}"
+if [ "$dry" = true ]; then
+  measure+=(--deadline $((start + 3600)) --dry-run)
+  step measure "${measure[@]}"
+else
+  measure+=(--deadline "$deadline")
+  step measure timeout $((hard_limit - $(date +%s))) "${measure[@]}"
+fi
+log "rows: python bench/gpu_session.py rows $out"
+python bench/gpu_session.py rows "$out" > "$out/rows.txt" 2>&1 || { log "rows: FAILED, see $out/rows.txt"; [ "$status" -ne 0 ] || status=1; }
 log "done in $(( $(date +%s) - start ))s, exit $status; rows: $out/rows.md; JSON: $out/*.json"
 exit "$status"

@@ -255,6 +255,7 @@ def main(argv=None) -> int:
                                 torch.cuda.empty_cache()
                         rows.append(row)
                         print_row(row, args.markdown)
+                        write_json(args.json, rows)  # after every row: a run stopped at a time limit keeps its rows
     write_json(args.json, rows)
     return 0
 

@@ -68,3 +68,14 @@ def test_the_dry_run_runs_every_step_on_the_cpu(tmp_path):
     extract = json.loads((out / "extract.json").read_text())
     assert [e["rc"] for e in extract] == [0, 0] and all(e["utt_per_s"] > 0 for e in extract)
     assert "11 skipped" in logs[1]  # tests/test_cuda.py ran (and skipped here: no CUDA)
+
+
+def test_a_budget_that_is_not_whole_seconds_is_one_error_before_any_set_up(tmp_path):
+    r = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_session.sh"), "--budget", "5m", "--out", str(tmp_path / "gs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --budget takes whole seconds, got 5m"
