@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.scoring import machine  # noqa: E402
 
 CHILD = r"""
 import sys, time
@@ -54,8 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-torch-export", action="store_true", help="time the command's exporter only")
     args = ap.parse_args(argv)
     print(f"# {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    print(f"# {cpu or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, {time.ctime()}")
+    print(f"# {machine()}, {time.ctime()}")
     print(f"# OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, config {args.config}")
     ways = ["torchscript"] + ([] if args.skip_torch_export else ["torch.export"])
     with tempfile.TemporaryDirectory() as tmp:
