@@ -49,7 +49,7 @@ def test_fp16_grad_scaler_scale_and_the_guard_on_an_overflow():
     scaler.scale(loss * 1e30).backward()  # overflows fp16 gradients at any scale
     scaler.unscale_(opt)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0).item()
-    bad = not (math.isfinite(float(loss)) and math.isfinite(norm))
+    bad = not (math.isfinite(loss.item()) and math.isfinite(norm))
     ok = guard.check(0, bad, loss, norm, lambda: [], fp16_overflow=lambda: scaler.get_scale() >= 1.0)
     scaler.step(opt)
     scaler.update()
