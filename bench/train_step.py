@@ -93,7 +93,8 @@ def build(name, precision, args, device, num_speakers=1000, data=None):
 
 
 def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
-    """(samples/s, s/step) of `steps` timed optimizer steps after `warmup` ones."""
+    """(samples/s, s/step, warm-up s) of `steps` timed optimizer steps after `warmup` ones (the warm-up holds
+    cuDNN's autotuning and compiles)."""
     data = None
     if pipeline == "loader":
         data = load_train_lists(bench_config(name, precision, args, device, args.data), lambda m: None)
@@ -138,15 +139,17 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    t0 = time.perf_counter()
     for _ in range(args.warmup):
         step()
     sync()
+    warm = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
     sync()
     dt = time.perf_counter() - t0
-    return batch * args.steps / dt, dt / args.steps
+    return batch * args.steps / dt, dt / args.steps, warm
 
 
 def probe_one(name, precision, args, device) -> dict:
@@ -226,10 +229,12 @@ def main(argv=None) -> int:
     print(f"{head}{'samples/s':>10}{'s/step':>9}{'MFU %':>7}")
     pipelines = (["synthetic"] if args.synthetic else []) + (["loader"] if args.data else [])
     for name in args.models:
+        began = time.perf_counter()
         cfg, net, _ = build(name, "fp32", args, torch.device("cpu"))
         _, frames, bins = setup.example_input(cfg, args.crop).shape  # (1, frames, bins): the fbank models benched here
         gflops = macs(net.model, frames, bins) * 2 * 3 / 1e9  # per sample, fwd + bwd
         del net
+        print(f"# {name}: {gflops:.3g} GFLOP per sample counted on the CPU in {time.perf_counter() - began:.1f} s")
         for precision in precisions:
             for mode in args.compile:
                 for batch in batches:
@@ -240,12 +245,21 @@ def main(argv=None) -> int:
                         if args.deadline and time.time() > args.deadline:
                             row["status"] = "skipped: past --deadline"
                         else:
+                            began = time.perf_counter()
                             try:
-                                sps, sec = bench_one(name, precision, mode, batch, pipe, args, device)
+                                sps, sec, warm = bench_one(name, precision, mode, batch, pipe, args, device)
                                 peak = peak_tflops(gpu, precision) if device.type == "cuda" else None
                                 mfu = 100 * sps * gflops * 1e9 / (peak * 1e12) if peak else None
                                 row.update(status="ok", samples_per_s=round(sps, 1), s_per_step=round(sec, 4))
                                 row.update(peak_tflops=peak, mfu_percent=None if mfu is None else round(mfu, 2))
+                                # Where a session's minutes go (an H200's eager rows took 257 s for 40 s of steps)
+                                row.update(row_s=round(time.perf_counter() - began, 1), warmup_s=round(warm, 1))
+                                print(
+                                    f"# {name} {precision} {mode}: {row['row_s']} s, of which set-up "
+                                    f"{row['row_s'] - warm - sec * args.steps:.1f} s, {args.warmup} warm-up steps "
+                                    f"{warm:.1f} s, {args.steps} timed steps {sec * args.steps:.1f} s",
+                                    flush=True,
+                                )
                             except torch.OutOfMemoryError:
                                 row["status"] = "OOM"
                             except CompileFailed as e:  # the first-batch check: a speed of wrong gradients is no row
