@@ -199,3 +199,54 @@ def test_fp16_training_logs_the_loss_scale(tmp_path):
     scales = [row["loss_scale"] for row in rows if "loss_scale" in row]
     assert scales and all(s > 1.0 for s in scales)  # GradScaler's scale, not the 1.0 of bf16/fp32
     assert "precision fp16 on cuda" in (tmp_path / "f" / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_dino_trains_on_the_card_in_bf16(tmp_path):
+    """Self-distillation (tests/test_dino.py's tiny run: multi-crop cut inside the net from the waves, KoLeo, RDINO's
+    terms, the contrastive term) on the card in bf16: it finishes and every collapse scalar is finite at every step.
+    No card ran it before this test (the supervised path's first card run crashed at its first step)."""
+    import json
+
+    from tests.test_dino import dino_config
+
+    cfg, _ = dino_config(tmp_path)
+    cmd = [sys.executable, "-m", "speakerlab.train", "--config", str(cfg), "--exp-dir", str(tmp_path / "d")]
+    cmd += ["hardware.device=cuda", "hardware.precision=bf16"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (tmp_path / "d" / "train.log").read_text()
+    assert "precision bf16 on cuda" in log and "training done: 2 epochs, 4 steps, 0 skipped" in log
+    rows = [json.loads(line) for line in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    scalars = ("loss", "teacher_entropy", "teacher_kl", "embedding_spread", "center_norm", "contrastive_loss")
+    steps = [row for row in rows if "teacher_entropy" in row]
+    assert len(steps) == 4 and all(math.isfinite(row[k]) for row in steps for k in scalars), steps
+
+
+@pytest.mark.slow
+def test_segmentation_trains_on_the_card_and_its_onnx_file_gives_its_weights_scores(tmp_path):
+    """`speakerlab-segmentation-train --set device=cuda` (tests/test_segmentation.py's tiny run): it trains on the
+    card, then writes CPU weights and an ONNX file (the exporter's example input is on the CPU) that give the same
+    frame scores."""
+    import numpy as np
+
+    from speakerlab.diarization.segmentation import SegmentationModel, SegmentationShape
+    from speakerlab.diarization.segmenter import OnnxSegmenter
+    from tests.test_segmentation import write_conversations
+
+    write_conversations(tmp_path / "data")
+    sets = ["steps=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8", "device=cuda"]
+    code = "import sys; from speakerlab.diarization.segmentation_train import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "exp")]
+    cmd += [x for s in sets for x in ("--set", s)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fp32 on cuda" in r.stderr
+    saved = torch.load(tmp_path / "exp" / "segmentation.pt")
+    assert {t.device.type for t in saved["state"].values()} == {"cpu"}  # loads on a machine without a card
+    model = SegmentationModel(SegmentationShape(**saved["shape"])).eval()
+    model.load_state_dict(saved["state"])
+    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.from_numpy(wave)[None]), -1)[0].numpy()
+    assert np.abs(OnnxSegmenter(tmp_path / "exp" / "segmentation.onnx").scores(wave) - ref).max() < 1e-4
