@@ -228,11 +228,7 @@ def test_segmentation_trains_on_the_card_and_its_onnx_file_gives_its_weights_sco
     """`speakerlab-segmentation-train --set device=cuda` (tests/test_segmentation.py's tiny run): it trains on the
     card, then writes CPU weights and an ONNX file (the exporter's example input is on the CPU) that give the same
     frame scores."""
-    import numpy as np
-
-    from speakerlab.diarization.segmentation import SegmentationModel, SegmentationShape
-    from speakerlab.diarization.segmenter import OnnxSegmenter
-    from tests.test_segmentation import write_conversations
+    from tests.test_segmentation import assert_onnx_file_gives_the_saved_weights_scores, write_conversations
 
     write_conversations(tmp_path / "data")
     sets = ["steps=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8", "device=cuda"]
@@ -242,11 +238,5 @@ def test_segmentation_trains_on_the_card_and_its_onnx_file_gives_its_weights_sco
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fp32 on cuda" in r.stderr
-    saved = torch.load(tmp_path / "exp" / "segmentation.pt")
+    saved = assert_onnx_file_gives_the_saved_weights_scores(tmp_path / "exp")
     assert {t.device.type for t in saved["state"].values()} == {"cpu"}  # loads on a machine without a card
-    model = SegmentationModel(SegmentationShape(**saved["shape"])).eval()
-    model.load_state_dict(saved["state"])
-    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
-    with torch.no_grad():
-        ref = torch.log_softmax(model(torch.from_numpy(wave)[None]), -1)[0].numpy()
-    assert np.abs(OnnxSegmenter(tmp_path / "exp" / "segmentation.onnx").scores(wave) - ref).max() < 1e-4

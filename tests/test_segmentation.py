@@ -344,8 +344,6 @@ def test_training_command_writes_weights_and_onnx(tmp_path):
     import subprocess
     import sys
 
-    from speakerlab.diarization.segmenter import OnnxSegmenter
-
     write_conversations(tmp_path / "data")
     args = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "exp")]
     sets = ["steps=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8", "frontend=learnt"]
@@ -356,11 +354,20 @@ def test_training_command_writes_weights_and_onnx(tmp_path):
     assert run.returncode == 0, run.stderr
     # Validation at step 2 and at the last step, on the same 5 windows.
     assert [line.split()[1] for line in run.stderr.splitlines() if "validation loss" in line] == ["2", "3"]
-    saved = torch.load(tmp_path / "exp" / "segmentation.pt")
+    saved = assert_onnx_file_gives_the_saved_weights_scores(tmp_path / "exp")
     assert saved["shape"]["hidden"] == 8 and saved["settings"]["steps"] == 3 and saved["shape"]["frontend"] == "learnt"
+
+
+def assert_onnx_file_gives_the_saved_weights_scores(exp) -> dict:
+    """The training command's segmentation.onnx gives the frame scores of its segmentation.pt (loaded as saved, no
+    map_location) on a second of noise; returns what segmentation.pt holds."""
+    from speakerlab.diarization.segmenter import OnnxSegmenter
+
+    saved = torch.load(exp / "segmentation.pt")
     model = SegmentationModel(SegmentationShape(**saved["shape"])).eval()
     model.load_state_dict(saved["state"])
     wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.from_numpy(wave)[None]), -1)[0].numpy()
-    assert np.abs(OnnxSegmenter(tmp_path / "exp" / "segmentation.onnx").scores(wave) - ref).max() < 1e-4
+    assert np.abs(OnnxSegmenter(exp / "segmentation.onnx").scores(wave) - ref).max() < 1e-4
+    return saved
