@@ -7,7 +7,8 @@
 # installed with pip --no-index (egs/tools/env.sh, SPEAKERLAB_WHEELS).
 # Steps, each logged with its time, its output kept under --out (default bench/gpu_session_out):
 #   1 environment (GPU, driver, torch, free memory, packages)                      env.txt
-#   2 tests/test_cuda.py (TF32 parity, autocast, fp16 scaler, compiled step, NCCL, DINO, segmentation)  test_cuda.txt
+#   2 tests/test_cuda.py (TF32 parity, autocast, fp16 scaler, compiled step, NCCL; DINO, SSL front ends and the
+#     segmentation model training on the card)                                       test_cuda.txt
 #   3 bench/gpu_session.py measure (one process), output in measure.txt:
 #     a synthetic data dir (768 x 4 s; listed 9 times for the loader rows: one epoch); the auto per-card batch  train_probe.json
 #     bench/train_step.py, CAM++ and ERes2Net-base at 3 s crops, per-card batch 256: fp32, tf32, bf16
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --wheels) wheels="$2"; shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

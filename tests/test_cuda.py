@@ -240,3 +240,35 @@ def test_segmentation_trains_on_the_card_and_its_onnx_file_gives_its_weights_sco
     assert "fp32 on cuda" in r.stderr
     saved = assert_onnx_file_gives_the_saved_weights_scores(tmp_path / "exp")
     assert {t.device.type for t in saved["state"].values()} == {"cpu"}  # loads on a machine without a card
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["wavlm", "wav2vec2-bert"])
+def test_an_ssl_front_end_trains_on_the_card_in_bf16_and_embeds_there(family, tmp_path):
+    """tests/test_ssl_train.py's tiny encoders (WavLM; w2v-BERT with its fbank front end and a LoRA through peft) on
+    the card in bf16: the loss falls, and the checkpoint embeds on the card as on the CPU (cosine >= 0.999: TF32
+    convolutions, cuDNN's default, are the difference). No card ran an SSL front end before this test."""
+    import numpy as np
+
+    from speakerlab.dataio.tables.embeddings import read_embeddings
+    from speakerlab.inference.cli import run_embed
+    from speakerlab.train.loop import main as train_main
+    from tests.helpers import losses
+    from tests.test_ssl_train import direct_embeddings, ssl_config
+
+    cfg, train, overrides = ssl_config(tmp_path, family)
+    exp = tmp_path / "exp"
+    card = ["hardware.device=cuda", "hardware.precision=bf16"]
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp), *overrides, *card]) == 0
+    assert "precision bf16 on cuda" in (exp / "train.log").read_text()
+    loss = [v for _, v in sorted(losses(exp).items())]
+    assert len(loss) == 12 and all(map(math.isfinite, loss)) and np.mean(loss[-3:]) < np.mean(loss[:3]), loss
+    ckpt = exp / "checkpoints" / "epoch_006.pt"
+    direct = direct_embeddings(ckpt, train)  # on the CPU
+    assert (
+        run_embed([str(train / "wav.scp"), str(tmp_path / "e.npz"), "--checkpoint", str(ckpt), "--device", "cuda"]) == 0
+    )
+    ids, emb = read_embeddings(tmp_path / "e.npz")
+    for i, utt in enumerate(ids):
+        cosine = emb[i] @ direct[utt] / (np.linalg.norm(emb[i]) * np.linalg.norm(direct[utt]))
+        assert cosine >= 0.999, (utt, cosine)

@@ -67,7 +67,7 @@ def test_the_dry_run_runs_every_step_on_the_cpu(tmp_path):
     assert [p["chosen"] for p in probe] == [8, 8]
     extract = json.loads((out / "extract.json").read_text())
     assert [e["rc"] for e in extract] == [0, 0] and all(e["utt_per_s"] > 0 for e in extract)
-    assert "13 skipped" in logs[1]  # tests/test_cuda.py ran (and skipped here: no CUDA)
+    assert "15 skipped" in logs[1]  # tests/test_cuda.py ran (and skipped here: no CUDA)
 
 
 def test_a_budget_that_is_not_whole_seconds_is_one_error_before_any_set_up(tmp_path):
