@@ -52,6 +52,21 @@ def spec_of(name: str) -> FeatureSpec:
     return feature_spec(FeatureSettings(**model_features(name)), 16000)
 
 
+def made_export(name: str) -> tuple:
+    """(model, features graph) of `name`'s export copy, seeded: torch.export's costly part."""
+    from speakerlab.inference.deploy.graph import model_graph
+
+    torch.manual_seed(0)
+    model = export_copy(name).eval()
+    return model, model_graph(model, spec_of(name))
+
+
+# The export that the file's checks of the comparison itself reuse (the fast lane makes it anyway; the file runs whole
+# on one worker): made once, not a tiny CAM++ of their own (an export of 154 nodes, 22 s on the 2-core Intel VM).
+REUSED = "ecapa_tdnn_c512"
+shared_export = functools.cache(made_export)
+
+
 @pytest.mark.parametrize("name", registry_params(EXPORTED, fast=("ecapa_tdnn_c512",)))
 def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     """The model graph (speakerlab.inference.deploy.graph.model_graph, what both file kinds hold) exported once:
@@ -59,12 +74,10 @@ def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     merged with its front end as the waveform file, four random lengths of 0.5-30 s (one each of 0.5-2, 2-5, 5-10
     and 25-30 s) alone (batch 1) and as one padded batch with their lengths, each within 1e-4 of the PyTorch path
     (audio -> features -> model; relative to the embedding's largest value when that is above 1)."""
-    from speakerlab.inference.deploy.graph import merged_graph, model_graph, with_lengths
+    from speakerlab.inference.deploy.graph import merged_graph, with_lengths
 
-    torch.manual_seed(0)
     spec = spec_of(name)
-    model = export_copy(name).eval()
-    graph = model_graph(model, spec)
+    model, graph = (shared_export if name == REUSED else made_export)(name)
     onnx.save(graph, tmp_path / "feats.onnx")
     rng = np.random.default_rng(sum(map(ord, name)))
     feats_file = ort.InferenceSession(str(tmp_path / "feats.onnx"), providers=["CPUExecutionProvider"])
@@ -153,20 +166,19 @@ def test_every_part_of_a_redimnet2_size_not_exported_is_one_of_an_exported_size(
 
 def test_the_tests_comparison_sees_a_wrong_waveform_file(front_ends, tmp_path, monkeypatch):
     """The comparison above is the test's own: with the export's check made blind (its comparator answering 0), a
-    waveform file whose first weight (the model's first parameter, `head.conv1.weight`) is 0.2 off is still seen,
-    and the right file passes. The wrong file is the right one edited, not a second export (one costs ~8 s)."""
+    waveform file whose first weight (the model's first parameter that is an initializer of the graph) is 0.2 off is
+    still seen, and the right file passes. The right file is the test above's export of REUSED, the wrong one that
+    file edited: no export of their own."""
     from onnx import numpy_helper
 
     from speakerlab.inference.deploy import export
-    from speakerlab.inference.deploy.graph import merged_graph, model_graph, with_lengths
-    from tests.helpers import TINY_CAMPPLUS
+    from speakerlab.inference.deploy.graph import merged_graph, with_lengths
 
     monkeypatch.setattr(export, "waveform_errors", lambda *a, **k: (0.0, 0.0))
-    torch.manual_seed(0)
-    spec, model = spec_of("campplus"), build_model("campplus", **TINY_CAMPPLUS).eval()
-    right = model_graph(model, spec)
+    spec, (model, right) = spec_of(REUSED), shared_export(REUSED)
     wrong = copy.deepcopy(right)
-    first = next(name for name, _ in model.named_parameters())
+    stored = {w.name for w in wrong.graph.initializer}
+    first = next(name for name, _ in model.named_parameters() if name in stored)
     weight = next(w for w in wrong.graph.initializer if w.name == first)
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + np.float32(0.2), first))
     errors = {}
@@ -193,27 +205,46 @@ def test_torchscript_file_round_trip_and_wrong_file_caught(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
-def test_an_export_that_disagrees_with_pytorch_is_one_line_and_not_written(fmt, tmp_path, monkeypatch, capsys):
+def test_an_export_that_disagrees_with_pytorch_is_one_line_and_not_written(
+    fmt, tmp_path, tmp_path_factory, monkeypatch, capsys
+):
     """An exporter that writes a slightly different model (standing in for a converter bug, 3D-Speaker#139): the
-    command's check catches it, exit 1 with one line, and neither the file nor its unchecked temporary is left."""
-    import copy
+    command's check catches it, exit 1 with one line, and neither the file nor its unchecked temporary is left.
+    TorchScript: the real exporter on a copy of the tiny CAM++ with a weight 0.5 off. ONNX: REUSED's export, made
+    above, written with a weight 0.5 off for a checkpoint of its model (a torch.export of its own took 18 s)."""
+    from onnx import numpy_helper
 
+    from speakerlab.checkpoint import Checkpoint, save_checkpoint
     from speakerlab.inference.deploy import export
     from tests.helpers import ROOT
 
-    name = "export_onnx" if fmt == "onnx" else "export_torchscript"
-    real = getattr(export, name)
+    if fmt == "torchscript":
+        real = export.export_torchscript
+        checkpoint = ROOT / "tests" / "data" / "legacy_checkpoint" / "campplus_tiny.pt"
 
-    def wrong(model, path, feat_dim):
-        other = copy.deepcopy(model)
-        with torch.no_grad():
-            next(other.parameters()).add_(0.5)
-        return real(other, path, feat_dim)
+        def wrong(model, path, feat_dim):
+            other = copy.deepcopy(model)
+            with torch.no_grad():
+                next(other.parameters()).add_(0.5)
+            return real(other, path, feat_dim)
 
-    monkeypatch.setattr(export, name, wrong)
+        monkeypatch.setattr(export, "export_torchscript", wrong)
+    else:
+        model, graph = shared_export(REUSED)
+        checkpoint = tmp_path_factory.mktemp("ckpt") / "reused.pt"  # outside tmp_path, which must stay empty
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        save_checkpoint(checkpoint, Checkpoint(model_name=REUSED, model_args={}, model=state, features=spec_of(REUSED)))
+
+        def wrong(model, path, feat_dim):
+            edited = copy.deepcopy(graph)
+            weight = next(w for w in edited.graph.initializer if w.name == "blocks.0.conv.conv.weight")
+            weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + np.float32(0.5), weight.name))
+            onnx.save(edited, str(path))
+            return edited
+
+        monkeypatch.setattr(export, "export_onnx", wrong)
     out = tmp_path / f"m.{'onnx' if fmt == 'onnx' else 'pt'}"
-    tiny = ROOT / "tests" / "data" / "legacy_checkpoint" / "campplus_tiny.pt"
-    assert export.main(["--checkpoint", str(tiny), "--format", fmt, "--out", str(out)]) == 1
+    assert export.main(["--checkpoint", str(checkpoint), "--format", fmt, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {out} not written: the exported model differs from PyTorch")
     assert list(tmp_path.iterdir()) == []

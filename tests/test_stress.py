@@ -1,6 +1,7 @@
 """speakerlab-stress: each row is the EER of the trial list with the named side degraded, with its counts and
 interval; a too-short degraded or raw input is one error line."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def expected_eer(embedder, data, condition, both, bank=None, seed=0):
     lines = [line.split() for line in (data / "trials").read_text().splitlines()]
     wav = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
 
+    @functools.cache  # an utterance's degradation is drawn from its own seed: once per utterance and side is exact
     def emb(utt, degraded):
         x = embedder.read(wav[utt])
         if degraded and condition != "clean":
