@@ -33,11 +33,11 @@ while [ $# -gt 0 ]; do
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+[ -n "$budget" ] || { if [ "$dry" = true ]; then budget=170; else budget=530; fi; }
+[[ "$budget" =~ ^[0-9]+$ ]] || { echo "error: --budget takes whole seconds, got $budget" >&2; exit 2; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 start=$(date +%s)
-[ -n "$budget" ] || { if [ "$dry" = true ]; then budget=170; else budget=530; fi; }
-[[ "$budget" =~ ^[0-9]+$ ]] || { echo "error: --budget takes whole seconds, got $budget" >&2; exit 2; }
 deadline=$((start + budget))
 hard_limit=$((start + budget + 30))
 status=0

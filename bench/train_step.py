@@ -93,8 +93,10 @@ def build(name, precision, args, device, num_speakers=1000, data=None):
 
 
 def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
-    """(samples/s, s/step, warm-up s) of `steps` timed optimizer steps after `warmup` ones (the warm-up holds
-    cuDNN's autotuning and compiles)."""
+    """(samples/s, s/step, timing) of `steps` timed optimizer steps after `warmup` ones; timing: the row's seconds
+    and its warm-up's (cuDNN's autotuning, compiles), also printed: where a session's minutes go (an H200's eager
+    rows took 257 s for 40 s of steps)."""
+    began = time.perf_counter()
     data = None
     if pipeline == "loader":
         data = load_train_lists(bench_config(name, precision, args, device, args.data), lambda m: None)
@@ -149,7 +151,13 @@ def bench_one(name, precision, compile_mode, batch, pipeline, args, device):
         step()
     sync()
     dt = time.perf_counter() - t0
-    return batch * args.steps / dt, dt / args.steps, warm
+    total = time.perf_counter() - began
+    print(
+        f"# {name} {precision} {compile_mode}: {total:.1f} s, of which set-up {total - warm - dt:.1f} s, "
+        f"{args.warmup} warm-up steps {warm:.1f} s, {args.steps} timed steps {dt:.1f} s",
+        flush=True,
+    )
+    return batch * args.steps / dt, dt / args.steps, dict(row_s=round(total, 1), warmup_s=round(warm, 1))
 
 
 def probe_one(name, precision, args, device) -> dict:
@@ -245,21 +253,13 @@ def main(argv=None) -> int:
                         if args.deadline and time.time() > args.deadline:
                             row["status"] = "skipped: past --deadline"
                         else:
-                            began = time.perf_counter()
                             try:
-                                sps, sec, warm = bench_one(name, precision, mode, batch, pipe, args, device)
+                                sps, sec, timing = bench_one(name, precision, mode, batch, pipe, args, device)
                                 peak = peak_tflops(gpu, precision) if device.type == "cuda" else None
                                 mfu = 100 * sps * gflops * 1e9 / (peak * 1e12) if peak else None
                                 row.update(status="ok", samples_per_s=round(sps, 1), s_per_step=round(sec, 4))
                                 row.update(peak_tflops=peak, mfu_percent=None if mfu is None else round(mfu, 2))
-                                # Where a session's minutes go (an H200's eager rows took 257 s for 40 s of steps)
-                                row.update(row_s=round(time.perf_counter() - began, 1), warmup_s=round(warm, 1))
-                                print(
-                                    f"# {name} {precision} {mode}: {row['row_s']} s, of which set-up "
-                                    f"{row['row_s'] - warm - sec * args.steps:.1f} s, {args.warmup} warm-up steps "
-                                    f"{warm:.1f} s, {args.steps} timed steps {sec * args.steps:.1f} s",
-                                    flush=True,
-                                )
+                                row.update(timing)
                             except torch.OutOfMemoryError:
                                 row["status"] = "OOM"
                             except CompileFailed as e:  # the first-batch check: a speed of wrong gradients is no row
@@ -270,7 +270,6 @@ def main(argv=None) -> int:
                         rows.append(row)
                         print_row(row, args.markdown)
                         write_json(args.json, rows)  # after every row: a run stopped at a time limit keeps its rows
-    write_json(args.json, rows)
     return 0
 
 

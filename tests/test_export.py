@@ -67,6 +67,18 @@ REUSED = "ecapa_tdnn_c512"
 shared_export = functools.cache(made_export)
 
 
+def with_first_weight_off(graph, model, delta: float):
+    """A copy of `graph` whose first weight (the model's first parameter that is an initializer of the graph) is
+    `delta` off: a wrong file made without an export."""
+    from onnx import numpy_helper
+
+    edited = copy.deepcopy(graph)
+    stored = {w.name: w for w in edited.graph.initializer}
+    weight = stored[next(name for name, _ in model.named_parameters() if name in stored)]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + np.float32(delta), weight.name))
+    return edited
+
+
 @pytest.mark.parametrize("name", registry_params(EXPORTED, fast=("ecapa_tdnn_c512",)))
 def test_onnx_files_equal_pytorch(name, front_ends, tmp_path):
     """The model graph (speakerlab.inference.deploy.graph.model_graph, what both file kinds hold) exported once:
@@ -169,18 +181,12 @@ def test_the_tests_comparison_sees_a_wrong_waveform_file(front_ends, tmp_path, m
     waveform file whose first weight (the model's first parameter that is an initializer of the graph) is 0.2 off is
     still seen, and the right file passes. The right file is the test above's export of REUSED, the wrong one that
     file edited: no export of their own."""
-    from onnx import numpy_helper
-
     from speakerlab.inference.deploy import export
     from speakerlab.inference.deploy.graph import merged_graph, with_lengths
 
     monkeypatch.setattr(export, "waveform_errors", lambda *a, **k: (0.0, 0.0))
     spec, (model, right) = spec_of(REUSED), shared_export(REUSED)
-    wrong = copy.deepcopy(right)
-    stored = {w.name for w in wrong.graph.initializer}
-    first = next(name for name, _ in model.named_parameters() if name in stored)
-    weight = next(w for w in wrong.graph.initializer if w.name == first)
-    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + np.float32(0.2), first))
+    wrong = with_first_weight_off(right, model, 0.2)
     errors = {}
     for which, graph in (("right", right), ("wrong", wrong)):
         path = tmp_path / f"{which}.onnx"
@@ -212,8 +218,6 @@ def test_an_export_that_disagrees_with_pytorch_is_one_line_and_not_written(
     command's check catches it, exit 1 with one line, and neither the file nor its unchecked temporary is left.
     TorchScript: the real exporter on a copy of the tiny CAM++ with a weight 0.5 off. ONNX: REUSED's export, made
     above, written with a weight 0.5 off for a checkpoint of its model (a torch.export of its own took 18 s)."""
-    from onnx import numpy_helper
-
     from speakerlab.checkpoint import Checkpoint, save_checkpoint
     from speakerlab.inference.deploy import export
     from tests.helpers import ROOT
@@ -236,9 +240,7 @@ def test_an_export_that_disagrees_with_pytorch_is_one_line_and_not_written(
         save_checkpoint(checkpoint, Checkpoint(model_name=REUSED, model_args={}, model=state, features=spec_of(REUSED)))
 
         def wrong(model, path, feat_dim):
-            edited = copy.deepcopy(graph)
-            weight = next(w for w in edited.graph.initializer if w.name == "blocks.0.conv.conv.weight")
-            weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + np.float32(0.5), weight.name))
+            edited = with_first_weight_off(graph, model, 0.5)
             onnx.save(edited, str(path))
             return edited
 

@@ -79,3 +79,4 @@ def test_a_budget_that_is_not_whole_seconds_is_one_error_before_any_set_up(tmp_p
     )
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --budget takes whole seconds, got 5m"
+    assert not (tmp_path / "gs").exists()
