@@ -99,9 +99,10 @@ def test_missing_or_wrong_directory_says_how_to_get_the_weights(tmp_path, encode
         build_model("ssl_mhfa")
 
 
-def test_missing_transformers_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(ImportError, match=r"pip install -e \.\[ssl\]"):
+@pytest.mark.parametrize("package", ["transformers", "peft"])
+def test_missing_transformers_names_the_extra(package, monkeypatch):
+    monkeypatch.setitem(sys.modules, package, None)
+    with pytest.raises(ImportError, match=rf"{package}.*pip install -e \.\[ssl\]"):
         require_ssl()
 
 
