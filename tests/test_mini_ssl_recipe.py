@@ -50,7 +50,7 @@ def test_mini_ssl_recipe_through_a_pseudo_label_round(tmp_path):
     out = recipe(tmp_path, *stage10, "--round_overrides", round_tiny)
     # the recipe's own rule (--drop 0): no utterance dropped for its margin, only those of clusters of one
     assert "pseudo-label: all: 24 utterances, 6 true speakers in 6 clusters: purity" in out
-    labelled = (unlabelled.parent / "train_unlabelled_pl1" / "utt2spk").read_text().splitlines()
+    labelled = (unlabelled.parent / "train_unlabelled_dino_pl1" / "utt2spk").read_text().splitlines()
     sizes = Counter(line.split()[1] for line in labelled)  # cluster -> utterances
     assert f"pseudo-label: {len(labelled)} of 24 utterances kept in {len(sizes)} clusters" in out
     # each utterance gone took a cluster with it (a cluster of one); every cluster kept holds two or more
@@ -61,3 +61,11 @@ def test_mini_ssl_recipe_through_a_pseudo_label_round(tmp_path):
     # the round's AAM margin is the recipe's 0.5, not the supervised config's 0.2
     config = yaml.safe_load((tmp_path / "exp" / "dino_pl1" / "config.yaml").read_text())
     assert config["loss"]["margin"] == 0.5
+    # a round from another start (here the round's model) clusters into labels of its own: those the first round's
+    # model was trained on stay as they were (a resume of it trains on them)
+    first = (unlabelled.parent / "train_unlabelled_dino_pl1" / "utt2spk").read_text()
+    recipe(tmp_path, *stage10, "--exp", str(tmp_path / "exp" / "dino_pl1"), "--round_overrides", round_tiny)
+    assert (unlabelled.parent / "train_unlabelled_dino_pl1" / "utt2spk").read_text() == first
+    assert (unlabelled.parent / "train_unlabelled_dino_pl1_pl1" / "utt2spk").exists()
+    log = (tmp_path / "exp" / "dino_pl1_pl1" / "train.log").read_text()
+    assert f"initialised from {tmp_path / 'exp' / 'dino_pl1'}" in log and "training done: 1 epochs" in log

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from speakerlab.dataio.tables.compact import read_compact
 from speakerlab.dataio.tables.embeddings import write_embeddings
-from speakerlab.dataio.tables.lists import load_data_dir
+from speakerlab.dataio.tables.lists import load_data_dir, read_table, write_table
 from speakerlab.train.pseudo_label import keep_confident, main, purity
 
 
@@ -50,6 +51,29 @@ def test_clusters_become_a_labelled_data_dir_and_the_unsure_are_dropped(tmp_path
     # The count estimated by AHC on the same embeddings
     assert main(args + ["--estimate", "--threshold", "0.3", "--drop", "0"]) == 0
     assert "84 of 84 utterances kept in 8 clusters" in capsys.readouterr().err
+
+
+def test_labels_written_again_over_an_earlier_round_leave_nothing_that_disagrees(tmp_path):
+    """A second round (another start, count or drop) into the same --out: the index and training's cached lists
+    of the first (utt2num_samples, .compact) must not survive it, nor a spk2utt of its clusters (a recipe rerun
+    from another model stopped at speakerlab-prepare on that: 'under speaker pl000000 but utt2spk says ...')."""
+    data = corpus(tmp_path)
+    out = tmp_path / "pl"
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(out)]
+    assert main(args + ["--clusters", "8", "--drop", "0.05"]) == 0
+    write_table(out / "utt2num_samples", [(u, 16000) for u in load_data_dir(out).utts])  # what prepare adds
+    assert len(read_compact(out).speakers) == 8 and (out / ".compact").is_dir()
+    assert main(args + ["--clusters", "4", "--drop", "0"]) == 0
+    labelled = load_data_dir(out)  # checks spk2utt against utt2spk
+    assert len(labelled.utts) == 84 and len(set(labelled.utt2spk.values())) == 4
+    assert not (out / "utt2num_samples").exists()  # the prepare stage indexes the 84 anew
+    groups = {}
+    for u, c in labelled.utt2spk.items():
+        groups.setdefault(c, []).append(u)
+    spk2utt = read_table(out / "spk2utt", max_fields=None)
+    assert {c: sorted(fields) for c, (_, fields) in spk2utt.items()} == {c: sorted(g) for c, g in groups.items()}
+    lists = read_compact(out)  # training's view: the new clusters, not the cache of the old
+    assert len(lists) == 84 and len(lists.speakers) == 4
 
 
 def test_the_estimated_count_is_scaled_from_the_sample_to_the_whole_set(tmp_path, capsys):

@@ -241,16 +241,18 @@ pseudo_label_stage() {
 
 # pseudo_label_rounds ROUNDS EXP UNLABELLED CONFIG [TRAIN ARGS...]: stage 10. Each round embeds the unlabelled
 # data dir with the last model (EXP: the self-supervised run, then each round's), clusters the embeddings into
-# a labelled data dir UNLABELLED_pl<r> (speakerlab-pseudo-label with $pseudo_label_opts), prepares it and trains
-# the supervised CONFIG on it into EXP_pl<r>, initialised from the last model (train.init: its backbone; a new
-# classifier). Re-running skips nothing it cannot redo cheaply: the embeddings and clusters are rewritten, the
-# training resumes.
+# a labelled data dir UNLABELLED_<name>_pl<r> (speakerlab-pseudo-label with $pseudo_label_opts), prepares it and
+# trains the supervised CONFIG on it into EXP_pl<r>, initialised from the last model (train.init: its backbone; a new
+# classifier). The labels are named after the round's model, so that rounds from another start (--exp) never
+# rewrite those a model was trained on. Re-running skips nothing it cannot redo cheaply: the embeddings and clusters
+# are rewritten (the same ones from the same model), the training resumes.
 pseudo_label_rounds() {
   local rounds="$1" prev="$2" unlabelled="$3" config="$4" r
   shift 4
   local base="$prev"
   for r in $(seq 1 "$rounds"); do
-    local dir="${unlabelled}_pl$r" exp="${base}_pl$r"
+    local exp="${base}_pl$r"
+    local dir="${unlabelled}_$(basename "$exp")"
     local emb="$prev/embeddings/$(basename "$unlabelled").npz"
     log "stage 10: pseudo-label round $r of $rounds: embed $unlabelled with $prev, cluster -> $dir, train -> $exp"
     speakerlab-extract --checkpoint "$prev" --data "$unlabelled" --out "$emb"

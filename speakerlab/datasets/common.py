@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from speakerlab.commands import CommandParser, run_command
-from speakerlab.dataio.tables.lists import ListError, write_table
+from speakerlab.dataio.tables.lists import ListError, write_lists, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
 from speakerlab.outputs import OutputError, check_folder_output
@@ -95,16 +94,8 @@ def write_data_dir(root, wav: Dict[str, str], utt2spk: Optional[Dict[str, str]] 
             )
         if any(c.isspace() for c in wav[utt]):
             raise DatasetError(f"{root}: audio path of '{utt}' contains whitespace: {wav[utt]!r}")
-    root.mkdir(parents=True, exist_ok=True)
-    utts = sorted(wav)
-    write_table(root / "wav.scp", ((u, os.path.abspath(wav[u])) for u in utts))
-    write_table(root / "utt2spk", ((u, utt2spk[u]) for u in utts))
-    spk2utt: Dict[str, List[str]] = defaultdict(list)
-    for u in utts:
-        spk2utt[utt2spk[u]].append(u)
-    write_table(root / "spk2utt", sorted(spk2utt.items()))
-    (root / "utt2num_samples").unlink(missing_ok=True)
-    summary = f"{root}: {len(utts)} utterances, {len(spk2utt)} speakers"
+    speakers = write_lists(root, sorted(wav), {u: os.path.abspath(w) for u, w in wav.items()}, utt2spk)
+    summary = f"{root}: {len(wav)} utterances, {speakers} speakers"
     log(summary)
     return summary
 

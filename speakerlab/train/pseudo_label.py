@@ -18,7 +18,8 @@ was found and what it was scaled to.
 Confidence rule: an utterance's margin is its cosine to its own centroid minus that to the second nearest;
 the round(`--drop` x N) utterances with the lowest margins are dropped (they sit between two clusters), then every
 cluster left with fewer than `--min-size` utterances. The rest get `utt2spk` lines `<utt> pl<cluster>`, with
-their wav.scp lines; the data dir is then prepared as any (speakerlab-prepare).
+their wav.scp and spk2utt lines; the data dir is then prepared as any (speakerlab-prepare). Written again over an
+earlier one (another start, count or drop), it keeps nothing of it that could disagree.
 
 With `--true-labels` (an utt2spk of the same utterances; for measuring only) the purity (the share of
 utterances in their cluster's majority speaker) and the NMI are printed for all utterances and for the kept.
@@ -35,8 +36,8 @@ import numpy as np
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.embeddings import read_embeddings
-from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_utt2spk
-from speakerlab.outputs import OutputError, check_folder_output, write_lines
+from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_utt2spk, write_lists
+from speakerlab.outputs import OutputError, check_folder_output
 
 BLOCK = 8192  # rows per assignment block
 # k-means++ seeds come from at most max(SEED_ROWS, 3 k) sampled rows: its cost is rows x k x D x ~log k, and on
@@ -168,11 +169,9 @@ def pseudo_label(args) -> Outcome:
             f"{k} clusters of {len(x)} utterances leave {left} cluster(s) of --min-size {args.min_size} or more after "
             f"--drop {args.drop:g}: lower --min-size or --drop, or change the count"
         )
-    out.mkdir(parents=True, exist_ok=True)
     utts = [u for u, kept in zip(data.utts, keep) if kept]
     chosen = labels[keep]
-    write_lines(out / "wav.scp", [f"{u} {data.wav[u]}" for u in utts])
-    write_lines(out / "utt2spk", [f"{u} pl{c:06d}" for u, c in zip(utts, chosen)])
+    write_lists(out, utts, data.wav, {u: f"pl{c:06d}" for u, c in zip(utts, chosen)})
     measured = []
     if args.true_labels:
         truth_of = {u: s for u, (_, s) in read_utt2spk(args.true_labels).items()}

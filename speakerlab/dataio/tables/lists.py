@@ -181,3 +181,18 @@ def write_table(path, rows: Iterable[Tuple[str, object]]) -> None:
         for key, value in rows:
             value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             f.write(f"{key} {value}\n")
+
+
+def write_lists(root: Path, utts: List[str], wav: Dict[str, str], utt2spk: Dict[str, str]) -> int:
+    """Write `root/{wav.scp,utt2spk,spk2utt}` of `utts` in that order; returns the number of speakers. The lists an
+    earlier run left there and that these replace are rewritten or removed (`utt2num_samples`, the index stage's, is
+    rebuilt by it), never left to disagree: a data dir written again over itself is whole."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_table(root / "wav.scp", ((u, wav[u]) for u in utts))
+    write_table(root / "utt2spk", ((u, utt2spk[u]) for u in utts))
+    spk2utt: Dict[str, List[str]] = {}
+    for u in utts:
+        spk2utt.setdefault(utt2spk[u], []).append(u)
+    write_table(root / "spk2utt", sorted(spk2utt.items()))
+    (root / "utt2num_samples").unlink(missing_ok=True)
+    return len(spk2utt)
