@@ -183,6 +183,14 @@ def write_table(path, rows: Iterable[Tuple[str, object]]) -> None:
             f.write(f"{key} {value}\n")
 
 
+def group_by_speaker(utts: Iterable[str], utt2spk: Dict[str, str]) -> Dict[str, List[str]]:
+    """spk2utt's content: {speaker: its utterances, in the order of `utts`}."""
+    spk2utt: Dict[str, List[str]] = {}
+    for u in utts:
+        spk2utt.setdefault(utt2spk[u], []).append(u)
+    return spk2utt
+
+
 def write_lists(root: Path, utts: List[str], wav: Dict[str, str], utt2spk: Dict[str, str]) -> int:
     """Write `root/{wav.scp,utt2spk,spk2utt}` of `utts` in that order; returns the number of speakers. The lists an
     earlier run left there and that these replace are rewritten or removed (`utt2num_samples`, the index stage's, is
@@ -190,9 +198,7 @@ def write_lists(root: Path, utts: List[str], wav: Dict[str, str], utt2spk: Dict[
     root.mkdir(parents=True, exist_ok=True)
     write_table(root / "wav.scp", ((u, wav[u]) for u in utts))
     write_table(root / "utt2spk", ((u, utt2spk[u]) for u in utts))
-    spk2utt: Dict[str, List[str]] = {}
-    for u in utts:
-        spk2utt.setdefault(utt2spk[u], []).append(u)
+    spk2utt = group_by_speaker(utts, utt2spk)
     write_table(root / "spk2utt", sorted(spk2utt.items()))
     (root / "utt2num_samples").unlink(missing_ok=True)
     return len(spk2utt)

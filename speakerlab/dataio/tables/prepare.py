@@ -14,7 +14,6 @@ lists and no rank waits on another's preparation.
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict
@@ -22,7 +21,7 @@ from typing import Dict
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError, audio_info
 from speakerlab.dataio.tables.compact import read_compact
-from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir, write_table
+from speakerlab.dataio.tables.lists import DataDir, ListError, group_by_speaker, load_data_dir, write_table
 from speakerlab.dataio.tables.trials import IdIndex, read_trial_list
 
 
@@ -55,10 +54,7 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
         read_trial_list(trials, index, lacking=f"not in {root / 'wav.scp'}")
     write_table(root / "utt2num_samples", sorted(lengths.items()))
     if data.utt2spk and not (root / "spk2utt").exists():
-        spk2utt = defaultdict(list)
-        for u in data.utts:
-            spk2utt[data.utt2spk[u]].append(u)
-        write_table(root / "spk2utt", sorted(spk2utt.items()))
+        write_table(root / "spk2utt", sorted(group_by_speaker(data.utts, data.utt2spk).items()))
     read_compact(
         root
     )  # training's compact lists, read once here (speakerlab.dataio.tables.compact): its starts map them
