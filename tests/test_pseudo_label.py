@@ -155,3 +155,26 @@ def test_k_means_seeds_come_from_part_of_a_large_sample():
         assert len(x) > SEED_ROWS
         labels = assign(x, kmeans_centroids(x, 40, 200_000, 0))[0]
         assert purity(labels, who) >= 0.925 and purity(who, labels) >= 0.925
+
+
+@pytest.mark.parametrize("truth", ["lacking", "missing", "bad line"])
+def test_true_labels_that_cannot_be_measured_write_nothing(tmp_path, capsys, truth):
+    """--true-labels is read before the data dir is written: a file lacking an utterance, missing or with a bad line
+    is one error line naming it, and an earlier round's labels in --out stay as they were."""
+    data = corpus(tmp_path)
+    out = tmp_path / "pl"
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(out), "--clusters", "8"]
+    assert main(args + ["--drop", "0"]) == 0
+    before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    u2s = tmp_path / "utt2spk"
+    if truth == "lacking":
+        u2s.write_text("".join(u2s.read_text().splitlines(keepends=True)[1:]))
+    elif truth == "missing":
+        u2s.unlink()
+    else:
+        u2s.write_text("s0-0\n")
+    assert main(args + ["--clusters", "4", "--true-labels", str(u2s)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {u2s}"), err
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == before

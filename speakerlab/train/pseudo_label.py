@@ -140,6 +140,7 @@ def pseudo_label(args) -> Outcome:
             f"{args.embeddings}: no embedding for '{missing[0]}' of {Path(args.data) / 'wav.scp'} "
             f"({len(missing)} missing); embed the whole data dir"
         )
+    truth = true_speakers(args.true_labels, data.utts) if args.true_labels else None  # its errors before any write
     index = {u: i for i, u in enumerate(ids)}
     x = emb[[index[u] for u in data.utts]]
     del emb  # at most two N x D copies alive at once (1 M x 192: 0.77 GB each), not three
@@ -173,15 +174,19 @@ def pseudo_label(args) -> Outcome:
     chosen = labels[keep]
     write_lists(out, utts, data.wav, {u: f"pl{c:06d}" for u, c in zip(utts, chosen)})
     measured = []
-    if args.true_labels:
-        truth_of = {u: s for u, (_, s) in read_utt2spk(args.true_labels).items()}
-        lacking = [u for u in data.utts if u not in truth_of]
-        if lacking:
-            raise ListError(f"{args.true_labels}: no speaker for '{lacking[0]}' ({len(lacking)} utterances)")
-        names = {s: i for i, s in enumerate(sorted(set(truth_of.values())))}
-        truth = np.array([names[truth_of[u]] for u in data.utts])
+    if truth is not None:
         measured = [measure("all", labels, truth), measure("kept", chosen, truth[keep])]
     return Outcome(len(np.unique(chosen)), int(keep.sum()), len(x), measured)
+
+
+def true_speakers(path, utts: List[str]) -> np.ndarray:
+    """The speaker of each of `utts` in the utt2spk `path` as a number `(N,)`; a ListError naming it when one lacks."""
+    truth_of = {u: s for u, (_, s) in read_utt2spk(path).items()}
+    lacking = [u for u in utts if u not in truth_of]
+    if lacking:
+        raise ListError(f"{path}: no speaker for '{lacking[0]}' ({len(lacking)} utterances)")
+    names = {s: i for i, s in enumerate(sorted(set(truth_of.values())))}
+    return np.array([names[truth_of[u]] for u in utts])
 
 
 def measure(what: str, clusters: np.ndarray, truth: np.ndarray) -> str:
