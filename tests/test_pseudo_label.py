@@ -178,3 +178,14 @@ def test_true_labels_that_cannot_be_measured_write_nothing(tmp_path, capsys, tru
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {u2s}"), err
     assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_out_that_is_the_data_dir_is_refused(tmp_path, capsys):
+    """--out naming the --data dir would replace its wav.scp by the kept utterances (those dropped lost)."""
+    data = corpus(tmp_path)
+    wav = (data / "wav.scp").read_text()
+    args = ["--embeddings", str(tmp_path / "emb.npz"), "--data", str(data), "--out", str(data / "."), "--clusters", "8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is the --data dir" in err, err
+    assert (data / "wav.scp").read_text() == wav and not (data / "utt2spk").exists()

@@ -132,6 +132,8 @@ class Outcome:
 
 def pseudo_label(args) -> Outcome:
     out = check_folder_output(args.out)
+    if Path(args.out).resolve() == Path(args.data).resolve():  # its lists would replace those of the utterances
+        raise OutputError(f"--out {args.out} is the --data dir: give another folder for the labelled data dir")
     ids, emb = read_embeddings(args.embeddings)
     data = load_data_dir(args.data, need_speakers=False)
     missing = sorted(set(data.utts) - set(ids))
