@@ -147,3 +147,16 @@ def test_an_utterance_below_the_shortest_input_is_refused_in_one_line(ckpt, data
     assert "w2" in ids and np.isfinite(emb).all()
     assert main([*argv, "--max-seconds", f"{need / 16000:.3f}"]) == 2
     assert "cuts chunks shorter than this model's shortest input" in capsys.readouterr().err
+
+
+def test_an_empty_wav_scp_is_one_line_naming_it(ckpt, tmp_path, capsys):
+    """An empty data dir (a stage 10 round on an unlabelled dir whose wav.scp is empty) is refused naming its
+    wav.scp, not a traceback from the finite check of zero embeddings; no npz is written."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "wav.scp").write_text("")
+    out = tmp_path / "e" / "emb.npz"
+    assert main(["--checkpoint", str(ckpt), "--data", str(empty), "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {empty / 'wav.scp'}: no utterances in it (an empty wav.scp)\n", err
+    assert not out.exists()

@@ -144,6 +144,8 @@ class StreamingExtractor:
         world_size: int = 1,
         store=None,
     ):
+        if not data.utts:  # nothing to embed: an empty npz would only fail later, in whatever reads it
+            raise ListError(f"{data.root / 'wav.scp'}: no utterances in it (an empty wav.scp)")
         self.source = unit_source(embedder, data, store)  # the audio's missing files are reported here
         self.embedder, self.data, self.out = embedder, data, Path(out)
         self.parts = self.out.with_name(self.out.name + ".parts")
