@@ -51,3 +51,18 @@ def test_every_trial_list_of_the_data_dir_is_checked(tmp_path, capsys):
     assert f"{root / 'trials_h'}: 1 trial line(s) name ids not in {root / 'wav.scp'}" in err
     assert f"{root / 'trials_h'}:2: 'z-0'" in err
     assert not (root / "utt2num_samples").exists()
+
+
+def test_an_empty_wav_scp_is_one_line_naming_it(tmp_path, capsys):
+    """An empty data dir (an unlabelled dir whose wav.scp came out empty) is refused at stage 2 naming its wav.scp,
+    not summarised as '0 utterances, unlabelled (no utt2spk)' (which it also said beside an empty utt2spk)."""
+    for labelled in (False, True):
+        root = tmp_path / f"empty{labelled}"
+        root.mkdir()
+        (root / "wav.scp").write_text("")
+        if labelled:
+            (root / "utt2spk").write_text("")
+        assert main(["--data", str(root)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {root / 'wav.scp'}: no utterances in it (an empty wav.scp)\n", err
+        assert sorted(p.name for p in root.iterdir()) == ["utt2spk"] * labelled + ["wav.scp"]

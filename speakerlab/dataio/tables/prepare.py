@@ -47,6 +47,8 @@ def prepare(data_dir, sample_rate: int = 16000, jobs: int = 4) -> str:
     """Validate `data_dir` and write its index files; returns a one-line summary."""
     root = Path(data_dir)
     data = load_data_dir(root, need_speakers=(root / "utt2spk").exists())
+    if not data.utts:  # nothing to train on, embed or score: stop at the stage that prepares it
+        raise ListError(f"{root / 'wav.scp'}: no utterances in it (an empty wav.scp)")
     data.check_audio_exists()
     lengths = index_lengths(data, sample_rate, jobs)
     index = IdIndex(data.utts, str(root / "wav.scp"))
