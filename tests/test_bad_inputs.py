@@ -642,6 +642,40 @@ def test_pseudo_label_rounds_need_a_run_without_labels(recipe, tmp_path):
     )
 
 
+def test_a_rerun_round_never_rewrites_the_labels_its_model_was_trained_on(tmp_path):
+    """pseudo_label_rounds (egs/tools/common.sh) with stub commands: `speakerlab-pseudo-label` writes the labels of
+    $LABEL, `speakerlab-train` leaves a checkpoint. A rerun with the same clusters trains on as before; with other
+    clusters (another --clusters or --drop) it once replaced the trained round's labels and then stopped on 'trained on
+    another speaker list': now the labels stay and the error names them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {
+        "speakerlab-extract": "",
+        "speakerlab-prepare": "",
+        "speakerlab-pseudo-label": 'while [ "$1" != --out ]; do shift; done; out=$2; mkdir -p "$out"; '
+        'echo "u1 $LABEL" > "$out/utt2spk"',
+        "speakerlab-train": 'while [ "$1" != --exp-dir ]; do shift; done; mkdir -p "$2/checkpoints"; '
+        'touch "$2/checkpoints/epoch_001.pt"; echo TRAINED',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = f'. {ROOT}/egs/tools/common.sh; launch() {{ "$@"; }}; hardware=cpu; pseudo_label_rounds 1 exp/ssl data/u c'
+    labels = tmp_path / "data" / "u_ssl_pl1" / "utt2spk"
+
+    def rounds(label):
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LABEL": label}
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+    assert rounds("pl0").returncode == 0 and labels.read_text() == "u1 pl0\n"
+    r = rounds("pl0")
+    assert r.returncode == 0 and "TRAINED" in r.stdout and labels.read_text() == "u1 pl0\n"
+    r = rounds("pl1")
+    assert r.returncode == 2 and "TRAINED" not in r.stdout and labels.read_text() == "u1 pl0\n"
+    assert r.stderr.splitlines()[-1].startswith("error: data/u_ssl_pl1/utt2spk: exp/ssl_pl1 was trained on these")
+    assert sorted(p.name for p in labels.parent.parent.iterdir()) == ["u_ssl_pl1"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

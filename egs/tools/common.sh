@@ -245,7 +245,8 @@ pseudo_label_stage() {
 # trains the supervised CONFIG on it into EXP_pl<r>, initialised from the last model (train.init: its backbone; a new
 # classifier). The labels are named after the round's model, so that rounds from another start (--exp) never
 # rewrite those a model was trained on. Re-running skips nothing it cannot redo cheaply: the embeddings and clusters
-# are rewritten (the same ones from the same model), the training resumes.
+# are rewritten (the same ones from the same model), the training resumes. Once a round has a checkpoint, its labels
+# are never rewritten: clusters that differ from them (another --clusters or --drop) stop the rerun with an error.
 pseudo_label_rounds() {
   local rounds="$1" prev="$2" unlabelled="$3" config="$4" r
   shift 4
@@ -254,9 +255,22 @@ pseudo_label_rounds() {
     local exp="${base}_pl$r"
     local dir="${unlabelled}_$(basename "$exp")"
     local emb="$prev/embeddings/$(basename "$unlabelled").npz"
+    local out="$dir"
+    if compgen -G "$exp/checkpoints/*.pt" >/dev/null && [ -f "$dir/utt2spk" ]; then
+      out="$dir.again"  # a trained round: its labels are compared with this clustering, not replaced by it
+    fi
     log "stage 10: pseudo-label round $r of $rounds: embed $unlabelled with $prev, cluster -> $dir, train -> $exp"
     speakerlab-extract --checkpoint "$prev" --data "$unlabelled" --out "$emb"
-    speakerlab-pseudo-label --embeddings "$emb" --data "$unlabelled" --out "$dir" $pseudo_label_opts
+    speakerlab-pseudo-label --embeddings "$emb" --data "$unlabelled" --out "$out" $pseudo_label_opts
+    if [ "$out" != "$dir" ]; then
+      if ! cmp -s "$out/utt2spk" "$dir/utt2spk"; then
+        rm -rf "$out"
+        echo "error: $dir/utt2spk: $exp was trained on these labels and this round's clusters differ (another" \
+          "--clusters or --drop?): they are kept; delete $exp and $dir to train the round on new ones" >&2
+        exit 2
+      fi
+      rm -rf "$out"
+    fi
     speakerlab-prepare --data "$dir"
     launch speakerlab-train --config "$config" --exp-dir "$exp" --hardware "$hardware" data.train="$dir" \
       train.init="$prev" "$@"
