@@ -122,6 +122,8 @@ def test_embeddings_missing_an_utterance_is_one_line(tmp_path, capsys):
         (["--clusters", "8", "--min-size", "0"], "--min-size must be 1 or more, got 0"),
         # A rule that keeps no two clusters would write a data dir that training then refuses
         (["--clusters", "8", "--min-size", "50"], "8 clusters of 84 utterances leave 0 cluster(s) of --min-size 50"),
+        # A cut above every distance: one cluster, once reported as "give --clusters between 2 and 84"
+        (["--estimate", "--threshold", "1.99"], "error: --estimate: AHC at --threshold 1.99 made 1 cluster of 84"),
         # The whole set clustered into nearly as many clusters as utterances: no count, nothing to train on
         (
             ["--estimate", "--threshold", "0.001"],
@@ -137,7 +139,8 @@ def test_settings_that_cannot_give_pseudo_labels_are_one_line_and_write_nothing(
     except SystemExit as e:  # the argument checks: argparse's usage line, then the error
         code = e.code
     err = capsys.readouterr().err
-    assert code == 2 and message in err and "Traceback" not in err, err
+    assert code == 2 and message in err and "Traceback" not in err and err.count("error:") == 1, err
+    assert "AHC found" not in err  # no count printed before an error about it
     assert not (tmp_path / "pl").exists()
 
 

@@ -150,8 +150,13 @@ def pseudo_label(args) -> Outcome:
     k = args.clusters
     if args.estimate:
         k, found, n = estimate_count(x, args.threshold, args.estimate_sample, args.seed)
+        sampled = "sampled " if n < len(x) else ""
+        if found < 2:  # one cluster (a cut above every distance, or collapsed embeddings): nothing to train on
+            raise ListError(
+                f"--estimate: AHC at --threshold {args.threshold} made 1 cluster of {n} {sampled}utterances: "
+                "lower --threshold or give --clusters"
+            )
         if found > n / 2:  # fewer than two utterances per cluster: nothing to scale from, nor to train on
-            sampled = "sampled " if n < len(x) else ""
             raise ListError(
                 f"--estimate: AHC at --threshold {args.threshold} made {found} clusters of {n} {sampled}utterances, "
                 "too few utterances per cluster to estimate the count: raise --threshold"
