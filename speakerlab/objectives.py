@@ -70,7 +70,7 @@ def check_dino(d: DinoSettings, crop_seconds: float) -> None:
     """The rules that tie the dino section's keys to each other and to data.crop_seconds (ConfigError naming the
     key)."""
     for key, seconds in (("dino.global_seconds", d.global_seconds), ("dino.local_seconds", d.local_seconds)):
-        if seconds > crop_seconds:
+        if seconds > crop_seconds and (key != "dino.local_seconds" or d.local_crops):  # no local crops: unused
             raise ConfigError(
                 f"config key '{key}' ({seconds:g}) must be <= data.crop_seconds ({crop_seconds:g}): the crops "
                 "are cut from the loaded training crop"

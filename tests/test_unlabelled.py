@@ -84,3 +84,12 @@ def test_data_labels_against_the_objective(tmp_path):
     labelled = make_data_dir(tmp_path / "l", {"a-1": "a", "b-1": "b"}, seconds=0.25)
     data = load_train_lists(config(tmp_path, labelled, *DINO), print)  # auto: labels not read
     assert data.speakers == [] and data.labels.tolist() == [UNLABELLED] * 2
+
+
+def test_local_seconds_bind_the_crop_only_when_there_are_local_crops(tmp_path):
+    """SimCLR (no local crops) on crops shorter than the unused dino.local_seconds was refused naming that key."""
+    root = unlabelled_dir(tmp_path / "d")
+    simclr = ("loss.name=dino", "dino.global_seconds=0.1", "dino.distill_weight=0", "dino.contrastive_weight=1")
+    assert config(tmp_path, root, *simclr, "dino.local_crops=0").dino.local_seconds == 2  # its default, unused
+    with pytest.raises(ConfigError, match=r"'dino.local_seconds' \(2\) must be <= data.crop_seconds \(0.2\)"):
+        config(tmp_path, root, "loss.name=dino", "dino.global_seconds=0.1")  # DINO's 4 local crops of 2 s
