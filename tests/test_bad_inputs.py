@@ -118,6 +118,18 @@ def test_utt2spk_entry_without_audio_named(tmp_path, capsys):
     assert f"{train / 'utt2spk'}:17: utterance 's9-0' is not in wav.scp" in capsys.readouterr().err
 
 
+def test_fewer_utterances_than_one_global_batch_names_the_key(tmp_path, capsys):
+    """16 utterances and a global batch of 32: not one step of an epoch; the error names the key that decides it."""
+    cfg, _ = tiny_config(tmp_path, val=False)
+    args = ["train.global_batch_size=32", "hardware.per_device_batch=8"]
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "x"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: config key 'train.global_batch_size' (32): 16 training utterances are fewer than one global batch "
+        "(32) of data.train: lower it or train on more utterances"
+    ), err
+
+
 def test_stale_length_index_found_at_start(tmp_path, capsys):
     cfg, train = tiny_config(tmp_path, val=False)
     assert prepare_main(["--data", str(train)]) == 0

@@ -169,6 +169,10 @@ def collate(items: Sequence[Dict[str, object]]) -> Dict[str, object]:
     }
 
 
+class TooFewItems(ValueError):
+    """Fewer training items than one global batch: not one step of an epoch could be drawn."""
+
+
 def check_split(global_batch: int, micro_batch: int, accumulation: int, world_size: int) -> None:
     """A global batch is world size x accumulation x micro batch, exactly (both batch orders need it)."""
     if micro_batch * accumulation * world_size != global_batch:
@@ -204,7 +208,7 @@ class GlobalBatchSampler(Sampler[List[Item]]):
         self.epoch_items = sum(_drawn(n, w) for n, w in self.blocks)
         if self.epoch_items < global_batch:
             what = f"{num_items} training utterances" + (" (weighted)" if self.epoch_items != num_items else "")
-            raise ValueError(f"{what} are fewer than one global batch ({global_batch})")
+            raise TooFewItems(f"{what} are fewer than one global batch ({global_batch})")
         self.num_items, self.global_batch = num_items, global_batch
         self.micro_batch, self.accumulation = micro_batch, accumulation
         self.rank, self.world_size, self.seed = rank, world_size, seed

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from speakerlab.dataio.audio import read_crop_int16
-from speakerlab.dataio.loaders.batches import CropDataset, check_split, collate
+from speakerlab.dataio.loaders.batches import CropDataset, TooFewItems, check_split, collate
 from speakerlab.dataio.loaders.shards import SHARDS_JSON, import_webdataset, key_index, load_index
 from speakerlab.dataio.tables.columns import FixedView, JoinedView
 from speakerlab.dataio.tables.lists import ListError
@@ -67,7 +67,7 @@ class ShardStream(IterableDataset):
         self.root = Path(shard_dir)
         index, where = load_index(self.root), self.root / SHARDS_JSON
         if index["total"] < global_batch:
-            raise ValueError(f"{where}: {index['total']} utterances are fewer than one global batch ({global_batch})")
+            raise TooFewItems(f"{where}: {index['total']} utterances are fewer than one global batch ({global_batch})")
         self.files = [s["file"] for s in index["shards"]]
         self.counts = np.array([s["count"] for s in index["shards"]], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])  # written index of each shard's first sample

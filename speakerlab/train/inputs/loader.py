@@ -15,8 +15,8 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import torch
 
-from speakerlab.config import SELF_SUPERVISED, Config, needs_labels
-from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, collate
+from speakerlab.config import SELF_SUPERVISED, Config, ConfigError, needs_labels
+from speakerlab.dataio.loaders.batches import CropDataset, GlobalBatchSampler, TooFewItems, collate
 from speakerlab.dataio.loaders.shard_stream import ShardStream, pass_batch
 from speakerlab.dataio.loaders.shards import load_shard_data
 from speakerlab.dataio.tables.compact import CompactLists, read_compact, subset_data_dir, without_labels
@@ -169,13 +169,19 @@ def make_loader(
     if hw.num_workers > 0:
         workers.update(prefetch_factor=hw.prefetch_factor, persistent_workers=False)
     split = (plan.global_batch, plan.per_device, plan.accumulation, info.rank, info.world_size, cfg.train.seed)
-    if cfg.data.shards:
-        stream = ShardStream(cfg.data.shards, *split, cfg.data.shuffle_buffer, **cropping)
-        return torch.utils.data.DataLoader(stream, batch_size=None, collate_fn=pass_batch, **workers), stream
-    if cfg.data.feats:
-        dataset = feature_dataset(cfg, data, crop)
-    else:
-        dataset = CropDataset(data.paths, data.labels, data.lengths, **cropping)
-    sampler = GlobalBatchSampler(len(dataset), *split, blocks=data.blocks)
+    try:
+        if cfg.data.shards:
+            stream = ShardStream(cfg.data.shards, *split, cfg.data.shuffle_buffer, **cropping)
+            return torch.utils.data.DataLoader(stream, batch_size=None, collate_fn=pass_batch, **workers), stream
+        if cfg.data.feats:
+            dataset = feature_dataset(cfg, data, crop)
+        else:
+            dataset = CropDataset(data.paths, data.labels, data.lengths, **cropping)
+        sampler = GlobalBatchSampler(len(dataset), *split, blocks=data.blocks)
+    except TooFewItems as e:  # not one step of an epoch: name the keys that decide it
+        raise ConfigError(
+            f"config key 'train.global_batch_size' ({plan.global_batch}): {e} of data.train: lower it or train on "
+            "more utterances"
+        ) from None
     collate_fn = collate_feats if cfg.data.feats else collate
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **workers), sampler
