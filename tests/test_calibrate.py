@@ -101,6 +101,17 @@ def test_embeddings_of_two_models_or_of_none_are_refused(sets, tmp_path, capsys)
     assert not (tmp_path / "c.json").exists()
 
 
+def test_an_output_over_an_input_is_refused_and_the_input_kept(sets, tmp_path, capsys):
+    """--out naming a trial list, an embeddings file or a data dir's utt2dur that the command reads: one line naming
+    it, exit 2, the input as it was."""
+    for victim in (sets / "cal/trials", sets / "cal.npz", sets / "ev/utt2dur"):
+        before = victim.read_bytes()
+        assert calibrate(sets, "--out", victim) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {victim}: an input of this command; writing an output there would replace it"]
+        assert victim.read_bytes() == before
+
+
 def test_prior_weighting_serves_the_prior_it_was_fitted_at():
     # Target scores wider than nontarget ones: the true LLR is quadratic in the score, so a linear calibration can be
     # right near one operating point only. Weighted at p = 0.01 (the recipe's prior, speakerlab-calibrate's default

@@ -274,6 +274,23 @@ def test_bad_non_finite_embeddings(tmp_path, capsys):
     assert code == 2 and f"{tmp_path / 'nan.npz'}: 1 embedding(s) are not finite, e.g. '{ids[3]}'" in err
 
 
+def test_bad_output_over_an_input(tmp_path, capsys):
+    """--table, or a file of an --out prefix, naming a file the command reads: one line naming it, the input kept."""
+    ids, _ = _case(tmp_path)
+    trials, utt2spk = tmp_path / "A" / "trials", tmp_path / "o.result"  # o.result: the prefix o's result file
+    utt2spk.write_text("".join(f"{u} {u.split('/')[0]}\n" for u in ids))
+    inputs = {p: p.read_text() for p in (trials, utt2spk)}
+    base = ["--embeddings", str(tmp_path / "emb.npz"), "--trials", str(trials), "--no-plots"]
+    for extra, victim in (
+        (["--out", str(tmp_path / "s"), "--table", str(trials)], trials),
+        (["--out", str(tmp_path / "o"), "--utt2spk", str(utt2spk)], utt2spk),
+    ):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {victim}: an input of this command; writing an output there would replace it"
+    assert {p: p.read_text() for p in inputs} == inputs and not list(tmp_path.glob("s.*"))
+
+
 def test_bad_arguments_exit_2(tmp_path, capsys):
     _case(tmp_path)
     with pytest.raises(SystemExit) as e:

@@ -67,6 +67,7 @@ from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.devices import use_threads
 from speakerlab.inference.common import NonFiniteEmbedding, add_source_args, check_finite, read_wave, warn_stderr
 from speakerlab.inference.verify import Decision, decide, exp_dir_of, find_calibration
+from speakerlab.outputs import check_not_input
 from speakerlab.scoring.calibration_file import CalibrationError
 from speakerlab.scoring.metrics import eer_point, error_rates
 
@@ -302,6 +303,8 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     try:
         npz, kaldi = output_paths(args.out, args.kaldi)
+        model_files = [args.checkpoint, args.weights, args.redimnet2, args.onnx]
+        check_not_input([npz, *(kaldi_paths(npz) if kaldi else ())], [args.wav_scp, *model_files])
         embedder = source_embedder(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
         write_embeddings(npz, ids, emb, kaldi, embedder.model_id)

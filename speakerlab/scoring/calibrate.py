@@ -27,6 +27,7 @@ fitting lists' impostor maxima over galleries of their own speakers (speakerlab.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,8 +36,17 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.tables.lists import ListError
 from speakerlab.dataio.tables.trials import TrialList
-from speakerlab.outputs import OutputError
-from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, min_cllr, read_durations
+from speakerlab.outputs import OutputError, check_not_input
+from speakerlab.scoring.calibration import (
+    DURATION_FILES,
+    FEATURES,
+    FEATURES_NO_DUR,
+    QMF,
+    act_dcf,
+    cllr,
+    min_cllr,
+    read_durations,
+)
 from speakerlab.scoring.calibration_file import (
     Calibration,
     CalibrationError,
@@ -134,6 +144,10 @@ def line(name: str, m: Dict) -> str:
 
 def run(args) -> Calibration:
     """The command without argument parsing: fit, measure, write -> the Calibration."""
+    dirs = [Path(d) for d in args.durations or []]
+    dur_files = [f for d in dirs for f in ([d / n for n in DURATION_FILES] if d.is_dir() else [d])]
+    inputs = [*args.trials, *args.embeddings, *(args.eval_trials or []), *(args.eval_embeddings or []), *dur_files]
+    check_not_input([args.out], inputs)
     durations = read_durations(args.durations, args.sample_rate) if args.durations else None
     dur_source = " ".join(args.durations or [])
     fit = score_lists(args.trials, args.embeddings, durations, dur_source)

@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.tables.lists import ListError, read_utt2spk
-from speakerlab.outputs import check_folder_output, write_text
+from speakerlab.outputs import OutputError, check_folder_output, check_not_input, write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, read_durations
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
 from speakerlab.scoring.norm import Cohort
@@ -150,6 +150,10 @@ def run(args) -> List[Dict]:
     from speakerlab.scoring.report import eer_text, markdown_table, result_line, write_json, write_scores
 
     names, prefixes, table, _ = output_prefixes(args.trials, args.out, args.names)
+    table = Path(args.table) if args.table else table
+    outputs = [table, *(f"{p}.{ext}" for p in prefixes for ext in ("scores", "result", "json", "det.png", "hist.png"))]
+    inputs = [args.embeddings, *args.trials, args.cohort, args.cohort_utt2spk, args.qmf_train, args.qmf_embeddings]
+    check_not_input(outputs, [*inputs, *(args.durations or []), *(args.utt2spk or [])])
     cohort = None
     if args.cohort:
         c_ids, c_emb = read_embeddings(args.cohort)
@@ -213,7 +217,6 @@ def run(args) -> List[Dict]:
             print(f"warning: {s['warning']}: EER {eer_text(s)}", file=sys.stderr)
         summaries.append(s)
     text = markdown_table(summaries)
-    table = Path(args.table) if args.table else table
     write_text(table, text)
     print(text, end="")
     return summaries
@@ -227,7 +230,7 @@ def main(argv=None) -> int:
         output_prefixes(args.trials, args.out, args.names)
     except ValueError as e:
         ap.error(str(e))  # exit code 2, as for any bad argument
-    return run_command(lambda: run(args), (ListError,))
+    return run_command(lambda: run(args), (ListError, OutputError))
 
 
 if __name__ == "__main__":
