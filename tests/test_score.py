@@ -289,6 +289,11 @@ def test_bad_output_over_an_input(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err == f"error: {victim}: an input of this command; writing an output there would replace it"
     assert {p: p.read_text() for p in inputs} == inputs and not list(tmp_path.glob("s.*"))
+    # a folder as --table: one line before any scoring, not a traceback after it
+    assert main([*base, "--out", str(tmp_path / "s"), "--table", str(tmp_path / "A")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {tmp_path / 'A'} is a folder, not a file: give the path of the file to write"
+    assert not list(tmp_path.glob("s.*"))
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):

@@ -154,6 +154,9 @@ def run(args) -> List[Dict]:
     outputs = [table, *(f"{p}.{ext}" for p in prefixes for ext in ("scores", "result", "json", "det.png", "hist.png"))]
     inputs = [args.embeddings, *args.trials, args.cohort, args.cohort_utt2spk, args.qmf_train, args.qmf_embeddings]
     check_not_input(outputs, [*inputs, *(args.durations or []), *(args.utt2spk or [])])
+    folder = next((o for o in outputs if Path(o).is_dir()), None)
+    if folder is not None:  # found here, not after the scoring when the table is written
+        raise OutputError(f"{folder} is a folder, not a file: give the path of the file to write")
     cohort = None
     if args.cohort:
         c_ids, c_emb = read_embeddings(args.cohort)
