@@ -140,6 +140,12 @@ def test_enrol_and_identify_commands_on_a_checkpoint(tmp_path, capsys):
     assert run_identify([gal, files[0], "--checkpoint", str(bare)]) == 2
     assert "no calibration of this model" in capsys.readouterr().err
     assert run_enrol(["remove", gal, "bob"]) == 0 and read_gallery(gal).names() == ["alice"]
+    assert run_enrol(["remove", gal, "alice"]) == 0 and read_gallery(gal).names() == []
+    capsys.readouterr()
+    assert run_identify([gal, files[0], *src]) == 2  # an emptied gallery: one line naming it
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {gal}: no speaker enrolled: speakerlab-enrol add {gal} NAME FILES..."
+    ]
 
 
 def test_enrol_and_identify_from_onnx_without_torch(tmp_path):
