@@ -144,6 +144,19 @@ def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, f
     return scorer
 
 
+def same_model(paths: Sequence[Optional[str]]) -> None:
+    """A ListError naming two of the embeddings files `paths` that record different models (`model_id`): a cohort or a
+    QMF fitted on another model's embeddings normalises or calibrates nothing. Files without a model_id pass."""
+    ids = {p: embeddings_model_id(p) for p in paths if p is not None}
+    known = [(p, m) for p, m in ids.items() if m]
+    other = next(((p, m) for p, m in known if m != known[0][1]), None)
+    if other is not None:
+        raise ListError(
+            f"{other[0]}: embeddings of model {other[1][:12]}, {known[0][0]}: of {known[0][1][:12]}; "
+            "scores, cohort and calibration need embeddings of one model"
+        )
+
+
 def run(args) -> List[Dict]:
     """The command without argument parsing: score every list, write the outputs -> summaries."""
     from speakerlab.scoring.plots import plot_det, plot_histogram
@@ -157,6 +170,7 @@ def run(args) -> List[Dict]:
     folder = next((o for o in outputs if Path(o).is_dir()), None)
     if folder is not None:  # found here, not after the scoring when the table is written
         raise OutputError(f"{folder} is a folder, not a file: give the path of the file to write")
+    same_model([args.embeddings, args.cohort, args.qmf_embeddings])
     cohort = None
     if args.cohort:
         c_ids, c_emb = read_embeddings(args.cohort)
