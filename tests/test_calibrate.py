@@ -10,6 +10,7 @@ from itertools import product
 import numpy as np
 import pytest
 
+from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings, write_embeddings
 from speakerlab.scoring.calibrate import main
 from speakerlab.scoring.calibration import QMF, act_dcf, cllr, min_cllr
 from speakerlab.scoring.calibration_file import CalibrationError, read_calibration
@@ -110,6 +111,27 @@ def test_an_output_over_an_input_is_refused_and_the_input_kept(sets, tmp_path, c
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: {victim}: an input of this command; writing an output there would replace it"]
         assert victim.read_bytes() == before
+
+
+def test_eval_lists_need_names_of_their_own(sets, tmp_path, capsys):
+    """Each --eval-trials list's metrics are stored under its name: a repeated name (or list given twice, as with two
+    croppings' embeddings of one list) or the fitting lists' 'fit' is refused before the work, not one replacing
+    another's."""
+    ids, emb = read_embeddings(sets / "ev.npz")
+    crops = write_embeddings(tmp_path / "ev_crops.npz", ids, emb * 2, model_id=embeddings_model_id(sets / "ev.npz"))
+    ev = ["--eval-trials", sets / "ev/trials", sets / "ev/trials", "--eval-embeddings", sets / "ev.npz", crops]
+    out = tmp_path / "c.json"
+    for names, said in (
+        ([], f"--eval-trials (give --eval-names): '{sets / 'ev/trials'}' names two lists' metrics"),
+        (["--eval-names", "a", "a"], "--eval-names: 'a' names two lists' metrics"),
+        (["--eval-names", "a", "fit"], "--eval-names: 'fit' names two lists' metrics ('fit' is the fitting lists')"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            calibrate(sets, *ev, *names, "--out", out)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not out.exists()
+    assert calibrate(sets, *ev, "--eval-names", "full", "again", "--out", out) == 0
+    assert set(read_calibration(out).metrics) == {"fit", "full", "again"}
 
 
 def test_prior_weighting_serves_the_prior_it_was_fitted_at():

@@ -218,6 +218,11 @@ def main(argv=None) -> int:
         ap.error("--eval-trials and --eval-embeddings go together")
     if args.eval_names and len(args.eval_names) != len(args.eval_trials or []):
         ap.error("--eval-names: one name per --eval-trials list")
+    names = args.eval_names or args.eval_trials or []
+    again = next((n for k, n in enumerate(names) if n in names[:k] or n == "fit"), None)
+    if again is not None:  # each list's metrics are stored under its name: a repeated one would replace another's
+        what = "--eval-names" if args.eval_names else "--eval-trials (give --eval-names)"
+        ap.error(f"{what}: '{again}' names two lists' metrics ('fit' is the fitting lists'): give each its own name")
     if any(not 0 < p < 1 for p in args.p_target + ([args.fit_prior] if args.fit_prior is not None else [])):
         ap.error("--p-target and --fit-prior values must lie in (0, 1)")
     return run_command(lambda: run(args), (ListError, CalibrationError, OutputError, ValueError))
