@@ -134,6 +134,20 @@ def test_eval_lists_need_names_of_their_own(sets, tmp_path, capsys):
     assert set(read_calibration(out).metrics) == {"fit", "full", "again"}
 
 
+def test_an_eval_list_that_was_fitted_on_is_refused(sets, tmp_path, capsys):
+    """An --eval-trials list with the bytes of a --trials list (a copy, as a recipe's --cal_set of the test dir gives)
+    would be reported as held out: one line naming both, nothing written."""
+    copy = tmp_path / "trials"
+    copy.write_bytes((sets / "cal/trials").read_bytes())
+    out = tmp_path / "c.json"
+    assert calibrate(sets, "--eval-trials", copy, "--eval-embeddings", sets / "cal.npz", "--out", out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {copy}: the trials of --trials {sets / 'cal/trials'}, fitted on: not held out; measure on another list"
+    ]
+    assert not out.exists()
+
+
 def test_prior_weighting_serves_the_prior_it_was_fitted_at():
     # Target scores wider than nontarget ones: the true LLR is quadratic in the score, so a linear calibration can be
     # right near one operating point only. Weighted at p = 0.01 (the recipe's prior, speakerlab-calibrate's default

@@ -13,8 +13,8 @@ extrapolates.
 
 Reported per list, printed one line each and stored in the file's `metrics`: EER, Cllr and min-Cllr (bits),
 actDCF and minDCF at each `--p-target` (c_miss = c_fa = 1). On the `--eval-trials` lists (held out: never part of
-the fit) also the FAR measured at the stored FAR thresholds, with its speaker-bootstrap interval
-(speakerlab.scoring.interval.far_interval).
+the fit; a list with the bytes of a `--trials` list is refused) also the FAR measured at the stored FAR thresholds,
+with its speaker-bootstrap interval (speakerlab.scoring.interval.far_interval).
 
 The file (speakerlab.scoring.calibration_file): the QMF, the model digest every embeddings file must share (the
 `model_id` speakerlab-extract records; files of two models, or of none, are refused), the lists it was fitted on
@@ -142,6 +142,16 @@ def line(name: str, m: Dict) -> str:
     return text
 
 
+def held_out(args) -> None:
+    """A ListError naming it when an --eval-trials list is one of the --trials lists fitted on (the same bytes, on
+    whatever embeddings): its FAR and costs would be reported as held-out while measured on the fit's own trials."""
+    fitted = {file_digest(t): t for t in args.trials if Path(t).is_file()}
+    for t in args.eval_trials or []:
+        same = fitted.get(file_digest(t)) if Path(t).is_file() else None
+        if same is not None:
+            raise ListError(f"{t}: the trials of --trials {same}, fitted on: not held out; measure on another list")
+
+
 def run(args) -> Calibration:
     """The command without argument parsing: fit, measure, write -> the Calibration."""
     dirs = [Path(d) for d in args.durations or []]
@@ -150,6 +160,7 @@ def run(args) -> Calibration:
     check_not_input([args.out], inputs)
     durations = read_durations(args.durations, args.sample_rate) if args.durations else None
     dur_source = " ".join(args.durations or [])
+    held_out(args)
     fit = score_lists(args.trials, args.embeddings, durations, dur_source)
     held = score_lists(args.eval_trials, args.eval_embeddings, durations, dur_source) if args.eval_trials else None
     model_id = one_model({**fit.model_ids, **(held.model_ids if held else {})})
