@@ -16,7 +16,8 @@ because the writers that take a path may add suffixes or seek. `-` means standar
 is text (`output_file(path, allow_stdout=True)`). A folder as the target is an OutputError naming it; a command whose
 output is a folder of files checks it with `check_folder_output` before its work (a device, a pipe or a file there is
 refused in one line: `folder_problem`) and writes each file in it through `output_file`. tests/test_outputs_devices.py
-runs every command that writes a file with its output on a character device.
+runs every command that writes a file with its output on a character device. An output that is one of the command's
+own input files is refused before the work (`check_not_input`): writing it would replace what the command reads.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import IO, Iterator, Optional, Union
+from typing import IO, Iterable, Iterator, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -145,6 +146,20 @@ def check_path_output(path: PathLike) -> Path:
     if kind == "special":
         raise OutputError(f"{path} is not a regular file (a device or a pipe): this output is written only to a file")
     return real
+
+
+def check_not_input(outputs: Iterable[PathLike], inputs: Iterable[Optional[PathLike]]) -> None:
+    """An OutputError naming both when one of `outputs` is one of the command's existing input files (the same file,
+    links followed; a device such as /dev/null may be both): writing it would replace what the command reads.
+    Commands call it before their work."""
+    files = [Path(i) for i in inputs if i is not None and _kind(Path(i)) == "file"]
+    for out in outputs:
+        if _kind(Path(out)) != "file":
+            continue
+        same = next((i for i in files if os.path.samefile(out, i)), None)
+        if same is not None:
+            alias = "" if str(same) == str(out) else f" (as {same})"
+            raise OutputError(f"{out}: an input of this command{alias}; writing an output there would replace it")
 
 
 def folder_problem(path: PathLike, writable: bool = True) -> Optional[str]:

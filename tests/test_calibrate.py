@@ -10,6 +10,7 @@ from itertools import product
 import numpy as np
 import pytest
 
+from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings, write_embeddings
 from speakerlab.scoring.calibrate import main
 from speakerlab.scoring.calibration import QMF, act_dcf, cllr, min_cllr
 from speakerlab.scoring.calibration_file import CalibrationError, read_calibration
@@ -99,6 +100,52 @@ def test_embeddings_of_two_models_or_of_none_are_refused(sets, tmp_path, capsys)
     assert main(["--trials", str(anon / "trials"), "--embeddings", str(tmp_path / "an.npz"), "--out", "x.json"]) == 2
     assert "without a model digest" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_an_output_over_an_input_is_refused_and_the_input_kept(sets, tmp_path, capsys):
+    """--out naming a trial list, an embeddings file or a data dir's utt2dur that the command reads: one line naming
+    it, exit 2, the input as it was."""
+    for victim in (sets / "cal/trials", sets / "cal.npz", sets / "ev/utt2dur"):
+        before = victim.read_bytes()
+        assert calibrate(sets, "--out", victim) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {victim}: an input of this command; writing an output there would replace it"]
+        assert victim.read_bytes() == before
+
+
+def test_eval_lists_need_names_of_their_own(sets, tmp_path, capsys):
+    """Each --eval-trials list's metrics are stored under its name: a repeated name (or list given twice, as with two
+    croppings' embeddings of one list) or the fitting lists' 'fit' is refused before the work, not one replacing
+    another's."""
+    ids, emb = read_embeddings(sets / "ev.npz")
+    crops = write_embeddings(tmp_path / "ev_crops.npz", ids, emb * 2, model_id=embeddings_model_id(sets / "ev.npz"))
+    ev = ["--eval-trials", sets / "ev/trials", sets / "ev/trials", "--eval-embeddings", sets / "ev.npz", crops]
+    out = tmp_path / "c.json"
+    for names, said in (
+        ([], f"--eval-trials (give --eval-names): '{sets / 'ev/trials'}' names two lists' metrics"),
+        (["--eval-names", "a", "a"], "--eval-names: 'a' names two lists' metrics"),
+        (["--eval-names", "a", "fit"], "--eval-names: 'fit' names two lists' metrics ('fit' is the fitting lists')"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            calibrate(sets, *ev, *names, "--out", out)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not out.exists()
+    assert calibrate(sets, *ev, "--eval-names", "full", "again", "--out", out) == 0
+    assert set(read_calibration(out).metrics) == {"fit", "full", "again"}
+
+
+def test_an_eval_list_that_was_fitted_on_is_refused(sets, tmp_path, capsys):
+    """An --eval-trials list with the bytes of a --trials list (a copy, as a recipe's --cal_set of the test dir gives)
+    would be reported as held out: one line naming both, nothing written."""
+    copy = tmp_path / "trials"
+    copy.write_bytes((sets / "cal/trials").read_bytes())
+    out = tmp_path / "c.json"
+    assert calibrate(sets, "--eval-trials", copy, "--eval-embeddings", sets / "cal.npz", "--out", out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {copy}: the trials of --trials {sets / 'cal/trials'}, fitted on: not held out; measure on another list"
+    ]
+    assert not out.exists()
 
 
 def test_prior_weighting_serves_the_prior_it_was_fitted_at():

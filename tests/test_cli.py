@@ -379,6 +379,11 @@ def test_bad_inputs_exit_2_naming_the_file(ckpt, wavs, tmp_path, capsys):
     fails(run_embed, [str(tmp_path / "wav.scp"), str(tmp_path / "e.txt"), *model], tmp_path / "e.txt")
     fails(run_embed, [str(tmp_path / "none.scp"), str(out), *model], tmp_path / "none.scp")
     assert not out.parent.exists()  # nothing written by a failed run
+    # OUT.ark's scp is the wav.scp read: refused before any work, the wav.scp kept
+    scp = write_scp(tmp_path / "o.scp", [("a", wavs[0])])
+    before = scp.read_text()
+    fails(run_embed, [str(scp), str(tmp_path / "o.ark"), *model], f"{scp}: an input of this command")
+    assert scp.read_text() == before and not (tmp_path / "o.npz").exists()
 
 
 def test_verify_uses_the_scoring_stages_threshold_of_this_very_checkpoint(ckpt, tmp_path, capsys):

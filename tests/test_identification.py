@@ -139,7 +139,17 @@ def test_enrol_and_identify_commands_on_a_checkpoint(tmp_path, capsys):
     bare.write_bytes(ckpt.read_bytes())
     assert run_identify([gal, files[0], "--checkpoint", str(bare)]) == 2
     assert "no calibration of this model" in capsys.readouterr().err
+    assert run_identify([gal, files[0], *src, "--fpir", "1e-6"]) == 2  # the FPIR asked for is named, not a FAR alone
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --fpir 1e-06 over 2 speaker(s): not measured"), err
+    assert "analytic threshold's FAR 5e-07 was not measurable" in err[0]
     assert run_enrol(["remove", gal, "bob"]) == 0 and read_gallery(gal).names() == ["alice"]
+    assert run_enrol(["remove", gal, "alice"]) == 0 and read_gallery(gal).names() == []
+    capsys.readouterr()
+    assert run_identify([gal, files[0], *src]) == 2  # an emptied gallery: one line naming it
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {gal}: no speaker enrolled: speakerlab-enrol add {gal} NAME FILES..."
+    ]
 
 
 def test_enrol_and_identify_from_onnx_without_torch(tmp_path):

@@ -274,6 +274,50 @@ def test_bad_non_finite_embeddings(tmp_path, capsys):
     assert code == 2 and f"{tmp_path / 'nan.npz'}: 1 embedding(s) are not finite, e.g. '{ids[3]}'" in err
 
 
+def test_bad_output_over_an_input(tmp_path, capsys):
+    """--table, or a file of an --out prefix, naming a file the command reads: one line naming it, the input kept."""
+    ids, _ = _case(tmp_path)
+    trials, utt2spk = tmp_path / "A" / "trials", tmp_path / "o.result"  # o.result: the prefix o's result file
+    utt2spk.write_text("".join(f"{u} {u.split('/')[0]}\n" for u in ids))
+    inputs = {p: p.read_text() for p in (trials, utt2spk)}
+    base = ["--embeddings", str(tmp_path / "emb.npz"), "--trials", str(trials), "--no-plots"]
+    for extra, victim in (
+        (["--out", str(tmp_path / "s"), "--table", str(trials)], trials),
+        (["--out", str(tmp_path / "o"), "--utt2spk", str(utt2spk)], utt2spk),
+    ):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {victim}: an input of this command; writing an output there would replace it"
+    assert {p: p.read_text() for p in inputs} == inputs and not list(tmp_path.glob("s.*"))
+    # a folder as --table: one line before any scoring, not a traceback after it
+    assert main([*base, "--out", str(tmp_path / "s"), "--table", str(tmp_path / "A")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {tmp_path / 'A'} is a folder, not a file: give the path of the file to write"
+    assert not list(tmp_path.glob("s.*"))
+
+
+def test_bad_cohort_or_qmf_embeddings_of_another_model(tmp_path, capsys):
+    """--cohort or --qmf-embeddings recording another model than --embeddings: one line naming both, nothing
+    written; files that record no model are scored as before."""
+    from speakerlab.dataio.tables.embeddings import read_embeddings, write_embeddings
+
+    _case(tmp_path)
+    for name, model in (("emb", "a" * 64), ("cohort", "b" * 64), ("qmf", "b" * 64)):
+        source = tmp_path / ("emb.npz" if name == "qmf" else f"{name}.npz")
+        write_embeddings(tmp_path / f"{name}_m.npz", *read_embeddings(source), model_id=model)
+    base = ["--embeddings", str(tmp_path / "emb_m.npz"), "--trials", str(tmp_path / "A" / "trials"), "--no-plots"]
+    out = ["--out", str(tmp_path / "o")]
+    for extra, other in (
+        (["--cohort", str(tmp_path / "cohort_m.npz"), "--mean-sub"], "cohort_m.npz"),
+        (["--qmf-train", str(tmp_path / "B" / "trials"), "--qmf-embeddings", str(tmp_path / "qmf_m.npz")], "qmf_m.npz"),
+    ):
+        assert main([*base, *out, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{tmp_path / other}: embeddings of model bbbbbbbbbbbb" in err[0], err
+        assert f"{tmp_path / 'emb_m.npz'}: of aaaaaaaaaaaa" in err[0] and not list(tmp_path.glob("o.*"))
+    assert main([*base, *out, "--cohort", str(tmp_path / "cohort.npz"), "--mean-sub"]) == 0  # no model recorded
+
+
 def test_bad_arguments_exit_2(tmp_path, capsys):
     _case(tmp_path)
     with pytest.raises(SystemExit) as e:

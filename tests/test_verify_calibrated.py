@@ -60,6 +60,24 @@ def test_checkpoint_verify_uses_its_exp_calibration_and_refuses_another(calibrat
     assert len(err) == 1 and "calibration of model ffffffffffff, not of this model" in err[0]
 
 
+def test_far_and_prior_are_refused_where_no_calibration_decides(calibrated, tmp_path, capsys):
+    """--far / --prior with a cosine threshold (--threshold, --calibration) are a usage error, and with no calibration
+    found one error line: never a decision at a cosine threshold that silently ignored them."""
+    root, ckpt, (a, b) = calibrated
+    for extra in (["--threshold", "0.3", "--far", "0.05"], ["--calibration", "t", "--calibration-embeddings", "e.npz"]):
+        with pytest.raises(SystemExit) as e:
+            run_verify(strs(a, b, "--checkpoint", ckpt, *extra, "--prior", "0.2"))
+        assert e.value.code == 2 and "not with --threshold or --calibration" in capsys.readouterr().err
+    bare = tmp_path / "bare" / "checkpoints" / "c.pt"  # the same model, in an exp dir without a calibration
+    bare.parent.mkdir(parents=True)
+    bare.write_bytes(ckpt.read_bytes())
+    assert run_verify(strs(a, b, "--checkpoint", bare, "--far", "0.05")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --far: no calibration of this model")
+    assert run_verify(strs(a, b, "--checkpoint", bare)) == 0  # no --far: the cosine threshold, as before
+    assert capsys.readouterr().out.splitlines()[1].startswith("threshold ")
+
+
 @pytest.mark.slow
 def test_onnx_file_carries_the_calibration_and_decides_as_the_torch_path(calibrated, tmp_path, capsys):
     """The waveform file exported from the exp dir holds its calibration; verify --onnx (in a process without torch)

@@ -116,6 +116,9 @@ def run_identify(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--fpir must lie in (0, 1)")
     try:
         g = read_gallery(args.gallery)
+        if not g.names():  # (speakerlab-enrol remove of the last speaker leaves one)
+            enrol = f"speakerlab-enrol add {args.gallery} NAME FILES..."
+            raise GalleryError(f"{args.gallery}: no speaker enrolled: {enrol}")
         embedder = source_embedder(ap, args)
         g.check_model(embedder.model_id, str(args.gallery))
         found = find_calibration(embedder, args.calibration_file, args.checkpoint, warn_stderr)

@@ -28,7 +28,7 @@ from typing import List, Optional
 import numpy as np
 
 from speakerlab.identification.gallery import Gallery, GalleryError
-from speakerlab.scoring.calibration_file import Calibration
+from speakerlab.scoring.calibration_file import Calibration, CalibrationError
 
 MIN_SECONDS = 1.0
 
@@ -88,7 +88,14 @@ def threshold_note(cal: Calibration, fpir: float, speakers: int) -> str:
 
 def analytic_fpir_threshold(cal: Calibration, fpir: float, speakers: int) -> float:
     """The calibration's single-trial threshold at FAR 1 - (1 - FPIR)^(1/N), N = `speakers` (module docstring)."""
-    return cal.threshold(1.0 - (1.0 - fpir) ** (1.0 / max(speakers, 1)))
+    far = 1.0 - (1.0 - fpir) ** (1.0 / max(speakers, 1))
+    try:
+        return cal.threshold(far)
+    except CalibrationError as e:  # the user asked for an FPIR: say which FAR it needed
+        raise CalibrationError(
+            f"--fpir {fpir:g} over {speakers} speaker(s): not measured by the calibration's open-set curve, and the "
+            f"analytic threshold's {e}"
+        ) from None
 
 
 def identify(

@@ -26,7 +26,8 @@ refused), at the false-alarm rate `--far` (default 1 %):
     probability 0.9854 (same speaker, at prior 0.5)
     threshold llr 2.1080 at FAR 1 % (measured on the calibration lists)
     same speaker                            or: different speakers (same iff llr >= threshold)
-Without a calibration, or with `--threshold` / `--calibration`, it prints three lines:
+Without a calibration, or with `--threshold` / `--calibration`, it prints three lines (and refuses `--far` / `--prior`,
+which only a calibrated decision uses):
     score 0.734512
     threshold 0.412300 (<where it came from>)
     same speaker                            (same iff score >= threshold)
@@ -67,6 +68,7 @@ from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.devices import use_threads
 from speakerlab.inference.common import NonFiniteEmbedding, add_source_args, check_finite, read_wave, warn_stderr
 from speakerlab.inference.verify import Decision, decide, exp_dir_of, find_calibration
+from speakerlab.outputs import check_not_input
 from speakerlab.scoring.calibration_file import CalibrationError
 from speakerlab.scoring.metrics import eer_point, error_rates
 
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from speakerlab.inference.embedder import Embedder
 
 DEFAULT_THRESHOLD = 0.5
+FAR, PRIOR = 0.01, 0.5  # speakerlab-verify's calibrated decision when --far / --prior are not given
 EMBED_CHUNK = 256  # files decoded at a time by speakerlab-embed: bounds memory on long lists
 # ImportError: a model on a self-supervised encoder without the [ssl] extra (the message names it). A checkpoint
 # that cannot be read is a SourceError (a ValueError) by the time it leaves speakerlab.sources.
@@ -166,8 +169,10 @@ def verify_parser() -> argparse.ArgumentParser:
     ap.add_argument("a", help="first audio file (any rate, first channel)")
     ap.add_argument("b", help="second audio file")
     add_source_args(ap, onnx=True)
-    ap.add_argument("--far", type=float, default=0.01, help="calibrated: the false-alarm rate of the decision")
-    ap.add_argument("--prior", type=float, default=0.5, help="calibrated: prior of 'same speaker' in the probability")
+    ap.add_argument("--far", type=float, help=f"calibrated: the false-alarm rate of the decision (default: {FAR})")
+    ap.add_argument(
+        "--prior", type=float, help=f"calibrated: prior of 'same speaker' in the probability (default: {PRIOR})"
+    )
     th = ap.add_mutually_exclusive_group()
     th.add_argument("--calibration-file", metavar="CAL.json", help="a calibration of this model (speakerlab-calibrate)")
     th.add_argument("--threshold", type=float, help="decide 'same speaker' iff score >= this")
@@ -188,6 +193,10 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     if bool(args.calibration) != bool(args.calibration_embeddings):
         ap.error("--calibration and --calibration-embeddings go together")
+    calibrated_only = [o for o, v in (("--far", args.far), ("--prior", args.prior)) if v is not None]
+    if calibrated_only and (args.threshold is not None or args.calibration):
+        ap.error(f"{' and '.join(calibrated_only)}: calibrated decisions only, not with --threshold or --calibration")
+    args.far, args.prior = (FAR if args.far is None else args.far), (PRIOR if args.prior is None else args.prior)
     if not 0 < args.far < 1 or not 0 < args.prior < 1:
         ap.error("--far and --prior must lie in (0, 1)")
     try:
@@ -199,7 +208,14 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
         if args.threshold is None and not args.calibration:
             found = find_calibration(embedder, args.calibration_file, args.checkpoint, warn_stderr)
         if found is not None:
-            decision = decide(emb, tuple(len(w) / embedder.sample_rate for w in waves), found, args.far, args.prior)
+            seconds = tuple(len(w) / embedder.sample_rate for w in waves)
+            decision = decide(emb, seconds, found, args.far, args.prior)
+        elif calibrated_only:
+            raise CalibrationError(
+                f"{' and '.join(calibrated_only)}: no calibration of this model to decide with: give "
+                "--calibration-file, an ONNX file exported with one, or a checkpoint whose exp dir has "
+                "calibration.json (speakerlab-calibrate, recipe stage 8)"
+            )
         else:
             if args.threshold is not None:
                 threshold, source = args.threshold, "--threshold"
@@ -302,6 +318,8 @@ def run_embed(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     try:
         npz, kaldi = output_paths(args.out, args.kaldi)
+        model_files = [args.checkpoint, args.weights, args.redimnet2, args.onnx]
+        check_not_input([npz, *(kaldi_paths(npz) if kaldi else ())], [args.wav_scp, *model_files])
         embedder = source_embedder(ap, args)
         ids, emb = embed_scp(embedder, args.wav_scp, args.batch_size, args.pad_ratio)
         write_embeddings(npz, ids, emb, kaldi, embedder.model_id)

@@ -13,8 +13,8 @@ extrapolates.
 
 Reported per list, printed one line each and stored in the file's `metrics`: EER, Cllr and min-Cllr (bits),
 actDCF and minDCF at each `--p-target` (c_miss = c_fa = 1). On the `--eval-trials` lists (held out: never part of
-the fit) also the FAR measured at the stored FAR thresholds, with its speaker-bootstrap interval
-(speakerlab.scoring.interval.far_interval).
+the fit; a list with the bytes of a `--trials` list is refused) also the FAR measured at the stored FAR thresholds,
+with its speaker-bootstrap interval (speakerlab.scoring.interval.far_interval).
 
 The file (speakerlab.scoring.calibration_file): the QMF, the model digest every embeddings file must share (the
 `model_id` speakerlab-extract records; files of two models, or of none, are refused), the lists it was fitted on
@@ -27,6 +27,7 @@ fitting lists' impostor maxima over galleries of their own speakers (speakerlab.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,8 +36,17 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.tables.lists import ListError
 from speakerlab.dataio.tables.trials import TrialList
-from speakerlab.outputs import OutputError
-from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, act_dcf, cllr, min_cllr, read_durations
+from speakerlab.outputs import OutputError, check_not_input
+from speakerlab.scoring.calibration import (
+    DURATION_FILES,
+    FEATURES,
+    FEATURES_NO_DUR,
+    QMF,
+    act_dcf,
+    cllr,
+    min_cllr,
+    read_durations,
+)
 from speakerlab.scoring.calibration_file import (
     Calibration,
     CalibrationError,
@@ -132,10 +142,25 @@ def line(name: str, m: Dict) -> str:
     return text
 
 
+def held_out(args) -> None:
+    """A ListError naming it when an --eval-trials list is one of the --trials lists fitted on (the same bytes, on
+    whatever embeddings): its FAR and costs would be reported as held-out while measured on the fit's own trials."""
+    fitted = {file_digest(t): t for t in args.trials if Path(t).is_file()}
+    for t in args.eval_trials or []:
+        same = fitted.get(file_digest(t)) if Path(t).is_file() else None
+        if same is not None:
+            raise ListError(f"{t}: the trials of --trials {same}, fitted on: not held out; measure on another list")
+
+
 def run(args) -> Calibration:
     """The command without argument parsing: fit, measure, write -> the Calibration."""
+    dirs = [Path(d) for d in args.durations or []]
+    dur_files = [f for d in dirs for f in ([d / n for n in DURATION_FILES] if d.is_dir() else [d])]
+    inputs = [*args.trials, *args.embeddings, *(args.eval_trials or []), *(args.eval_embeddings or []), *dur_files]
+    check_not_input([args.out], inputs)
     durations = read_durations(args.durations, args.sample_rate) if args.durations else None
     dur_source = " ".join(args.durations or [])
+    held_out(args)
     fit = score_lists(args.trials, args.embeddings, durations, dur_source)
     held = score_lists(args.eval_trials, args.eval_embeddings, durations, dur_source) if args.eval_trials else None
     model_id = one_model({**fit.model_ids, **(held.model_ids if held else {})})
@@ -204,6 +229,11 @@ def main(argv=None) -> int:
         ap.error("--eval-trials and --eval-embeddings go together")
     if args.eval_names and len(args.eval_names) != len(args.eval_trials or []):
         ap.error("--eval-names: one name per --eval-trials list")
+    names = args.eval_names or args.eval_trials or []
+    again = next((n for k, n in enumerate(names) if n in names[:k] or n == "fit"), None)
+    if again is not None:  # each list's metrics are stored under its name: a repeated one would replace another's
+        what = "--eval-names" if args.eval_names else "--eval-trials (give --eval-names)"
+        ap.error(f"{what}: '{again}' names two lists' metrics ('fit' is the fitting lists'): give each its own name")
     if any(not 0 < p < 1 for p in args.p_target + ([args.fit_prior] if args.fit_prior is not None else [])):
         ap.error("--p-target and --fit-prior values must lie in (0, 1)")
     return run_command(lambda: run(args), (ListError, CalibrationError, OutputError, ValueError))

@@ -29,6 +29,7 @@ from speakerlab.dataio.tables.lists import ListError, read_table, read_utt2num_s
 
 FEATURES_NO_DUR = ["score", "norm_min", "norm_max"]
 FEATURES = ["score", "logdur_min", "logdur_max", "norm_min", "norm_max"]
+DURATION_FILES = ("utt2dur", "utt2num_samples")  # what `read_durations` reads in a data dir, first found
 
 
 def read_durations(paths: Sequence, sample_rate: int = 16000) -> Dict[str, float]:
@@ -37,7 +38,7 @@ def read_durations(paths: Sequence, sample_rate: int = 16000) -> Dict[str, float
     out: Dict[str, float] = {}
     for path in map(Path, paths):
         if path.is_dir():  # a data dir: its utt2dur, else its utt2num_samples
-            path = path / "utt2dur" if (path / "utt2dur").exists() else path / "utt2num_samples"
+            path = path / DURATION_FILES[0] if (path / DURATION_FILES[0]).exists() else path / DURATION_FILES[1]
         if path.name.endswith("utt2num_samples"):
             got = {u: n / sample_rate for u, n in read_utt2num_samples(path).items()}
         else:

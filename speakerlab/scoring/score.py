@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.tables.lists import ListError, read_utt2spk
-from speakerlab.outputs import check_folder_output, write_text
+from speakerlab.outputs import OutputError, check_folder_output, check_not_input, write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, read_durations
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
 from speakerlab.scoring.norm import Cohort
@@ -144,12 +144,33 @@ def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, f
     return scorer
 
 
+def same_model(paths: Sequence[Optional[str]]) -> None:
+    """A ListError naming two of the embeddings files `paths` that record different models (`model_id`): a cohort or a
+    QMF fitted on another model's embeddings normalises or calibrates nothing. Files without a model_id pass."""
+    ids = {p: embeddings_model_id(p) for p in paths if p is not None}
+    known = [(p, m) for p, m in ids.items() if m]
+    other = next(((p, m) for p, m in known if m != known[0][1]), None)
+    if other is not None:
+        raise ListError(
+            f"{other[0]}: embeddings of model {other[1][:12]}, {known[0][0]}: of {known[0][1][:12]}; "
+            "scores, cohort and calibration need embeddings of one model"
+        )
+
+
 def run(args) -> List[Dict]:
     """The command without argument parsing: score every list, write the outputs -> summaries."""
     from speakerlab.scoring.plots import plot_det, plot_histogram
     from speakerlab.scoring.report import eer_text, markdown_table, result_line, write_json, write_scores
 
     names, prefixes, table, _ = output_prefixes(args.trials, args.out, args.names)
+    table = Path(args.table) if args.table else table
+    outputs = [table, *(f"{p}.{ext}" for p in prefixes for ext in ("scores", "result", "json", "det.png", "hist.png"))]
+    inputs = [args.embeddings, *args.trials, args.cohort, args.cohort_utt2spk, args.qmf_train, args.qmf_embeddings]
+    check_not_input(outputs, [*inputs, *(args.durations or []), *(args.utt2spk or [])])
+    folder = next((o for o in outputs if Path(o).is_dir()), None)
+    if folder is not None:  # found here, not after the scoring when the table is written
+        raise OutputError(f"{folder} is a folder, not a file: give the path of the file to write")
+    same_model([args.embeddings, args.cohort, args.qmf_embeddings])
     cohort = None
     if args.cohort:
         c_ids, c_emb = read_embeddings(args.cohort)
@@ -213,7 +234,6 @@ def run(args) -> List[Dict]:
             print(f"warning: {s['warning']}: EER {eer_text(s)}", file=sys.stderr)
         summaries.append(s)
     text = markdown_table(summaries)
-    table = Path(args.table) if args.table else table
     write_text(table, text)
     print(text, end="")
     return summaries
@@ -227,7 +247,7 @@ def main(argv=None) -> int:
         output_prefixes(args.trials, args.out, args.names)
     except ValueError as e:
         ap.error(str(e))  # exit code 2, as for any bad argument
-    return run_command(lambda: run(args), (ListError,))
+    return run_command(lambda: run(args), (ListError, OutputError))
 
 
 if __name__ == "__main__":
