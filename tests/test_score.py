@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from speakerlab.dataio.tables.trials import IdIndex, TrialList
+from speakerlab.inference.stress import run as stress_run
+from speakerlab.scoring.calibrate import main as calibrate_main
 from speakerlab.scoring.metrics import compute_eer, compute_min_dcf
 from speakerlab.scoring.plots import HEIGHT, WIDTH
 from speakerlab.scoring.report import write_scores
@@ -399,3 +401,30 @@ def test_a_given_utt2spk_must_name_every_utterance(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         _score(tmp_path, "--ci-level", "95")
     assert e.value.code == 2 and "--ci-level must lie in (0, 1), got 95" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, least",
+    [
+        (["--ci-replicates", "1"], 40),
+        (["--ci-replicates", "39"], 40),
+        (["--ci-level", "0.99", "--ci-replicates", "100"], 200),
+    ],
+)
+def test_too_few_replicates_for_the_level_are_refused(tmp_path, capsys, args, least):
+    """With fewer than 2 / (1 - level) replicates an end of the interval is the most extreme replicate whatever the
+    level: one replicate gave a "95% CI" of 2.44-5.00% around an EER of 5.00%. Refused before any work, naming the
+    least count; speakerlab-stress and speakerlab-calibrate share the rule."""
+    _case(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        _score(tmp_path, *args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--ci-replicates must be 0 (no interval) or at least {least}" in err, err
+    assert not (tmp_path / "o").exists()
+    assert _score(tmp_path, "--ci-replicates", "40") == 0
+    with pytest.raises(SystemExit) as e:
+        calibrate_main(["--trials", "t", "--embeddings", "e.npz", "--out", "c.json", "--ci-replicates", "5"])
+    assert e.value.code == 2 and "at least 40 for a 0.95 interval, got 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        stress_run(["--checkpoint", "c", "--data", "d", "--ci-replicates", "5"])
+    assert e.value.code == 2 and "at least 40 for a 0.95 interval, got 5" in capsys.readouterr().err

@@ -50,7 +50,7 @@ from speakerlab.dataio.waveform.noise_bank import NoiseBank
 from speakerlab.inference.cli import EMBED_CHUNK, UsageError, bad_input, read_wave, source_embedder
 from speakerlab.inference.common import add_source_args, check_finite, too_short
 from speakerlab.outputs import write_text
-from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
+from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, interval_problem, trial_speakers
 from speakerlab.scoring.norm import unit_rows
 from speakerlab.scoring.report import eer_text
 from speakerlab.scoring.scorer import cosine_trial_scores, summarise
@@ -286,6 +286,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     """`speakerlab-stress` without the process exit: returns the exit code."""
     ap = parser()
     args = ap.parse_args(argv)
+    problem = interval_problem(args.ci_level, args.ci_replicates)
+    if problem:
+        ap.error(problem)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr)

@@ -55,7 +55,7 @@ from speakerlab.scoring.calibration_file import (
     operating_points,
     write_calibration,
 )
-from speakerlab.scoring.interval import CI_REPLICATES, far_interval, trial_speakers
+from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, far_interval, interval_problem, trial_speakers
 from speakerlab.scoring.metrics import verification_metrics
 from speakerlab.scoring.open_set import open_set_curve
 from speakerlab.scoring.scorer import Scorer
@@ -236,6 +236,9 @@ def main(argv=None) -> int:
         ap.error(f"{what}: '{again}' names two lists' metrics ('fit' is the fitting lists'): give each its own name")
     if any(not 0 < p < 1 for p in args.p_target + ([args.fit_prior] if args.fit_prior is not None else [])):
         ap.error("--p-target and --fit-prior values must lie in (0, 1)")
+    problem = interval_problem(CI_LEVEL, args.ci_replicates)
+    if problem:
+        ap.error(problem)
     return run_command(lambda: run(args), (ListError, CalibrationError, OutputError, ValueError))
 
 

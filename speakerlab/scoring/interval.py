@@ -54,6 +54,18 @@ _CELLS = 2_000_000  # replicates x trials per block of the vectorised weighted E
 _NORMAL = NormalDist()
 
 
+def interval_problem(level: float, replicates: int) -> Optional[str]:
+    """Why `--ci-level` / `--ci-replicates` cannot give an interval, or None: the level must lie in (0, 1), and the
+    replicates be 0 (no interval) or enough that each tail beyond the interval holds at least one of them, 2 / (1 -
+    level) (40 at 95 %): with fewer, an end of the "interval" is the most extreme replicate, whatever the level."""
+    if not 0 < level < 1:
+        return f"--ci-level must lie in (0, 1), got {level:g}"
+    least = math.ceil(2 / (1 - level) - 1e-9)
+    if replicates != 0 and replicates < least:
+        return f"--ci-replicates must be 0 (no interval) or at least {least} for a {level:g} interval, got {replicates}"
+    return None
+
+
 @dataclass
 class TrialSpeakers:
     """The speakers of a list's trials: `enrol`, `test` (N,) int32 in 0..count-1, and where they came from

@@ -55,7 +55,7 @@ from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embedd
 from speakerlab.dataio.tables.lists import ListError, read_utt2spk
 from speakerlab.outputs import OutputError, check_folder_output, check_not_input, write_text
 from speakerlab.scoring.calibration import FEATURES, FEATURES_NO_DUR, QMF, read_durations
-from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, trial_speakers
+from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, interval_problem, trial_speakers
 from speakerlab.scoring.norm import Cohort
 from speakerlab.scoring.scorer import Scorer, summarise
 
@@ -130,10 +130,9 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--p-target values must lie in (0, 1)")
     if args.utt2spk and len(args.utt2spk) not in (1, len(args.trials)):
         ap.error(f"--utt2spk: give one file, or one per trial list ({len(args.trials)})")
-    if not 0 < args.ci_level < 1:
-        ap.error(f"--ci-level must lie in (0, 1), got {args.ci_level:g}")
-    if args.ci_replicates < 0:
-        ap.error(f"--ci-replicates must be >= 0, got {args.ci_replicates}")
+    problem = interval_problem(args.ci_level, args.ci_replicates)
+    if problem:
+        ap.error(problem)
 
 
 def _make_scorer(path, cohort: Optional[Cohort], durations: Optional[Dict[str, float]], dur_source: str):
