@@ -259,3 +259,20 @@ def test_an_empty_wav_scp_is_one_line(stats_file, tmp_path, capsys):  # noqa: F8
     empty.write_text("")
     assert run(["--wav-scp", str(empty), "--onnx", str(stats_file), "--rttm", str(tmp_path / "h.rttm")]) == 2
     assert capsys.readouterr().err == f"error: {empty}: no recordings in it (an empty wav.scp)\n"
+
+
+def test_a_reco2num_spk_count_outside_the_range_is_one_line(stats_file, conversations, tmp_path, capsys):  # noqa: F811
+    """The recipes give --max-speakers to every system, --reco2num-spk too: a count beyond it was honoured without a
+    word (5 speakers under --max-speakers 3), where --num-speakers 5 is refused."""
+    counts = tmp_path / "reco2num_spk"
+    counts.write_text("c0 2\nc1 5\n")
+    rttm = tmp_path / "h.rttm"
+    args = ["--wav-scp", conversations, "--onnx", stats_file, "--reco2num-spk", counts, "--rttm", rttm]
+    code, _, err = diarize(capsys, *args, "--max-speakers", 3)
+    assert code == 2 and not rttm.exists()
+    want = "5 speakers for 'c1' contradicts --min-speakers 1 / --max-speakers 3 (1 recording(s) outside)"
+    assert err == f"error: {counts}:2: {want}\n"
+    code, _, err = diarize(capsys, *args, "--min-speakers", 3)
+    assert code == 2 and err.startswith(f"error: {counts}:1: 2 speakers for 'c0' contradicts --min-speakers 3")
+    code, _, _ = diarize(capsys, *args, "--max-speakers", 5)
+    assert code == 0 and len({t.speaker for t in read_rttm(rttm)["c1"]}) >= 2

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.lists import ListError, read_table, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.clustering.cluster import METHODS, SpeakerCount
@@ -105,6 +105,14 @@ def speaker_counts(args, recos: Sequence[str]) -> Dict[str, SpeakerCount]:
         missing = [r for r in recos if r not in table]
         if missing:
             raise ListError(f"{args.reco2num_spk}: no speaker count for '{missing[0]}' ({len(missing)} recording(s))")
+        low, high = speaker_range(args)
+        outside = [r for r in recos if not low <= table[r] <= high]
+        if outside:  # as --num-speakers outside the range: a contradiction, not a count to honour or a range to drop
+            line = read_table(args.reco2num_spk)[outside[0]][0]
+            raise ListError(
+                f"{args.reco2num_spk}:{line}: {table[outside[0]]} speakers for '{outside[0]}' contradicts "
+                f"--min-speakers {low} / --max-speakers {high} ({len(outside)} recording(s) outside)"
+            )
         return {r: SpeakerCount.exactly(table[r]) for r in recos}
     if args.num_speakers is not None:
         count = SpeakerCount.exactly(args.num_speakers)
