@@ -134,5 +134,7 @@ def read_uem(path) -> Dict[str, List[Interval]]:
         if len(f) != 4:
             raise ListError(f"{where}: a UEM line is '<recording> <channel> <start> <end>', got {' '.join(f)!r}")
         start, end = _number(f[2], "the start", where), _number(f[3], "the end", where)
+        if end <= start:  # dropped, it left its recording nothing scored: a DER of 0 % over 0 s
+            raise ListError(f"{where}: the region of '{f[0]}' ends ({end}) before it starts ({start})")
         out.setdefault(f[0], []).append((start, end))
     return {r: merge_intervals(v) for r, v in out.items()}
