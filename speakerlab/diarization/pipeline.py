@@ -213,8 +213,8 @@ class Diarizer:
         model_id = getattr(embedder, "model_id", "")
         if plda is not None and plda.model_id and model_id and plda.model_id != model_id:
             raise PLDAError(
-                f"the PLDA was fitted to the embeddings of model {plda.model_id}, this embedder is {model_id}: "
-                "fit one to this model's embeddings (speakerlab-plda)"
+                f"{plda.where}the PLDA was fitted to the embeddings of model {plda.model_id}, this embedder is "
+                f"{model_id}: fit one to this model's embeddings (speakerlab-plda)"
             )
         self.embedder = embedder
         self.vad = vad
