@@ -97,11 +97,11 @@ def merge_intervals(intervals: Iterable[Interval]) -> List[Interval]:
 
 def read_speech(path) -> Dict[str, List[Interval]]:
     """Speech regions per recording from an RTTM (the union of its turns) or a Kaldi `segments` file
-    (`<segment> <recording> <start> <end>`); the first line tells which (8 fields or more, the first an
-    upper-case RTTM type such as SPEAKER: RTTM)."""
+    (`<segment> <recording> <start> <end>`); the first line tells which (SPEAKER, or 8 fields or more, the first an
+    upper-case RTTM type such as SPKR-INFO: RTTM; a short SPEAKER line is then an error naming it)."""
     path = Path(path)
     first = next(_text_lines(path), None)
-    if first is not None and len(first[1]) >= 8 and first[1][0].isupper():
+    if first is not None and (first[1][0] == "SPEAKER" or (len(first[1]) >= 8 and first[1][0].isupper())):
         return {r: merge_intervals((t.start, t.end) for t in ts) for r, ts in read_rttm(path).items()}
     regions: Dict[str, List[Interval]] = {}
     for seg, (lineno, f) in read_table(path, 4, 4).items():
