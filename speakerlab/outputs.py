@@ -27,7 +27,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import IO, Iterator, Optional, Union
+from typing import IO, Iterator, Optional, Tuple, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -47,6 +47,14 @@ def _kind(path: Path) -> str:
     if stat.S_ISDIR(mode):
         return "dir"
     return "special"
+
+
+def _resolved(path: PathLike) -> Tuple[Path, str]:
+    """(where to write, `_kind`): the kind of `path` itself, links followed by stat (/dev/stdout on a pipe links to
+    'pipe:[N]', which no path names, yet stats as a FIFO), and for anything but a device its real path, where a file
+    is renamed into place."""
+    kind = _kind(Path(path))
+    return (Path(path) if kind == "special" else Path(os.path.realpath(path))), kind
 
 
 def is_special(path: PathLike) -> bool:
@@ -113,8 +121,7 @@ def output_file(
         yield sys.stdout
         sys.stdout.flush()
         return
-    real = Path(os.path.realpath(path))
-    kind = _kind(real)
+    real, kind = _resolved(path)
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
     text = {"encoding": encoding, "errors": errors, "newline": newline} if mode == "w" else {}
@@ -138,8 +145,7 @@ def output_file(
 def check_path_output(path: PathLike) -> Path:
     """`path` resolved, for a writer that takes a path (`output_path`): a folder, a device or a pipe there is an
     OutputError naming it. Commands call it before their work, so that a refused output costs nothing."""
-    real = Path(os.path.realpath(path))
-    kind = _kind(real)
+    real, kind = _resolved(path)
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
     if kind == "special":
