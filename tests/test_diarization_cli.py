@@ -276,3 +276,22 @@ def test_a_reco2num_spk_count_outside_the_range_is_one_line(stats_file, conversa
     assert code == 2 and err.startswith(f"error: {counts}:1: 2 speakers for 'c0' contradicts --min-speakers 3")
     code, _, _ = diarize(capsys, *args, "--max-speakers", 5)
     assert code == 0 and len({t.speaker for t in read_rttm(rttm)["c1"]}) >= 2
+
+
+def test_outputs_that_would_lose_work_are_refused_before_any(stats_file, conversations, tmp_path, capsys):  # noqa: F811
+    """--json a folder was refused after every recording was diarized (the JSON is written at the end); --rttm and
+    --json naming one file left only the JSON; --rttm naming the --segments file overwrote the reference."""
+    common = ["--wav-scp", conversations, "--onnx", stats_file, "--vad", "energy"]
+    code, _, err = diarize(capsys, *common, "--rttm", tmp_path / "h.rttm", "--json", tmp_path)
+    assert code == 2 and err == f"error: {tmp_path} is a folder, not a file: give the path of the file to write\n"
+    assert not (tmp_path / "h.rttm").exists()
+    same = tmp_path / "out"
+    code, _, err = diarize(capsys, *common, "--rttm", same, "--json", same)
+    assert code == 2 and err == f"error: --json {same} is the file of --rttm {same}: give each output its own file\n"
+    assert not same.exists()
+    ref = tmp_path / "ref.rttm"
+    ref.write_text("SPEAKER c0 1 0.5 2.0 <NA> <NA> A <NA> <NA>\n")
+    oracle = ["--wav-scp", conversations, "--onnx", stats_file, "--vad", "oracle", "--segments", ref]
+    code, _, err = diarize(capsys, *oracle, "--rttm", ref)
+    assert code == 2 and err == f"error: --rttm {ref} is the file of --segments {ref}: give each output its own file\n"
+    assert ref.read_text() == "SPEAKER c0 1 0.5 2.0 <NA> <NA> A <NA> <NA>\n"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -49,7 +50,7 @@ from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
-from speakerlab.outputs import check_folder_output, write_lines
+from speakerlab.outputs import OutputError, check_folder_output, check_path_output, is_special, write_lines
 
 if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder (--onnx): neither imported here
     from speakerlab.inference.embedder import Embedder
@@ -259,6 +260,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     if tuning["merge_cosine"] == 1:  # 1: never merge (above 1 the options refuse it)
         tuning["merge_cosine"] = None
     options = DiarizeOptions(method=args.clustering, **tuning)
+    check_outputs(args)
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
@@ -302,6 +304,22 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
         f"({elapsed / max(audio_seconds, 1e-9) * 3600:.0f} s per hour; {diarizer.embedder.name}; {args.threads_line})",
         file=sys.stderr,
     )
+
+
+def check_outputs(args) -> None:
+    """--rttm and --json before any work: a folder there is refused (the JSON is written after the last recording),
+    and so is one file named twice, or an input file named as an output (it would be overwritten)."""
+    taken = {}
+    for flag in ("--wav-scp", "--segments", "--reco2num-spk", "--plda", "--rttm", "--json"):
+        path = getattr(args, flag[2:].replace("-", "_"))
+        if not path or is_special(path):  # a device (/dev/stdout) takes either
+            continue
+        real = os.path.realpath(path)
+        if flag in ("--rttm", "--json"):
+            if real in taken:
+                raise OutputError(f"{flag} {path} is the file of {taken[real]}: give each output its own file")
+            check_path_output(path)
+        taken[real] = f"{flag} {path}"
 
 
 def write_rttm(args, results) -> None:
