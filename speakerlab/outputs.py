@@ -28,7 +28,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Optional, Union
+from typing import IO, Iterable, Iterator, Optional, Tuple, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -48,6 +48,14 @@ def _kind(path: Path) -> str:
     if stat.S_ISDIR(mode):
         return "dir"
     return "special"
+
+
+def _resolved(path: PathLike) -> Tuple[Path, str]:
+    """(where to write, `_kind`): the kind of `path` itself, links followed by stat (/dev/stdout on a pipe links to
+    'pipe:[N]', which no path names, yet stats as a FIFO), and for anything but a device its real path, where a file
+    is renamed into place."""
+    kind = _kind(Path(path))
+    return (Path(path) if kind == "special" else Path(os.path.realpath(path))), kind
 
 
 def is_special(path: PathLike) -> bool:
@@ -114,8 +122,7 @@ def output_file(
         yield sys.stdout
         sys.stdout.flush()
         return
-    real = Path(os.path.realpath(path))
-    kind = _kind(real)
+    real, kind = _resolved(path)
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
     text = {"encoding": encoding, "errors": errors, "newline": newline} if mode == "w" else {}
@@ -139,8 +146,7 @@ def output_file(
 def check_path_output(path: PathLike) -> Path:
     """`path` resolved, for a writer that takes a path (`output_path`): a folder, a device or a pipe there is an
     OutputError naming it. Commands call it before their work, so that a refused output costs nothing."""
-    real = Path(os.path.realpath(path))
-    kind = _kind(real)
+    real, kind = _resolved(path)
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
     if kind == "special":

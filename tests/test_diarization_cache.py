@@ -5,10 +5,13 @@ cache; other window settings, another VAD or a rewritten file are not served fro
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from speakerlab.diarization import DiarizeOptions, Diarizer, SpeakerCount
 from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.vad import EnergyVad
+from speakerlab.frontends import FbankConfig, FeatureSpec
+from speakerlab.inference.embedder import Embedder
 from tests.helpers import write_wav
 from tests.test_diarization import THREE, diarize, spectral_shape_embedder, talk
 
@@ -68,3 +71,33 @@ def test_speakerlab_diarize_cache_says_what_it_reused(capsys, tmp_path, ckpt):
     assert code == 0 and "(speech and embeddings from the cache)" in err
     code, _, _ = diarize(capsys, *common, "--clustering", "ahc", "--rttm", tmp_path / "c.rttm")
     assert (tmp_path / "b.rttm").read_text() == (tmp_path / "c.rttm").read_text() != ""
+
+
+class Weighted(torch.nn.Module):
+    """`(B, T, F) -> (B, F)`: the mean log-mel over time, weighted per bin by its parameter."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(80, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats.mean(dim=1) * self.w
+
+
+def test_a_model_without_digest_rewritten_in_place_is_not_served_the_old_embeddings(tmp_path):
+    """3D-Speaker weights, ReDimNet2 releases and int8 ONNX files have no digest (model_id ""): the cache keyed them
+    by name alone, the file's path, so weights rewritten at that path got the embeddings of the old ones."""
+
+    def released(seed: int) -> Embedder:  # one name, as `--3dspeaker campplus --weights w.pt` gives either weights
+        return Embedder(Weighted(seed), FeatureSpec(FbankConfig(dither=0.0)), "cpu", "3dspeaker x from w.pt")
+
+    wav = str(write_wav(tmp_path / "three.wav", talk(*THREE)[0]))
+    cache, count = FrontCache(tmp_path / "cache"), SpeakerCount(1, 6)
+    first = Diarizer(released(0), EnergyVad(), cache=cache).diarize_file(wav, count)
+    assert first.cached == []
+    other = Diarizer(released(1), EnergyVad(), cache=cache).diarize_file(wav, count)
+    alone = Diarizer(released(1), EnergyVad()).diarize_file(wav, count)
+    assert other.cached == ["speech"] and np.array_equal(other.embeddings, alone.embeddings)
+    assert not np.allclose(other.embeddings, first.embeddings)
+    again = Diarizer(released(0), EnergyVad(), cache=cache).diarize_file(wav, count)
+    assert again.cached == ["speech", "embeddings"] and np.array_equal(again.embeddings, first.embeddings)

@@ -259,3 +259,39 @@ def test_an_empty_wav_scp_is_one_line(stats_file, tmp_path, capsys):  # noqa: F8
     empty.write_text("")
     assert run(["--wav-scp", str(empty), "--onnx", str(stats_file), "--rttm", str(tmp_path / "h.rttm")]) == 2
     assert capsys.readouterr().err == f"error: {empty}: no recordings in it (an empty wav.scp)\n"
+
+
+def test_a_reco2num_spk_count_outside_the_range_is_one_line(stats_file, conversations, tmp_path, capsys):  # noqa: F811
+    """The recipes give --max-speakers to every system, --reco2num-spk too: a count beyond it was honoured without a
+    word (5 speakers under --max-speakers 3), where --num-speakers 5 is refused."""
+    counts = tmp_path / "reco2num_spk"
+    counts.write_text("c0 2\nc1 5\n")
+    rttm = tmp_path / "h.rttm"
+    args = ["--wav-scp", conversations, "--onnx", stats_file, "--reco2num-spk", counts, "--rttm", rttm]
+    code, _, err = diarize(capsys, *args, "--max-speakers", 3)
+    assert code == 2 and not rttm.exists()
+    want = "5 speakers for 'c1' contradicts --min-speakers 1 / --max-speakers 3 (1 recording(s) outside)"
+    assert err == f"error: {counts}:2: {want}\n"
+    code, _, err = diarize(capsys, *args, "--min-speakers", 3)
+    assert code == 2 and err.startswith(f"error: {counts}:1: 2 speakers for 'c0' contradicts --min-speakers 3")
+    code, _, _ = diarize(capsys, *args, "--max-speakers", 5)
+    assert code == 0 and len({t.speaker for t in read_rttm(rttm)["c1"]}) >= 2
+
+
+def test_outputs_that_would_lose_work_are_refused_before_any(stats_file, conversations, tmp_path, capsys):  # noqa: F811
+    """--json a folder was refused after every recording was diarized (the JSON is written at the end); --rttm and
+    --json naming one file left only the JSON; --rttm naming the --segments file overwrote the reference."""
+    common = ["--wav-scp", conversations, "--onnx", stats_file, "--vad", "energy"]
+    code, _, err = diarize(capsys, *common, "--rttm", tmp_path / "h.rttm", "--json", tmp_path)
+    assert code == 2 and err == f"error: {tmp_path} is a folder, not a file: give the path of the file to write\n"
+    assert not (tmp_path / "h.rttm").exists()
+    same = tmp_path / "out"
+    code, _, err = diarize(capsys, *common, "--rttm", same, "--json", same)
+    assert code == 2 and err == f"error: --json {same} is the file of --rttm {same}: give each output its own file\n"
+    assert not same.exists()
+    ref = tmp_path / "ref.rttm"
+    ref.write_text("SPEAKER c0 1 0.5 2.0 <NA> <NA> A <NA> <NA>\n")
+    oracle = ["--wav-scp", conversations, "--onnx", stats_file, "--vad", "oracle", "--segments", ref]
+    code, _, err = diarize(capsys, *oracle, "--rttm", ref)
+    assert code == 2 and err == f"error: --rttm {ref} is the file of --segments {ref}: give each output its own file\n"
+    assert ref.read_text() == "SPEAKER c0 1 0.5 2.0 <NA> <NA> A <NA> <NA>\n"

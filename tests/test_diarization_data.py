@@ -63,8 +63,12 @@ def test_rttm_round_trip_and_speech_from_rttm_or_segments(tmp_path):
         (read_rttm, "\nSPEAKER x 1 -2 1 <NA> <NA> A\n", r"f:2: the onset must be a finite number >= 0, got '-2'"),
         (read_speech, "s1 x 2.0 1.0\n", r"f:1: segment 's1' ends \(1.0\) before it starts \(2.0\)"),
         (read_speech, "s1 x 2.0\n", r"f:1: expected 4 fields, got 3"),
+        # Read as a segments file once, which blamed line 2: "expected 4 fields, got 10"
+        (read_speech, "SPEAKER x 1 0.5\nSPEAKER x 1 1 1 <NA> <NA> A <NA> <NA>\n", r"f:1: an RTTM SPEAKER line has at"),
         (read_reco2num_spk, "x two\n", r"f:1: the number of speakers of 'x' must be an integer >= 1, got 'two'"),
         (read_uem, "x 1 0\n", r"f:1: a UEM line is '<recording> <channel> <start> <end>'"),
+        # Dropped once: its recording was then scored over nothing, a DER of 0.00 %
+        (read_uem, "x 1 0 5\ny 1 9.2 0.0\n", r"f:2: the region of 'y' ends \(0.0\) before it starts \(9.2\)"),
     ],
 )
 def test_bad_lines_are_named_by_file_and_line(tmp_path, reader, text, message):

@@ -43,6 +43,23 @@ def test_a_device_is_written_through_and_stays_a_device(tmp_path):
     assert stat.S_ISCHR(os.stat(dev).st_mode)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="/proc/self/fd: Linux")
+def test_a_link_to_a_pipe_is_written_through(tmp_path):
+    """/dev/stdout piped (`speakerlab-der ... --out /dev/stdout | tee`) links to 'pipe:[N]', which no path names:
+    taken for a missing file, it was written as a temporary beside it, 'No such file or directory'."""
+    read_end, write_end = os.pipe()
+    try:
+        link = f"/proc/self/fd/{write_end}"
+        write_lines(link, ["a", "b"])
+        assert os.read(read_end, 100) == b"a\nb\n"
+        with pytest.raises(OutputError, match="not a regular file"):
+            with output_path(link):
+                pass
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def test_a_link_stays_a_link(tmp_path):
     target = tmp_path / "real.txt"
     target.write_text("old")

@@ -287,6 +287,28 @@ def test_training_without_onnx_stops_before_the_first_step(tmp_path, capsys, mon
     assert not (tmp_path / "exp").exists()
 
 
+def test_training_audio_that_is_missing_or_not_16k_mono_names_its_wav_scp_line(tmp_path, capsys):
+    """A missing file once said "cannot read audio: Error opening ...: System error.", and neither message named the
+    wav.scp line, as speakerlab-diarize's and speakerlab-plda's do."""
+    import soundfile as sf
+
+    from speakerlab.diarization.segmentation_train import main
+
+    write_conversations(tmp_path / "data", count=2)
+    scp = tmp_path / "data" / "wav.scp"
+    lines = scp.read_text().splitlines()
+    args = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "exp"), "--set", "steps=1"]
+    scp.write_text(f"{lines[0]}\nr1 {tmp_path / 'gone.wav'}\n")
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"error: no such file: {tmp_path / 'gone.wav'} ({scp} line 2)\n"
+    sf.write(str(tmp_path / "r1_8k.wav"), np.zeros(8000, np.float32), 8000)
+    scp.write_text(f"{lines[0]}\nr1 {tmp_path / 'r1_8k.wav'}\n")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'r1_8k.wav'}: ") and err.endswith(f" ({scp} line 2)\n")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "exp").exists()
+
+
 def test_training_windows_carry_the_rttm_labels(tmp_path):
     from speakerlab.diarization.segmentation_train import Recordings
 

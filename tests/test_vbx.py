@@ -234,7 +234,22 @@ def test_speakerlab_plda_fits_a_plda_that_speakerlab_diarize_uses(capsys, tmp_pa
     other = tmp_path / "other.npz"
     replace(plda, model_id="0" * 12).save(other)
     code, _, err = diarize(capsys, wav, *vbx[:-1], other)
-    assert code == 2 and "fitted to the embeddings of model 000000000000" in err
+    assert code == 2 and err.startswith(f"error: {other}: the PLDA was fitted to the embeddings of model 000000000000")
+
+
+def test_a_plda_of_other_dimensions_is_one_line_naming_its_file(capsys, tmp_path, plda, ckpt):
+    """The message once named no file: 'the PLDA is for 32-dimensional embeddings, these have 16'."""
+    from tests.helpers import write_wav
+    from tests.test_diarization import THREE, diarize, talk
+
+    plda.save(tmp_path / "plda.npz")
+    wav = write_wav(tmp_path / "three.wav", talk(*THREE)[0])
+    args = [wav, "--checkpoint", ckpt, "--vad", "energy", "--clustering", "vbx", "--plda", tmp_path / "plda.npz"]
+    code, out, err = diarize(capsys, *args)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(
+        f"error: {tmp_path / 'plda.npz'}: the PLDA is for {DIM}-dimensional embeddings, these have 16"
+    )
 
 
 def test_speakerlab_plda_names_what_cannot_fit_before_embedding(capsys, tmp_path, train_dir, ckpt):

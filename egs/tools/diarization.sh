@@ -141,7 +141,9 @@ diarize_systems() {
       segmentation_oracle_count) opts=(--segmentation "$segmentation" --reco2num-spk "$data/reco2num_spk") ;;
       segmentation_vbx) opts=(--segmentation "$segmentation" --clustering vbx --plda "$plda") ;;
     esac
-    if [ -n "${max_speakers:-}" ]; then opts+=(--max-speakers "$max_speakers"); fi
+    # The bound is for estimated counts: the oracle counts are the reference's (speakerlab-diarize refuses one
+    # outside --min-speakers..--max-speakers).
+    if [ -n "${max_speakers:-}" ] && [[ "$name" != *oracle_count ]]; then opts+=(--max-speakers "$max_speakers"); fi
     log "  $name: speakerlab-diarize ${opts[*]} $diarize_opts"
     speakerlab-diarize --wav-scp "$data/wav.scp" "$@" "${opts[@]}" $diarize_opts \
       --cache "$exp/cache" --rttm "$exp/$name.rttm" --json "$exp/$name.json" 2> >(tee "$exp/$name.log" >&2)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.tables.lists import ListError, read_wav_scp
+from speakerlab.dataio.tables.lists import ListError, read_table, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_reco2num_spk, read_speech, rttm_lines
 from speakerlab.diarization.cache import FrontCache
 from speakerlab.diarization.clustering.cluster import METHODS, SpeakerCount
@@ -49,7 +50,7 @@ from speakerlab.diarization.segmenter import OnnxSegmenter
 from speakerlab.diarization.vad import VADS, make_vad
 from speakerlab.inference.cli import BAD_INPUT, source_embedder, warn_stderr
 from speakerlab.inference.common import add_source_args
-from speakerlab.outputs import check_folder_output, write_lines
+from speakerlab.outputs import OutputError, check_folder_output, check_path_output, is_special, write_lines
 
 if TYPE_CHECKING:  # torch's Embedder or the torch-free OnnxEmbedder (--onnx): neither imported here
     from speakerlab.inference.embedder import Embedder
@@ -105,6 +106,14 @@ def speaker_counts(args, recos: Sequence[str]) -> Dict[str, SpeakerCount]:
         missing = [r for r in recos if r not in table]
         if missing:
             raise ListError(f"{args.reco2num_spk}: no speaker count for '{missing[0]}' ({len(missing)} recording(s))")
+        low, high = speaker_range(args)
+        outside = [r for r in recos if not low <= table[r] <= high]
+        if outside:  # as --num-speakers outside the range: a contradiction, not a count to honour or a range to drop
+            line = read_table(args.reco2num_spk)[outside[0]][0]
+            raise ListError(
+                f"{args.reco2num_spk}:{line}: {table[outside[0]]} speakers for '{outside[0]}' contradicts "
+                f"--min-speakers {low} / --max-speakers {high} ({len(outside)} recording(s) outside)"
+            )
         return {r: SpeakerCount.exactly(table[r]) for r in recos}
     if args.num_speakers is not None:
         count = SpeakerCount.exactly(args.num_speakers)
@@ -251,6 +260,7 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
     if tuning["merge_cosine"] == 1:  # 1: never merge (above 1 the options refuse it)
         tuning["merge_cosine"] = None
     options = DiarizeOptions(method=args.clustering, **tuning)
+    check_outputs(args)
     items = recordings(args)
     counts = speaker_counts(args, [r for r, _, _ in items])
     speech = read_speech(args.segments) if args.segments else None
@@ -294,6 +304,22 @@ def diarize(ap: argparse.ArgumentParser, args) -> None:
         f"({elapsed / max(audio_seconds, 1e-9) * 3600:.0f} s per hour; {diarizer.embedder.name}; {args.threads_line})",
         file=sys.stderr,
     )
+
+
+def check_outputs(args) -> None:
+    """--rttm and --json before any work: a folder there is refused (the JSON is written after the last recording),
+    and so is one file named twice, or an input file named as an output (it would be overwritten)."""
+    taken = {}
+    for flag in ("--wav-scp", "--segments", "--reco2num-spk", "--plda", "--rttm", "--json"):
+        path = getattr(args, flag[2:].replace("-", "_"))
+        if not path or is_special(path):  # a device (/dev/stdout) takes either
+            continue
+        real = os.path.realpath(path)
+        if flag in ("--rttm", "--json"):
+            if real in taken:
+                raise OutputError(f"{flag} {path} is the file of {taken[real]}: give each output its own file")
+            check_path_output(path)
+        taken[real] = f"{flag} {path}"
 
 
 def write_rttm(args, results) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.tables.rttm import Interval, Turn
 from speakerlab.dataio.waveform.resample import resample
-from speakerlab.diarization.cache import CacheEntry, FrontCache
+from speakerlab.diarization.cache import CacheEntry, FrontCache, model_key
 from speakerlab.diarization.clustering.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.clustering.plda import PLDA, PLDAError
 from speakerlab.diarization.clustering.vbx import VBxParams
@@ -213,8 +213,8 @@ class Diarizer:
         model_id = getattr(embedder, "model_id", "")
         if plda is not None and plda.model_id and model_id and plda.model_id != model_id:
             raise PLDAError(
-                f"the PLDA was fitted to the embeddings of model {plda.model_id}, this embedder is {model_id}: "
-                "fit one to this model's embeddings (speakerlab-plda)"
+                f"{plda.where}the PLDA was fitted to the embeddings of model {plda.model_id}, this embedder is "
+                f"{model_id}: fit one to this model's embeddings (speakerlab-plda)"
             )
         self.embedder = embedder
         self.vad = vad
@@ -222,6 +222,7 @@ class Diarizer:
         self.plda = plda
         self.cache = cache
         self.segmenter = segmenter
+        self.model_key = model_key(embedder) if cache is not None else ""  # the cache's key of the embeddings
 
     def diarize_file(
         self,
@@ -235,8 +236,7 @@ class Diarizer:
         wave = self.embedder.read(path, warn)
         entry = None
         if self.cache is not None:
-            model = f"{getattr(self.embedder, 'model_id', '')}|{self.embedder.name}"
-            entry = self.cache.entry(path, repr(self.vad), model)
+            entry = self.cache.entry(path, repr(self.vad), self.model_key)
         return self.diarize(wave, self.embedder.sample_rate, count, speech, name=str(path), entry=entry)
 
     def diarize(

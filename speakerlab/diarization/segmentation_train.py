@@ -91,11 +91,17 @@ class Recordings:
         self.paths = {reco: path for reco, (_, path) in sorted(scp.items())}
         self.lengths, self.pcm = {}, {}
         for reco, path in self.paths.items():
-            pcm = read_pcm16(path)  # rate and channels checked, as audio_info checks them for the others
-            if pcm is None:
-                self.lengths[reco] = audio_info(path)
-            else:
-                self.pcm[reco], self.lengths[reco] = pcm, len(pcm)
+            line = f" ({root / 'wav.scp'} line {scp[reco][0]})"
+            if not Path(path).is_file():
+                raise ListError(f"no such file: {path}{line}")
+            try:
+                pcm = read_pcm16(path)  # rate and channels checked, as audio_info checks them for the others
+                if pcm is None:
+                    self.lengths[reco] = audio_info(path)
+                else:
+                    self.pcm[reco], self.lengths[reco] = pcm, len(pcm)
+            except AudioError as e:
+                raise AudioError(f"{e}{line}") from None
         self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.paths}
         self.names = list(self.paths)
 

@@ -97,11 +97,11 @@ def merge_intervals(intervals: Iterable[Interval]) -> List[Interval]:
 
 def read_speech(path) -> Dict[str, List[Interval]]:
     """Speech regions per recording from an RTTM (the union of its turns) or a Kaldi `segments` file
-    (`<segment> <recording> <start> <end>`); the first line tells which (8 fields or more, the first an
-    upper-case RTTM type such as SPEAKER: RTTM)."""
+    (`<segment> <recording> <start> <end>`); the first line tells which (SPEAKER, or 8 fields or more, the first an
+    upper-case RTTM type such as SPKR-INFO: RTTM; a short SPEAKER line is then an error naming it)."""
     path = Path(path)
     first = next(_text_lines(path), None)
-    if first is not None and len(first[1]) >= 8 and first[1][0].isupper():
+    if first is not None and (first[1][0] == "SPEAKER" or (len(first[1]) >= 8 and first[1][0].isupper())):
         return {r: merge_intervals((t.start, t.end) for t in ts) for r, ts in read_rttm(path).items()}
     regions: Dict[str, List[Interval]] = {}
     for seg, (lineno, f) in read_table(path, 4, 4).items():
@@ -134,5 +134,7 @@ def read_uem(path) -> Dict[str, List[Interval]]:
         if len(f) != 4:
             raise ListError(f"{where}: a UEM line is '<recording> <channel> <start> <end>', got {' '.join(f)!r}")
         start, end = _number(f[2], "the start", where), _number(f[3], "the end", where)
+        if end <= start:  # dropped, it left its recording nothing scored: a DER of 0 % over 0 s
+            raise ListError(f"{where}: the region of '{f[0]}' ends ({end}) before it starts ({start})")
         out.setdefault(f[0], []).append((start, end))
     return {r: merge_intervals(v) for r, v in out.items()}

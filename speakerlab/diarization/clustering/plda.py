@@ -21,7 +21,7 @@ The generalised eigenvectors of (B, W) give the transform; `dim` keeps the direc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,12 @@ class PLDA:
     transform: np.ndarray  # (D, d) columns: generalised eigenvectors of (B, W), W-orthonormal
     phi: np.ndarray  # (d,) across-speaker variances in the projected space, falling
     model_id: str = ""
+    source: str = field(default="", compare=False)  # the file it was read from (load_plda), for messages
+
+    @property
+    def where(self) -> str:
+        """`FILE: ` of a PLDA read from a file, else nothing: what its messages start with."""
+        return f"{self.source}: " if self.source else ""
 
     @property
     def dim(self) -> int:
@@ -60,7 +66,10 @@ class PLDA:
     def project(self, emb: np.ndarray) -> np.ndarray:
         """`(N, D)` -> `(N, d)`: within-speaker covariance I, across-speaker diag(phi)."""
         if emb.shape[1] != len(self.centre):
-            raise PLDAError(f"the PLDA is for {len(self.centre)}-dimensional embeddings, these have {emb.shape[1]}")
+            raise PLDAError(
+                f"{self.where}the PLDA is for {len(self.centre)}-dimensional embeddings, these have {emb.shape[1]}: "
+                "fit one to this model's embeddings (speakerlab-plda)"
+            )
         return (self.normalise(emb) - self.mu) @ self.transform
 
     def save(self, path) -> None:
@@ -91,7 +100,7 @@ def load_plda(path) -> PLDA:
         if isinstance(e, PLDAError):
             raise
         raise PLDAError(f"{path}: cannot read the PLDA: {e}") from None
-    return PLDA(**{k: v.astype(np.float64) for k, v in fields.items()}, model_id=model_id)
+    return PLDA(**{k: v.astype(np.float64) for k, v in fields.items()}, model_id=model_id, source=str(path))
 
 
 def _speaker_stats(x: np.ndarray, speakers: np.ndarray):
