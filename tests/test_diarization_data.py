@@ -151,6 +151,16 @@ def test_der_command_refuses_what_it_cannot_score_as_asked_and_warns_of_silent_r
     captured = capsys.readouterr()
     assert captured.err == f"error: {tmp_path} is a folder, not a file: give the path of the file to write\n"
     assert captured.out == ""
+    # A UEM that scores no reference speech: a DER of nothing, not 0.00 %
+    empty = write(tmp_path / "late.uem", "r 1 500.0 510.0\nq 1 500.0 510.0\n")
+    assert der_main(["--ref", str(ref), "--hyp", str(hyp), "--uem", str(empty)]) == 2
+    captured = capsys.readouterr()
+    expected = f"error: {empty} (UEM) on {ref}: no reference speech in the scored regions: the DER is undefined\n"
+    assert captured.err.endswith(expected) and captured.out == ""
+    # A system named by nothing
+    with pytest.raises(SystemExit) as stop:
+        der_main(["--ref", str(ref), "--hyp", f"={hyp}"])
+    assert stop.value.code == 2 and "--hyp =RTTM: give the system a name" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- synthetic conversations

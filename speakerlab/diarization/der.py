@@ -137,6 +137,9 @@ def score(ref_path, systems: Sequence[Tuple[str, str]], uem_path=None) -> dict:
         conditions = [
             {"collar": collar, "skip_overlap": skip, **der(ref, hyp, uem, collar, skip)} for collar, skip in CONDITIONS
         ]
+        if conditions[0]["total"] <= 0:  # DER is a share of the scored reference speech: of none it is undefined
+            where = f"{uem_path} (UEM) on {ref_path}" if uem_path else str(ref_path)
+            raise ListError(f"{where}: no reference speech in the scored regions: the DER is undefined")
         for c in conditions:
             if not c["skip_overlap"]:
                 c["overlap_missed"], c["overlap_total"] = overlap_missed(ref, hyp, uem, c["collar"])
@@ -181,6 +184,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     systems = [tuple(h.split("=", 1)) if "=" in h else (Path(h).stem, h) for h in args.hyp]
     names = [name for name, _ in systems]
+    if "" in names:
+        ap.error("--hyp =RTTM: give the system a name, NAME=RTTM, or the RTTM alone (its stem names it)")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         ap.error(f"two --hyp are named '{twice[0]}': give them names, NAME=RTTM")
