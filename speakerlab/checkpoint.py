@@ -318,8 +318,10 @@ def load_given(path: PathLike, warn: Callable[[str], None] = lambda m: None) -> 
     p = Path(path)
     if p.is_dir():
         found = load_latest(p / "checkpoints" if (p / "checkpoints").is_dir() else p, warn=warn)
-        if found is None:
-            raise CheckpointError(f"no checkpoint under {p}")
+        if found is None:  # other .pt files there are not a run's: name one to give it by path
+            other = next(iter(sorted((p / "checkpoints" if (p / "checkpoints").is_dir() else p).glob("*.pt"))), None)
+            hint = f" (for {other.name} there, give that file)" if other else ""
+            raise CheckpointError(f"no checkpoint under {p}: a run's are checkpoints/epoch_N.pt or partial_N.pt{hint}")
         return found
     return p, load_checkpoint(p)
 

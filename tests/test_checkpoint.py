@@ -130,6 +130,11 @@ def test_newest_by_name_and_prune(tmp_path):
     assert load_given(d / "epoch_001.pt")[1].step == 10
     with pytest.raises(CheckpointError, match="no checkpoint under"):
         load_given(tmp_path)
+    (tmp_path / "other" / "checkpoints").mkdir(parents=True)
+    save_checkpoint(tmp_path / "other" / "checkpoints" / "c.pt", tiny_checkpoint(step=1, epoch=1))
+    with pytest.raises(CheckpointError, match=r"partial_N.pt \(for c.pt there, give that file\)"):
+        load_given(tmp_path / "other")
+    assert load_given(tmp_path / "other" / "checkpoints" / "c.pt")[1].step == 1
     with pytest.raises(ValueError, match="keep must be >= 1"):
         prune_checkpoints(d, 0)
     assert [p.name for p in checkpoint_files(d)] == ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt"]
