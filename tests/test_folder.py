@@ -346,6 +346,26 @@ def test_other_rates_channels_and_formats_are_converted(tmp_path):
     assert wav[sources[str(root / "a" / "0.wav")]] == str(root / "a" / "0.wav")  # used where it is
 
 
+def test_a_file_name_that_is_not_utf8_is_linked_not_left_out(tmp_path):
+    # A Latin-1 name (bytes that are no UTF-8) in a speaker folder and as a speaker folder: the files are read and
+    # linked under audio/, as the help says, not left out as "unreadable" (soundfile cannot encode such a str).
+    root = tree(tmp_path / "root")
+    write_wav(tmp_path / "x.wav", tone(1.2, seed=8))
+    os.rename(tmp_path / "x.wav", os.fsdecode(bytes(root / "a") + b"/caf\xe9.wav"))
+    os.mkdir(os.fsdecode(bytes(root) + b"/sp\xffk"))
+    for u in range(2):
+        write_wav(tmp_path / "y.wav", tone(1.2, seed=9 + u))
+        os.rename(tmp_path / "y.wav", os.fsdecode(bytes(root) + b"/sp\xffk/%d.wav" % u))
+    (root / "b" / "junk.wav").write_bytes(b"not audio" * 100)  # a UTF-8 name's report line names it as a str
+    _, out = run(tmp_path, root=root)
+    junk = f"{root / 'b' / 'junk.wav'}: left out: unreadable (Error opening '{root / 'b' / 'junk.wav'}': "
+    assert report(out) == [junk + "Format not recognised.)"]
+    wav = {**load_data_dir(out / "train").wav, **load_data_dir(out / "test").wav}
+    links = [Path(p) for p in wav.values() if p.startswith(str(out / "audio"))]
+    assert len(wav) == 18 and len(links) == 3 and all(SAFE.match(p.name) and p.is_symlink() for p in links)
+    assert sorted(os.fsencode(p.resolve().name) for p in links) == [b"0.wav", b"1.wav", b"caf\xe9.wav"]
+
+
 def test_split_is_speaker_disjoint_and_seeded(tmp_path):
     root = tree(tmp_path / "root", speakers=[f"s{i}" for i in range(12)], utts=2, seconds=1.0)
 

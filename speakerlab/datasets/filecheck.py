@@ -32,13 +32,18 @@ class Checked:
     how: str = "as is"  # as is | converted | linked
 
 
-def listable(path: str) -> bool:
-    """Whether `path` can be written in a Kaldi list: UTF-8, no whitespace."""
+def utf8(path: str) -> bool:
+    """Whether `path` is UTF-8 (not a name of other bytes, which Python holds with surrogate escapes)."""
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
         return False
-    return not any(c.isspace() for c in path)
+    return True
+
+
+def listable(path: str) -> bool:
+    """Whether `path` can be written in a Kaldi list: UTF-8, no whitespace."""
+    return utf8(path) and not any(c.isspace() for c in path)
 
 
 def check_file(job: Tuple[str, str, int, float]) -> Checked:
@@ -51,9 +56,10 @@ def check_file(job: Tuple[str, str, int, float]) -> Checked:
         return Checked(f"left out: {not_a_file(path)}")
     if os.path.getsize(path) == 0:  # libsndfile would say "Format not recognised", which points the wrong way
         return Checked("left out: empty (0 bytes: an interrupted copy or download?)")
+    name = path if utf8(path) else os.fsencode(path)  # soundfile cannot encode such a name (it is linked below)
     try:
-        info = sf.info(path)
-        wave, sr = sf.read(path, dtype="float32", always_2d=True)
+        info = sf.info(name)
+        wave, sr = sf.read(name, dtype="float32", always_2d=True)
     except Exception as e:  # soundfile raises RuntimeError / LibsndfileError subclasses
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         return Checked(f"left out: unreadable ({reason})")
