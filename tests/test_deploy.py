@@ -348,3 +348,23 @@ def test_export_silences_the_libraries_noise_only_and_needs_a_format_unless_wave
         main(["--checkpoint", "c.pt", "--out", "m.onnx"])
     assert stop.value.code == 2
     assert "--format onnx|torchscript is required (--waveform alone implies onnx)" in capsys.readouterr().err
+
+
+def test_export_over_its_own_checkpoint_is_refused_and_the_checkpoint_stays(tmp_path, capsys):
+    """--out naming the checkpoint being exported (the file, a link to it, or the exp dir's latest) used to replace
+    the trained model with the export; now one error line says it is an input and the checkpoint is untouched."""
+    from speakerlab.inference.deploy.export import main
+    from tests.helpers import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path / "exp" / "checkpoints" / "epoch_001.pt")
+    before = ckpt.read_bytes()
+    (tmp_path / "link.pt").symlink_to(ckpt)
+    for source, out, alias in (
+        (ckpt, ckpt, ""),
+        (ckpt, tmp_path / "link.pt", f" (as {ckpt})"),
+        (tmp_path / "exp", ckpt, ""),
+    ):
+        assert main(["--checkpoint", str(source), "--format", "torchscript", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {out}: an input of this command{alias}; writing an output there would replace it" in err, err
+        assert ckpt.read_bytes() == before

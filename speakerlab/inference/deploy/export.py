@@ -42,7 +42,7 @@ from speakerlab.commands import CommandParser, require_packages
 from speakerlab.inference.deploy.quiet import quiet_libraries
 from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
-from speakerlab.outputs import OutputError, check_path_output, output_path
+from speakerlab.outputs import OutputError, check_not_input, check_path_output, output_path
 
 
 class ExportMismatch(RuntimeError):
@@ -341,6 +341,7 @@ def export(argv=None) -> int:
         return 2
     try:
         check_path_output(args.out)  # a device or a folder refused before the work
+        check_not_input([args.out], [src.path])  # the model file it exports (an exp dir's: its latest checkpoint)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
