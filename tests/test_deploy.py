@@ -368,3 +368,20 @@ def test_export_over_its_own_checkpoint_is_refused_and_the_checkpoint_stays(tmp_
         err = capsys.readouterr().err
         assert f"error: {out}: an input of this command{alias}; writing an output there would replace it" in err, err
         assert ckpt.read_bytes() == before
+
+
+def test_int8_options_without_int8_are_a_usage_error(tmp_path, capsys):
+    """--calibration, --trials, --force and the check's limits without --int8 used to write the fp32 file silently,
+    as if a forgotten --int8 had been checked; now a usage error names them and nothing is written."""
+    from speakerlab.inference.deploy.export import main
+
+    out = tmp_path / "m.onnx"
+    given = ["--calibration", "data/val", "--trials", "data/test", "--min-cosine", "0.9", "--force"]
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", "c.pt", "--waveform", *given, "--out", str(out)])
+    assert stop.value.code == 2 and not out.exists()
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == (
+        "speakerlab-export: error: --calibration, --trials, --min-cosine, --force go with --int8 dynamic|static "
+        "(the int8 calibration and check), not an fp32 file"
+    )

@@ -44,6 +44,9 @@ from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, FORMAT, META
 from speakerlab.inference.verify import exp_calibration
 from speakerlab.outputs import OutputError, check_not_input, check_path_output, output_path
 
+# Options of the int8 quantisation and its check (speakerlab-export refuses them without --int8).
+INT8_ONLY = ("calibration", "calibration_utts", "trials", "max_eer_increase", "min_cosine", "force")
+
 
 class ExportMismatch(RuntimeError):
     """The exported file does not give what the PyTorch model gives: it is not written."""
@@ -319,6 +322,9 @@ def export(argv=None) -> int:
         ap.error("--int8 needs --waveform and --calibration DIR (its audio calibrates and checks the int8 model)")
     if args.input_rate is not None and not args.waveform:
         ap.error("--input-rate goes with --waveform")
+    given = [f"--{d.replace('_', '-')}" for d in INT8_ONLY if getattr(args, d) != ap.get_default(d)]
+    if given and not args.int8:  # else a forgotten --int8 would write the fp32 file as if checked
+        ap.error(f"{', '.join(given)} go with --int8 dynamic|static (the int8 calibration and check), not an fp32 file")
     try:
         src = source_from_args(ap, args)
         threads_line = use_threads(args.threads)[1]
