@@ -385,3 +385,23 @@ def test_int8_options_without_int8_are_a_usage_error(tmp_path, capsys):
         "speakerlab-export: error: --calibration, --trials, --min-cosine, --force go with --int8 dynamic|static "
         "(the int8 calibration and check), not an fp32 file"
     )
+
+
+def test_int8_calibration_list_errors_name_the_list_and_line(tmp_path):
+    """An empty calibration wav.scp used to reach the quantiser ('the quantiser failed: No data is collected.'), an
+    unreadable file named only itself; now each is one error naming the wav.scp (and its line)."""
+    from speakerlab.dataio.audio import AudioError
+    from speakerlab.dataio.tables.lists import ListError
+    from speakerlab.inference.deploy.export import calibration_audio
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "wav.scp").write_text("")
+    with pytest.raises(ListError, match=rf"^{tmp_path / 'empty' / 'wav.scp'}: no utterances$"):
+        calibration_audio(tmp_path / "empty", 16000, 200)
+    good = write_wav(tmp_path / "a.wav", np.full(1600, 0.1))
+    (tmp_path / "junk.wav").write_bytes(b"not audio" * 100)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "wav.scp").write_text(f"a {good}\nb {tmp_path / 'junk.wav'}\n")
+    line = rf"^{tmp_path / 'bad' / 'wav.scp'}:2: b: {tmp_path / 'junk.wav'}: cannot read audio"
+    with pytest.raises(AudioError, match=line):
+        calibration_audio(tmp_path / "bad", 16000, 200)

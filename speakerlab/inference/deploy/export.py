@@ -213,6 +213,7 @@ def check_waveform(embedder, path, input_rate: int, seconds=(1.37, 4.21), atol: 
 
 def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List[str], List[np.ndarray]]:
     """Up to `limit` utterances of a data dir's wav.scp (ids, waves at `input_rate`), in its order."""
+    from speakerlab.dataio.audio import AudioError, read_first_channel
     from speakerlab.dataio.tables.lists import ListError, read_wav_scp
     from speakerlab.dataio.waveform.resample import resample
 
@@ -220,12 +221,15 @@ def calibration_audio(data_dir: Path, input_rate: int, limit: int) -> Tuple[List
     if not scp.exists():
         raise ListError(f"{data_dir}: no wav.scp (give a data dir)")
     table = read_wav_scp(scp)
+    if not table:
+        raise ListError(f"{scp}: no utterances")
     ids = list(table)[:limit] if limit else list(table)
-    from speakerlab.dataio.audio import read_first_channel
-
     waves = []
     for u in ids:
-        wave, sr = read_first_channel(table[u][1], lambda m: None)
+        try:
+            wave, sr = read_first_channel(table[u][1], lambda m: None)
+        except AudioError as e:  # the list's line, as the runtime names it
+            raise AudioError(f"{scp}:{table[u][0]}: {u}: {e}") from None
         waves.append(resample(wave, sr, input_rate))
     return ids, waves
 
