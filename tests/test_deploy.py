@@ -385,6 +385,10 @@ def test_int8_options_without_int8_are_a_usage_error(tmp_path, capsys):
         "speakerlab-export: error: --calibration, --trials, --min-cosine, --force go with --int8 dynamic|static "
         "(the int8 calibration and check), not an fp32 file"
     )
+    int8 = ["--waveform", "--int8", "static", "--calibration", "d", "--out", "m"]
+    with pytest.raises(SystemExit):  # a negative count used to drop that many utterances from the list's end
+        main(["--checkpoint", "c.pt", *int8, "--calibration-utts", "-3"])
+    assert "error: --calibration-utts must be >= 1, got -3" in capsys.readouterr().err
 
 
 def test_int8_calibration_list_errors_name_the_list_and_line(tmp_path):

@@ -324,6 +324,8 @@ def export(argv=None) -> int:
         ap.error("--waveform and --int8 are ONNX options (--format onnx)")
     if args.int8 and not (args.waveform and args.calibration):
         ap.error("--int8 needs --waveform and --calibration DIR (its audio calibrates and checks the int8 model)")
+    if args.calibration_utts < 1:  # a negative count dropped that many from the list's end
+        ap.error(f"--calibration-utts must be >= 1, got {args.calibration_utts}")
     if args.input_rate is not None and not args.waveform:
         ap.error("--input-rate goes with --waveform")
     given = [f"--{d.replace('_', '-')}" for d in INT8_ONLY if getattr(args, d) != ap.get_default(d)]
