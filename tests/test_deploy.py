@@ -273,18 +273,25 @@ def test_nan_audio_writes_nothing(stats_file, tmp_path, capsys):
 
 
 def test_exp_threshold_is_the_cosine_eer_threshold_of_the_exp_dir(tmp_path):
+    """The threshold a waveform file carries is the one scored on that checkpoint's embeddings: a summary of
+    another checkpoint of the run (a fine-tuning run's pretrained.pt, an earlier epoch) used to be taken as well,
+    the first by name."""
     from speakerlab.inference.deploy.export import exp_threshold
 
     exp = tmp_path / "exp"
     (exp / "checkpoints").mkdir(parents=True)
     (exp / "scores").mkdir()
-    assert exp_threshold(exp) is None
-    summary = {"scoring": {"method": "cosine"}, "operating_points": {"eer": {"threshold": 0.3125}}}
+    assert exp_threshold(exp, "m1") is None
+    summary = {"scoring": {"method": "cosine", "model_id": "m1"}, "operating_points": {"eer": {"threshold": 0.3125}}}
     (exp / "scores" / "b.json").write_text(json.dumps(summary))
-    asnorm = {**summary, "scoring": {"method": "cosine+asnorm300"}}
+    asnorm = {**summary, "scoring": {"method": "cosine+asnorm300", "model_id": "m1"}}
     (exp / "scores" / "a.json").write_text(json.dumps(asnorm))
-    assert exp_threshold(exp) == (0.3125, str(exp / "scores" / "b.json"))
-    assert exp_threshold(exp / "checkpoints" / "epoch_010.pt") == (0.3125, str(exp / "scores" / "b.json"))
+    other = {"scoring": {"method": "cosine", "model_id": "m0"}, "operating_points": {"eer": {"threshold": 0.75}}}
+    (exp / "scores" / "a_pretrained.json").write_text(json.dumps(other))
+    assert exp_threshold(exp, "m1") == (0.3125, str(exp / "scores" / "b.json"))
+    assert exp_threshold(exp / "checkpoints" / "epoch_010.pt", "m1") == (0.3125, str(exp / "scores" / "b.json"))
+    assert exp_threshold(exp / "pretrained.pt", "m0") == (0.75, str(exp / "scores" / "a_pretrained.json"))
+    assert exp_threshold(exp, "m2") is None and exp_threshold(exp, "") is None
 
 
 def test_int8_refusal_names_its_reasons():

@@ -116,18 +116,20 @@ def check_export(model: nn.Module, path, fmt: str, feat_dim: int, lengths=(200, 
     return worst
 
 
-def exp_threshold(source: Path) -> Optional[Tuple[float, str]]:
+def exp_threshold(source: Path, model_id: str) -> Optional[Tuple[float, str]]:
     """The cosine EER threshold of a checkpoint's exp dir (`<exp>/scores/*.json` of speakerlab-score with plain
-    cosine scoring; the first by name) and that file, or None."""
+    cosine scoring of this checkpoint's embeddings, `model_id`; the first by name) and that file, or None. (A
+    summary of another checkpoint of the run, e.g. pretrained.pt's, is not this model's threshold.)"""
     exp = source if source.is_dir() else source.parent
     if exp.name == "checkpoints":
         exp = exp.parent
     for path in sorted((exp / "scores").glob("*.json")):
         try:
             summary = json.loads(path.read_text())
-            if summary["scoring"]["method"] == "cosine":
+            scoring = summary["scoring"]
+            if scoring["method"] == "cosine" and model_id and scoring.get("model_id") == model_id:
                 return float(summary["operating_points"]["eer"]["threshold"]), str(path)
-        except (ValueError, KeyError, TypeError):  # another JSON file, or an older layout
+        except (ValueError, KeyError, TypeError, AttributeError):  # another JSON file, or an older layout
             continue
     return None
 
@@ -359,7 +361,7 @@ def export(argv=None) -> int:
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim
     if args.waveform:
-        threshold = exp_threshold(Path(args.checkpoint)) if args.checkpoint else None
+        threshold = exp_threshold(Path(args.checkpoint), src.digest) if args.checkpoint else None
         try:
             found = None
             if args.checkpoint and not args.int8:
