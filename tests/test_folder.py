@@ -366,6 +366,22 @@ def test_a_file_name_that_is_not_utf8_is_linked_not_left_out(tmp_path):
     assert sorted(os.fsencode(p.resolve().name) for p in links) == [b"0.wav", b"1.wav", b"caf\xe9.wav"]
 
 
+def test_a_second_link_to_a_folder_is_said_not_dropped_silently(tmp_path):
+    # Links to folders are followed, each real folder once: a second speaker folder linking to the same recordings
+    # (and a link back up the tree) used to vanish without a report line; now each has one naming the first.
+    root = tree(tmp_path / "root")
+    tree(tmp_path / "elsewhere", speakers=("real",))
+    (root / "alice").symlink_to(tmp_path / "elsewhere" / "real")
+    (root / "bob").symlink_to(tmp_path / "elsewhere" / "real")
+    (root / "a" / "up").symlink_to("..")
+    _, out = run(tmp_path, root=root)
+    assert report(out) == [
+        f"{root / 'a' / 'up'}: left out: a link to a folder read already ({root})",
+        f"{root / 'bob'}: left out: a link to a folder read already ({root / 'alice'})",
+    ]
+    assert sorted({r.split("-")[0] for r in used(out).values()}) == ["a", "alice", "b", "c", "d", "e"]
+
+
 def test_split_is_speaker_disjoint_and_seeded(tmp_path):
     root = tree(tmp_path / "root", speakers=[f"s{i}" for i in range(12)], utts=2, seconds=1.0)
 

@@ -48,14 +48,17 @@ def scan_tree(root, folder_sessions: bool, exclude: Optional[Path] = None) -> Tu
     are followed (each real folder once); `exclude` (the output dir) is not entered."""
     root = require_dir(root, "--root takes the folder that holds one folder per speaker")
     exts = audio_extensions()
-    items, report, seen = [], [], set()
+    items, report, seen = [], [], {}
     skip = os.path.realpath(exclude) if exclude is not None else None
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         st = os.stat(dirpath)
-        if (st.st_dev, st.st_ino) in seen or os.path.realpath(dirpath) == skip:
+        first = seen.get((st.st_dev, st.st_ino))
+        if first is not None or os.path.realpath(dirpath) == skip:
             dirnames[:] = []
+            if first is not None:  # its files are the first one's: said, not dropped silently
+                report.append(f"{os.path.abspath(dirpath)}: left out: a link to a folder read already ({first})")
             continue
-        seen.add((st.st_dev, st.st_ino))
+        seen[(st.st_dev, st.st_ino)] = os.path.abspath(dirpath)
         dirnames.sort()
         rel_dir = Path(dirpath).relative_to(root).parts
         for f in sorted(filenames):
