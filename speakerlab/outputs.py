@@ -130,6 +130,7 @@ def output_file(
         with open(real, mode, **text) as f:
             yield f if mode == "w" else _Unseekable(f)
         return
+    _check_parent(path, real)
     real.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(real)
     try:
@@ -151,7 +152,16 @@ def check_path_output(path: PathLike) -> Path:
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
     if kind == "special":
         raise OutputError(f"{path} is not a regular file (a device or a pipe): this output is written only to a file")
+    _check_parent(path, real)
     return real
+
+
+def _check_parent(path: PathLike, real: Path) -> None:
+    """An OutputError when the folder of `real` cannot be made or written (a file on the way, say): before the
+    work, not as an OS error when the output is written."""
+    problem = folder_problem(real.parent)
+    if problem:
+        raise OutputError(f"{path} cannot be written: {problem}")
 
 
 def check_not_input(outputs: Iterable[PathLike], inputs: Iterable[Optional[PathLike]]) -> None:

@@ -114,3 +114,22 @@ def test_a_folder_output_refuses_a_device_or_a_file(tmp_path):
         check_folder_output(tmp_path / "f")
     assert check_folder_output(tmp_path / "new" / "dir") == tmp_path / "new" / "dir"
     assert not (tmp_path / "new").exists()  # checked, not created
+
+
+def test_an_output_below_a_file_is_one_error_before_the_work(tmp_path):
+    # `speakerlab-export --out notes.txt/m.onnx` used to fail after the export with a FileExistsError traceback
+    # (mkdir of the parent), `speakerlab-embed` with '[Errno 17] File exists'; now both writers refuse it naming
+    # the file in the way, and nothing is created.
+    from speakerlab.outputs import check_path_output
+
+    (tmp_path / "notes.txt").write_text("x")
+    for out in (tmp_path / "notes.txt" / "m.onnx", tmp_path / "notes.txt" / "sub" / "e.npz"):
+        expected = f"{out} cannot be written: {tmp_path / 'notes.txt'} is a file, not a folder"
+        with pytest.raises(OutputError, match=f"^{expected}"):
+            check_path_output(out)
+        with pytest.raises(OutputError, match=f"^{expected}"):
+            write_text(out, "x")
+    assert (tmp_path / "notes.txt").read_text() == "x"
+    with output_path(tmp_path / "new" / "m.bin") as tmp:  # a folder still to make is fine
+        tmp.write_bytes(b"ok")
+    assert (tmp_path / "new" / "m.bin").read_bytes() == b"ok"
