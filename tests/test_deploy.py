@@ -256,6 +256,10 @@ def test_short_file_and_wrong_rate_without_resampling_are_errors(stats_file, tmp
         "shortest input is 1600 (0.100 s)"
     )
     assert not (tmp_path / "out.npz").exists()
+    # docs/deployment.md's bad-input table quotes this message (it once quoted an older one's frame counts)
+    row = next(x for x in (ROOT / "docs" / "deployment.md").read_text().splitlines() if "too short for an" in x)
+    message = r"too short for an embedding: \d+ samples \(\d\.\d{3} s\) at \d+ Hz, this model's shortest input is"
+    assert re.search(message, row), row
     narrow = write_wav(tmp_path / "narrow.wav", np.zeros(8000), 8000)
     from speakerlab.dataio.audio import AudioError
 
