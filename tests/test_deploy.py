@@ -420,3 +420,20 @@ def test_int8_calibration_list_errors_name_the_list_and_line(tmp_path):
     line = rf"^{tmp_path / 'bad' / 'wav.scp'}:2: b: {tmp_path / 'junk.wav'}: cannot read audio"
     with pytest.raises(AudioError, match=line):
         calibration_audio(tmp_path / "bad", 16000, 200)
+
+
+def test_verify_onnx_decides_at_the_threshold_the_file_carries(tmp_path, capsys):
+    """An ONNX file exported from a scored exp dir carries that checkpoint's cosine EER threshold; without a
+    calibration or --threshold, speakerlab-verify --onnx decides at it, not at the untuned default."""
+    from speakerlab.inference.cli import run_verify
+
+    model = with_lengths(stats_graph())
+    set_metadata(model, metadata(threshold="0.123", threshold_source="exp/scores/test.json"))
+    onnx.save(model, tmp_path / "t.onnx")
+    rng = np.random.default_rng(3)
+    a, b = (write_wav(tmp_path / f"{n}.wav", 0.1 * rng.standard_normal(16000)) for n in "ab")
+    assert run_verify([str(a), str(b), "--onnx", str(tmp_path / "t.onnx")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"threshold 0.123000 (EER threshold carried by {tmp_path / 't.onnx'}: exp/scores/test.json)"
+    assert run_verify([str(a), str(b), "--onnx", str(tmp_path / "t.onnx"), "--threshold", "0.7"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "threshold 0.700000 (--threshold)"

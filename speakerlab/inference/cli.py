@@ -39,7 +39,8 @@ The cosine threshold is, first found of:
      lower t on a tie), i.e. the operating point where the miss and false-alarm rates of that list cross;
   3. for `--checkpoint` (an exp dir or a checkpoint in one), the EER threshold the scoring stage found for
      this very checkpoint: a `<exp>/scores/**/*.json` of `speakerlab-score` (plain cosine) whose embeddings it
-     made (the checkpoint's content digest, which extraction and scoring record as `model_id`);
+     made (the checkpoint's content digest, which extraction and scoring record as `model_id`); for `--onnx`, the
+     one the file carries (`speakerlab.threshold`: speakerlab-export took it there from the exp dir's scoring);
   4. DEFAULT_THRESHOLD: a placeholder, not tuned for any model, and the threshold line says so.
 
 `speakerlab-embed` reads `<id> <path>` lines and writes OUT: `.npz` with `ids` (wav.scp order) and
@@ -131,6 +132,15 @@ def calibration_threshold(trials: str, embeddings: str, dim: Optional[int] = Non
     )
 
 
+def carried_threshold(embedder) -> Optional[Tuple[float, str]]:
+    """The cosine EER threshold a waveform ONNX file carries (speakerlab-export took it from its exp dir's scoring of
+    that checkpoint) and where it came from, or None (a torch model, or a file exported without one)."""
+    t = getattr(embedder, "threshold", None)
+    if t is None:
+        return None
+    return t, f"EER threshold carried by {embedder.path}: {embedder.meta.get('threshold_source', 'its exp dir')}"
+
+
 def scored_threshold(checkpoint: str, model_id: str) -> Optional[Tuple[float, str]]:
     """The EER threshold of the first `<exp>/scores/**/*.json` (by name) scored by plain cosine on embeddings
     of the model `model_id` -> (t, where it came from), or None (no such scoring, or no model id)."""
@@ -163,7 +173,8 @@ def verify_parser() -> argparse.ArgumentParser:
         epilog="Calibrated (the model's calibration: --calibration-file, the ONNX file's, <exp>/calibration.json): "
         "'same speaker' iff llr >= the threshold of --far. Else the cosine threshold: --threshold, else the EER "
         "threshold of --calibration (the score where miss and false-alarm rates cross on that list), else the EER "
-        f"threshold the scoring stage found for this --checkpoint (<exp>/scores/*.json), else {DEFAULT_THRESHOLD} "
+        "threshold the scoring stage found for this --checkpoint (<exp>/scores/*.json) or the one an --onnx file "
+        f"carries, else {DEFAULT_THRESHOLD} "
         "(untuned). 'same speaker' iff score >= threshold.",
     )
     ap.add_argument("a", help="first audio file (any rate, first channel)")
@@ -223,6 +234,7 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
                 threshold, source = calibration_threshold(args.calibration, args.calibration_embeddings, emb.shape[1])
             else:
                 found_t = scored_threshold(args.checkpoint, embedder.model_id) if args.checkpoint else None
+                found_t = found_t or carried_threshold(embedder)
                 threshold, source = found_t or (DEFAULT_THRESHOLD, UNTUNED)
             score = cosine(emb[0], emb[1])
             decision = Decision(score, threshold, score >= threshold, source)
