@@ -400,6 +400,11 @@ def test_int8_options_without_int8_are_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):  # a negative count used to drop that many utterances from the list's end
         main(["--checkpoint", "c.pt", *int8, "--calibration-utts", "-3"])
     assert "error: --calibration-utts must be >= 1, got -3" in capsys.readouterr().err
+    for fmt, out, right in (("torchscript", "m.onnx", ".pt"), ("onnx", "m.pt", ".onnx")):
+        with pytest.raises(SystemExit):  # a TorchScript file named .onnx: the runtime then calls it unreadable
+            main(["--checkpoint", "c.pt", "--format", fmt, "--out", str(tmp_path / out)])
+        err = capsys.readouterr().err
+        assert f"--out {tmp_path / out}: a {Path(out).suffix} name for a {fmt} file: name it {right}" in err, err
 
 
 def test_int8_calibration_list_errors_name_the_list_and_line(tmp_path):

@@ -322,6 +322,11 @@ def export(argv=None) -> int:
     if args.format is None and not (args.waveform or args.int8):
         ap.error("--format onnx|torchscript is required (--waveform alone implies onnx)")
     args.format = args.format or "onnx"
+    suffix = Path(args.out).suffix.lower()
+    named = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript"}.get(suffix)
+    if named and named != args.format:  # the runtime would call such a file unreadable, not of the other format
+        right = ".onnx" if args.format == "onnx" else ".pt"
+        ap.error(f"--out {args.out}: a {suffix} name for a {args.format} file: name it {right}")
     if (args.waveform or args.int8) and args.format != "onnx":
         ap.error("--waveform and --int8 are ONNX options (--format onnx)")
     if args.int8 and not (args.waveform and args.calibration):
