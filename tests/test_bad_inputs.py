@@ -601,6 +601,9 @@ def run_recipe(recipe: str, args, cwd, **env) -> subprocess.CompletedProcess:
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),
         (["--stage"], "option --stage needs a value"),
+        # A word that is no option was once left unread and every stage ran: `-stage 3`, a second value
+        (["-stage", "3"], "unexpected argument '-stage': recipe options are --name value or --name=value"),
+        (["--stage", "2", "3"], "unexpected argument '3'"),
         (["--launcher", "srun"], "--launcher must be one of auto, local, slurm, got 'srun'"),  # declared choices
     ],
 )
