@@ -373,6 +373,8 @@ def test_an_unlabelled_dir_is_sharded_and_read_by_a_self_supervised_run_only(tmp
     with tarfile.open(tmp_path / "bare" / "shard-000000.tar") as tar:
         meta = json.loads(tar.extractfile(next(m for m in tar if m.name.endswith(".json"))).read())
     assert meta["spk"] is None and meta["utt"] in index["utts"]
+    # A re-run of the stage (as every stage 2 re-runs) once stopped on the missing utt2spk with a traceback
+    assert main(["--data", str(data), "--out", str(tmp_path / "bare"), "--per-shard", "4"]) == 0
     unlabelled = TrainLists([Corpus(name="", lists=read_compact(data))])
     for shards, held in (("bare", "unlabelled"), ("labelled", "their labels unread")):
         logged = []

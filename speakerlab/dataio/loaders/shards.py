@@ -68,7 +68,7 @@ def _fresh(index_path: Path, roots: List[Path], options: dict) -> bool:
     if not index_path.is_file():
         return False
     # Not utt2num_samples: the prepare stage rewrites it at every run, before this one in stage 2.
-    newer = [r / n for r in roots for n in ("wav.scp", "utt2spk")]
+    newer = [r / n for r in roots for n in ("wav.scp", "utt2spk") if (r / n).exists()]  # no utt2spk: unlabelled
     if any(p.stat().st_mtime_ns >= index_path.stat().st_mtime_ns for p in newer):
         return False
     try:
