@@ -100,6 +100,19 @@ def test_writer_size_limit_rerun_and_cli(tmp_path, capsys):
     os.utime(data / "wav.scp")  # newer lists: rewritten
     assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0
     assert (out / "shards.json").stat().st_mtime_ns > stamp
+    # Another data dir, or a manifest edited since, into the same --out: once 'nothing to do' when its lists were
+    # older than shards.json, and training then said to run this very command again
+    other = make_data_dir(tmp_path / "other", {"x-1": "x", "y-1": "y"}, seconds=0.3)
+    os.utime(other / "wav.scp", ns=(0, 0))
+    os.utime(other / "utt2spk", ns=(0, 0))
+    assert main(["--data", str(other), "--out", str(out), "--per-shard", "100"]) == 0
+    assert sorted(written(out)["utts"]) == ["x-1", "y-1"]
+    manifest = tmp_path / "corpora.yaml"
+    manifest.write_text(yaml.safe_dump([{"name": "a", "dir": str(other)}]))
+    assert main(["--data", str(manifest), "--out", str(out), "--per-shard", "100"]) == 0
+    manifest.write_text(yaml.safe_dump([{"name": "b", "dir": str(other)}]))
+    assert main(["--data", str(manifest), "--out", str(out), "--per-shard", "100"]) == 0
+    assert sorted(written(out)["utts"]) == ["b/x-1", "b/y-1"]
     (data / "wav" / "spk.0-utt.0.wav").unlink()
     assert main(["--data", str(data), "--out", str(out)]) == 2
     assert f"{data / 'wav.scp'}:1:" in capsys.readouterr().err
