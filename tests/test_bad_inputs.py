@@ -624,6 +624,9 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         # A boolean's typo once meant false without a word (`[ "$x" = true ]`)
         ("mini", ["--augment", "yes"], "--augment must be one of true, false, got 'yes'"),
         ("custom", ["--scale", "flase"], "--scale must be one of true, false, got 'flase'"),
+        # --jobs 0 reached speakerlab-prepare's thread pool: a ValueError traceback at stage 2
+        ("voxceleb", ["--jobs", "0"], "--jobs must be a whole number >= 1, got '0'"),
+        ("mini", ["--jobs", "x"], "--jobs must be a whole number >= 1, got 'x'"),
     ],
 )
 def test_recipe_choices_are_checked_before_any_stage(recipe, args, message, tmp_path):

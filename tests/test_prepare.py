@@ -1,6 +1,7 @@
 """speakerlab.dataio.tables.prepare (stage 2) as a module and a command: validate, check audio, index lengths."""
 
 import numpy as np
+import pytest
 
 from speakerlab.dataio.tables.lists import load_data_dir
 from speakerlab.dataio.tables.prepare import main, prepare
@@ -86,3 +87,12 @@ def test_a_rerun_after_the_lists_changed_rewrites_its_own_outputs(tmp_path, caps
     assert (root / "spk2utt").read_text() == "a a-1 a-2\nb b-1\n"
     assert load_data_dir(root).num_samples["a-2"] == 8000
     assert main(["--data", str(root)]) == 0 and "written again" not in capsys.readouterr().err  # a third: as is
+
+
+def test_jobs_below_one_is_a_usage_error(tmp_path, capsys):
+    """--jobs 0 once reached the thread pool: 'ValueError: max_workers must be greater than 0', a traceback."""
+    root = make_data_dir(tmp_path / "d", {"a-1": "a"}, seconds=0.25)
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(root), "--jobs", "0"])
+    assert e.value.code == 2 and "--jobs must be >= 1, got 0" in capsys.readouterr().err
+    assert not (root / "utt2num_samples").exists()

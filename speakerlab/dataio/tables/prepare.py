@@ -92,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-rate", type=int, default=16000, help="the rate every file must have")
     ap.add_argument("--jobs", type=int, default=4, help="threads reading audio headers")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
 
     def work():
         for d in args.data:
