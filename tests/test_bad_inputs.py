@@ -601,6 +601,9 @@ def run_recipe(recipe: str, args, cwd, **env) -> subprocess.CompletedProcess:
         (["--stag", "3"], "unknown option --stag"),
         (["--http_proxy", "x"], "unknown option --http_proxy"),
         (["--stage"], "option --stage needs a value"),
+        # A word that is no option was once left unread and every stage ran: `-stage 3`, a second value
+        (["-stage", "3"], "unexpected argument '-stage': recipe options are --name value or --name=value"),
+        (["--stage", "2", "3"], "unexpected argument '3'"),
         (["--launcher", "srun"], "--launcher must be one of auto, local, slurm, got 'srun'"),  # declared choices
     ],
 )
@@ -621,6 +624,9 @@ def test_recipe_option_errors(recipe, args, message, tmp_path):
         # A boolean's typo once meant false without a word (`[ "$x" = true ]`)
         ("mini", ["--augment", "yes"], "--augment must be one of true, false, got 'yes'"),
         ("custom", ["--scale", "flase"], "--scale must be one of true, false, got 'flase'"),
+        # --jobs 0 reached speakerlab-prepare's thread pool: a ValueError traceback at stage 2
+        ("voxceleb", ["--jobs", "0"], "--jobs must be a whole number >= 1, got '0'"),
+        ("mini", ["--jobs", "x"], "--jobs must be a whole number >= 1, got 'x'"),
     ],
 )
 def test_recipe_choices_are_checked_before_any_stage(recipe, args, message, tmp_path):

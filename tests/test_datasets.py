@@ -227,6 +227,30 @@ def test_extract_tar_and_skip_when_done(tmp_path):
     assert not (tmp_path / "out/top/x.txt").exists()
 
 
+@pytest.mark.parametrize("damage", ["tar.gz cut short", "zip cut short", "zip member damaged"])
+def test_a_damaged_archive_is_one_error_naming_it(tmp_path, capsys, damage):
+    """An archive without a published md5 (3dspeaker_files.tar.gz), or one taken with --skip-md5, once stopped the
+    extract step with tarfile's or zipfile's traceback; now one line naming the archive, no marker, exit 2."""
+    members = {f"files/x{i}.txt": os.urandom(20000) for i in range(4)}
+    blob = tgz_bytes(members) if damage.startswith("tar") else zip_bytes(members)
+    blob = bytearray(blob[: len(blob) // 2] if "cut short" in damage else blob)
+    if damage == "zip member damaged":
+        blob[100:200] = bytes(100)
+    name = "3dspeaker_files.tar.gz" if damage.startswith("tar") else "3dspeaker_files.zip"
+    (tmp_path / name).write_bytes(bytes(blob))
+    with pytest.raises(DownloadError, match=f"{tmp_path / name}: (truncated or corrupt archive|neither a zip)"):
+        extract(tmp_path / name, tmp_path / "out")
+    assert not (tmp_path / "out" / f".{name}.extracted").exists()
+    if damage.startswith("tar"):  # through the command: one line, exit 2
+        serve(tmp_path / "have", {"train.tar.gz": tgz_bytes({"train/a": b"1"}), "test.tar.gz": tgz_bytes({})})
+        shutil.copy(tmp_path / name, tmp_path / "have" / name)
+        raw = str(tmp_path / "raw")
+        assert threedspeaker.main(["extract", "--archive-dir", str(tmp_path / "have"), "--raw-dir", raw]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"error: {tmp_path / 'have' / name}: truncated or corrupt archive")
+        assert "Traceback" not in "\n".join(err)
+
+
 # ---------------------------------------------------------------- VoxCeleb
 
 

@@ -20,7 +20,7 @@ from speakerlab.inference.extract import embed_data_dir
 from speakerlab.models import build_model
 from speakerlab.train.inputs.loader import JoinedStore
 from speakerlab.train.loop import main as train_main
-from tests.helpers import losses, make_data_dir, tiny_config
+from tests.helpers import losses, make_data_dir, tiny_config, write_wav
 
 
 @pytest.fixture
@@ -132,6 +132,17 @@ def test_rerun_keeps_an_up_to_date_store_and_rebuilds_a_stale_one(data, tmp_path
     (data / "wav.scp").write_text((data / "wav.scp").read_text())  # the list changed after the store
     assert main(["--data", str(data)]) == 0
     assert ark.stat().st_mtime_ns != first and FeatureStore(data)["a-1"].shape[1] == 80
+
+
+def test_a_file_shorter_than_one_frame_is_named_with_its_wav_scp_line(tmp_path, capsys):
+    """speakerlab-prepare takes a file of a few samples (a cut-short copy); the store's fbank then stopped with
+    'wave of 28 samples is too short for one frame', naming no file among thousands."""
+    data = make_data_dir(tmp_path / "d", {"a-0": "a", "b-0": "b"}, seconds=0.5)
+    write_wav(data / "wav" / "b-0.wav", np.zeros(28))
+    assert main(["--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {data / 'wav.scp'}:2: {data / 'wav' / 'b-0.wav'}: wave of 28 samples is too short")
+    assert err.count("\n") == 1 and not (data / "feats.json").exists()
 
 
 def test_validation_reads_the_store_of_the_val_dir(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """speakerlab.dataio.tables.prepare (stage 2) as a module and a command: validate, check audio, index lengths."""
 
 import numpy as np
+import pytest
 
 from speakerlab.dataio.tables.lists import load_data_dir
 from speakerlab.dataio.tables.prepare import main, prepare
@@ -66,3 +67,32 @@ def test_an_empty_wav_scp_is_one_line_naming_it(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err == f"error: {root / 'wav.scp'}: no utterances in it (an empty wav.scp)\n", err
         assert sorted(p.name for p in root.iterdir()) == ["utt2spk"] * labelled + ["wav.scp"]
+
+
+def test_a_rerun_after_the_lists_changed_rewrites_its_own_outputs(tmp_path, capsys):
+    """spk2utt and utt2num_samples of an earlier run once refused the next one after an utterance joined the lists
+    ('re-run ... speakerlab-prepare', from speakerlab-prepare): the stage rewrites what it wrote."""
+    root = make_data_dir(tmp_path / "d", {"a-1": "a", "b-1": "b"}, seconds=0.25)
+    assert main(["--data", str(root)]) == 0
+    write_wav(root / "wav" / "a-2.wav", np.zeros(8000))
+    with open(root / "wav.scp", "a") as f:
+        f.write(f"a-2 {root / 'wav' / 'a-2.wav'}\n")
+    with open(root / "utt2spk", "a") as f:
+        f.write("a-2 a\n")
+    capsys.readouterr()
+    assert main(["--data", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert f"{root / 'spk2utt'} is written again from utt2spk" in err and "utterance 'a-2' of utt2spk" in err
+    assert (root / "utt2num_samples").read_text() == "a-1 4000\na-2 8000\nb-1 4000\n"
+    assert (root / "spk2utt").read_text() == "a a-1 a-2\nb b-1\n"
+    assert load_data_dir(root).num_samples["a-2"] == 8000
+    assert main(["--data", str(root)]) == 0 and "written again" not in capsys.readouterr().err  # a third: as is
+
+
+def test_jobs_below_one_is_a_usage_error(tmp_path, capsys):
+    """--jobs 0 once reached the thread pool: 'ValueError: max_workers must be greater than 0', a traceback."""
+    root = make_data_dir(tmp_path / "d", {"a-1": "a"}, seconds=0.25)
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(root), "--jobs", "0"])
+    assert e.value.code == 2 and "--jobs must be >= 1, got 0" in capsys.readouterr().err
+    assert not (root / "utt2num_samples").exists()

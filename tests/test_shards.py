@@ -100,6 +100,19 @@ def test_writer_size_limit_rerun_and_cli(tmp_path, capsys):
     os.utime(data / "wav.scp")  # newer lists: rewritten
     assert main(["--data", str(data), "--out", str(out), "--per-shard", "100"]) == 0
     assert (out / "shards.json").stat().st_mtime_ns > stamp
+    # Another data dir, or a manifest edited since, into the same --out: once 'nothing to do' when its lists were
+    # older than shards.json, and training then said to run this very command again
+    other = make_data_dir(tmp_path / "other", {"x-1": "x", "y-1": "y"}, seconds=0.3)
+    os.utime(other / "wav.scp", ns=(0, 0))
+    os.utime(other / "utt2spk", ns=(0, 0))
+    assert main(["--data", str(other), "--out", str(out), "--per-shard", "100"]) == 0
+    assert sorted(written(out)["utts"]) == ["x-1", "y-1"]
+    manifest = tmp_path / "corpora.yaml"
+    manifest.write_text(yaml.safe_dump([{"name": "a", "dir": str(other)}]))
+    assert main(["--data", str(manifest), "--out", str(out), "--per-shard", "100"]) == 0
+    manifest.write_text(yaml.safe_dump([{"name": "b", "dir": str(other)}]))
+    assert main(["--data", str(manifest), "--out", str(out), "--per-shard", "100"]) == 0
+    assert sorted(written(out)["utts"]) == ["b/x-1", "b/y-1"]
     (data / "wav" / "spk.0-utt.0.wav").unlink()
     assert main(["--data", str(data), "--out", str(out)]) == 2
     assert f"{data / 'wav.scp'}:1:" in capsys.readouterr().err
@@ -373,6 +386,8 @@ def test_an_unlabelled_dir_is_sharded_and_read_by_a_self_supervised_run_only(tmp
     with tarfile.open(tmp_path / "bare" / "shard-000000.tar") as tar:
         meta = json.loads(tar.extractfile(next(m for m in tar if m.name.endswith(".json"))).read())
     assert meta["spk"] is None and meta["utt"] in index["utts"]
+    # A re-run of the stage (as every stage 2 re-runs) once stopped on the missing utt2spk with a traceback
+    assert main(["--data", str(data), "--out", str(tmp_path / "bare"), "--per-shard", "4"]) == 0
     unlabelled = TrainLists([Corpus(name="", lists=read_compact(data))])
     for shards, held in (("bare", "unlabelled"), ("labelled", "their labels unread")):
         logged = []

@@ -24,7 +24,7 @@ opt stage 1
 opt stop_stage 5
 opt data data                      # Kaldi data dirs
 fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts --musan_rirs
-opt jobs 8                         # parallel downloads / index threads
+opt jobs 8 count                   # parallel downloads / index threads
 opt prepare_opts ""                # e.g. "--keep-device09"
 opt train_set 3dspeaker_train
 opt val_set ""                     # a data dir with `trials`, scored during training (data.val)

@@ -37,7 +37,7 @@ opt scale true                     # stage 3: epochs, patience, frozen start sca
 opt checkpoint ""                  # stage 4 model ("" = the run's result: checkpoints/best.pt, else the latest)
 opt average_last 3                 # stage 6: epoch checkpoints averaged
 opt lm_config ../../conf/custom/finetune_lm.yaml   # stage 7 overlay
-opt jobs 4                         # processes reading the audio (stage 1), index threads (stage 2)
+opt jobs 4 count                   # processes reading the audio (stage 1), index threads (stage 2)
 launch_options none                # --gpus (none: the CPU; GPUs: --gpus all --hardware auto) --nproc --nnodes ...
 calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target
 opt train_overrides ""             # e.g. "train.epochs=10 optim.backbone_lr_scale=0.1" (+ speakerlab-train flags)

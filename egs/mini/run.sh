@@ -29,7 +29,7 @@ opt corpus_opts ""                 # extra generator options, e.g. "--num-train-
 opt augment false                  # true: train from audio with speed perturbation, reverb, noise ...
 opt augment_config ../../conf/mini/augment.yaml  # ... as this overlay of $config says
 opt seed 1234
-opt jobs 2                         # corpus generation processes
+opt jobs 2 count                   # corpus generation processes
 opt shards false                   # stage 2 also writes tar shards of the training set; stages 3, 7 stream them
 launch_options none                # --gpus (none: the CPU profile) --nproc --nnodes --node_rank --master_addr --master_port
 calibration_options                # --cal_set (stage 8: held-out data dir with trials) --p_target

@@ -28,7 +28,7 @@ opt clusters 400 clusters         # stage 10: pseudo-speakers (the corpus's 400 
 opt drop 0 share                  # stage 10: share of least confident utterances dropped (0.2: validation 10.44 %)
 opt hardware cpu
 opt seed 1234
-opt jobs 2
+opt jobs 2 count
 opt corpus_opts ""
 opt train_overrides ""            # stage 3
 opt round_epochs 20 count         # stage 10: each round's epochs. 20 against 10, from the 30-epoch start: validation

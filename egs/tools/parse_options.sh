@@ -2,9 +2,10 @@
 # (egs/tools/common.sh). `--name value` and `--name=value` set the declared option `name` (dashes
 # become underscores); anything else starting with `--` is an error, and so is an environment
 # variable that was not declared (http_proxy is not an option). `--help` prints $help_message and
-# every option with its current value. Positional arguments are left in "$@". Afterwards an option declared with a
-# rule (`opt NAME DEFAULT RULE`: choices, a named rule, true/false for a boolean default) must keep it, and --stage and
-# --stop_stage must be stage numbers 1..$LAST_STAGE with stage <= stop_stage. Every refusal is one
+# every option with its current value. A recipe takes no other argument: a word that is not an option (`stage 2`,
+# `-stage 2`, a value given twice) is an error, never left unread while every stage runs. Afterwards an option
+# declared with a rule (`opt NAME DEFAULT RULE`: choices, a named rule, true/false for a boolean default) must
+# keep it, and --stage and --stop_stage must be stage numbers 1..$LAST_STAGE with stage <= stop_stage. Every refusal is one
 # `error: ...` line on stderr and exit code 2 (bad input, as the speakerlab-* commands).
 _po_declared() { local v; for v in "${_options[@]}"; do [ "$v" = "$1" ] && return 0; done; return 1; }
 while [ $# -gt 0 ]; do
@@ -18,7 +19,9 @@ while [ $# -gt 0 ]; do
     --*)
       [ $# -ge 2 ] || { echo "error: option $1 needs a value" >&2; exit 2; }
       _po_name="$1"; _po_value="$2"; shift 2 ;;
-    *) break ;;
+    *)
+      echo "error: unexpected argument '$1': recipe options are --name value or --name=value (see --help)" >&2
+      exit 2 ;;
   esac
   _po_var="${_po_name#--}"; _po_var="${_po_var//-/_}"
   if ! _po_declared "$_po_var"; then

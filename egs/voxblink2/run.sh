@@ -19,7 +19,7 @@ opt stage 1
 opt stop_stage 5
 opt data data                      # Kaldi data dirs
 fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts --musan_rirs
-opt jobs 8                         # parallel downloads / ffmpeg processes / index threads
+opt jobs 8 count                   # parallel downloads / ffmpeg processes / index threads
 opt vb2_audio_dir ""               # VoxBlink2 already unpacked: its <spk>/<video>/<n>.wav tree (no archive needed)
 opt cnceleb true                   # CN-Celeb2 in the training mix and the CN-Celeb1 evaluation (false: neither)
 opt vb2_weight 1.0                 # passes per epoch over each corpus (data.train[i].weight)

@@ -24,7 +24,7 @@ opt stop_stage 5
 opt data data                      # Kaldi data dirs
 fetch_options                      # --download_dir --archive_dir --raw_dir --mirror --download_opts --musan_rirs
 opt parts "vox1 vox2"              # corpora to fetch and prepare ("vox1": VoxCeleb1 only, no ffmpeg)
-opt jobs 8                         # parallel downloads / ffmpeg processes / index threads
+opt jobs 8 count                   # parallel downloads / ffmpeg processes / index threads
 opt train_set vox2_dev
 opt val_set ""                     # a data dir with `trials`, scored during training (data.val)
 opt eval_set vox1                  # all of VoxCeleb1: Vox1-E/H use dev speakers too

@@ -10,6 +10,7 @@ import os
 import shutil
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from speakerlab.datasets.download import Archive, DownloadError, UnsafeArchiveError, log
@@ -53,6 +54,20 @@ def extract(archive, dest_dir) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
     log(f"extracting {archive} -> {dest}")
+    try:
+        _unpack(archive, root)
+    except getattr(tarfile, "FilterError", ()) as e:  # the "data" filter's refusals: unsafe, not damaged
+        raise UnsafeArchiveError(f"{archive}: refusing a member: {e}") from None
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:  # no marker: a re-run unpacks again
+        raise DownloadError(
+            f"{archive}: truncated or corrupt archive ({e}); delete it and download it again (its md5, where one is "
+            f"published, finds a damaged copy at the download step)"
+        ) from None
+    write_text(marker, f"{archive}\n")
+    return dest
+
+
+def _unpack(archive: Path, root: Path) -> None:
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
             for info in zf.infolist():
@@ -64,10 +79,8 @@ def extract(archive, dest_dir) -> Path:
             for m in tf:
                 _check_tar_member(archive, root, m)
                 tf.extract(m, root, **extra)
-    else:
-        raise DownloadError(f"{archive}: neither a zip nor a tar archive")
-    write_text(marker, f"{archive}\n")
-    return dest
+    else:  # a zip's directory is at its end: a truncated zip is no zip at all to is_zipfile
+        raise DownloadError(f"{archive}: neither a zip nor a tar archive (or one cut short)")
 
 
 def install(archive: Archive, path, raw_dir) -> Path:

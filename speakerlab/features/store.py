@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from speakerlab.commands import CommandParser
-from speakerlab.dataio.audio import read_audio
+from speakerlab.dataio.audio import AudioError, read_audio
 from speakerlab.dataio.tables.columns import as_keys, read_keyed
 from speakerlab.dataio.tables.embeddings import import_kaldiio, write_kaldi_ark
 from speakerlab.dataio.tables.lists import ListError, load_data_dir, read_wav_scp, rerun_features
@@ -56,8 +56,14 @@ def write_store(data_dir, fbank: Fbank, log=print) -> Path:
 
     def features():
         for utt in data.utts:
-            wave = read_audio(data.wav[utt], fbank.config.sample_rate)
-            feats = fbank(torch.from_numpy(wave).unsqueeze(0))[0].numpy()
+            where = f"{root / 'wav.scp'}:{data.wav_line[utt]}"
+            try:
+                wave = read_audio(data.wav[utt], fbank.config.sample_rate)
+                feats = fbank(torch.from_numpy(wave).unsqueeze(0))[0].numpy()
+            except AudioError as e:  # names the file
+                raise ListError(f"{where}: {e}") from None
+            except ValueError as e:  # the fbank's: a file shorter than one frame
+                raise ListError(f"{where}: {data.wav[utt]}: {e}") from None
             frames.append(feats.shape[0])
             yield utt, feats
 

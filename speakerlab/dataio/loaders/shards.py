@@ -63,12 +63,14 @@ def key_index(member: str) -> int:
     return int(key) if key.isdigit() else -1
 
 
-def _fresh(index_path: Path, roots: List[Path], options: dict) -> bool:
-    """shards.json exists, is newer than the lists it was written from, with the same options."""
+def _fresh(index_path: Path, data: Path, roots: List[Path], options: dict) -> bool:
+    """shards.json exists, was written from `data` (a data dir, or a manifest of the corpora `roots`) with the same
+    options, and is newer than the lists (and the manifest)."""
     if not index_path.is_file():
         return False
     # Not utt2num_samples: the prepare stage rewrites it at every run, before this one in stage 2.
-    newer = [r / n for r in roots for n in ("wav.scp", "utt2spk")]
+    newer = [r / n for r in roots for n in ("wav.scp", "utt2spk") if (r / n).exists()]  # no utt2spk: unlabelled
+    newer += [data] if data.is_file() else []  # a manifest's names and weights are in the shards' ids
     if any(p.stat().st_mtime_ns >= index_path.stat().st_mtime_ns for p in newer):
         return False
     try:
@@ -77,7 +79,8 @@ def _fresh(index_path: Path, roots: List[Path], options: dict) -> bool:
         return False
     shards_there = all((index_path.parent / s.get("file", "")).is_file() for s in index.get("shards", []))
     arrays_there = all((index_path.parent / f"{n}.npy").is_file() for n in ARRAYS)
-    return index.get("format") == FORMAT and index.get("options") == options and shards_there and arrays_there
+    same = index.get("format") == FORMAT and index.get("data") == str(data) and index.get("options") == options
+    return same and shards_there and arrays_there
 
 
 def write_shards(
@@ -95,7 +98,8 @@ def write_shards(
 
     A shard is closed at `per_shard` samples when given, else before it would pass `shard_mb` MiB.
     Lengths come from `utt2num_samples` when the prepare stage wrote it, else from the headers. Skips
-    the work when shards.json is newer than the lists and was written with the same options."""
+    the work when shards.json was written from the same `data_dir` with the same options, and is newer than the
+    lists (and the manifest)."""
     root, out = Path(data_dir), check_folder_output(out)
     limits = {"shard_mb": None, "per_shard": per_shard} if per_shard else {"shard_mb": shard_mb, "per_shard": None}
     options = {"seed": seed, "sample_rate": sample_rate, **limits}
@@ -103,7 +107,7 @@ def write_shards(
     settings = DataSettings(train=str(root))
     resolve_corpora(settings)
     data, parts = joined_data_dir(settings)
-    if _fresh(index_path, [d.root for d in parts], options):
+    if _fresh(index_path, root, [d.root for d in parts], options):
         log(f"shards: {index_path} is newer than the lists of {root}: nothing to do")
         return index_path
     for part in parts:

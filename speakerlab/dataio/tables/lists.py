@@ -125,11 +125,12 @@ class DataDir:
             raise ListError(f"{len(missing)} audio file(s) listed in {scp} do not exist:\n{shown}{more}")
 
 
-def load_data_dir(root, need_speakers: bool = True) -> DataDir:
+def load_data_dir(root, need_speakers: bool = True, derived: bool = True) -> DataDir:
     """Read and cross-check `root/wav.scp`, `utt2spk` (and `spk2utt`, `utt2num_samples` if present).
 
     Every utterance in wav.scp must have a speaker (when `need_speakers`) and every utt2spk entry must
-    be in wav.scp; spk2utt, when present, must be the inverse of utt2spk.
+    be in wav.scp; spk2utt, when present, must be the inverse of utt2spk. `derived=False` reads neither spk2utt nor
+    utt2num_samples: the prepare stage, which writes them from the lists, reads the lists it writes them from.
     """
     root = Path(root)
     if not root.is_dir():
@@ -150,9 +151,9 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
             if utt not in u2s:
                 raise ListError(f"{root / 'wav.scp'}:{wav[utt][0]}: utterance '{utt}' has no speaker in utt2spk")
         data.utt2spk = {u: s for u, (n, s) in u2s.items()}
-        if (root / "spk2utt").exists():
-            _check_spk2utt(root / "spk2utt", data.utt2spk)
-    if (root / "utt2num_samples").exists():
+        if derived and (root / "spk2utt").exists():
+            check_spk2utt(root / "spk2utt", data.utt2spk)
+    if derived and (root / "utt2num_samples").exists():
         data.num_samples = read_utt2num_samples(root / "utt2num_samples")
         for utt in data.utts:
             if utt not in data.num_samples:
@@ -163,7 +164,8 @@ def load_data_dir(root, need_speakers: bool = True) -> DataDir:
     return data
 
 
-def _check_spk2utt(path: Path, utt2spk: Dict[str, str]) -> None:
+def check_spk2utt(path: Path, utt2spk: Dict[str, str]) -> None:
+    """ListError naming `path` (and its line) unless spk2utt is the inverse of `utt2spk`."""
     seen = set()
     for spk, (lineno, utts) in read_spk2utt(path).items():
         for utt in utts:
