@@ -405,3 +405,14 @@ def test_an_unlabelled_dir_is_sharded_and_read_by_a_self_supervised_run_only(tmp
     with pytest.raises(ListError) as e:
         write_shards(manifest, tmp_path / "mixed", log=lambda m: None)
     assert str(e.value).startswith(f"{data / 'utt2spk'}: file does not exist, and the other corpora have theirs")
+
+
+def test_a_manifest_without_out_is_a_usage_error_saying_to_give_it(tmp_path, capsys):
+    """<data>/shards is the default dir of a data dir; a manifest (a file) has none: the error says to give --out."""
+    manifest = tmp_path / "corpora.yaml"
+    manifest.write_text("- {path: data/a}\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["--data", str(manifest)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"--data {manifest} is a manifest of corpora: give --out" in err, err
+    assert not (tmp_path / "corpora.yaml" / "shards").exists() and manifest.is_file()

@@ -247,6 +247,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.shard_mb <= 0 or (args.per_shard is not None and args.per_shard < 1):
         ap.error("--shard-mb must be > 0 and --per-shard >= 1")
+    if args.out is None and Path(args.data).is_file():  # a manifest: no folder to put <data>/shards in
+        ap.error(f"--data {args.data} is a manifest of corpora: give --out, the shard dir to write")
     out = args.out or str(Path(args.data) / "shards")
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     return run_command(
