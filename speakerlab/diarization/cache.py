@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from speakerlab.dataio.tables.rttm import Interval
+from speakerlab.inference.common import model_key  # noqa: F401 (the cache's key of an embedder's embeddings)
 from speakerlab.outputs import output_path, write_text
 
 SAMPLED = 1 << 16  # bytes read from each end of an audio file for its key
@@ -95,26 +96,6 @@ class CacheEntry:
 
     def put_span_embeddings(self, settings, spans, emb: np.ndarray) -> None:
         _save(self._spans_path(settings, spans), embeddings=np.asarray(emb, dtype=np.float32))
-
-
-def model_key(embedder) -> str:
-    """What keys an embedder's embeddings: a speakerlab checkpoint's content digest (`model_id`) and its name, else
-    (3D-Speaker weights, ReDimNet2 releases, int8 ONNX files: no digest) a digest of its weights, the ONNX file's
-    bytes or the model's parameters and buffers, so that a file rewritten in place is not served the old one's."""
-    model_id = getattr(embedder, "model_id", "")
-    if not model_id:
-        h = hashlib.sha256()
-        if getattr(embedder, "path", None):  # OnnxEmbedder: its file
-            with open(embedder.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        else:  # Embedder: its torch model's tensors (this module imports no torch)
-            for name, value in embedder.model.state_dict().items():
-                h.update(name.encode())
-                h.update(value.detach().cpu().float().numpy().tobytes())
-            h.update(repr(embedder.spec).encode())
-        model_id = "weights " + h.hexdigest()[:20]
-    return f"{model_id}|{embedder.name}"
 
 
 def _rounded(intervals: Sequence[Interval]) -> list:

@@ -65,7 +65,7 @@ from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.tables.embeddings import write_embeddings
 from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir
-from speakerlab.inference.common import too_short
+from speakerlab.inference.common import model_key, too_short
 from speakerlab.inference.embedder import (
     Embedder,
     NonFiniteEmbedding,
@@ -175,7 +175,7 @@ class StreamingExtractor:
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
         settings = {
-            "model": embedder.name,
+            "model": model_key(embedder),  # its content, not only its path: a file replaced in place is another
             "source": src.kind,
             "max_seconds": max_seconds,
             "batch_size": batch_size,
