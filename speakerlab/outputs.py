@@ -18,6 +18,8 @@ output is a folder of files checks it with `check_folder_output` before its work
 refused in one line: `folder_problem`) and writes each file in it through `output_file`. tests/test_outputs_devices.py
 runs every command that writes a file with its output on a character device. An output that is one of the command's
 own input files is refused before the work (`check_not_input`): writing it would replace what the command reads.
+A command that writes one file at the end of long work checks it first (`check_file_output`: a folder there, or a
+file on its way), so that a refused output costs nothing.
 """
 
 from __future__ import annotations
@@ -152,6 +154,20 @@ def check_path_output(path: PathLike) -> Path:
     if kind == "special":
         raise OutputError(f"{path} is not a regular file (a device or a pipe): this output is written only to a file")
     return real
+
+
+def check_file_output(path: PathLike, *, allow_stdout: bool = False) -> None:
+    """What `output_file` would refuse about `path` at the end of a command's work, as an OutputError before it: a
+    folder there, or a parent that cannot be a folder (a file on the way). A device or a pipe is fine (written
+    through); `-` where `allow_stdout`."""
+    if str(path) == "-" and allow_stdout:
+        return
+    kind = _kind(Path(path))
+    if kind == "dir":
+        raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
+    problem = folder_problem(Path(path).parent) if kind == "missing" else None
+    if problem:
+        raise OutputError(f"{problem}: cannot write {path}")
 
 
 def check_not_input(outputs: Iterable[PathLike], inputs: Iterable[Optional[PathLike]]) -> None:

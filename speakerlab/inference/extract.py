@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.embeddings import kaldi_paths, write_embeddings
 from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir
 from speakerlab.inference.common import model_key, too_short
 from speakerlab.inference.embedder import (
@@ -75,7 +75,7 @@ from speakerlab.inference.embedder import (
     length_batches,
 )
 from speakerlab.inference.units import choose_store, collate_units, plan_units, unit_source, utterance_lengths
-from speakerlab.outputs import OutputError, is_special, output_file, write_text
+from speakerlab.outputs import OutputError, check_file_output, check_not_input, is_special, output_file, write_text
 
 # --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
 # model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
@@ -349,6 +349,11 @@ def main(argv=None) -> int:
         args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     t0 = time.time()
     try:
+        outputs = [args.out, *(kaldi_paths(args.out) if args.kaldi else ())]
+        for path in outputs:  # refused before the work, not after it
+            check_file_output(path)
+        data_files = sorted(Path(args.data).iterdir()) if Path(args.data).is_dir() else []
+        check_not_input(outputs, [args.checkpoint, args.weights, args.redimnet2, *data_files])
         embedder = embedder_from_args(ap, args)
         if args.pad_ratio is None:
             args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0
