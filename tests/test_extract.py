@@ -184,3 +184,24 @@ def test_an_output_that_cannot_be_written_or_is_an_input_is_refused_before_the_w
         assert err.startswith(said) and len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert not Path(f"{out}.parts").exists()
     assert ((tmp_path / "model.pt").read_bytes(), (data / "utt2spk").read_bytes()) == before
+
+
+@pytest.mark.parametrize(
+    "option, said",
+    [
+        (["--shard-units", "0"], "--shard-units must be at least 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--max-seconds", "-1"], "--max-seconds must not be negative, got -1"),
+        (["--pad-ratio", "-0.5"], "--pad-ratio must not be negative, got -0.5"),
+        (["--batch-seconds", "0"], "--batch-seconds must be > 0, got 0"),
+    ],
+)
+def test_option_values_that_mean_nothing_are_a_usage_error(ckpt, data, tmp_path, capsys, option, said):
+    """--shard-units 0 was a ZeroDivisionError traceback; the others were accepted and silently meant something else
+    (batches of one, never chunking)."""
+    out = tmp_path / "emb.npz"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu", *option])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"speakerlab-extract: error: {said}"
+    assert not out.exists()

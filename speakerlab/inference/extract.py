@@ -344,6 +344,18 @@ def main(argv=None) -> int:
         "yes, no, or auto (when the store exists with the checkpoint's fbank options)",
     )
     args = ap.parse_args(argv)
+    for name, value, least in (("--batch-size", args.batch_size, 1), ("--shard-units", args.shard_units, 1)):
+        if value < least:
+            ap.error(f"{name} must be at least {least}, got {value}")
+    for name, value in (
+        ("--max-seconds", args.max_seconds),
+        ("--pad-ratio", args.pad_ratio),
+        ("--num-workers", args.num_workers),
+    ):
+        if value is not None and value < 0:
+            ap.error(f"{name} must not be negative, got {value:g}")
+    if args.batch_seconds is not None and args.batch_seconds <= 0:
+        ap.error(f"--batch-seconds must be > 0, got {args.batch_seconds:g}")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and args.device in ("auto", "cuda") and torch.cuda.is_available():
         args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
