@@ -160,8 +160,10 @@ def check_file_output(path: PathLike, *, allow_stdout: bool = False) -> None:
     """What `output_file` would refuse about `path` at the end of a command's work, as an OutputError before it: a
     folder there, or a parent that cannot be a folder (a file on the way). A device or a pipe is fine (written
     through); `-` where `allow_stdout`."""
-    if str(path) == "-" and allow_stdout:
-        return
+    if str(path) == "-":
+        if allow_stdout:
+            return
+        raise OutputError("'-' (standard output) is not an output this command can write: give a file path")
     kind = _kind(Path(path))
     if kind == "dir":
         raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")

@@ -105,6 +105,24 @@ def test_too_short_input_and_bad_conditions_are_one_line_errors(ckpt, data, caps
     assert "unknown step 'tele'" in capsys.readouterr().err
 
 
+def test_outputs_are_checked_before_the_table_and_never_replace_an_input(ckpt, data, tmp_path, capsys):
+    """--out the trial list (or --json a file of the data dir) replaced it with the table; a folder as --json was
+    refused only after every condition had been embedded. Now one line naming it, before any condition runs."""
+    trials = (data / "trials").read_bytes()
+    (tmp_path / "folder").mkdir()
+    common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "tel", "--ci-replicates", "0"]
+    for option, said in (
+        (["--out", str(data / "trials")], f"error: {data / 'trials'}: an input of this command"),
+        (["--json", str(data / "wav.scp")], f"error: {data / 'wav.scp'}: an input of this command"),
+        (["--json", str(tmp_path / "folder")], f"error: {tmp_path / 'folder'} is a folder, not a file"),
+        (["--out", "-"], "error: '-' (standard output) is not an output this command can write"),
+    ):
+        assert run([*common, *option]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(said) and len(err.strip().splitlines()) == 1, err
+    assert (data / "trials").read_bytes() == trials
+
+
 def test_a_test_side_draw_keeps_exactly_the_trials_of_the_drawn_utterances(ckpt, data, tmp_path):
     js = tmp_path / "stress.json"
     common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "trunc1", "--json", str(js)]
