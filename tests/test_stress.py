@@ -195,3 +195,17 @@ def test_the_side_by_side_script_refuses_tables_of_different_test_side_draws(tmp
     drawn = table(tmp_path / "c.json", [("clean", 0.05), ("tel", 0.05), ("mp3", 0.10)], 100)
     out = subprocess.run([*script, base, drawn], capture_output=True, text=True)
     assert out.returncode == 2 and "test-side draw" in out.stderr
+
+
+def test_a_noise_bank_folder_that_is_none_says_how_to_build_one(ckpt, data, tmp_path, capsys):
+    """--noise-bank data/musan_rirs (the lists, not their bank/) was `error: [Errno 2] No such file or directory:
+    '.../index.json'`; now it says the folder is no noise bank and what builds one."""
+    folder = tmp_path / "musan_rirs"
+    folder.mkdir()
+    argv = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "noise5", "--noise-bank", str(folder)]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {folder}: not a noise bank (no index.json); build one with `speakerlab-noise-bank --lists "
+        "DIR`, which writes DIR/bank"
+    ]
