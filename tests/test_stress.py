@@ -209,3 +209,29 @@ def test_a_noise_bank_folder_that_is_none_says_how_to_build_one(ckpt, data, tmp_
         f"error: {folder}: not a noise bank (no index.json); build one with `speakerlab-noise-bank --lists "
         "DIR`, which writes DIR/bank"
     ]
+
+
+def test_a_noise_bank_of_another_sample_rate_is_refused(ckpt, data, tmp_path, capsys):
+    """An 8 kHz bank on a 16 kHz model's audio was used as it is (its noise at twice the speed); now refused."""
+    from speakerlab.dataio.waveform.noise_bank import build_bank
+
+    folder = tmp_path / "lists"
+    wav = write_wav(folder / "n0.wav", 0.1 * np.random.default_rng(0).standard_normal(8000), sample_rate=8000)
+    (folder / "noise.scp").write_text(f"n0 {wav}\n")
+    build_bank(folder, folder / "bank", ["noise"], 8000, lambda m: None)
+    argv = [
+        "--checkpoint",
+        str(ckpt),
+        "--data",
+        str(data),
+        "--conditions",
+        "noise5",
+        "--noise-bank",
+        str(folder / "bank"),
+    ]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"error: {folder / 'bank'}: a noise bank of 8000 Hz audio, this model's is 16000 Hz: build one at that rate "
+        "(speakerlab-noise-bank --sample-rate 16000)"
+    )

@@ -314,6 +314,11 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         trials = Path(args.trials) if args.trials else None
         data = StressSet(Path(args.data), trials, args.utt2spk, args.test_utts, args.seed)
         embedder = source_embedder(ap, args)
+        if bank is not None and bank.sample_rate != embedder.sample_rate:  # its noise would play at another speed
+            raise ConditionError(
+                f"{bank.root}: a noise bank of {bank.sample_rate} Hz audio, this model's is {embedder.sample_rate} Hz: "
+                f"build one at that rate (speakerlab-noise-bank --sample-rate {embedder.sample_rate})"
+            )
         log(
             f"speakerlab-stress: {embedder.name}, {len(data.tl)} trials of {data.tl.path}{drawn(data)}, "
             f"{len(conditions)} condition(s) on the {'both' if args.both_sides else 'test'} side(s), "
