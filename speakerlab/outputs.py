@@ -18,6 +18,8 @@ output is a folder of files checks it with `check_folder_output` before its work
 refused in one line: `folder_problem`) and writes each file in it through `output_file`. tests/test_outputs_devices.py
 runs every command that writes a file with its output on a character device. An output that is one of the command's
 own input files is refused before the work (`check_not_input`): writing it would replace what the command reads.
+A command that writes one file at the end of long work checks it first (`check_file_output`: a folder there, or a
+file on its way), so that a refused output costs nothing.
 """
 
 from __future__ import annotations
@@ -162,6 +164,21 @@ def _check_parent(path: PathLike, real: Path) -> None:
     problem = folder_problem(real.parent)
     if problem:
         raise OutputError(f"{path} cannot be written: {problem}")
+
+
+def check_file_output(path: PathLike, *, allow_stdout: bool = False) -> None:
+    """What `output_file` would refuse about `path` at the end of a command's work, as an OutputError before it: a
+    folder there, or a parent that cannot be a folder (a file on the way). A device or a pipe is fine (written
+    through); `-` where `allow_stdout`."""
+    if str(path) == "-":
+        if allow_stdout:
+            return
+        raise OutputError("'-' (standard output) is not an output this command can write: give a file path")
+    kind = _kind(Path(path))
+    if kind == "dir":
+        raise OutputError(f"{path} is a folder, not a file: give the path of the file to write")
+    if kind == "missing":
+        _check_parent(path, Path(path))
 
 
 def check_not_input(outputs: Iterable[PathLike], inputs: Iterable[Optional[PathLike]]) -> None:

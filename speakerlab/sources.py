@@ -89,11 +89,21 @@ class Source:
             return weight_problems(build_model(name, **args), self.weights)
 
     def build(self) -> nn.Module:
-        """The model with these weights, in eval mode: model input -> `(B, D)`."""
+        """The model with these weights, in eval mode: model input -> `(B, D)`. A front-end that cannot feed it (a
+        3D-Speaker state dict of a model that takes other features, a checkpoint whose stored front-end is not its
+        model's) is a SourceError naming the file, not a shape error at the first embedding."""
         try:
-            return load_model(self.model_name, self.model_args, self.weights)
+            model = load_model(self.model_name, self.model_args, self.weights)
         except ValueError as e:
             raise SourceError(f"{self.path}: {e}") from None
+        problem = input_problem(model, self.features)
+        if problem:
+            zoo = " (3D-Speaker state dicts are read with the zoo's 80-bin fbank)" if self.kind == "3dspeaker" else ""
+            raise SourceError(
+                f"{self.path}: its front-end ({self.features.describe()}) cannot feed model {self.model_name}{zoo}: "
+                f"{problem}"
+            )
+        return model
 
     def merged(self) -> "Source":
         """This source without LoRA: its adapters folded into the encoder weights (`model_args.lora` dropped);

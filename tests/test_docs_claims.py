@@ -136,3 +136,17 @@ def test_the_check_catches_a_stale_figure_a_missing_section_and_an_unknown_one(t
     doc.write_text("2% (bench/RESULTS.md#no-such-section)\n")
     with pytest.raises(AssertionError, match="no section #no-such-section"):
         problems(doc, known, strict=True)
+
+
+def test_every_config_of_the_model_table_exists():
+    """docs/models.md's last column names `--config ../../conf/<file>` for each row: every such file (with `<N>` as
+    b0-b6's digit) is in conf/. The ReDimNet2 row named `voxceleb_redimnet2_b<N>.yaml`, which no config is."""
+    table = [ln for ln in (ROOT / "docs" / "models.md").read_text().splitlines() if ln.startswith("| ")][2:]
+    named = [re.findall(r"`([^`]+\.yaml)`", ln.split("|")[-2]) for ln in table]
+    assert all(named) and len(table) > 20
+    for name in (n for row in named for n in row):
+        files = [name.replace("<N>", str(n)) for n in range(7)] if "<N>" in name else [name]
+        if "<model>" in name:
+            continue  # several models: conf/<corpus>/<model>.yaml, checked for each by tests/test_config.py
+        for f in files:
+            assert (ROOT / "conf" / f).is_file(), f"docs/models.md names conf/{f}, which does not exist"

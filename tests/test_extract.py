@@ -1,5 +1,7 @@
 """speakerlab.inference.extract as a module and a command: whole-utterance embeddings of a data dir."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -159,4 +161,47 @@ def test_an_empty_wav_scp_is_one_line_naming_it(ckpt, tmp_path, capsys):
     assert main(["--checkpoint", str(ckpt), "--data", str(empty), "--out", str(out), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {empty / 'wav.scp'}: no utterances in it (an empty wav.scp)\n", err
+    assert not out.exists()
+
+
+def test_an_output_that_cannot_be_written_or_is_an_input_is_refused_before_the_work(ckpt, data, tmp_path, capsys):
+    """--out a folder, under a file, the checkpoint itself or a file of the data dir: one line naming it, before
+    anything is embedded (no parts left behind), and the input is left as it was."""
+    import shutil
+
+    model = shutil.copy(ckpt, tmp_path / "model.pt")
+    before = (tmp_path / "model.pt").read_bytes(), (data / "utt2spk").read_bytes()
+    (tmp_path / "folder").mkdir()
+    for out, said in (
+        (tmp_path / "folder", f"error: {tmp_path / 'folder'} is a folder, not a file"),
+        (model / "x.npz", f"error: {model / 'x.npz'} cannot be written: {model} is a file, not a folder"),
+        (model, f"error: {model}: an input of this command"),
+        (data / "utt2spk", f"error: {data / 'utt2spk'}: an input of this command"),
+    ):
+        argv = ["--checkpoint", str(model), "--data", str(data), "--out", str(out), "--device", "cpu"]
+        assert main(argv + ["--num-workers", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(said) and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert not Path(f"{out}.parts").exists()
+    assert ((tmp_path / "model.pt").read_bytes(), (data / "utt2spk").read_bytes()) == before
+
+
+@pytest.mark.parametrize(
+    "option, said",
+    [
+        (["--shard-units", "0"], "--shard-units must be at least 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--max-seconds", "-1"], "--max-seconds must not be negative, got -1"),
+        (["--pad-ratio", "-0.5"], "--pad-ratio must not be negative, got -0.5"),
+        (["--batch-seconds", "0"], "--batch-seconds must be > 0, got 0"),
+    ],
+)
+def test_option_values_that_mean_nothing_are_a_usage_error(ckpt, data, tmp_path, capsys, option, said):
+    """--shard-units 0 was a ZeroDivisionError traceback; the others were accepted and silently meant something else
+    (batches of one, never chunking)."""
+    out = tmp_path / "emb.npz"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--device", "cpu", *option])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"speakerlab-extract: error: {said}"
     assert not out.exists()

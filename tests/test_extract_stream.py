@@ -113,6 +113,28 @@ def test_rerun_skips_finished_shards_and_changed_settings_start_again(ckpt, tmp_
     assert "holds parts of another run" in capsys.readouterr().err
 
 
+def test_a_checkpoint_replaced_in_place_does_not_resume_from_the_old_ones_parts(tmp_path, capsys):
+    """A run killed after its first shard, then the checkpoint file rewritten at the same path (stage 6 averaging
+    again into avg.pt, say): the re-run must not merge the old model's shard into the new one's embeddings."""
+    from tests.helpers import save_tiny_checkpoint
+
+    data = make_dir(tmp_path / "d", 12, [0.5, 0.7, 0.9, 1.1])
+    model, out, fresh = tmp_path / "avg.pt", tmp_path / "e.npz", tmp_path / "fresh.npz"
+    save_tiny_checkpoint(model, seed=0)
+    ex = StreamingExtractor(
+        load_embedder(model, device="cpu"), load_data_dir(data, need_speakers=False), out, shard_units=3, num_workers=0
+    )
+    ex.prepare_parts(print)
+    ex.run_shard(0)
+    save_tiny_checkpoint(model, seed=1)
+    args = ["--checkpoint", str(model), "--data", str(data), "--shard-units", "3", "--num-workers", "0"]
+    capsys.readouterr()
+    assert main(args + ["--out", str(out), "--device", "cpu"]) == 0
+    assert "holds parts of another run" in capsys.readouterr().err
+    assert main(args + ["--out", str(fresh), "--device", "cpu"]) == 0
+    np.testing.assert_array_equal(read_embeddings(out)[1], read_embeddings(fresh)[1])
+
+
 def test_kaldi_output_is_readable_by_kaldiio(ckpt, tmp_path):
     import kaldiio
 

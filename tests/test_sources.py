@@ -210,3 +210,20 @@ def test_every_bad_source_is_one_error_naming_it(tmp_path, case, message):
         read_source(path, threedspeaker=name)
     assert message.format(path=path) in str(e.value)
     assert e.value.about == ("name" if name else "file")
+
+
+def test_a_source_whose_front_end_cannot_feed_its_model_is_one_error_naming_it(tmp_path, capsys):
+    """A ReDimNet2 state dict given as a 3D-Speaker one (--3dspeaker redimnet2_b0): its weights fit, but the zoo's
+    80-bin fbank cannot feed a 72-bin model. That was a RuntimeError traceback at the first batch; now one line
+    naming the file and the mismatch, before any audio is read."""
+    path = tmp_path / "redimnet2_b0_state.pt"
+    torch.save(filled_state("b0"), path)
+    with pytest.raises(SourceError, match=r"redimnet2_b0_state.pt: its front-end \(kaldi_fbank, 80 bins"):
+        read_source(path, threedspeaker="redimnet2_b0").build()
+    wav = write_wav(tmp_path / "a.wav", 0.1 * np.random.default_rng(0).standard_normal(16000))
+    (tmp_path / "wav.scp").write_text(f"a {wav}\n")
+    argv = [str(tmp_path / "wav.scp"), str(tmp_path / "e.npz"), "--3dspeaker", "redimnet2_b0", "--weights", str(path)]
+    assert run_embed(argv + ["--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: its front-end") and "takes 72" in err[0]
+    assert not (tmp_path / "e.npz").exists()

@@ -105,6 +105,24 @@ def test_too_short_input_and_bad_conditions_are_one_line_errors(ckpt, data, caps
     assert "unknown step 'tele'" in capsys.readouterr().err
 
 
+def test_outputs_are_checked_before_the_table_and_never_replace_an_input(ckpt, data, tmp_path, capsys):
+    """--out the trial list (or --json a file of the data dir) replaced it with the table; a folder as --json was
+    refused only after every condition had been embedded. Now one line naming it, before any condition runs."""
+    trials = (data / "trials").read_bytes()
+    (tmp_path / "folder").mkdir()
+    common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "tel", "--ci-replicates", "0"]
+    for option, said in (
+        (["--out", str(data / "trials")], f"error: {data / 'trials'}: an input of this command"),
+        (["--json", str(data / "wav.scp")], f"error: {data / 'wav.scp'}: an input of this command"),
+        (["--json", str(tmp_path / "folder")], f"error: {tmp_path / 'folder'} is a folder, not a file"),
+        (["--out", "-"], "error: '-' (standard output) is not an output this command can write"),
+    ):
+        assert run([*common, *option]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(said) and len(err.strip().splitlines()) == 1, err
+    assert (data / "trials").read_bytes() == trials
+
+
 def test_a_test_side_draw_keeps_exactly_the_trials_of_the_drawn_utterances(ckpt, data, tmp_path):
     js = tmp_path / "stress.json"
     common = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "clean", "trunc1", "--json", str(js)]
@@ -177,3 +195,43 @@ def test_the_side_by_side_script_refuses_tables_of_different_test_side_draws(tmp
     drawn = table(tmp_path / "c.json", [("clean", 0.05), ("tel", 0.05), ("mp3", 0.10)], 100)
     out = subprocess.run([*script, base, drawn], capture_output=True, text=True)
     assert out.returncode == 2 and "test-side draw" in out.stderr
+
+
+def test_a_noise_bank_folder_that_is_none_says_how_to_build_one(ckpt, data, tmp_path, capsys):
+    """--noise-bank data/musan_rirs (the lists, not their bank/) was `error: [Errno 2] No such file or directory:
+    '.../index.json'`; now it says the folder is no noise bank and what builds one."""
+    folder = tmp_path / "musan_rirs"
+    folder.mkdir()
+    argv = ["--checkpoint", str(ckpt), "--data", str(data), "--conditions", "noise5", "--noise-bank", str(folder)]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {folder}: not a noise bank (no index.json); build one with `speakerlab-noise-bank --lists "
+        "DIR`, which writes DIR/bank"
+    ]
+
+
+def test_a_noise_bank_of_another_sample_rate_is_refused(ckpt, data, tmp_path, capsys):
+    """An 8 kHz bank on a 16 kHz model's audio was used as it is (its noise at twice the speed); now refused."""
+    from speakerlab.dataio.waveform.noise_bank import build_bank
+
+    folder = tmp_path / "lists"
+    wav = write_wav(folder / "n0.wav", 0.1 * np.random.default_rng(0).standard_normal(8000), sample_rate=8000)
+    (folder / "noise.scp").write_text(f"n0 {wav}\n")
+    build_bank(folder, folder / "bank", ["noise"], 8000, lambda m: None)
+    argv = [
+        "--checkpoint",
+        str(ckpt),
+        "--data",
+        str(data),
+        "--conditions",
+        "noise5",
+        "--noise-bank",
+        str(folder / "bank"),
+    ]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"error: {folder / 'bank'}: a noise bank of 8000 Hz audio, this model's is 16000 Hz: build one at that rate "
+        "(speakerlab-noise-bank --sample-rate 16000)"
+    )

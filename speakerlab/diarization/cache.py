@@ -11,7 +11,7 @@ EXP/cache, so that their five systems run the VAD and the embedder once per reco
 
 An entry is keyed by the audio file (its real path, size, modification time and a digest of its first
 and last 64 KiB: a rewritten file is a new entry), the VAD (its settings, `repr`) for the speech, and for
-the embeddings also the model (its digest and name; a digest of its weights where it has none: `model_key`), the
+the embeddings also the model (its digest and name; its weights digest where it has none: `model_key`), the
 sub-segment settings (window, hop, min_embed) and the speech regions they were cut from (oracle speech and the
 VAD's give different entries). A segmentation model's windows are keyed by the model (its file's digest) and the
 window layout, the embeddings of its local speakers by the model, their settings and the spans they were cut from:
@@ -95,26 +95,6 @@ class CacheEntry:
 
     def put_span_embeddings(self, settings, spans, emb: np.ndarray) -> None:
         _save(self._spans_path(settings, spans), embeddings=np.asarray(emb, dtype=np.float32))
-
-
-def model_key(embedder) -> str:
-    """What keys an embedder's embeddings: a speakerlab checkpoint's content digest (`model_id`) and its name, else
-    (3D-Speaker weights, ReDimNet2 releases, int8 ONNX files: no digest) a digest of its weights, the ONNX file's
-    bytes or the model's parameters and buffers, so that a file rewritten in place is not served the old one's."""
-    model_id = getattr(embedder, "model_id", "")
-    if not model_id:
-        h = hashlib.sha256()
-        if getattr(embedder, "path", None):  # OnnxEmbedder: its file
-            with open(embedder.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        else:  # Embedder: its torch model's tensors (this module imports no torch)
-            for name, value in embedder.model.state_dict().items():
-                h.update(name.encode())
-                h.update(value.detach().cpu().float().numpy().tobytes())
-            h.update(repr(embedder.spec).encode())
-        model_id = "weights " + h.hexdigest()[:20]
-    return f"{model_id}|{embedder.name}"
 
 
 def _rounded(intervals: Sequence[Interval]) -> list:

@@ -39,13 +39,13 @@ import numpy as np
 from speakerlab.dataio.audio import AudioError
 from speakerlab.dataio.tables.rttm import Interval, Turn
 from speakerlab.dataio.waveform.resample import resample
-from speakerlab.diarization.cache import CacheEntry, FrontCache, model_key
+from speakerlab.diarization.cache import CacheEntry, FrontCache
 from speakerlab.diarization.clustering.cluster import MAX_UNITS, METHODS, VBX_DEFAULTS, SpeakerCount, cluster, normalize
 from speakerlab.diarization.clustering.plda import PLDA, PLDAError
 from speakerlab.diarization.clustering.vbx import VBxParams
 from speakerlab.diarization.segmented import diarize_segmented
 from speakerlab.diarization.vad import VAD_RATE, Detector
-from speakerlab.inference.common import check_finite, too_short
+from speakerlab.inference.common import check_finite, model_key, too_short
 
 # Nothing here imports torch: with a waveform ONNX file (speakerlab.inference.deploy.runtime) diarization runs in the
 # torch-free install.

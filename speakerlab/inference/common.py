@@ -8,6 +8,7 @@ onnxruntime).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
@@ -33,6 +34,27 @@ def shortest_input(num_frames: Callable[[int], int], limit: int) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+def model_key(embedder) -> str:
+    """What names an embedder's embeddings: a speakerlab checkpoint's content digest (`model_id`) and its name, else
+    (3D-Speaker weights, ReDimNet2 releases, int8 ONNX files: no digest) a digest of its weights, the ONNX file's
+    bytes or the model's parameters and buffers, so that a file rewritten in place is not taken for the old one
+    (the diarization cache's key, extraction's resumption)."""
+    model_id = getattr(embedder, "model_id", "")
+    if not model_id:
+        h = hashlib.sha256()
+        if getattr(embedder, "path", None):  # OnnxEmbedder: its file
+            with open(embedder.path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        else:  # Embedder: its torch model's tensors (this module imports no torch)
+            for name, value in embedder.model.state_dict().items():
+                h.update(name.encode())
+                h.update(value.detach().cpu().float().numpy().tobytes())
+            h.update(repr(embedder.spec).encode())
+        model_id = "weights " + h.hexdigest()[:20]
+    return f"{model_id}|{embedder.name}"
 
 
 def too_short(samples: int, embedder) -> Optional[str]:

@@ -63,9 +63,9 @@ from torch.utils.data import DataLoader
 from speakerlab.checkpoint import CheckpointError
 from speakerlab.commands import CommandParser
 from speakerlab.dataio.audio import AudioError
-from speakerlab.dataio.tables.embeddings import write_embeddings
+from speakerlab.dataio.tables.embeddings import kaldi_paths, write_embeddings
 from speakerlab.dataio.tables.lists import DataDir, ListError, load_data_dir
-from speakerlab.inference.common import too_short
+from speakerlab.inference.common import model_key, too_short
 from speakerlab.inference.embedder import (
     Embedder,
     NonFiniteEmbedding,
@@ -75,7 +75,7 @@ from speakerlab.inference.embedder import (
     length_batches,
 )
 from speakerlab.inference.units import choose_store, collate_units, plan_units, unit_source, utterance_lengths
-from speakerlab.outputs import OutputError, is_special, output_file, write_text
+from speakerlab.outputs import OutputError, check_file_output, check_not_input, is_special, output_file, write_text
 
 # --pad-ratio's default on a GPU: an utterance list has few of exactly equal length, so exact batching means a
 # model call per utterance; within 10 % they share calls (the shorter repeated, not zero-padded).
@@ -175,7 +175,7 @@ class StreamingExtractor:
         n_shards = max(world_size, min(len(batches), -(-len(self.utt) // shard_units)))
         self.shards = [batches[s::n_shards] for s in range(n_shards)]
         settings = {
-            "model": embedder.name,
+            "model": model_key(embedder),  # its content, not only its path: a file replaced in place is another
             "source": src.kind,
             "max_seconds": max_seconds,
             "batch_size": batch_size,
@@ -344,11 +344,28 @@ def main(argv=None) -> int:
         "yes, no, or auto (when the store exists with the checkpoint's fbank options)",
     )
     args = ap.parse_args(argv)
+    for name, value, least in (("--batch-size", args.batch_size, 1), ("--shard-units", args.shard_units, 1)):
+        if value < least:
+            ap.error(f"{name} must be at least {least}, got {value}")
+    for name, value in (
+        ("--max-seconds", args.max_seconds),
+        ("--pad-ratio", args.pad_ratio),
+        ("--num-workers", args.num_workers),
+    ):
+        if value is not None and value < 0:
+            ap.error(f"{name} must not be negative, got {value:g}")
+    if args.batch_seconds is not None and args.batch_seconds <= 0:
+        ap.error(f"--batch-seconds must be > 0, got {args.batch_seconds:g}")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and args.device in ("auto", "cuda") and torch.cuda.is_available():
         args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     t0 = time.time()
     try:
+        outputs = [args.out, *(kaldi_paths(args.out) if args.kaldi else ())]
+        for path in outputs:  # refused before the work, not after it
+            check_file_output(path)
+        data_files = sorted(Path(args.data).iterdir()) if Path(args.data).is_dir() else []
+        check_not_input(outputs, [args.checkpoint, args.weights, args.redimnet2, *data_files])
         embedder = embedder_from_args(ap, args)
         if args.pad_ratio is None:
             args.pad_ratio = GPU_PAD_RATIO if embedder.device.type == "cuda" else 0.0

@@ -49,7 +49,7 @@ from speakerlab.dataio.waveform.degrade import (
 from speakerlab.dataio.waveform.noise_bank import NoiseBank
 from speakerlab.inference.cli import EMBED_CHUNK, UsageError, bad_input, read_wave, source_embedder
 from speakerlab.inference.common import add_source_args, check_finite, too_short
-from speakerlab.outputs import write_text
+from speakerlab.outputs import check_file_output, check_not_input, write_text
 from speakerlab.scoring.interval import CI_LEVEL, CI_REPLICATES, interval_problem, trial_speakers
 from speakerlab.scoring.norm import unit_rows
 from speakerlab.scoring.report import eer_text
@@ -282,6 +282,18 @@ def drawn(data: StressSet) -> str:
     return f" (of {data.all_trials}: those of a seeded draw of {len(data.test_rows)} test utterances)"
 
 
+def check_outputs(args) -> None:
+    """--out and --json, before the table is computed: an OutputError when one cannot be written as a file, or is one
+    of the command's inputs (the trial list, a file of the data dir, the model, the clean embeddings)."""
+    outputs = [p for p in (args.out, args.json) if p]
+    for path, allow_stdout in ((args.out, False), (args.json, True)):
+        if path:
+            check_file_output(path, allow_stdout=allow_stdout)
+    data = Path(args.data)
+    inputs = [args.trials, args.utt2spk, args.clean_embeddings, args.checkpoint, args.weights, args.redimnet2]
+    check_not_input(outputs, [*inputs, args.onnx, *(sorted(data.iterdir()) if data.is_dir() else [])])
+
+
 def run(argv: Optional[Sequence[str]] = None) -> int:
     """`speakerlab-stress` without the process exit: returns the exit code."""
     ap = parser()
@@ -294,6 +306,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         print(msg, file=sys.stderr)
 
     try:
+        check_outputs(args)
         bank = NoiseBank(args.noise_bank) if args.noise_bank else None
         conditions = pick_conditions(args.conditions, bank, log)
         if args.test_utts is not None and args.test_utts < 1:
@@ -301,6 +314,11 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         trials = Path(args.trials) if args.trials else None
         data = StressSet(Path(args.data), trials, args.utt2spk, args.test_utts, args.seed)
         embedder = source_embedder(ap, args)
+        if bank is not None and bank.sample_rate != embedder.sample_rate:  # its noise would play at another speed
+            raise ConditionError(
+                f"{bank.root}: a noise bank of {bank.sample_rate} Hz audio, this model's is {embedder.sample_rate} Hz: "
+                f"build one at that rate (speakerlab-noise-bank --sample-rate {embedder.sample_rate})"
+            )
         log(
             f"speakerlab-stress: {embedder.name}, {len(data.tl)} trials of {data.tl.path}{drawn(data)}, "
             f"{len(conditions)} condition(s) on the {'both' if args.both_sides else 'test'} side(s), "

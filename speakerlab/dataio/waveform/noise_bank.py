@@ -195,6 +195,11 @@ class NoiseBank:
 
     def __init__(self, root):
         self.root = Path(root)
+        if not (self.root / INDEX).is_file():  # a lists folder given for its bank, a bank not built yet
+            raise BankError(
+                f"{self.root}: not a noise bank (no {INDEX}); build one with `speakerlab-noise-bank --lists DIR`, "
+                "which writes DIR/bank"
+            )
         meta = json.loads((self.root / INDEX).read_text())
         self.sample_rate, self.samples = int(meta["sample_rate"]), int(meta["samples"])
         self.kinds = {
