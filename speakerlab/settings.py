@@ -215,7 +215,11 @@ def parse_overrides(items: List[str]) -> List[tuple]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (section.key=value for a key in a section)")
         key, text = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(text) if text.strip() else None))
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: its value is not valid YAML: {getattr(e, 'problem', e)}") from None
+        out.append((key.strip(), value))
     return out
 
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,12 @@ def test_bad_override_named(tmp_path):
         load_config(write(tmp_path, BASE), ["train.epochz=3"])
     with pytest.raises(ConfigError, match="must look like key=value"):
         load_config(write(tmp_path, BASE), ["train.epochs"])
+
+
+@pytest.mark.parametrize("override", ["optim.lr=[1", "model.args={embedding_size: 8", "train.epochs=@3"])
+def test_override_that_is_not_yaml_names_the_override(tmp_path, override):
+    with pytest.raises(ConfigError, match=f"override '{re.escape(override)}': its value is not valid YAML"):
+        load_config(write(tmp_path, BASE), [override])
 
 
 def test_yaml_syntax_error_names_line(tmp_path):
