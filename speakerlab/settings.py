@@ -184,14 +184,36 @@ def upgrade_renamed(cls, raw: Dict[str, Any]) -> Dict[str, Any]:
 # --- YAML files and dotted overrides ---------------------------------------------------------------------
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (safe_load keeps the last silently: a second
+    `train:` section would replace the first whole)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {seen[key] + 1})", key_node.start_mark
+                    )
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path, what: str = "file") -> Any:
-    """The data of a YAML file (safe_load; None when empty); a missing file or invalid YAML is one ConfigError
-    naming the file and, for YAML problems, the line."""
+    """The data of a YAML file (safe_load, a key given twice in one mapping refused; None when empty); a missing
+    file, invalid YAML or a file that is not UTF-8 text is one ConfigError naming the file and, for YAML problems,
+    the line."""
     if not path.exists():
         raise ConfigError(f"{what} {path} does not exist")
     try:
-        with open(path) as f:
-            return yaml.safe_load(f)
+        with open(path, encoding="utf-8") as f:
+            return yaml.load(f, Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -71,6 +71,31 @@ def test_yaml_syntax_error_names_line(tmp_path):
         load_config(p)
 
 
+@pytest.mark.parametrize(
+    "text,line,match",
+    [
+        (BASE + "train: {epochs: 2}\ntrain: {seed: 3}\n", 6, "key 'train' given twice \\(first on line 5\\)"),
+        (BASE + "optim:\n  lr: 0.1\n  lr: 0.2\n", 7, "key 'lr' given twice \\(first on line 6\\)"),
+    ],
+)
+def test_a_key_given_twice_names_the_file_and_line(tmp_path, text, line, match):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"{re.escape(str(p))}:{line}: invalid YAML: {match}"):
+        load_config(p)
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    p = write(tmp_path, BASE + "optim:\n  <<: {lr: 0.2, min_lr: 0.01}\n  lr: 0.5\n")
+    assert load_config(p).optim.lr == 0.5
+
+
+def test_a_config_that_is_not_utf8_names_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"\xff\xfe" + BASE.encode("utf-16-le"))
+    with pytest.raises(ConfigError, match=f"config file {re.escape(str(p))} is not UTF-8 text"):
+        load_config(p)
+
+
 def test_hardware_profile_merge(tmp_path):
     cfg = load_config(write(tmp_path, BASE + "hardware:\n  num_workers: 7\n"), hardware="v100-32g")
     assert cfg.hardware.precision == "fp16" and cfg.hardware.per_device_batch == 64
@@ -87,7 +112,10 @@ def test_round_trip(tmp_path):
 
 
 def test_overlay_deep_merges(tmp_path):
-    base = write(tmp_path, BASE + "train:\n  epochs: 9\n  seed: 3\nmodel:\n  name: campplus\n  args: {a: 1, b: 2}\n")
+    base = write(
+        tmp_path,
+        "data:\n  train: data/train\ntrain:\n  epochs: 9\n  seed: 3\nmodel:\n  name: campplus\n  args: {a: 1, b: 2}\n",
+    )
     over = tmp_path / "over.yaml"
     over.write_text("train:\n  epochs: 2\nmodel:\n  args: {b: 5}\n")
     cfg = load_config([base, over], ["train.seed=4"])
@@ -149,7 +177,7 @@ def test_every_numeric_setting_has_a_range_rule():
 def test_model_args_are_checked_against_the_builder(tmp_path):
     from speakerlab.train.build import load_train_config
 
-    p = write(tmp_path, BASE + "model:\n  name: campplus\n  args: {embeding_size: 64}\n")
+    p = write(tmp_path, "model:\n  name: campplus\n  args: {embeding_size: 64}\ndata:\n  train: data/train\n")
     with pytest.raises(ConfigError, match="'model.args.embeding_size': model 'campplus' has no argument") as e:
         load_train_config([str(p)], [], None)
     assert str(p) in str(e.value)

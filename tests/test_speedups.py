@@ -254,10 +254,11 @@ def test_a_compiled_run_trains_and_resumes_exactly(tmp_path, one_thread):
     and batch shape are the compiled step's above: after that test, dynamo finds its graphs compiled, as the second
     and third run here find the first's.)"""
     from speakerlab.train.loop import main as train_main
-    from tests.helpers import losses, tiny_config
+    from tests.helpers import TINY_MODEL, losses, tiny_config
 
     model = "model: {name: eres2net_base, args: {embedding_size: 16, m_channels: 8, num_blocks: [1, 1, 1, 1]}}\n"
-    cfg, _ = tiny_config(tmp_path, val=False, extra=model)  # its `model` section replaces the tiny CAM++
+    cfg, _ = tiny_config(tmp_path, val=False)
+    cfg.write_text(cfg.read_text().replace(TINY_MODEL, model))  # its `model` section replaces the tiny CAM++
     args = ["--config", str(cfg), "hardware.compile=true"]
     assert train_main([*args, "--exp-dir", str(tmp_path / "a")]) == 0
     assert train_main([*args, "--exp-dir", str(tmp_path / "b"), "--max-steps", "2"]) == 0
