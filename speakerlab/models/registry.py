@@ -135,7 +135,30 @@ def model_args_problems(name: str, args: Dict[str, object], prefix: str = "model
         for n, p in params.items()
         if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in args
     ]
+    problems += [
+        f"'{prefix}.{key}' must be {kind}, got {args[key]!r} (model {name!r}; its default: {params[key].default!r})"
+        for key, kind in ((k, _kind_problem(params[k].default, args[k])) for k in args if k in params)
+        if kind
+    ]
     return problems
+
+
+def _kind_problem(default: object, value: object) -> Optional[str]:
+    """The kind of value an argument with `default` takes when `value` is not of it (a bool for a bool, an integer
+    for an int, a number for a float, a list for a tuple or list), else None; a default of None takes anything."""
+    if default is None or value is None:
+        return None
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true/false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if isinstance(default, float):
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "a string"
+    if isinstance(default, (list, tuple)):
+        return None if isinstance(value, (list, tuple)) else "a list"
+    return None
 
 
 def weight_problems(model: nn.Module, state: Mapping[str, Any]) -> Optional[str]:

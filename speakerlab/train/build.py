@@ -160,19 +160,37 @@ def build_net(
 ) -> Union[SpeakerNet, DinoNet]:
     """The model and its objective: a margin classifier of `num_speakers`, or (loss.name dino) the
     self-distillation of speakerlab.train.losses.dino, whose crops go through `features` (the training front end)."""
-    model = build_model(cfg.model.name, **cfg.model.args)
+    try:
+        model = build_model(cfg.model.name, **cfg.model.args)
+    except _BUILD_ERRORS as e:
+        raise ConfigError(_unbuildable(cfg, e)) from None
     problem = input_problem(model, feature_spec(cfg.features, cfg.data.sample_rate))
     if problem:
         raise ConfigError(f"config key {problem} (model {cfg.model.name})")
     check_encoder_settings(model, cfg.optim, cfg.model.name)
-    with torch.no_grad():
-        dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
+    try:
+        with torch.no_grad():
+            dim = model.eval()(example_input(cfg, 2.0)).shape[-1]
+    except _BUILD_ERRORS as e:
+        raise ConfigError(_unbuildable(cfg, e)) from None
+    if dim < 1:
+        raise ConfigError(_unbuildable(cfg, f"its embeddings have {dim} dimensions"))
     model.train()
     if not needs_labels(cfg):
         objective = DinoObjective(cfg.dino, model, dim)
         return DinoNet(model, objective, features, cfg.dino, cfg.data.sample_rate, cfg.train.seed, autocast)
     classifier = make_head(cfg.loss, dim, num_speakers, cfg.train.seed)
     return SpeakerNet(model, classifier, autocast)
+
+
+# What a builder or its first forward raises for model.args it cannot take (a negative size, lists of unequal lengths).
+_BUILD_ERRORS = (TypeError, ValueError, AssertionError, RuntimeError, ArithmeticError, IndexError)
+
+
+def _unbuildable(cfg: Config, why) -> str:
+    return f"config key 'model.args' ({dict(cfg.model.args)}): model {cfg.model.name} does not work with them: " + (
+        str(why) or type(why).__name__
+    )
 
 
 def build_optimizer(cfg: Config, net: SpeakerNet) -> torch.optim.Optimizer:
