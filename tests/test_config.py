@@ -181,6 +181,9 @@ def test_model_args_are_checked_against_the_builder(tmp_path):
     with pytest.raises(ConfigError, match="'model.args.embeding_size': model 'campplus' has no argument") as e:
         load_train_config([str(p)], [], None)
     assert str(p) in str(e.value)
+    with pytest.raises(ConfigError, match="'model.args.embeding_size'") as e:  # an override's key: not blamed on p
+        load_train_config([str(write(tmp_path, BASE))], ["train.epochs=3", "model.args.embeding_size=64"], None)
+    assert str(e.value).endswith(" with overrides train.epochs=3 model.args.embeding_size=64")
     with pytest.raises(ConfigError, match="'model.name': unknown model 'campplux'"):
         load_train_config([str(write(tmp_path, "model:\n  name: campplux\ndata:\n  train: x\n"))], [], None)
 

@@ -62,7 +62,8 @@ def load_train_config(
     init = resolve_config(cfg)  # a key that conflicts with the pretrained model is named
     problems = model_args_problems(cfg.model.name, cfg.model.args)
     if problems:
-        raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}")
+        given = f" with overrides {' '.join(overrides)}" if overrides else ""  # the key may come from either
+        raise ConfigError(f"config key {problems[0]} in {', '.join(map(str, paths))}{given}")
     return cfg, init
 
 
