@@ -387,10 +387,14 @@ def average_checkpoints(paths: List[PathLike]) -> Checkpoint:
     if not paths:
         raise ValueError("no checkpoints to average")
     ckpts = [load_checkpoint(p) for p in paths]
-    names = {c.model_name for c in ckpts}
-    if len(names) != 1:
-        raise ValueError(f"cannot average checkpoints of different models: {sorted(names)}")
     last = ckpts[-1]
+    shapes = {k: v.shape for k, v in last.model.items()}
+    for path, c in zip(paths, ckpts):
+        if c.model_name != last.model_name or {k: v.shape for k, v in c.model.items()} != shapes:
+            raise ValueError(
+                f"cannot average checkpoints of different models: {path} holds {c.model_name} {c.model_args}, "
+                f"{paths[-1]} {last.model_name} {last.model_args}"
+            )
     same_classes = all(c.classifier is not None and c.speakers == last.speakers for c in ckpts)
     classifier = _mean_state([c.classifier for c in ckpts]) if same_classes else None
     return dataclasses.replace(

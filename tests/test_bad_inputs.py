@@ -503,6 +503,37 @@ def test_average_without_checkpoints_is_named(tmp_path, capsys):
     assert f"no epoch checkpoints under {tmp_path}/checkpoints" in capsys.readouterr().err
 
 
+def _average_case(exp, case):
+    """Damage the newest of two epoch checkpoints of `exp` as `case` says; returns what the error names."""
+    first, second = exp / "checkpoints" / "epoch_001.pt", exp / "checkpoints" / "epoch_002.pt"
+    if case == "damaged":
+        second.write_bytes(first.read_bytes()[:1000])
+        return f"checkpoint {second} cannot be loaded"
+    ckpt = load_checkpoint(first)
+    args = {**ckpt.model_args, "embedding_size": 8} if case == "other size" else ckpt.model_args
+    model = build_model(ckpt.model_name if case == "other size" else "ecapa_tdnn", **args).state_dict()
+    name = ckpt.model_name if case == "other size" else "ecapa_tdnn"
+    save_checkpoint(second, Checkpoint(model_name=name, model_args=args, model=model, features=ckpt.features))
+    return f"cannot average checkpoints of different models: {first} holds campplus"
+
+
+@pytest.mark.parametrize("case", ["other size", "damaged"])
+def test_average_of_unlike_or_damaged_checkpoints_is_one_error(trained, tmp_path, capsys, case):
+    exp = copy_exp(trained, tmp_path)
+    shutil.copy(exp / "checkpoints" / "epoch_001.pt", exp / "checkpoints" / "epoch_002.pt")
+    message = _average_case(exp, case)
+    assert average_main(["--exp-dir", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (exp / "checkpoints" / "avg.pt").exists()
+
+
+def test_average_out_a_folder_is_one_error(trained, tmp_path, capsys):
+    exp = copy_exp(trained, tmp_path)
+    assert average_main(["--exp-dir", str(exp), "--out", str(tmp_path)]) == 2
+    assert f"cannot write checkpoint {tmp_path}: {tmp_path} is a folder" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- inference
 
 

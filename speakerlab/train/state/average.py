@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from speakerlab.checkpoint import average_checkpoints, checkpoint_files, save_checkpoint
+from speakerlab.checkpoint import CheckpointError, average_checkpoints, checkpoint_files, save_checkpoint
 from speakerlab.commands import CommandParser
 
 
@@ -35,7 +35,11 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
     out = Path(args.out) if args.out else Path(args.exp_dir) / "checkpoints" / "avg.pt"
-    save_checkpoint(out, average_checkpoints(chosen))
+    try:
+        save_checkpoint(out, average_checkpoints(chosen))
+    except (CheckpointError, ValueError) as e:  # a damaged file, another model's, an --out it cannot write
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"average: {', '.join(p.name for p in chosen)} -> {out}", file=sys.stderr)
     return 0
 
