@@ -109,6 +109,18 @@ def test_dino_streams_tar_shards_of_the_unlabelled_dir_and_resumes_exactly(tmp_p
     assert_same(teacher(ref / last), teacher(cut / last), rtol=1e-5, atol=1e-6)
 
 
+def test_matching_speakers_of_a_self_supervised_init_is_one_error(dino_run, tmp_path, capsys):
+    """A DINO checkpoint has a head but no speaker rows: train.init_match_speakers named, nothing written (it
+    ended in a KeyError from inside the classifier's start)."""
+    cfg, _ = tiny_config(tmp_path, val=False)
+    exp = tmp_path / "exp"
+    args = ["--config", str(cfg), "--exp-dir", str(exp), f"train.init={dino_run[2]}", "train.init_match_speakers=true"]
+    assert train_main(args) == 2
+    assert "config key 'train.init_match_speakers'" in capsys.readouterr().err
+    assert train_main([*args, "--check"]) == 2
+    assert "was trained without speaker labels (loss.name dino)" in capsys.readouterr().err and not exp.exists()
+
+
 @pytest.mark.slow
 def test_the_unlabelled_dir_is_embedded_clustered_and_trained_on_from_the_dino_backbone(dino_run, tmp_path):
     cfg, train, ref = dino_run

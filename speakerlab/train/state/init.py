@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from speakerlab.checkpoint import Checkpoint, save_checkpoint
-from speakerlab.config import Config, ConfigError, check_features, needs_labels
+from speakerlab.config import SELF_SUPERVISED, Config, ConfigError, check_features, needs_labels
 from speakerlab.frontends import feature_spec, section_keys
 from speakerlab.models import model_args_problems
 from speakerlab.sources import Source, SourceError, plain, read_source
@@ -88,6 +88,11 @@ def _resolve_init(cfg: Config) -> Source:
         raise ConfigError(
             f"config key 'train.init_match_speakers': {src.path} has no classifier (only speakerlab training "
             "checkpoints have one)"
+        )
+    if cfg.train.init_match_speakers and src.loss in SELF_SUPERVISED:
+        raise ConfigError(
+            f"config key 'train.init_match_speakers': {src.path} was trained without speaker labels (loss.name "
+            f"{src.loss}): it has no speaker rows to start from; leave train.init_match_speakers out"
         )
     return src
 
