@@ -229,6 +229,21 @@ def test_changed_global_batch_is_refused_and_nothing_changes(trained, tmp_path, 
     assert snapshot(exp) == before  # config.yaml, train.log, checkpoints: untouched
 
 
+def test_another_front_end_is_refused_on_resume_and_nothing_changes(trained, tmp_path, capsys):
+    """The weights learnt on the checkpoint's features: another front-end (mel edges here) is refused as another
+    model.args is; it continued silently, and the checkpoints then claimed a front-end their first steps never saw."""
+    exp = copy_exp(trained, tmp_path)
+    before = snapshot(exp)
+    args = ["--config", str(trained[0]), "--exp-dir", str(exp), "features.low_freq=300"]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    assert "features.low_freq: 20.0 in the checkpoint -> 300.0 now" in err and "--force-new-schedule" in err
+    assert snapshot(exp) == before
+    assert train_main([*args, "train.epochs=2", "--force-new-schedule"]) == 0
+    log = (exp / "train.log").read_text()
+    assert "features.low_freq: 20.0 in the checkpoint -> 300.0 now; epoch 2 starts again" in log
+
+
 def test_a_longer_schedule_is_refused_in_one_line_naming_the_flag_and_how_recipes_pass_it(trained, tmp_path, capsys):
     exp = copy_exp(trained, tmp_path)
     assert train_main(["--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=3"]) == 2

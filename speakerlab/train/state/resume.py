@@ -18,7 +18,7 @@ from speakerlab.checkpoint import (
     save_checkpoint,
 )
 from speakerlab.config import Config
-from speakerlab.frontends import feature_spec
+from speakerlab.frontends import FeatureSpec, feature_spec, section_keys
 from speakerlab.models import SSLModel
 from speakerlab.settings import upgrade_renamed
 from speakerlab.train.build import Run
@@ -196,6 +196,20 @@ def schedule_changes(stored: dict, now: dict) -> list:
     ]
 
 
+def front_end_changes(stored: Optional[FeatureSpec], now: FeatureSpec) -> list:
+    """`features.<key>: checkpoint value -> value now` for each key of the front-end that differs: the model learnt
+    on the checkpoint's features, so another front-end is a change of the run like another model.args."""
+    if stored is None or stored == now:
+        return []
+    try:
+        a, b = section_keys(stored), section_keys(now)
+    except ValueError:
+        return [f"features: {stored.describe()} in the checkpoint -> {now.describe()} now"]
+    return [
+        f"features.{k}: {a.get(k)!r} in the checkpoint -> {b.get(k)!r} now" for k in {**a, **b} if a.get(k) != b.get(k)
+    ]
+
+
 def restore_cuda_rng(states: list, device: torch.device, log) -> None:
     """Set the CUDA random state of each GPU the checkpoint has one for and this process sees.
 
@@ -229,6 +243,7 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
     run.init = None  # the run's own checkpoint wins over train.init: no copy of its weights kept for nothing
     path, ckpt = found
     changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
+    changes += front_end_changes(ckpt.features, feature_spec(run.cfg.features, run.cfg.data.sample_rate))
     if changes and not force_new_schedule:
         raise ScheduleChanged(
             f"{run.exp_dir} was trained with other settings than this command's ({'; '.join(changes)}): "
