@@ -492,6 +492,20 @@ def test_check_loads_config_and_init_and_touches_nothing(trained, tmp_path, caps
     assert not (tmp_path / "deep").exists()
 
 
+def test_check_refuses_an_exp_dir_the_run_would_not_resume(trained, tmp_path, capsys):
+    """--check said 'exp dir ... usable' for a run's exp dir the run itself then refused (other settings than its
+    checkpoint's); now the same line as the run's refusal, and --force-new-schedule lets both through."""
+    exp = copy_exp(trained, tmp_path)
+    before = snapshot(exp)
+    argv = ["--check", "--config", str(trained[0]), "--exp-dir", str(exp), "train.epochs=3"]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {exp} was trained with other settings than this command's (train.epochs: 1 in the checkpoint" in err
+    assert train_main([*argv, "--force-new-schedule"]) == 0
+    assert train_main([*argv, "train.epochs=1"]) == 0 and f"exp dir {exp} usable" in capsys.readouterr().out
+    assert snapshot(exp) == before
+
+
 def test_no_model_and_no_init_is_named(trained, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"data: {{train: {trained[1]}}}\n")

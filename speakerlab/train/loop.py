@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from speakerlab.checkpoint import CheckpointError, remove_stale_temp_files
+from speakerlab.checkpoint import CheckpointError, load_latest, remove_stale_temp_files
 from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
 from speakerlab.dataio.audio import AudioError
@@ -33,7 +33,15 @@ from speakerlab.train.launch.lock import ExpDirLock, ExpDirLocked
 from speakerlab.train.launch.watchdog import Watchdog
 from speakerlab.train.monitor import Meter
 from speakerlab.train.optim.stability import TrainingStopped
-from speakerlab.train.state.resume import RunMismatch, ScheduleChanged, resume, save_epoch_end, save_mid_epoch
+from speakerlab.train.state.resume import (
+    RunMismatch,
+    ScheduleChanged,
+    resume,
+    run_changes,
+    save_epoch_end,
+    save_mid_epoch,
+    schedule_refusal,
+)
 from speakerlab.train.state.selection import outcome, selecting, stopped, validate_epoch, validate_start
 from speakerlab.train.state.validation import validate_corpora
 from speakerlab.train.step import StepResult, settle, train_step
@@ -172,8 +180,17 @@ def path_problem(cfg, exp_dir: Path) -> Optional[str]:
     return next(filter(None, problems), None)
 
 
-def check_only(cfg, exp_dir: Path) -> int:
-    """`--check`: the config (with train.init) is loaded and the paths checked already; say so."""
+def check_only(cfg, exp_dir: Path, force_new_schedule: bool) -> int:
+    """`--check`: the config (with train.init) is loaded and the paths checked already; an exp dir that holds a
+    run is compared with its newest intact checkpoint as resuming would (a ConfigError when the run would be
+    refused); say so."""
+    try:
+        found = None if force_new_schedule else load_latest(exp_dir / "checkpoints")
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    changes = run_changes(found[1], cfg) if found else []
+    if changes:
+        raise ConfigError(schedule_refusal(exp_dir, changes))
     start = f"train.init {cfg.train.init}" if cfg.train.init else "no train.init: from scratch"
     print(f"speakerlab-train --check: config ok, model {cfg.model.name} ({start}), exp dir {exp_dir} usable")
     return 0
@@ -249,7 +266,7 @@ def run(argv=None) -> int:
         if problem:
             raise ConfigError(problem)
         if args.check:
-            return check_only(cfg, Path(args.exp_dir))
+            return check_only(cfg, Path(args.exp_dir), args.force_new_schedule)
         run = build_run(cfg, Path(args.exp_dir), init)
     except (ListError, ConfigError, ValueError, ImportError) as e:  # ImportError: the [ssl] extra
         print(f"error: {e}", file=sys.stderr)

@@ -210,6 +210,21 @@ def front_end_changes(stored: Optional[FeatureSpec], now: FeatureSpec) -> list:
     ]
 
 
+def run_changes(ckpt: Checkpoint, cfg: Config) -> list:
+    """What differs between the settings of a run's checkpoint and `cfg`, in the terms resuming refuses."""
+    changes = schedule_changes(ckpt.config, cfg.to_dict()) if ckpt.config else []
+    return changes + front_end_changes(ckpt.features, feature_spec(cfg.features, cfg.data.sample_rate))
+
+
+def schedule_refusal(exp_dir, changes: list) -> str:
+    return (
+        f"{exp_dir} was trained with other settings than this command's ({'; '.join(changes)}): "
+        "resuming would continue a different schedule or data order; run the original command, use a new "
+        "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these "
+        "weights under the new settings"
+    )
+
+
 def restore_cuda_rng(states: list, device: torch.device, log) -> None:
     """Set the CUDA random state of each GPU the checkpoint has one for and this process sees.
 
@@ -242,15 +257,9 @@ def resume(run: Run, force_new_schedule: bool = False) -> int:
         return 0
     run.init = None  # the run's own checkpoint wins over train.init: no copy of its weights kept for nothing
     path, ckpt = found
-    changes = schedule_changes(ckpt.config, run.cfg.to_dict()) if ckpt.config else []
-    changes += front_end_changes(ckpt.features, feature_spec(run.cfg.features, run.cfg.data.sample_rate))
+    changes = run_changes(ckpt, run.cfg)
     if changes and not force_new_schedule:
-        raise ScheduleChanged(
-            f"{run.exp_dir} was trained with other settings than this command's ({'; '.join(changes)}): "
-            "resuming would continue a different schedule or data order; run the original command, use a new "
-            "--exp-dir, or pass --force-new-schedule (a recipe: add it to --train_overrides) to continue these "
-            "weights under the new settings"
-        )
+        raise ScheduleChanged(schedule_refusal(run.exp_dir, changes))
     if ckpt.resume is None:
         raise RunMismatch(
             f"{path} holds no resume state (an averaged or exported checkpoint); {NEW_EXP_DIR.format(exp=run.exp_dir)}"
