@@ -99,6 +99,17 @@ def _commit(tmp: Path, real: Path) -> None:
     os.replace(tmp, real)
 
 
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether the files `a` and `b` hold the same bytes (`b` may be missing)."""
+    if not b.is_file() or a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        for block in iter(lambda: fa.read(1 << 20), b""):
+            if block != fb.read(len(block)):
+                return False
+    return True
+
+
 @contextlib.contextmanager
 def output_file(
     path: PathLike,
@@ -109,12 +120,15 @@ def output_file(
     errors: str = "strict",
     newline: Optional[str] = None,
     fsync: bool = True,
+    keep_same: bool = False,
 ) -> Iterator[IO]:
     """Open `path` to write it whole: yields a file object (`mode` "w" text or "wb" bytes).
 
     `-` with `allow_stdout` (text modes only) is sys.stdout, flushed and left open. A device or FIFO is opened and
     written straight through. Anything else goes through a temporary file renamed over the target at the end (with
-    an fsync first unless `fsync=False`, for large folders of small files that are checked later anyway). `errors`
+    an fsync first unless `fsync=False`, for large folders of small files that are checked later anyway). With
+    `keep_same`, a target whose bytes the new file repeats is left as it is, its modification time too: what is
+    judged fresh by it (shards, feature stores of a list) is not rebuilt by a rerun that changed nothing. `errors`
     and `newline` are open()'s, for text modes."""
     if mode not in ("w", "wb"):
         raise ValueError(f"output_file mode must be 'w' or 'wb', got {mode!r}")
@@ -141,7 +155,8 @@ def output_file(
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        _commit(tmp, real)
+        if not (keep_same and _same_bytes(tmp, real)):
+            _commit(tmp, real)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -416,3 +416,25 @@ def test_a_manifest_without_out_is_a_usage_error_saying_to_give_it(tmp_path, cap
     err = capsys.readouterr().err
     assert stop.value.code == 2 and f"--data {manifest} is a manifest of corpora: give --out" in err, err
     assert not (tmp_path / "corpora.yaml" / "shards").exists() and manifest.is_file()
+
+
+def test_lists_written_again_unchanged_keep_the_shards_fresh(tmp_path):
+    """A preparing stage run again writes the same lists: they keep their modification time, so stage 2 finds the
+    shards up to date instead of rebuilding them (hours for VoxCeleb2); a changed list is written and rebuilds."""
+    from speakerlab.dataio.tables.lists import load_data_dir, write_lists
+
+    data = make_data_dir(tmp_path / "train", {f"s{s}-{u}": f"s{s}" for s in range(2) for u in range(4)}, seconds=0.3)
+    lists = load_data_dir(data)
+    write_lists(data, lists.utts, lists.wav, lists.utt2spk)  # the lists as the corpus preparers write them
+    said = []
+    write_shards(data, tmp_path / "shards", per_shard=3, log=said.append)
+    before = {n: (data / n).stat().st_mtime_ns for n in ("wav.scp", "utt2spk", "spk2utt")}
+    write_lists(data, lists.utts, lists.wav, lists.utt2spk)
+    assert {n: (data / n).stat().st_mtime_ns for n in before} == before
+    write_shards(data, tmp_path / "shards", per_shard=3, log=said.append)
+    assert said[-1].endswith("nothing to do"), said
+    kept = lists.utts[:-1]  # one utterance fewer: the lists change, and the shards are rebuilt
+    write_lists(data, kept, lists.wav, lists.utt2spk)
+    assert (data / "wav.scp").read_text().count("\n") == len(kept)
+    write_shards(data, tmp_path / "shards", per_shard=3, log=said.append)
+    assert not said[-1].endswith("nothing to do") and load_index(tmp_path / "shards")["total"] == len(kept)

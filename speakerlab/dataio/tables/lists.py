@@ -178,8 +178,9 @@ def check_spk2utt(path: Path, utt2spk: Dict[str, str]) -> None:
 
 
 def write_table(path, rows: Iterable[Tuple[str, object]]) -> None:
-    """Write `key value` lines (value lists are space-joined), atomically."""
-    with output_file(path) as f:
+    """Write `key value` lines (value lists are space-joined), atomically; a file of the same lines is kept as it
+    is, its modification time too (a rerun of a preparing stage does not make shards or feature stores stale)."""
+    with output_file(path, keep_same=True) as f:
         for key, value in rows:
             value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             f.write(f"{key} {value}\n")
