@@ -53,6 +53,24 @@ def test_bank_holds_every_file_as_scaled_int16(lists, tmp_path):
     assert bank_problem(out, root, ["noise", "reverb"], SR) is None
 
 
+def test_a_rerun_over_the_same_lists_builds_nothing_and_a_changed_list_rebuilds(lists, tmp_path):
+    """The recipes build the bank at every run of their preparing stage: the same lists leave it as it is (its audio
+    file untouched), another kind set or a changed list builds it again."""
+    root, _ = lists
+    said = []
+    out = build_bank(root, tmp_path / "bank", log=said.append)
+    stamp = (out / "audio.npy").stat().st_mtime_ns
+    build_bank(root, out, log=said.append)
+    assert said[-1].endswith("nothing to do") and (out / "audio.npy").stat().st_mtime_ns == stamp
+    build_bank(root, out, kinds=["noise"], log=said.append)
+    assert not said[-1].endswith("nothing to do") and NoiseBank(out).count("noise") == 2
+    with open(root / "noise.scp") as f:
+        first = f.readline()
+    (root / "noise.scp").write_text(first)  # one noise file left in the list
+    build_bank(root, out, kinds=["noise"], log=said.append)
+    assert not said[-1].endswith("nothing to do") and NoiseBank(out).count("noise") == 1
+
+
 def test_crops_repeat_short_files_and_follow_the_generator(lists, tmp_path):
     bank = NoiseBank(build_bank(lists[0], tmp_path / "bank", log=lambda m: None))
     short = bank.segment("noise", 1)  # SR // 4 samples

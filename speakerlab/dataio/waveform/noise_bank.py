@@ -16,7 +16,8 @@ SNR, babble talkers to equal level), and the full int16 range keeps the rounding
 Training processes open the bank read-only with numpy.memmap: loader workers and ranks share the
 pages through the OS page cache, nothing is copied per worker and no file is re-decoded per crop.
 Every unusable entry (missing, unreadable, wrong rate or channels, empty, silent, NaN/inf) is reported at
-once as `list:line: ...`, and nothing is written then.
+once as `list:line: ...`, and nothing is written then. Run again over lists of the same bytes (the same kinds and
+rate), it builds nothing and says so.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 1600
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         raise ValueError(f"bank kinds must be a non-empty subset of {KINDS}, got {list(kinds)}")
+    if _up_to_date(out, lists, kinds, sample_rate):  # a rerun of the stage: hours of MUSAN decoded for nothing
+        log(f"noise bank {out}: up to date (built from the same lists of {', '.join(kinds)}): nothing to do")
+        return out
     problems: List[str] = []
     checked = {k: _check_list(k, lists / LIST_FILES[k], sample_rate, problems) for k in kinds}
     total = sum(n for entries in checked.values() for _, _, n, _ in entries)
@@ -167,6 +171,16 @@ def build_bank(lists, out, kinds: Sequence[str] = KINDS, sample_rate: int = 1600
         + f", {pos / sample_rate / 3600:.2f} h, {pos * 2 / 2**20:.1f} MiB"
     )
     return out
+
+
+def _up_to_date(bank: Path, lists: Path, kinds: Sequence[str], sample_rate: int) -> bool:
+    """Whether the bank at `bank` holds exactly `kinds`, built at `sample_rate` from lists of the same bytes (the
+    digests its index keeps; audio files rewritten under unchanged lists are not seen)."""
+    try:
+        held = set(json.loads((bank / INDEX).read_text())["kinds"])
+        return held == set(kinds) and bank_problem(bank, lists, kinds, sample_rate) is None
+    except (OSError, ValueError, KeyError, TypeError):  # no bank, or an index of another layout: build it
+        return False
 
 
 def bank_problem(bank, lists, kinds: Sequence[str], sample_rate: int) -> Optional[str]:
