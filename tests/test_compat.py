@@ -90,3 +90,14 @@ def test_3dspeaker_file_is_unwrapped_from_its_container(tmp_path):
     torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, tmp_path / "w.bin")
     model = read_source(tmp_path / "w.bin", threedspeaker="campplus").build()
     torch.testing.assert_close(model.state_dict()["head.conv1.weight"], state["head.conv1.weight"])
+
+
+def test_weights_that_do_not_fit_a_model_of_huge_args_are_one_short_line(monkeypatch):
+    """An SSL model's args hold its whole encoder config: the error shows their start and length, not all of it."""
+    from speakerlab.models import registry
+
+    monkeypatch.setattr(registry, "build_model", lambda name, **args: torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError) as e:
+        registry.load_model("ssl", {"encoder": {"config": "x" * 5000}}, {"weight": torch.zeros(2, 2)})
+    message = str(e.value)
+    assert len(message) < 500 and "characters)" in message and "missing bias" in message, message

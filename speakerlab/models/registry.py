@@ -180,6 +180,8 @@ def load_model(name: str, args: Dict[str, Any], state: Mapping[str, Any]) -> nn.
     model = build_model(name, **args)
     problems = weight_problems(model, state)
     if problems:
-        raise ValueError(f"the weights do not fit model {name} with args {args}: {problems}")
+        shown = repr(args)  # an SSL model's args hold its whole encoder config: thousands of characters
+        shown = shown if len(shown) <= 300 else shown[:300] + f"... ({len(shown)} characters)"
+        raise ValueError(f"the weights do not fit model {name} with args {shown}: {problems}")
     model.load_state_dict(state)
     return model.eval()
