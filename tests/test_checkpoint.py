@@ -11,7 +11,6 @@ from speakerlab.checkpoint import (
     Checkpoint,
     CheckpointError,
     ResumeState,
-    average_checkpoints,
     checkpoint_files,
     latest_checkpoint,
     load_checkpoint,
@@ -26,6 +25,7 @@ from speakerlab.dataio.tables.embeddings import read_embeddings
 from speakerlab.frontends import FbankConfig, FeatureSpec
 from speakerlab.inference.embedder import load_embedder
 from speakerlab.models import build_model
+from speakerlab.train.state.average import average_checkpoints
 from tests.helpers import TINY_CAMPPLUS as TINY
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_checkpoint"

@@ -280,7 +280,11 @@ def test_exp_threshold_is_the_cosine_eer_threshold_of_the_exp_dir(tmp_path):
     """The threshold a waveform file carries is the one scored on that checkpoint's embeddings: a summary of
     another checkpoint of the run (a fine-tuning run's pretrained.pt, an earlier epoch) used to be taken as well,
     the first by name."""
-    from speakerlab.inference.deploy.export import exp_threshold
+    from speakerlab.inference.verify import scored_threshold
+
+    def exp_threshold(source, model_id):  # as speakerlab-export stores it: the threshold and its file
+        found = scored_threshold(source, model_id)
+        return found and (found[0], str(found[1]))
 
     exp = tmp_path / "exp"
     (exp / "checkpoints").mkdir(parents=True)

@@ -54,7 +54,6 @@ Exit codes: 0 done; 2 bad input (a message on stderr naming the file, or the wav
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -68,7 +67,7 @@ from speakerlab.dataio.tables.embeddings import kaldi_paths, read_embeddings, wr
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.devices import use_threads
 from speakerlab.inference.common import NonFiniteEmbedding, add_source_args, check_finite, read_wave, warn_stderr
-from speakerlab.inference.verify import Decision, decide, exp_dir_of, find_calibration
+from speakerlab.inference.verify import Decision, decide, find_calibration, scored_threshold
 from speakerlab.outputs import check_not_input
 from speakerlab.scoring.calibration_file import CalibrationError
 from speakerlab.scoring.metrics import eer_point, error_rates
@@ -141,22 +140,18 @@ def carried_threshold(embedder) -> Optional[Tuple[float, str]]:
     return t, f"EER threshold carried by {embedder.path}: {embedder.meta.get('threshold_source', 'its exp dir')}"
 
 
-def scored_threshold(checkpoint: str, model_id: str) -> Optional[Tuple[float, str]]:
-    """The EER threshold of the first `<exp>/scores/**/*.json` (by name) scored by plain cosine on embeddings
-    of the model `model_id` -> (t, where it came from), or None (no such scoring, or no model id)."""
-    if not model_id:
+def scored_line(checkpoint: str, model_id: str) -> Optional[Tuple[float, str]]:
+    """verify.scored_threshold of this checkpoint -> (t, where it came from, with the list's size and EER), or None."""
+    found = scored_threshold(checkpoint, model_id)
+    if found is None:
         return None
-    for path in sorted((exp_dir_of(checkpoint) / "scores").rglob("*.json")):
-        try:
-            s = json.loads(path.read_text())
-            scoring = s["scoring"]
-            if scoring.get("model_id") != model_id or scoring.get("method") != "cosine":
-                continue
-            t = float(s["operating_points"]["eer"]["threshold"])
-            return t, f"EER threshold of {path}: {s['trials']}, {s['n_trials']} trials, EER {100 * s['eer']:.2f} %"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # not a scoring summary
-    return None
+    t, path, s = found
+    said = (
+        f": {s['trials']}, {s['n_trials']} trials, EER {100 * s['eer']:.2f} %"
+        if {"trials", "n_trials", "eer"} <= set(s)
+        else ""
+    )
+    return t, f"EER threshold of {path}{said}"
 
 
 UNTUNED = (
@@ -233,7 +228,7 @@ def run_verify(argv: Optional[Sequence[str]] = None) -> int:
             elif args.calibration:
                 threshold, source = calibration_threshold(args.calibration, args.calibration_embeddings, emb.shape[1])
             else:
-                found_t = scored_threshold(args.checkpoint, embedder.model_id) if args.checkpoint else None
+                found_t = scored_line(args.checkpoint, embedder.model_id) if args.checkpoint else None
                 found_t = found_t or carried_threshold(embedder)
                 threshold, source = found_t or (DEFAULT_THRESHOLD, UNTUNED)
             score = cosine(emb[0], emb[1])

@@ -18,6 +18,7 @@ The decision at `far`: accept iff llr >= the LLR threshold whose false-alarm rat
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,24 @@ def exp_dir_of(checkpoint) -> Path:
     if p.is_dir():
         return p.parent if p.name == "checkpoints" else p
     return p.parent.parent if p.parent.name == "checkpoints" else p.parent
+
+
+def scored_threshold(checkpoint, model_id: str) -> Optional[Tuple[float, Path, dict]]:
+    """The cosine EER threshold the scoring stage found for the model `model_id` under the exp dir of `checkpoint`:
+    the first `<exp>/scores/**/*.json` (by name) of speakerlab-score with plain cosine scoring of its embeddings ->
+    (threshold, that file, its summary), or None (no such scoring, or no model id). A summary of another checkpoint
+    of the run (a fine-tuning run's pretrained.pt, an earlier epoch) is not this model's threshold."""
+    if not model_id:
+        return None
+    for path in sorted((exp_dir_of(checkpoint) / "scores").rglob("*.json")):
+        try:
+            s = json.loads(path.read_text())
+            scoring = s["scoring"]
+            if scoring.get("model_id") == model_id and scoring.get("method") == "cosine":
+                return float(s["operating_points"]["eer"]["threshold"]), path, s
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a scoring summary
+    return None
 
 
 def exp_calibration(checkpoint, model_id: str, warn: Callable[[str], None]) -> Optional[Tuple[Calibration, str]]:

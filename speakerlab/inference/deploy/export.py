@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ import torch.nn as nn
 from speakerlab.commands import CommandParser, require_packages
 from speakerlab.inference.deploy.quiet import quiet_libraries
 from speakerlab.inference.deploy.runtime import FEATURES_FORMAT, FORMAT, META
-from speakerlab.inference.verify import exp_calibration
+from speakerlab.inference.verify import exp_calibration, scored_threshold
 from speakerlab.outputs import OutputError, check_not_input, check_path_output, output_path
 
 # Options of the int8 quantisation and its check (speakerlab-export refuses them without --int8).
@@ -114,24 +114,6 @@ def check_export(model: nn.Module, path, fmt: str, feat_dim: int, lengths=(200, 
     if worst > atol:
         raise ExportMismatch(f"the exported model differs from PyTorch by {worst:.2e} (> {atol})")
     return worst
-
-
-def exp_threshold(source: Path, model_id: str) -> Optional[Tuple[float, str]]:
-    """The cosine EER threshold of a checkpoint's exp dir (`<exp>/scores/*.json` of speakerlab-score with plain
-    cosine scoring of this checkpoint's embeddings, `model_id`; the first by name) and that file, or None. (A
-    summary of another checkpoint of the run, e.g. pretrained.pt's, is not this model's threshold.)"""
-    exp = source if source.is_dir() else source.parent
-    if exp.name == "checkpoints":
-        exp = exp.parent
-    for path in sorted((exp / "scores").glob("*.json")):
-        try:
-            summary = json.loads(path.read_text())
-            scoring = summary["scoring"]
-            if scoring["method"] == "cosine" and model_id and scoring.get("model_id") == model_id:
-                return float(summary["operating_points"]["eer"]["threshold"]), str(path)
-        except (ValueError, KeyError, TypeError, AttributeError):  # another JSON file, or an older layout
-            continue
-    return None
 
 
 def waveform_metadata(embedder, src, input_rate: int, threshold=None, calibration=None) -> Dict[str, str]:
@@ -366,7 +348,8 @@ def export(argv=None) -> int:
         return 2
     model, feat_dim = embedder.model, embedder.spec.feat_dim
     if args.waveform:
-        threshold = exp_threshold(Path(args.checkpoint), src.digest) if args.checkpoint else None
+        scored = scored_threshold(args.checkpoint, src.digest) if args.checkpoint else None
+        threshold = (scored[0], str(scored[1])) if scored else None
         try:
             found = None
             if args.checkpoint and not args.int8:

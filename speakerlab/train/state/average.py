@@ -8,11 +8,62 @@ state: use it for extraction or as `train.init` of a fine-tuning run.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Dict, List
 
-from speakerlab.checkpoint import CheckpointError, average_checkpoints, checkpoint_files, save_checkpoint
+import torch
+
+from speakerlab.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    PathLike,
+    checkpoint_files,
+    load_checkpoint,
+    save_checkpoint,
+)
 from speakerlab.commands import CommandParser
+
+
+def _mean_state(states: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """Element-wise mean (in float64, stored in each tensor's dtype) of the floating-point tensors of
+    state dicts with the same keys; other tensors (BatchNorm's counters) are the last one's."""
+    last = states[-1]
+    return {
+        k: sum(s[k].double() for s in states).div(len(states)).to(v.dtype) if v.is_floating_point() else v
+        for k, v in last.items()
+    }
+
+
+def average_checkpoints(paths: List[PathLike]) -> Checkpoint:
+    """A checkpoint whose model and classifier weights are the means of `paths`' (float tensors; others from
+    the last). The classifier is averaged with the embedding network it scores, so a fine-tuning run
+    started from the average (stage 7) begins from a consistent pair; it is dropped (None) when a
+    checkpoint lacks it or the speaker lists differ.
+
+    Resume state is dropped: the result is for extraction or fine-tuning (`train.init`).
+    """
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    ckpts = [load_checkpoint(p) for p in paths]
+    last = ckpts[-1]
+    shapes = {k: v.shape for k, v in last.model.items()}
+    for path, c in zip(paths, ckpts):
+        if c.model_name != last.model_name or {k: v.shape for k, v in c.model.items()} != shapes:
+            raise ValueError(
+                f"cannot average checkpoints of different models: {path} holds {c.model_name} {c.model_args}, "
+                f"{paths[-1]} {last.model_name} {last.model_args}"
+            )
+    same_classes = all(c.classifier is not None and c.speakers == last.speakers for c in ckpts)
+    classifier = _mean_state([c.classifier for c in ckpts]) if same_classes else None
+    return dataclasses.replace(
+        last,
+        model=_mean_state([c.model for c in ckpts]),
+        classifier=classifier,
+        resume=None,
+        averaged_from=[str(p) for p in paths],
+    )
 
 
 def main(argv=None) -> int:
