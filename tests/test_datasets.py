@@ -460,3 +460,19 @@ def test_recipe_parses_and_prints_help(recipe):
     r = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--stage" in r.stdout and "--gpus" in r.stdout and "--archive_dir" in r.stdout
+
+
+def test_a_trial_list_that_fails_leaves_the_earlier_one_in_place(tmp_path):
+    """A rerun whose official list names utterances the data dir lacks (a corpus partly extracted this time) is one
+    error naming the line; the list an earlier run wrote is kept, and no temporary file is left beside it."""
+    from speakerlab.datasets.common import DatasetError, write_trials
+
+    utts = {"a-1", "a-2", "b-1"}
+    path = tmp_path / "trials"
+    assert write_trials(path, [("a-1", "a-2", True, 1), ("a-1", "b-1", False, 2)], utts, "official.txt") == 2
+    before = path.read_text()
+    with pytest.raises(DatasetError, match=r"official.txt:2: 'c-1' is not an utterance of"):
+        write_trials(path, [("a-1", "a-2", True, 1), ("a-1", "c-1", False, 2)], utts, "official.txt")
+    with pytest.raises(DatasetError, match="official.txt: no trials"):
+        write_trials(path, [], utts, "official.txt")
+    assert path.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["trials"]

@@ -16,7 +16,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.lists import ListError, write_lists, write_table
 from speakerlab.datasets.archives import install
 from speakerlab.datasets.download import Archive, DownloadError, fetch_archives, locate, log, make_opener
-from speakerlab.outputs import OutputError, check_folder_output
+from speakerlab.outputs import OutputError, check_folder_output, is_special, output_path
 
 PASSWORD_ENV = "SPEAKERLAB_DOWNLOAD_PASSWORD"
 
@@ -115,7 +115,8 @@ def write_trials(path, rows: Iterable[Tuple[str, str, bool, int]], utts: Set[str
 
     `rows` are (enrol, test, is_target, line number in `source`), streamed straight to disk. An id
     not in `utts` (the data dir's utterances) raises, after the whole list was read, naming the
-    first such line of `source` and how many ids are affected; nothing is left at `path` then.
+    first such line of `source` and how many ids are affected; `path` is then left as it was (an earlier run's
+    list stays).
     """
     path = Path(path)
     stats = {"n": 0, "target": 0, "bad": 0, "first": None}
@@ -130,17 +131,23 @@ def write_trials(path, rows: Iterable[Tuple[str, str, bool, int]], utts: Set[str
             stats["target"] += bool(target)
             yield enrol, (test, "target" if target else "nontarget")
 
-    write_table(path, lines())
-    if stats["bad"] or not stats["n"]:
-        if path.is_file():  # a device (written through) stays
-            path.unlink()
+    def check() -> None:
         if not stats["n"]:
             raise DatasetError(f"{source}: no trials")
-        lineno, u = stats["first"]
-        raise DatasetError(
-            f"{source}:{lineno}: '{u}' is not an utterance of {path.parent / 'wav.scp'} "
-            f"({stats['bad']} trial id(s) affected; is the corpus fully extracted?)"
-        )
+        if stats["bad"]:
+            lineno, u = stats["first"]
+            raise DatasetError(
+                f"{source}:{lineno}: '{u}' is not an utterance of {path.parent / 'wav.scp'} "
+                f"({stats['bad']} trial id(s) affected; is the corpus fully extracted?)"
+            )
+
+    if is_special(path):  # a device is written through
+        write_table(path, lines())
+        check()
+    else:  # renamed over `path` only when every id is known: a list an earlier run wrote there stays
+        with output_path(path) as tmp:
+            write_table(tmp, lines())
+            check()
     log(f"{path}: {stats['n']} trials ({stats['target']} target)")
     return stats["n"]
 
