@@ -99,8 +99,9 @@ def _commit(tmp: Path, real: Path) -> None:
     os.replace(tmp, real)
 
 
-def _same_bytes(a: Path, b: Path) -> bool:
-    """Whether the files `a` and `b` hold the same bytes (`b` may be missing)."""
+def same_bytes(a: PathLike, b: PathLike) -> bool:
+    """Whether the files `a` and `b` hold the same bytes (`b` may be missing); files of other sizes are not read."""
+    a, b = Path(a), Path(b)
     if not b.is_file() or a.stat().st_size != b.stat().st_size:
         return False
     with open(a, "rb") as fa, open(b, "rb") as fb:
@@ -155,7 +156,7 @@ def output_file(
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        if not (keep_same and _same_bytes(tmp, real)):
+        if not (keep_same and same_bytes(tmp, real)):
             _commit(tmp, real)
     finally:
         tmp.unlink(missing_ok=True)

@@ -36,7 +36,7 @@ from speakerlab.commands import CommandParser, run_command
 from speakerlab.dataio.tables.embeddings import embeddings_model_id, read_embeddings
 from speakerlab.dataio.tables.lists import ListError
 from speakerlab.dataio.tables.trials import TrialList
-from speakerlab.outputs import OutputError, check_not_input
+from speakerlab.outputs import OutputError, check_not_input, same_bytes
 from speakerlab.scoring.calibration import (
     DURATION_FILES,
     FEATURES,
@@ -145,9 +145,9 @@ def line(name: str, m: Dict) -> str:
 def held_out(args) -> None:
     """A ListError naming it when an --eval-trials list is one of the --trials lists fitted on (the same bytes, on
     whatever embeddings): its FAR and costs would be reported as held-out while measured on the fit's own trials."""
-    fitted = {file_digest(t): t for t in args.trials if Path(t).is_file()}
+    fitted = [t for t in args.trials if Path(t).is_file()]
     for t in args.eval_trials or []:
-        same = fitted.get(file_digest(t)) if Path(t).is_file() else None
+        same = next((f for f in fitted if Path(t).is_file() and same_bytes(t, f)), None)
         if same is not None:
             raise ListError(f"{t}: the trials of --trials {same}, fitted on: not held out; measure on another list")
 
