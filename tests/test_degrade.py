@@ -8,6 +8,7 @@ from speakerlab.dataio.waveform.degrade import (
     CODECS,
     DEFAULT_CONDITIONS,
     ConditionError,
+    Step,
     check_conditions,
     codec,
     codec_problem,
@@ -122,7 +123,7 @@ def test_every_default_condition_repeats_bit_exactly_per_seed(lists):  # noqa: F
     assert not np.array_equal(a, degrade(x, SR, "noise5", rng_for("v", "noise5", 7), bank))
 
 
-@pytest.mark.parametrize("snr", [0.0, 5.0])
+@pytest.mark.parametrize("snr", [-5.0, 0.0, 5.0])
 def test_noise_is_added_at_the_stated_snr(lists, snr):  # noqa: F811
     bank = bank_of(lists)
     x = speechlike(2.0).astype(np.float64)
@@ -149,6 +150,10 @@ def test_bad_condition_names_the_step_and_missing_audio_is_refused():
     assert [s.kind for s in parse_condition("mp3+noise5+trunc2")] == ["trunc", "noise", "mp3"]
     with pytest.raises(ConditionError, match="needs noise audio"):
         check_conditions(["clean", "noise5"], None)
+    # Noise louder than the speech is a condition (`babble-5`); a negative crop is not.
+    assert parse_condition("babble-5+gsm")[0] == Step("babble", -5.0)
+    with pytest.raises(ConditionError, match="longer than 0 s"):
+        parse_condition("trunc-1")
 
 
 def test_channel_augment_codes_and_shortens_crops_repeatably():

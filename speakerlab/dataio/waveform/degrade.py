@@ -9,7 +9,7 @@ A condition is steps joined by `+`, e.g. `trunc2`, `gsm`, `reverb+noise5`, `tel+
   gsm       GSM 06.10 full rate: the telephone band, then libsndfile's GSM610 at 8 kHz (13 kbit/s)
   opus      Opus at its lowest bitrate through libsndfile (OGG/OPUS, compression level 1: about 8 kbit/s at 16 kHz)
   mp3       MP3 (MPEG layer III, VBR, compression level 0.99: about 20 kbit/s at 16 kHz)
-  noiseS    additive noise at S dB SNR (`noise0`, `noise5`; also `musicS`, `babbleS`), from a noise bank
+  noiseS    additive noise at S dB SNR (`noise0`, `noise5`, `noise-5`; also `musicS`, `babbleS`), from a noise bank
   reverb    a room impulse response of the noise bank (speakerlab.dataio.waveform.noise_bank)
   repN      not a degradation but a short-input policy: audio shorter than N seconds repeated up to N (as
             inference pads by repetition); `trunc1+rep2` against `trunc1` measures padding (bench/short_input.py)
@@ -67,7 +67,8 @@ ORDER = {
     "mp3": 4,
     "rep": 5,
 }
-STEP = re.compile(r"^(trunc|noise|music|babble|rep)(\d+(?:\.\d+)?)$|^(tel|ulaw|gsm|opus|mp3|reverb)$")
+# A value may be negative (`noise-5`: noise 5 dB above the speech); a crop or repetition of <= 0 s is refused below.
+STEP = re.compile(r"^(trunc|noise|music|babble|rep)(-?\d+(?:\.\d+)?)$|^(tel|ulaw|gsm|opus|mp3|reverb)$")
 # The table of the stress stage: clean, short, channel, codec, noise, room, and the combinations users meet
 # together (a phone call from a noisy street, a short clip from a far-field room).
 DEFAULT_CONDITIONS = (
