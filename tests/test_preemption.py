@@ -1,6 +1,6 @@
 """Pre-emption and restarts lose nothing: SIGTERM / SIGUSR1 stop every rank after one step with a checkpoint
-(exit 75) and the same command resumes exactly; torchrun's elastic agent restarts the group on the node
-that remains; start-up preparation runs once per node, on each node's own disk."""
+(exit 75), Ctrl-C likewise (exit 130), and the same command resumes exactly; torchrun's elastic agent restarts the
+group on the node that remains; start-up preparation runs once per node, on each node's own disk."""
 
 import os
 import random
@@ -83,6 +83,42 @@ def test_a_signal_is_read_on_the_next_logging_step_and_the_resumed_run_is_exact(
     assert len(calls) == 2 and "stopped by SIGTERM at step 2 (epoch 1, 2/2 steps)" in (exp / "train.log").read_text()
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
     assert train_main(["--config", str(cfg), "--exp-dir", str(exp), *sparse]) == 0
+    assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
+
+
+def test_ctrl_c_stops_with_a_checkpoint_and_130_and_a_second_one_at_once(tmp_path, monkeypatch, capsys):
+    """A first SIGINT (Ctrl-C) is a stop like the scheduler's, with its own exit code (130, never requeued) and the
+    same exact resume; a second one raises KeyboardInterrupt at once, and the run resumes from the last checkpoint
+    it had."""
+    cfg, _ = tiny_config(tmp_path, val=False)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(tmp_path / "a")]) == 0
+    real_clip, calls, presses = torch.nn.utils.clip_grad_norm_, [], {3: 1}
+
+    def clip(*args, **kwargs):
+        calls.append(1)
+        for _ in range(presses.get(len(calls), 0)):
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    exp = tmp_path / "b"
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp)]) == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+    assert "SIGINT (Ctrl-C): the run stops at its next logging step" in capsys.readouterr().err
+    log = (exp / "train.log").read_text()
+    partial = exp / "checkpoints" / "partial_002.pt"
+    assert f"stopped by SIGINT at step 3 (epoch 2, 1/2 steps): {partial} written; exit code 130" in log
+    # Two presses in the first step of the resumed run: the second ends it there, no checkpoint written.
+    calls.clear()
+    presses = {1: 2}
+    with pytest.raises(KeyboardInterrupt):
+        train_main(["--config", str(cfg), "--exp-dir", str(exp)])
+    assert (
+        latest_checkpoint(exp / "checkpoints") == partial
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+    assert train_main(["--config", str(cfg), "--exp-dir", str(exp)]) == 0
     assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
 
 
@@ -288,27 +324,31 @@ def test_two_nodes_with_their_own_disks_prepare_once_each_and_train(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_agent_passes_the_workers_exit_code_on_and_forwards_sigusr1(tmp_path):
+def test_the_agent_passes_the_workers_exit_code_on_and_forwards_sigusr1_and_sigint(tmp_path):
     """speakerlab.train.launch.agent over stand-in workers (bash): the code of the failed worker, not torchrun's 1 (the
     other worker, ended by torchrun, counts for nothing); SIGUSR1 to the agent reaches every worker, and the
-    agent exits 75."""
+    agent exits 75; SIGINT likewise, and it exits 130."""
     port = free_port()
     worker = 'if [ "$RANK" = 1 ]; then exit 75; fi; exec sleep 60'
     r, out = agent_run(["--nproc_per_node=2", f"--master_port={port}", "--no-python", "bash", "-c", worker], 120)
     assert r.returncode == 75 and "agent: worker exit codes rank 0: -15, rank 1: 75; exit 75" in out, out[-2000:]
     assert "Traceback" not in out
-    ready = tmp_path / "ready"
-    worker = f'trap "echo rank $RANK got USR1; exit 75" USR1; touch {ready}.$RANK; sleep 60 & wait'
-    proc = subprocess.Popen(
-        [*AGENT, "--nproc_per_node=2", f"--master_port={port}", "--no-python", "bash", "-c", worker],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    wait_for("the workers", lambda: all(Path(f"{ready}.{r}").exists() for r in "01"), proc, 120)
-    proc.send_signal(signal.SIGUSR1)
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 75, out[-2000:]
-    assert "rank 0 got USR1" in out and "rank 1 got USR1" in out
-    assert "agent: SIGUSR1: the workers were asked to checkpoint and stop" in out and "Traceback" not in out
+    # Ctrl-C at the agent (the workers sit in sessions of their own: the terminal's SIGINT reaches the agent only)
+    # is passed on as SIGINT like SIGUSR1, and the agent exits 130, on which no wrapper requeues.
+    for sig, code in ((signal.SIGUSR1, 75), (signal.SIGINT, 130)):
+        name, ready = sig.name[3:], tmp_path / f"ready_{sig.name}"
+        # (bash starts a background job with SIGINT ignored: the trap ends the sleep, which holds the agent's stdout.)
+        worker = f"trap 'echo rank $RANK got {name}; kill $!; exit {code}' {name}; touch {ready}.$RANK; sleep 60 & wait"
+        proc = subprocess.Popen(
+            [*AGENT, "--nproc_per_node=2", f"--master_port={port}", "--no-python", "bash", "-c", worker],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_for("the workers", lambda ready=ready: all(Path(f"{ready}.{r}").exists() for r in "01"), proc, 120)
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == code, out[-2000:]
+        assert f"rank 0 got {name}" in out and f"rank 1 got {name}" in out
+        assert f"agent: {sig.name}: the workers were asked to checkpoint and stop" in out and "Traceback" not in out

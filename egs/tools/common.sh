@@ -140,7 +140,8 @@ visible_gpu_count() {
 # launch COMMAND ARGS...: the console script `COMMAND ARGS` for one process, torchrun's agent
 # (speakerlab.train.launch.agent) for several, or under Slurm srun with one agent per node; says how many
 # processes it starts and on what. Its exit code is the training's: 75 means pre-empted with the
-# checkpoint written (a Slurm job then requeues itself when allowed; the same command resumes).
+# checkpoint written (a Slurm job then requeues itself when allowed; the same command resumes), 130 stopped
+# by Ctrl-C with the checkpoint written (the same command resumes).
 launch() {
   local how="$launcher"
   if [ "$how" = auto ]; then  # a batch or salloc shell of an allocation, not a process inside a job step

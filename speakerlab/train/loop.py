@@ -242,7 +242,8 @@ def main(argv=None) -> int:
     """Exit codes: 0 done (or stopped by --max-steps); 2 bad input or settings, nothing changed; 3 training
     stopped (repeated non-finite steps, too many unreadable reads, no intact checkpoint); 4 a rank stalled
     (the watchdog's); 75 stopped by SIGTERM or SIGUSR1 after writing the checkpoint (a pre-emption or time limit:
-    the same command, or the requeued job, resumes; speakerlab.train.launch.preemption).
+    the same command, or the requeued job, resumes; speakerlab.train.launch.preemption); 130 stopped by Ctrl-C
+    (SIGINT) after writing the checkpoint (the same command resumes; nothing requeues it).
 
     A process of a multi-process run leaves without the interpreter's finalization once its run is over and its
     process group destroyed: finalization ends threads that are still inside torch's C++ code (the store client,
@@ -287,8 +288,8 @@ def run(argv=None) -> int:
     except (TrainingStopped, CheckpointError) as e:
         run.monitor.log(f"error: {e}")
         return 3
-    except preemption.Preempted:
-        return preemption.EXIT_PREEMPTED
+    except preemption.Preempted as e:
+        return e.code
     except AudioError as e:
         # Raised in a loader worker, it arrives wrapped with the worker's traceback: keep its own line.
         cause = str(e).strip().splitlines()[-1].split("AudioError: ", 1)[-1]

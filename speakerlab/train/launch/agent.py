@@ -10,8 +10,9 @@ It is torchrun itself (torch.distributed.run, its options and its restarts) with
   instead of dying at once and leaving them to a SIGKILL;
 - its exit code: the one its failed workers exited with (2 bad input, 3 training stopped, 4 a stalled
   rank, 75 pre-empted; those torchrun itself then ended count for nothing), in one line instead of 1
-  and a traceback; 1 when they differ or a signal killed them; 75 when the agent itself was signalled.
-  egs/tools requeues a Slurm job on 75.
+  and a traceback; 1 when they differ or a signal killed them; 75 when the agent itself was signalled
+  (SIGTERM, SIGUSR1), 130 for Ctrl-C (SIGINT: torchrun passes it on and the workers checkpoint and stop
+  as for the others). egs/tools requeues a Slurm job on 75, never on 130.
 
 and one repair: the agent that hosts the rendezvous store leaves after the others (pytorch/pytorch#69520:
 torch's exit barrier lets it exit while another node's agent is between its check-in and its wait, which
@@ -25,7 +26,7 @@ import signal
 import sys
 import time
 
-from speakerlab.train.launch.slurm import EXIT_PREEMPTED
+from speakerlab.train.launch.slurm import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from speakerlab.train.launch.torch_private import TorchPrivateMissing, require
 
 SHUTDOWN_S = 300  # seconds the workers get to write a checkpoint once signalled, before SIGKILL
@@ -106,7 +107,7 @@ def launch(argv=None) -> int:
         torchrun(argv)
     except SignalException as e:
         print(f"agent: {e.sigval.name}: the workers were asked to checkpoint and stop", file=sys.stderr, flush=True)
-        return EXIT_PREEMPTED
+        return EXIT_INTERRUPTED if e.sigval == signal.SIGINT else EXIT_PREEMPTED
     except ChildFailedError as e:
         # Once one process fails torchrun ends the others (SIGTERM: -15): the code they exited with is the cause.
         codes = {f.exitcode for f in e.failures.values() if f.exitcode > 0}
