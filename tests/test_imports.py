@@ -21,9 +21,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speakerlab"
 # augment_settings and hardware_settings, its augment and hardware sections, alike. sources: the one reader of
 # pretrained models (ours, 3D-Speaker, ReDimNet2 releases), between checkpoint and inference, because it needs
 # models and the front-end registry and both inference and train read through it.
-# `commands` (the parser and the ending of every console script) and `outputs` (the one writer of output files) are
-# leaves that every layer may import.
-LEAVES = {"commands", "outputs"}
+# `commands` (the parser and the ending of every console script), `outputs` (the one writer of output files) and
+# `stopping` (stop signals recorded, and the exit codes of a command they stopped) are leaves every layer may import.
+LEAVES = {"commands", "outputs", "stopping"}
 LAYERS: Dict[str, Set[str]] = {
     "settings": set(),
     "frontends": {"settings"},
@@ -34,6 +34,7 @@ LAYERS: Dict[str, Set[str]] = {
     "devices": set(),
     "commands": set(),
     "outputs": set(),
+    "stopping": set(),
     "dataio": {"config", "augment_settings", "settings", "devices", "commands"},
     "features": {"dataio", "config", "devices", "frontends", "commands"},
     "models": set(),

@@ -2,6 +2,7 @@
 loss, and learning on simulated windows."""
 
 import itertools
+import os
 import sys
 
 import numpy as np
@@ -393,3 +394,68 @@ def assert_onnx_file_gives_the_saved_weights_scores(exp) -> dict:
         ref = torch.log_softmax(model(torch.from_numpy(wave)[None]), -1)[0].numpy()
     assert np.abs(OnnxSegmenter(exp / "segmentation.onnx").scores(wave) - ref).max() < 1e-4
     return saved
+
+
+def test_a_stopped_or_crashed_training_resumes_to_the_weights_of_a_run_never_stopped(tmp_path, monkeypatch, capsys):
+    """A scheduler's signal (75) and Ctrl-C (130) stop the command after the step with OUT/checkpoint.pt, a crash
+    keeps the last one (`save_every`), and the same command resumes each time: the final weights equal, bit for
+    bit, those of a run never stopped (dropout on: the generators are carried too). A checkpoint of other settings
+    is said and set aside."""
+    import signal
+
+    from speakerlab.diarization import segmentation
+    from speakerlab.diarization.segmentation_train import main
+
+    write_conversations(tmp_path / "data", count=2, seconds=2.0)
+    sets = ["steps=8", "save_every=3", "batch_size=2", "window=1.0", "filters=8", "channels=8", "hidden=8"]
+    sets += ["dropout=0.2", "schedule=cosine", "warmup=2", "log_every=1"]
+
+    def train(out, *more) -> int:
+        return main(
+            ["--data", str(tmp_path / "data"), "--out", str(out), *[x for s in (*sets, *more) for x in ("--set", s)]]
+        )
+
+    assert train(tmp_path / "a") == 0
+    real_loss, calls = segmentation.powerset_loss, []
+
+    def interrupt_at(call: int, what):
+        calls.clear()
+
+        def loss(*args):
+            calls.append(1)
+            if len(calls) == call:
+                what()
+            return real_loss(*args)
+
+        monkeypatch.setattr(segmentation, "powerset_loss", loss)
+
+    def crash():
+        raise RuntimeError("the machine went down")
+
+    exp, ckpt = tmp_path / "b", tmp_path / "b" / "checkpoint.pt"
+    saved = lambda: torch.load(ckpt)["step"]  # noqa: E731
+    interrupt_at(2, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert train(exp) == 75 and saved() == 2 and not (exp / "segmentation.pt").exists()
+    assert f"stopped by SIGTERM at step 2: {ckpt} written; exit code 75" in capsys.readouterr().err
+    interrupt_at(3, crash)  # steps 3 (saved: save_every) and 4, then a crash in step 5
+    with pytest.raises(RuntimeError):
+        train(exp)
+    assert saved() == 3
+    interrupt_at(1, lambda: os.kill(os.getpid(), signal.SIGINT))  # step 4, again
+    assert train(exp) == 130 and saved() == 4
+    err = capsys.readouterr().err
+    assert f"resumed from {ckpt} at step 3" in err and "SIGINT (Ctrl-C): the run stops after this step" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Another run's checkpoint (another seed) is said and set aside; this one is left for the command below.
+    other = tmp_path / "c"
+    other.mkdir()
+    (other / "checkpoint.pt").write_bytes(ckpt.read_bytes())
+    monkeypatch.setattr(segmentation, "powerset_loss", real_loss)
+    assert train(other, "seed=1", "steps=1") == 0
+    assert (
+        f"{other / 'checkpoint.pt'} is of another run (steps 8 -> 1, seed 0 -> 1): starting again"
+        in capsys.readouterr().err
+    )
+    assert train(exp) == 0 and not ckpt.exists()
+    a, b = (torch.load(x / "segmentation.pt")["state"] for x in (tmp_path / "a", exp))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

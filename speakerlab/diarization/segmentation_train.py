@@ -5,8 +5,13 @@
 VoxConverse, AMI). Each step draws `batch_size` windows of `window` seconds at random places of random
 recordings; their frame labels come from the RTTM (speakerlab.diarization.segmentation.frame_labels: the
 three speakers who talk most in a window). Written under OUT: segmentation.pt (the weights and the model's
-shape) and segmentation.onnx (what speakerlab-diarize --segmentation reads, torch-free). The run is short
-(minutes on a CPU) and restarts from the beginning: nothing is saved before the end.
+shape) and segmentation.onnx (what speakerlab-diarize --segmentation reads, torch-free).
+
+Every `save_every` steps, and when a stop signal comes (speakerlab.stopping: a scheduler's SIGTERM or SIGUSR1, Ctrl-C),
+OUT/checkpoint.pt holds the run's state (weights, optimizer, the window and dropout generators, the step); a signal
+then ends the command with 75 (130 for Ctrl-C). The same command resumes from it to the weights of a run never
+stopped; a checkpoint of other settings or other data is said and set aside (the run starts again). It is removed
+once segmentation.pt and segmentation.onnx are written.
 
 `val_data` (a folder like `--data`, of other speakers) is scored every `val_every` steps on fixed windows (the
 first `val_windows` non-overlapping ones, in recording order): the loss and the frame error (the share of frames
@@ -17,6 +22,8 @@ to zero at the last step (`cosine`).
 
 from __future__ import annotations
 
+import hashlib
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -25,6 +32,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from speakerlab import stopping
 from speakerlab.commands import CommandParser, require_packages, run_command
 from speakerlab.dataio.audio import AudioError, audio_info, read_pcm16, read_segment
 from speakerlab.dataio.tables.lists import ListError, read_wav_scp
@@ -55,6 +63,7 @@ class SegmentationTrainSettings:
     warmup: int = setting(0, ge=0)
     val_data: str = ""
     val_every: int = setting(100, ge=1)
+    save_every: int = setting(500, ge=1)  # steps between two OUT/checkpoint.pt (a crash loses at most these)
     val_windows: int = setting(256, ge=1)
     device: str = setting("cpu", choices=("cpu", "cuda"))
 
@@ -104,6 +113,11 @@ class Recordings:
                 raise AudioError(f"{e}{line}") from None
         self.turns = {reco: [(t.start, t.end, t.speaker) for t in turns[reco]] for reco in self.paths}
         self.names = list(self.paths)
+
+    def digest(self) -> str:
+        """What the windows are drawn from (names, lengths, turns): a checkpoint resumes on the same only."""
+        text = repr([(reco, self.lengths[reco], self.turns[reco]) for reco in self.names])
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def read(self, reco: str, start: int, num_samples: int) -> np.ndarray:
         """Samples [start, start + num_samples) of `reco`, fewer where it ends sooner: float32, as read_audio's."""
@@ -179,8 +193,62 @@ def validate(model, waves, labels, device) -> tuple:
     return float(powerset_loss(logits, ref)), frame_error(logits, ref)
 
 
+class Stopped(Exception):
+    """A stop signal ended the run after its checkpoint; `code` is the exit code (speakerlab.stopping.exit_code)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def save_state(path: Path, step: int, model, opt, rng: np.random.Generator, running: List[float], key: dict) -> None:
+    """The run after `step` steps -> `path` (atomic: a crash while writing keeps the last one)."""
+    import torch
+
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "windows": rng.bit_generator.state,
+    }
+    state.update(torch_rng=torch.get_rng_state(), running=running, key=key)
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    with output_file(path, "wb") as f:
+        torch.save(state, f)
+
+
+def resume_state(path: Path, key: dict, model, opt, sched, rng: np.random.Generator, device) -> tuple:
+    """(steps done, running losses) from `path` when it is a checkpoint of this run (`key`: the settings and the
+    data), the model, optimizer, schedule and generators set to it; (0, []) when there is none or it is another
+    run's, which is said."""
+    import torch
+
+    if not path.is_file():
+        return 0, []
+    state = torch.load(path, map_location=device, weights_only=True)
+    if state["key"] != key:
+        old, new = state["key"], key
+        what = [
+            f"{k} {old['settings'].get(k)} -> {v}" for k, v in new["settings"].items() if old["settings"].get(k) != v
+        ]
+        what += ["the data"] if old["data"] != new["data"] else []
+        print(f"segmentation-train: {path} is of another run ({', '.join(what)}): starting again", file=sys.stderr)
+        return 0, []
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.last_epoch = state["step"]  # the schedule is a function of the step: the optimizer holds its current lr
+    rng.bit_generator.state = state["windows"]
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    print(f"segmentation-train: resumed from {path} at step {state['step']}", file=sys.stderr)
+    return state["step"], state["running"]
+
+
 def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
-    """Train on `data` with `settings`; write OUT/segmentation.pt and OUT/segmentation.onnx."""
+    """Train on `data` with `settings`; write OUT/segmentation.pt and OUT/segmentation.onnx (OUT/checkpoint.pt on the
+    way: module docstring)."""
     import torch
 
     from speakerlab.diarization.segmentation import SegmentationModel, export_onnx, powerset_loss
@@ -199,28 +267,46 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
     model = SegmentationModel(shape).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, settings.lr_factor)
+    # What a checkpoint must share to be resumed: every setting but how often the run logs, validates and saves.
+    ignored = ("log_every", "val_every", "save_every")
+    key = {"settings": {k: v for k, v in asdict(settings).items() if k not in ignored}, "data": recordings.digest()}
+    ckpt = folder / "checkpoint.pt"
+    done, running = resume_state(ckpt, key, model, opt, sched, rng, device)
     print(f"segmentation-train: {len(recordings.names)} recordings, fp32 on {device}, {shape}", file=sys.stderr)
-    began, running = time.time(), []
-    for step in range(1, settings.steps + 1):
-        waves, labels = recordings.batch(rng, settings.batch_size, settings.window)
-        loss = powerset_loss(model(torch.from_numpy(waves).to(device)), torch.from_numpy(labels).to(device))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        running.append(float(loss.detach()))
-        if step % settings.log_every == 0 or step == settings.steps:
-            mean = sum(running) / len(running)
-            print(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)", file=sys.stderr)
-            running = []
-        if held is not None and (step % settings.val_every == 0 or step == settings.steps):
-            val_loss, val_error = validate(model, *held, device)
-            print(f"step {step} validation loss {val_loss:.4f} frame error {val_error:.4f}", file=sys.stderr)
+    began = time.time()
     folder.mkdir(parents=True, exist_ok=True)
+    handlers = stopping.install(f"the run stops after this step and writes {ckpt}, which the same command resumes from")
+    try:
+        for step in range(done + 1, settings.steps + 1):
+            waves, labels = recordings.batch(rng, settings.batch_size, settings.window)
+            loss = powerset_loss(model(torch.from_numpy(waves).to(device)), torch.from_numpy(labels).to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            running.append(float(loss.detach()))
+            if step % settings.log_every == 0 or step == settings.steps:
+                mean = sum(running) / len(running)
+                print(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)", file=sys.stderr)
+                running = []
+            if held is not None and (step % settings.val_every == 0 or step == settings.steps):
+                val_loss, val_error = validate(model, *held, device)
+                print(f"step {step} validation loss {val_loss:.4f} frame error {val_error:.4f}", file=sys.stderr)
+            signum = stopping.chosen(stopping.requested())
+            if (step % settings.save_every == 0 or signum) and step < settings.steps:
+                save_state(ckpt, step, model, opt, rng, running, key)
+            if signum and step < settings.steps:
+                code = stopping.exit_code(signum)
+                name = signal.Signals(signum).name
+                raise Stopped(f"stopped by {name} at step {step}: {ckpt} written; exit code {code}, the same "
+                              "command resumes from it", code)  # fmt: skip
+    finally:
+        stopping.restore(handlers)
     model = model.cpu()
     with output_file(folder / "segmentation.pt", "wb") as f:
         torch.save({"shape": asdict(shape), "state": model.state_dict(), "settings": asdict(settings)}, f)
     export_onnx(model, folder / "segmentation.onnx")
+    ckpt.unlink(missing_ok=True)
     print(f"segmentation-train: wrote {folder / 'segmentation.pt'} and {folder / 'segmentation.onnx'}", file=sys.stderr)
 
 
@@ -239,10 +325,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--config", help="YAML of SegmentationTrainSettings keys (window, steps, batch_size, lr, ...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     args = p.parse_args(argv)
-    return run_command(
-        lambda: train(args.data, args.out, read_settings(args.config, args.set)),
-        (ConfigError, ListError, AudioError, OutputError, ImportError),
-    )
+    try:
+        return run_command(
+            lambda: train(args.data, args.out, read_settings(args.config, args.set)),
+            (ConfigError, ListError, AudioError, OutputError, ImportError),
+        )
+    except Stopped as e:
+        print(f"segmentation-train: {e}", file=sys.stderr)
+        return e.code
 
 
 if __name__ == "__main__":

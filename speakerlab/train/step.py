@@ -20,8 +20,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from speakerlab import stopping
 from speakerlab.train.build import Run
-from speakerlab.train.launch import preemption
 from speakerlab.train.optim.freeze import apply_freeze
 from speakerlab.train.optim.schedules import lr_at, margin_at
 from speakerlab.train.optim.stability import TrainingStopped, batch_culprits, step_unless
@@ -39,7 +39,7 @@ class StepResult:
     lr: float
     margin: float
     data_wait_s: float
-    signals: torch.Tensor  # per stop signal, the ranks that got it (speakerlab.train.launch.preemption.SIGNALS)
+    signals: torch.Tensor  # per stop signal, the ranks that got it (speakerlab.stopping.SIGNALS)
 
 
 def set_schedules(run: Run) -> tuple:
@@ -141,20 +141,20 @@ def settle(run: Run, last: Optional[StepResult]) -> int:
     """On a logging or saving step, on every rank: the guard's verdicts of the steps since the last settle (their
     skips logged, TrainingStopped past train.max_consecutive_skips, before anything is written) and the stop
     signals of `last`'s all-reduce (signals stay recorded: the last step's flags hold every one so far), in one
-    host read. Returns the signal every rank stops by (speakerlab.train.launch.preemption.chosen), else 0."""
+    host read. Returns the signal every rank stops by (speakerlab.stopping.chosen), else 0."""
     signals = run.guard.settle(
         lambda pending: batch_culprits(pending, run.loader.dataset.paths, run.info),
         lambda: run.precision.use_scaler and run.scaler.get_scale() >= 1.0,
         None if last is None else last.signals,
     )
-    return preemption.chosen(signals)
+    return stopping.chosen(signals)
 
 
 def agreed_flags(run: Run, loss: torch.Tensor, shard_sq: torch.Tensor) -> torch.Tensor:
     """The step's one collective, a float64 vector on the device summed over the ranks: a sharded head's squared
     row norm (`shard_sq`, 0 otherwise), the ranks whose loss is not finite, the ranks that got each stop signal
-    (speakerlab.train.launch.preemption.SIGNALS). Python numbers enter through `torch.full`: no host copy."""
-    signals = [torch.full((), flag, dtype=torch.float64, device=run.device) for flag in preemption.requested()]
+    (speakerlab.stopping.SIGNALS). Python numbers enter through `torch.full`: no host copy."""
+    signals = [torch.full((), flag, dtype=torch.float64, device=run.device) for flag in stopping.requested()]
     flags = torch.stack([shard_sq.double(), run.guard.nonfinite(loss).double(), *signals])
     if run.info.enabled:
         # Not async_op: the update's verdict needs the sum before the optimizer step, and on NCCL a plain

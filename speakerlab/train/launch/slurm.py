@@ -27,11 +27,6 @@ from typing import Callable, List, Mapping, Optional
 from speakerlab.commands import CommandParser
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999)
-# The exit code of a run stopped by a pre-emption signal after its checkpoint (speakerlab.train.launch.preemption),
-# on which the launch requeues the job: sysexits.h's EX_TEMPFAIL, "a temporary failure, try again later".
-EXIT_PREEMPTED = 75
-# A run stopped by Ctrl-C (SIGINT) after its checkpoint: 128 + SIGINT, the shell's code for it. Never requeued.
-EXIT_INTERRUPTED = 130
 
 
 class LaunchError(ValueError):
