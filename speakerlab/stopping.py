@@ -43,11 +43,13 @@ def install(on_interrupt: str) -> Dict[int, object]:
     (what the command does now). Returns the handlers they had (for `restore`). Call from the main thread once the
     work is set up (a signal before ends the process at once: nothing is lost) and before a data loader forks its
     workers: they inherit the handler, so a signal sent to a whole process group (Ctrl-C in a terminal) does not
-    kill a worker under its loader."""
+    kill a worker under its loader. A signal the process was started ignoring stays ignored: a shell script's
+    background job (`cmd &`) is started with SIGINT ignored so that Ctrl-C in the terminal leaves it running."""
     _received.clear()
     _owner[:] = [os.getpid()]
     _said[:] = [on_interrupt]
-    return {sig: signal.signal(sig, _record) for sig in SIGNALS}
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    return {sig: signal.signal(sig, _record) for sig in SIGNALS if before[sig] != signal.SIG_IGN}
 
 
 def restore(handlers: Dict[int, object]) -> None:

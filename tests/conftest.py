@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -61,6 +62,15 @@ class TinyRun(NamedTuple):
     config: Path
     train: Path
     exp: Path
+
+
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler for the test, as in a terminal (an xdist worker starts with SIGINT ignored, which
+    the commands leave ignored, as they would for a background job), restored after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

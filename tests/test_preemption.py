@@ -86,7 +86,7 @@ def test_a_signal_is_read_on_the_next_logging_step_and_the_resumed_run_is_exact(
     assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
 
 
-def test_ctrl_c_stops_with_a_checkpoint_and_130_and_a_second_one_at_once(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_stops_with_a_checkpoint_and_130_and_a_second_one_at_once(tmp_path, monkeypatch, capsys, ctrl_c):
     """A first SIGINT (Ctrl-C) is a stop like the scheduler's, with its own exit code (130, never requeued) and the
     same exact resume; a second one raises KeyboardInterrupt at once, and the run resumes from the last checkpoint
     it had."""
@@ -120,6 +120,24 @@ def test_ctrl_c_stops_with_a_checkpoint_and_130_and_a_second_one_at_once(tmp_pat
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
     assert train_main(["--config", str(cfg), "--exp-dir", str(exp)]) == 0
     assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
+
+
+def test_a_process_started_ignoring_ctrl_c_keeps_ignoring_it():
+    """A shell script's background job starts with SIGINT ignored (Ctrl-C in the terminal is not for it): the stop
+    signals' handlers leave that so, and take SIGTERM and SIGUSR1 as always."""
+    from speakerlab import stopping
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        handlers = stopping.install("it stops")
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and sorted(handlers) == [
+            signal.SIGUSR1,
+            signal.SIGTERM,
+        ]
+        stopping.restore(handlers)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def train_module(cfg, exp, *overrides) -> list:

@@ -396,7 +396,9 @@ def assert_onnx_file_gives_the_saved_weights_scores(exp) -> dict:
     return saved
 
 
-def test_a_stopped_or_crashed_training_resumes_to_the_weights_of_a_run_never_stopped(tmp_path, monkeypatch, capsys):
+def test_a_stopped_or_crashed_training_resumes_to_the_weights_of_a_run_never_stopped(
+    tmp_path, monkeypatch, capsys, ctrl_c
+):
     """A scheduler's signal (75) and Ctrl-C (130) stop the command after the step with OUT/checkpoint.pt, a crash
     keeps the last one (`save_every`), and the same command resumes each time: the final weights equal, bit for
     bit, those of a run never stopped (dropout on: the generators are carried too). A checkpoint of other settings
