@@ -33,9 +33,19 @@ def _record(signum, frame) -> None:
         if signal.SIGINT in _received:
             raise KeyboardInterrupt
         if _owner == [os.getpid()] and os.environ.get("RANK", "0") == "0":
-            print(f"SIGINT (Ctrl-C): {_said[0]}; Ctrl-C again stops at once and loses the steps since the last "
-                  "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+            say(
+                f"SIGINT (Ctrl-C): {_said[0]}; Ctrl-C again stops at once and loses the steps since the last checkpoint"
+            )
     _received.append(signum)
+
+
+def say(line: str) -> None:
+    """`line` on stderr, unless its reader is gone: Ctrl-C in a terminal also ends a `... | tee log` the command's
+    output goes through, and a stopping command must reach its checkpoint, not die of a write."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def install(on_interrupt: str) -> Dict[int, object]:

@@ -122,6 +122,30 @@ def test_ctrl_c_stops_with_a_checkpoint_and_130_and_a_second_one_at_once(tmp_pat
     assert same_weights(tmp_path / "a" / "checkpoints" / "epoch_002.pt", exp / "checkpoints" / "epoch_002.pt")
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_with_the_output_through_tee_still_checkpoints(tmp_path):
+    """`speakerlab-train ... 2>&1 | tee log` and Ctrl-C, as in a terminal: SIGINT reaches the whole process group, so
+    tee dies with it and the run's next console line meets a closed pipe. The run still stops with its checkpoint
+    and 130 (it died of that write before: the stop never reached the checkpoint)."""
+    cfg, _ = tiny_config(tmp_path, val=False)
+    exp = tmp_path / "exp"
+    train = f"{sys.executable} -m speakerlab.train --config {cfg} --exp-dir {exp} train.epochs=100000"
+    script = f"{train} train.log_every_steps=1 2>&1 | tee {tmp_path / 'console.log'}; exit ${{PIPESTATUS[0]}}"
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        env=ENV,
+        start_new_session=True,  # a process group of its own, as a terminal's job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a terminal's, not the xdist worker's
+        stdout=subprocess.DEVNULL,
+    )
+    wait_for("training steps", lambda: "epoch 3 step" in (exp / "train.log").read_text(), proc, 120)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    log = (exp / "train.log").read_text()
+    assert re.search(r"stopped by SIGINT at step \d+ .*: .*partial_\d+\.pt written; exit code 130", log), log[-2000:]
+    assert "Traceback" not in log
+
+
 def test_a_process_started_ignoring_ctrl_c_keeps_ignoring_it():
     """A shell script's background job starts with SIGINT ignored (Ctrl-C in the terminal is not for it): the stop
     signals' handlers leave that so, and take SIGTERM and SIGUSR1 as always."""

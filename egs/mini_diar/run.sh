@@ -86,7 +86,7 @@ if stage_on 3; then
   else
     log "stage 3: train the segmentation model ($seg_config) on $data/seg_train -> $segmentation"
     speakerlab-segmentation-train --data "$data/seg_train" --out "$(dirname "$segmentation")" --config "$seg_config" \
-      --set val_data="$data/valconv" $seg_opts 2> >(tee "$exp/segmentation_train.log" >&2)
+      --set val_data="$data/valconv" $seg_opts 2> >(tee -i "$exp/segmentation_train.log" >&2)
   fi
 fi
 

@@ -93,7 +93,7 @@ corpus_diarize_stages() {
 fit_plda() {
   local data="$1" out="$2"; shift 2
   mkdir -p "$(dirname "$out")"
-  speakerlab-plda --data "$data" "$@" --out "$out" 2> >(tee "$out.log" >&2)
+  speakerlab-plda --data "$data" "$@" --out "$out" 2> >(tee -i "$out.log" >&2)
 }
 
 # The segmentation model $segmentation is retrained only when what it was trained from changed: DATA's lists, the
@@ -111,7 +111,7 @@ train_segmentation() {
     log "stage 3: train the segmentation model ($seg_config) on $train_dir -> $segmentation"
     mkdir -p "$seg_dir"
     speakerlab-segmentation-train --data "$train_dir" --out "$seg_dir" --config "$seg_config" $seg_opts \
-      2> >(tee "$seg_dir/train.log" >&2)
+      2> >(tee -i "$seg_dir/train.log" >&2)
     echo "$inputs" >"$seg_dir/inputs.cksum"
   fi
 }
@@ -146,7 +146,7 @@ diarize_systems() {
     if [ -n "${max_speakers:-}" ] && [[ "$name" != *oracle_count ]]; then opts+=(--max-speakers "$max_speakers"); fi
     log "  $name: speakerlab-diarize ${opts[*]} $diarize_opts"
     speakerlab-diarize --wav-scp "$data/wav.scp" "$@" "${opts[@]}" $diarize_opts \
-      --cache "$exp/cache" --rttm "$exp/$name.rttm" --json "$exp/$name.json" 2> >(tee "$exp/$name.log" >&2)
+      --cache "$exp/cache" --rttm "$exp/$name.rttm" --json "$exp/$name.json" 2> >(tee -i "$exp/$name.log" >&2)
   done
 }
 

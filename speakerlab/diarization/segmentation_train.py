@@ -39,6 +39,7 @@ from speakerlab.dataio.tables.lists import ListError, read_wav_scp
 from speakerlab.dataio.tables.rttm import read_rttm
 from speakerlab.outputs import OutputError, check_folder_output, output_file
 from speakerlab.settings import ConfigError, build_settings, parse_overrides, read_yaml, set_dotted, setting
+from speakerlab.stopping import say
 
 
 @dataclass
@@ -233,7 +234,7 @@ def resume_state(path: Path, key: dict, model, opt, sched, rng: np.random.Genera
             f"{k} {old['settings'].get(k)} -> {v}" for k, v in new["settings"].items() if old["settings"].get(k) != v
         ]
         what += ["the data"] if old["data"] != new["data"] else []
-        print(f"segmentation-train: {path} is of another run ({', '.join(what)}): starting again", file=sys.stderr)
+        say(f"segmentation-train: {path} is of another run ({', '.join(what)}): starting again")
         return 0, []
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
@@ -242,7 +243,7 @@ def resume_state(path: Path, key: dict, model, opt, sched, rng: np.random.Genera
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    print(f"segmentation-train: resumed from {path} at step {state['step']}", file=sys.stderr)
+    say(f"segmentation-train: resumed from {path} at step {state['step']}")
     return state["step"], state["running"]
 
 
@@ -272,7 +273,7 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
     key = {"settings": {k: v for k, v in asdict(settings).items() if k not in ignored}, "data": recordings.digest()}
     ckpt = folder / "checkpoint.pt"
     done, running = resume_state(ckpt, key, model, opt, sched, rng, device)
-    print(f"segmentation-train: {len(recordings.names)} recordings, fp32 on {device}, {shape}", file=sys.stderr)
+    say(f"segmentation-train: {len(recordings.names)} recordings, fp32 on {device}, {shape}")
     began = time.time()
     folder.mkdir(parents=True, exist_ok=True)
     handlers = stopping.install(f"the run stops after this step and writes {ckpt}, which the same command resumes from")
@@ -287,11 +288,11 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
             running.append(float(loss.detach()))
             if step % settings.log_every == 0 or step == settings.steps:
                 mean = sum(running) / len(running)
-                print(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)", file=sys.stderr)
+                say(f"step {step} loss {mean:.4f} ({time.time() - began:.0f} s)")
                 running = []
             if held is not None and (step % settings.val_every == 0 or step == settings.steps):
                 val_loss, val_error = validate(model, *held, device)
-                print(f"step {step} validation loss {val_loss:.4f} frame error {val_error:.4f}", file=sys.stderr)
+                say(f"step {step} validation loss {val_loss:.4f} frame error {val_error:.4f}")
             signum = stopping.chosen(stopping.requested())
             if (step % settings.save_every == 0 or signum) and step < settings.steps:
                 save_state(ckpt, step, model, opt, rng, running, key)
@@ -307,7 +308,7 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
         torch.save({"shape": asdict(shape), "state": model.state_dict(), "settings": asdict(settings)}, f)
     export_onnx(model, folder / "segmentation.onnx")
     ckpt.unlink(missing_ok=True)
-    print(f"segmentation-train: wrote {folder / 'segmentation.pt'} and {folder / 'segmentation.onnx'}", file=sys.stderr)
+    say(f"segmentation-train: wrote {folder / 'segmentation.pt'} and {folder / 'segmentation.onnx'}")
 
 
 def read_settings(config: Optional[str], overrides: List[str]) -> SegmentationTrainSettings:
@@ -331,7 +332,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             (ConfigError, ListError, AudioError, OutputError, ImportError),
         )
     except Stopped as e:
-        print(f"segmentation-train: {e}", file=sys.stderr)
+        say(f"segmentation-train: {e}")
         return e.code
 
 

@@ -27,6 +27,7 @@ class Monitor:
         self._tb = None
         self._texts = []  # (tag, text) for tensorboard, written once its writer is open
         self._bar = None
+        self._console = True  # False once stderr's reader is gone
         self.exp_dir, self._want_tb = exp_dir, tensorboard
 
     def start(self) -> None:
@@ -73,14 +74,21 @@ class Monitor:
         if not self.enabled:
             return
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
-        if self._bar is not None:
-            self._bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr, flush=True)
         if self._log_file is None:
             self._pending.append(line)
         else:
             self._log_file.write(line + "\n")
+        if not self._console:
+            return
+        try:
+            if self._bar is not None:
+                self._bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
+        except OSError:
+            # The reader of stderr is gone (`... | tee log` ended by the same Ctrl-C that asked the run to stop):
+            # train.log keeps every line, and the run goes on to its checkpoint instead of dying of a write.
+            self._console = False
 
     def text(self, tag: str, text: str) -> None:
         """A text entry in tensorboard (the run's settings), written when the event file opens."""

@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from speakerlab.stopping import exit_code
+from speakerlab.stopping import exit_code, say
 from speakerlab.train.launch.torch_private import TorchPrivateMissing, require
 
 SHUTDOWN_S = 300  # seconds the workers get to write a checkpoint once signalled, before SIGKILL
@@ -106,7 +106,7 @@ def launch(argv=None) -> int:
     try:
         torchrun(argv)
     except SignalException as e:
-        print(f"agent: {e.sigval.name}: the workers were asked to checkpoint and stop", file=sys.stderr, flush=True)
+        say(f"agent: {e.sigval.name}: the workers were asked to checkpoint and stop")
         return exit_code(e.sigval)
     except ChildFailedError as e:
         # Once one process fails torchrun ends the others (SIGTERM: -15): the code they exited with is the cause.
