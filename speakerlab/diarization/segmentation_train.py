@@ -293,10 +293,12 @@ def train(data: str, out: str, settings: SegmentationTrainSettings) -> None:
             if held is not None and (step % settings.val_every == 0 or step == settings.steps):
                 val_loss, val_error = validate(model, *held, device)
                 say(f"step {step} validation loss {val_loss:.4f} frame error {val_error:.4f}")
+            if step == settings.steps:
+                break  # a signal now changes nothing: the model is written next
             signum = stopping.chosen(stopping.requested())
-            if (step % settings.save_every == 0 or signum) and step < settings.steps:
+            if signum or step % settings.save_every == 0:
                 save_state(ckpt, step, model, opt, rng, running, key)
-            if signum and step < settings.steps:
+            if signum:
                 code = stopping.exit_code(signum)
                 name = signal.Signals(signum).name
                 raise Stopped(f"stopped by {name} at step {step}: {ckpt} written; exit code {code}, the same "

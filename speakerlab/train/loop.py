@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from speakerlab import stopping
 from speakerlab.checkpoint import CheckpointError, load_latest, remove_stale_temp_files
 from speakerlab.commands import CommandParser
 from speakerlab.config import ConfigError, save_config
@@ -303,7 +304,7 @@ def run(argv=None) -> int:
         if lock is not None:
             lock.release()
         dist_utils.cleanup()
-        preemption.restore(handlers)  # last: torchrun signals the ranks still cleaning up once one has left
+        stopping.restore(handlers)  # last: torchrun signals the ranks still cleaning up once one has left
 
 
 if __name__ == "__main__":

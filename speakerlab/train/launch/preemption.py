@@ -45,9 +45,6 @@ def install() -> Dict[int, object]:
     return stopping.install(ON_INTERRUPT)
 
 
-restore = stopping.restore
-
-
 def stop_if_requested(run: Run, step_in_epoch: int) -> None:
     """Raise Preempted, after the checkpoint of this point is written, when any rank got a stop signal.
     Every rank must call it at the same points (it is a collective when distributed): between epochs; the
